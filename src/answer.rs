@@ -1,0 +1,180 @@
+//! Deciding the answer: a pure function from a snapshot and a question to an
+//! [`Answer`] that borrows pre-encoded records from the snapshot. No I/O, no
+//! allocation; the wire layer turns an `Answer` into bytes.
+//!
+//! The rules are those of `../shared/docs/dns-behaviour.md` (the MCS DNS
+//! specification plus RFC 8020 and RFC 8482 where it is silent).
+
+use crate::store::{NameNode, Records, Snapshot};
+
+/// Record and query types the answer path treats specially.
+pub mod rtype {
+    /// SOA.
+    pub const SOA: u16 = 6;
+    /// IXFR.
+    pub const IXFR: u16 = 251;
+    /// AXFR.
+    pub const AXFR: u16 = 252;
+    /// ANY (`*`).
+    pub const ANY: u16 = 255;
+}
+
+/// Query classes.
+pub mod class {
+    /// IN.
+    pub const IN: u16 = 1;
+    /// ANY.
+    pub const ANY: u16 = 255;
+}
+
+/// A question, its name in lower-case, uncompressed wire format.
+#[derive(Debug, Clone, Copy)]
+pub struct Question<'q> {
+    /// QNAME: length-prefixed labels ending with the root label, lower case.
+    pub name: &'q [u8],
+    /// QTYPE.
+    pub qtype: u16,
+    /// QCLASS.
+    pub qclass: u16,
+}
+
+/// Response codes (RFC 1035, 6891).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rcode {
+    /// NOERROR.
+    NoError,
+    /// FORMERR: the query could not be understood.
+    FormErr,
+    /// SERVFAIL: not ready to say a name does not exist.
+    ServFail,
+    /// NXDOMAIN: the name does not exist.
+    NxDomain,
+    /// NOTIMP: an opcode other than QUERY.
+    NotImp,
+    /// REFUSED: outside the zone, or a zone transfer.
+    Refused,
+    /// BADVERS: an EDNS version this server does not speak.
+    BadVers,
+}
+
+impl Rcode {
+    /// The full 12-bit code; the upper 8 bits travel in the OPT record.
+    pub fn code(self) -> u16 {
+        match self {
+            Self::NoError => 0,
+            Self::FormErr => 1,
+            Self::ServFail => 2,
+            Self::NxDomain => 3,
+            Self::NotImp => 4,
+            Self::Refused => 5,
+            Self::BadVers => 16,
+        }
+    }
+}
+
+/// What to answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'s> {
+    /// The response code.
+    pub rcode: Rcode,
+    /// AA: set on every answer from the zone, clear outside it.
+    pub authoritative: bool,
+    /// Answer-section records.
+    pub answer: Option<&'s Records>,
+    /// Additional-section records.
+    pub additional: Option<&'s Records>,
+    /// For NXDOMAIN and NODATA: the SOA goes into the authority section, its
+    /// owner being the apex, which starts at this offset of the QNAME.
+    pub soa_owner: Option<u16>,
+}
+
+impl Answer<'_> {
+    /// An answer with no records and the given code.
+    pub fn bare(rcode: Rcode, authoritative: bool) -> Self {
+        Self {
+            rcode,
+            authoritative,
+            answer: None,
+            additional: None,
+            soa_owner: None,
+        }
+    }
+
+    fn negative(rcode: Rcode, apex_offset: usize) -> Self {
+        Self {
+            soa_owner: Some(apex_offset as u16),
+            ..Self::bare(rcode, true)
+        }
+    }
+}
+
+/// Most labels a 255-byte name can have.
+const MAX_LABELS: usize = 128;
+
+/// Finds the answer to `q` in `snap`.
+pub fn lookup<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
+    let name = q.name;
+    if q.qclass != class::IN && q.qclass != class::ANY {
+        return Answer::bare(Rcode::Refused, false);
+    }
+    let mut starts = [0u8; MAX_LABELS];
+    let mut n = 0;
+    let mut i = 0;
+    while i < name.len() && name[i] != 0 && n < MAX_LABELS {
+        starts[n] = i as u8; // names are at most 255 bytes
+        n += 1;
+        i += 1 + name[i] as usize;
+    }
+    let zone = snap.zone();
+    if n < zone.labels {
+        return Answer::bare(Rcode::Refused, false);
+    }
+    let k = n - zone.labels; // labels in front of the apex
+    let apex = if k == 0 { 0 } else { starts[k] as usize };
+    if name.get(apex..) != Some(&zone.wire[..]) {
+        return Answer::bare(Rcode::Refused, false);
+    }
+    if q.qtype == rtype::AXFR || q.qtype == rtype::IXFR {
+        return Answer::bare(Rcode::Refused, false);
+    }
+    let label = |j: usize| {
+        let s = starts[j] as usize;
+        &name[s..s + 1 + name[s] as usize]
+    };
+    let node: Option<&NameNode> = if k >= 3 && label(k - 1) == b"\x03svc" {
+        // <prefix>.<svc>.<ns>.svc.<zone>
+        let svc = starts[k - 3] as usize;
+        snap.service(&name[svc..starts[k - 1] as usize])
+            .and_then(|s| s.get(&name[..svc]))
+    } else {
+        snap.zone_name(&name[..apex])
+    };
+    let Some(node) = node else {
+        // Before every source has synced, "not found" may only mean "not yet
+        // known": SERVFAIL is not cached the way NXDOMAIN is.
+        if !snap.is_ready() {
+            return Answer::bare(Rcode::ServFail, true);
+        }
+        return Answer::negative(Rcode::NxDomain, apex);
+    };
+    if q.qtype == rtype::ANY {
+        // RFC 8482 §4.2: answer ANY with one synthesized HINFO.
+        if node.sets.is_empty() {
+            return Answer::negative(Rcode::NoError, apex);
+        }
+        return Answer {
+            answer: Some(&snap.any_hinfo),
+            ..Answer::bare(Rcode::NoError, true)
+        };
+    }
+    match node.get(q.qtype) {
+        Some(set) => Answer {
+            answer: Some(&set.answer),
+            additional: Some(&set.additional).filter(|a| !a.is_empty()),
+            ..Answer::bare(Rcode::NoError, true)
+        },
+        // The name exists without this type (or is an empty non-terminal,
+        // RFC 8020): NODATA.
+        None => Answer::negative(Rcode::NoError, apex),
+    }
+}

@@ -1,0 +1,74 @@
+//! The `check` command: reads objects files the way `serve` does and reports
+//! what would be served, so a change can be validated before it is applied.
+
+use std::collections::BTreeMap;
+
+use crate::cli::CheckArgs;
+use crate::source::objects::{self, Object};
+
+/// Checks every file; returns the report and whether everything was usable.
+pub fn run(args: &CheckArgs) -> (String, bool) {
+    let mut report = String::new();
+    let mut ok = true;
+    for path in &args.objects {
+        let files: Vec<std::path::PathBuf> = if path.is_dir() {
+            let mut v: Vec<_> = std::fs::read_dir(path)
+                .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+                .unwrap_or_default();
+            v.retain(|p| {
+                matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
+            });
+            v.sort();
+            v
+        } else {
+            vec![path.clone()]
+        };
+        for file in files {
+            let name = file.display().to_string();
+            let text = match std::fs::read_to_string(&file) {
+                Ok(t) => t,
+                Err(e) => {
+                    ok = false;
+                    report += &format!("{name}: {e}\n");
+                    continue;
+                }
+            };
+            match objects::parse(&text, &name) {
+                Err(e) => {
+                    ok = false;
+                    report += &format!("{e}\n");
+                }
+                Ok(p) => {
+                    let imports = p
+                        .objects
+                        .iter()
+                        .filter(|o| matches!(o, Object::Import(_)))
+                        .count();
+                    let slices = p.objects.len() - imports;
+                    report += &format!("{name}: {imports} ServiceImports, {slices} EndpointSlices");
+                    let ignored: usize = p.ignored.values().sum();
+                    if ignored > 0 {
+                        let kinds: BTreeMap<_, _> = p.ignored;
+                        report += &format!(
+                            ", {ignored} ignored ({})",
+                            kinds
+                                .into_iter()
+                                .map(|(k, n)| format!("{k} ×{n}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                    report += "\n";
+                    for e in &p.skipped {
+                        ok = false;
+                        report += &format!("  skipped: {e}\n");
+                    }
+                }
+            }
+        }
+    }
+    (report, ok)
+}

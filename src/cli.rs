@@ -1,0 +1,79 @@
+//! Command-line interface. Values are parsed here and validated once into
+//! [`crate::config`] structs, which are passed down explicitly.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Authoritative DNS for Kubernetes Multi-Cluster Services (clusterset.local).
+#[derive(Debug, Parser)]
+#[command(name = "clusterset-dns", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the zone over UDP and TCP.
+    Serve(ServeArgs),
+    /// Read objects files and report what would be served, without serving.
+    Check(CheckArgs),
+}
+
+/// `serve` options.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// File or directory of Kubernetes objects (ServiceImports, EndpointSlices;
+    /// multi-document YAML or JSON). Repeatable. Watched for changes; SIGHUP
+    /// forces a reload. Without any, the embedded example fleet is served.
+    #[arg(long = "objects", value_name = "PATH")]
+    pub objects: Vec<PathBuf>,
+    /// Address to answer on, UDP and TCP. Repeatable (e.g. one IPv4, one IPv6).
+    /// Port 0 picks a free port (logged at start).
+    #[arg(
+        long = "listen",
+        value_name = "ADDR:PORT",
+        default_value = "127.0.0.1:1053"
+    )]
+    pub listen: Vec<SocketAddr>,
+    /// The zone served.
+    #[arg(long, default_value = "clusterset.local")]
+    pub zone: String,
+    /// TTL of answers, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pub ttl: u32,
+    /// TTL of negative answers (the SOA minimum), in seconds. Defaults to --ttl.
+    #[arg(long, value_name = "SECONDS")]
+    pub negative_ttl: Option<u32>,
+    /// Id of the cluster this server answers for (used by locality-aware answers).
+    #[arg(long, value_name = "ID")]
+    pub cluster_id: Option<String>,
+    /// UDP worker threads, each with its own SO_REUSEPORT socket. Defaults to
+    /// the number of CPUs.
+    #[arg(long, value_name = "N")]
+    pub udp_workers: Option<usize>,
+    /// Largest UDP response sent to EDNS clients, whatever size they offer.
+    #[arg(long, value_name = "BYTES", default_value_t = 1232)]
+    pub max_udp_payload: u16,
+    /// Address of this server, answered as glue for `ns.dns.<zone>`. Repeatable.
+    #[arg(long = "advertise-address", value_name = "IP")]
+    pub advertise_address: Vec<IpAddr>,
+    /// Seconds a TCP connection may stay idle before it is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub tcp_idle_timeout: u64,
+    /// TCP connections served at once.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub tcp_max_connections: usize,
+}
+
+/// `check` options.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// File or directory of Kubernetes objects. Repeatable.
+    #[arg(long = "objects", value_name = "PATH", required = true)]
+    pub objects: Vec<PathBuf>,
+}

@@ -1,0 +1,16 @@
+//! clusterset-dns: an authoritative DNS server for Kubernetes Multi-Cluster
+//! Services (`clusterset.local`, KEP-1645).
+//!
+//! Data flows one way: [`source`] → [`store`] → [`answer`] → [`wire`].
+//! [`serve`] wires them together. See ARCHITECTURE.md for the map and the
+//! invariants.
+
+pub mod answer;
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod model;
+pub mod serve;
+pub mod source;
+pub mod store;
+pub mod wire;

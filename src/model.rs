@@ -1,0 +1,16 @@
+//! The domain: what a multi-cluster service is, stripped of Kubernetes API
+//! types. Everything the DNS answers is derived from these values; nothing
+//! here does I/O.
+//!
+//! Values are validated when they are built (see `source::convert`), so the
+//! store can trust them: every name is a valid DNS label, every address parses,
+//! every port is in range.
+
+mod label;
+mod service;
+
+pub use label::{ClusterId, DnsLabel, LabelError};
+pub use service::{
+    AddressFamily, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport, ServiceKey,
+    SliceKey,
+};

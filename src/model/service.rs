@@ -1,0 +1,130 @@
+//! Services and endpoints as the DNS sees them.
+
+use std::net::IpAddr;
+
+use super::{ClusterId, DnsLabel};
+
+/// A service across the clusterset: `<name>.<namespace>.svc.<zone>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    /// The namespace (the same in every cluster: namespace sameness).
+    pub namespace: DnsLabel,
+    /// The service (and ServiceImport) name.
+    pub name: DnsLabel,
+}
+
+impl std::fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// An EndpointSlice's identity: namespace and object name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SliceKey {
+    /// The namespace (that of the service it belongs to).
+    pub namespace: String,
+    /// The EndpointSlice's object name.
+    pub name: String,
+}
+
+impl std::fmt::Display for SliceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// `ServiceImport.spec.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImportType {
+    /// Answers are the clusterset VIPs in `spec.ips`.
+    ClusterSetIp,
+    /// Answers are the ready endpoints of every cluster.
+    Headless,
+}
+
+/// A port's transport protocol; the SRV name uses it lower-cased (`_tcp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// TCP (also when the object omits the protocol).
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl Protocol {
+    /// The SRV label without its underscore: `tcp`, `udp`, `sctp`.
+    pub fn srv_label(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+            Self::Sctp => "sctp",
+        }
+    }
+}
+
+/// A service or endpoint port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Port {
+    /// The port name; unnamed ports get no `_<port>._<proto>` SRV name.
+    pub name: Option<DnsLabel>,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The port number.
+    pub port: u16,
+}
+
+/// A ServiceImport: what every cluster sees of an exported service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceImport {
+    /// Which service.
+    pub key: ServiceKey,
+    /// ClusterSetIP or Headless.
+    pub kind: ImportType,
+    /// The clusterset VIPs (at most one per family).
+    pub ips: Vec<IpAddr>,
+    /// The merged ports.
+    pub ports: Vec<Port>,
+}
+
+/// The IP family of an EndpointSlice (`addressType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AddressFamily {
+    /// IPv4: A records.
+    V4,
+    /// IPv6: AAAA records.
+    V6,
+}
+
+/// One endpoint of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Its addresses (all of the slice's family).
+    pub addresses: Vec<IpAddr>,
+    /// `hostname`, which names it as `<hostname>.<clusterid>.<svc>…`.
+    pub hostname: Option<DnsLabel>,
+    /// `conditions.ready`; unset counts as ready.
+    pub ready: bool,
+    /// `zone`, for locality-aware answers.
+    pub zone: Option<String>,
+}
+
+/// The content of one MCS EndpointSlice: one cluster's endpoints of one
+/// service, in one address family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSet {
+    /// The slice's identity.
+    pub slice: SliceKey,
+    /// The service it belongs to (label `multicluster.kubernetes.io/service-name`).
+    pub service: ServiceKey,
+    /// The cluster the endpoints run in (label `multicluster.kubernetes.io/source-cluster`).
+    pub cluster: ClusterId,
+    /// IPv4 or IPv6.
+    pub family: AddressFamily,
+    /// The slice's ports (SRV answers use these numbers).
+    pub ports: Vec<Port>,
+    /// The endpoints.
+    pub endpoints: Vec<Endpoint>,
+}

@@ -1,0 +1,194 @@
+//! The `serve` command's composition root: reads the sources, starts the
+//! store's writer task, binds the listeners, and shuts everything down.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::config::ServeConfig;
+use crate::source::files::{self, FileSource, LoadError};
+use crate::source::objects::ParseError;
+use crate::source::{SourceId, embedded};
+use crate::store::{self, Reader, Update, Writer};
+use crate::wire::{tcp, udp};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// An objects path could not be read at start.
+    #[error("--objects {0}")]
+    Objects(#[from] LoadError),
+    /// The embedded example does not parse (a build defect).
+    #[error("embedded example: {0}")]
+    Embedded(#[from] ParseError),
+    /// A listen address could not be bound.
+    #[error("--listen {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// Updates buffered between sources and the writer.
+const UPDATE_QUEUE: usize = 4096;
+/// Attempts to find a port free for both UDP and TCP when port 0 is asked for.
+const PORT_ATTEMPTS: usize = 16;
+
+/// A running server.
+pub struct Running {
+    /// The bound addresses (UDP and TCP each), ports resolved.
+    pub addrs: Vec<SocketAddr>,
+    /// Read access to the store.
+    pub reader: Reader,
+    reload: Arc<Notify>,
+    udp: Vec<udp::UdpWorkers>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Re-reads every objects file now (what SIGHUP does).
+    pub fn reload(&self) {
+        self.reload.notify_one();
+    }
+
+    /// Stops answering and ends every task.
+    pub fn stop(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for w in self.udp {
+            w.stop();
+        }
+    }
+}
+
+/// Loads the sources and starts answering. Returns once every listener is
+/// bound and the first snapshot is published.
+pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
+    let (reader, mut writer) = store::new(cfg.zone.clone());
+    let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
+    let reload = Arc::new(Notify::new());
+    let mut tasks = Vec::new();
+
+    if cfg.objects.is_empty() {
+        let parsed = embedded::parse()?;
+        info!(
+            objects = parsed.objects.len(),
+            "no --objects given: serving the embedded example fleet (zones/)"
+        );
+        writer.apply(Update::Replace {
+            source: SourceId(0),
+            objects: parsed.objects,
+        });
+    } else {
+        let mut sources = Vec::new();
+        for (i, path) in cfg.objects.iter().enumerate() {
+            let mut source = FileSource::new(SourceId(i as u32 + 1), path.clone());
+            let objects = source.load(true, false)?;
+            writer.apply(Update::Replace {
+                source: source.id,
+                objects,
+            });
+            sources.push(source);
+        }
+        tasks.push(tokio::spawn(files::watch(
+            sources,
+            tx.clone(),
+            reload.clone(),
+        )));
+    }
+    writer.publish();
+    tasks.push(tokio::spawn(write_loop(writer, rx)));
+
+    let mut addrs = Vec::new();
+    let mut udp = Vec::new();
+    for &addr in &cfg.listen {
+        let (workers, listener) = bind_pair(addr, cfg, &reader).await?;
+        let bound = workers.local_addr;
+        tasks.push(tokio::spawn(tcp::serve(
+            listener,
+            reader.clone(),
+            cfg.wire,
+            cfg.tcp,
+        )));
+        udp.push(workers);
+        addrs.push(bound);
+        info!(addr = %bound, zone = %cfg.zone.origin, udp_workers = cfg.udp_workers, "listening on UDP and TCP");
+    }
+    Ok(Running {
+        addrs,
+        reader,
+        reload,
+        udp,
+        tasks,
+    })
+}
+
+/// Binds UDP workers and a TCP listener on the same address. With port 0,
+/// the UDP side picks the port and TCP takes the same one, retrying when
+/// another process holds that port for TCP.
+async fn bind_pair(
+    addr: SocketAddr,
+    cfg: &ServeConfig,
+    reader: &Reader,
+) -> Result<(udp::UdpWorkers, tokio::net::TcpListener), StartError> {
+    let fail = |source| StartError::Bind { addr, source };
+    let mut attempts = if addr.port() == 0 { PORT_ATTEMPTS } else { 1 };
+    loop {
+        let workers = udp::start(addr, cfg.udp_workers, reader.clone(), cfg.wire).map_err(fail)?;
+        match tcp::bind(workers.local_addr).await {
+            Ok(listener) => return Ok((workers, listener)),
+            Err(e) => {
+                workers.stop();
+                attempts -= 1;
+                if attempts == 0 || e.kind() != io::ErrorKind::AddrInUse {
+                    return Err(fail(e));
+                }
+            }
+        }
+    }
+}
+
+/// The writer task: applies updates in batches and publishes once per batch,
+/// so a burst of changes costs one snapshot.
+async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Update>) {
+    while let Some(update) = rx.recv().await {
+        writer.apply(update);
+        while let Ok(more) = rx.try_recv() {
+            writer.apply(more);
+        }
+        writer.publish();
+    }
+}
+
+/// Runs `serve` until SIGINT or SIGTERM; SIGHUP reloads the objects files.
+pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let running = start(&cfg).await?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                if cfg.objects.is_empty() {
+                    warn!("SIGHUP: nothing to reload (serving the embedded example)");
+                } else {
+                    info!("SIGHUP: reloading objects files");
+                    running.reload();
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    info!("shutting down");
+    running.stop();
+    Ok(())
+}

@@ -1,0 +1,360 @@
+//! API objects → model values. This is the edge where bad input stops: an
+//! object that cannot be answered correctly becomes a [`ConvertError`] naming
+//! the object and the field, and is skipped by the caller; it never reaches
+//! the store.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::discovery::v1 as discovery;
+
+use super::crd::{self, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
+use crate::model::{
+    AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, LabelError, Port,
+    Protocol, ServiceImport, ServiceKey, SliceKey,
+};
+
+/// Why an object was skipped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {namespace}/{name}: {field}: {problem}")]
+pub struct ConvertError {
+    /// `ServiceImport` or `EndpointSlice`.
+    pub kind: &'static str,
+    /// The object's namespace ("" when missing).
+    pub namespace: String,
+    /// The object's name ("" when missing).
+    pub name: String,
+    /// The offending field, as a path (`spec.ips[0]`).
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// The outcome for one EndpointSlice: most slices become an [`EndpointSet`];
+/// FQDN slices carry nothing DNS answers from and are ignored on purpose.
+#[derive(Debug)]
+pub enum SliceOutcome {
+    /// A usable slice.
+    Endpoints(EndpointSet),
+    /// `addressType: FQDN`, which MCS DNS does not serve.
+    Fqdn,
+}
+
+struct Ctx<'a> {
+    kind: &'static str,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(&self, field: impl Into<String>, problem: impl ToString) -> ConvertError {
+        ConvertError {
+            kind: self.kind,
+            namespace: self.namespace.to_owned(),
+            name: self.name.to_owned(),
+            field: field.into(),
+            problem: problem.to_string(),
+        }
+    }
+
+    fn label(&self, field: &str, value: &str) -> Result<DnsLabel, ConvertError> {
+        DnsLabel::parse(value).map_err(|e: LabelError| self.err(field, e))
+    }
+
+    fn key(&self) -> Result<ServiceKey, ConvertError> {
+        Ok(ServiceKey {
+            namespace: self.label("metadata.namespace", self.namespace)?,
+            name: self.label("metadata.name", self.name)?,
+        })
+    }
+}
+
+/// Converts a ServiceImport object.
+pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, ConvertError> {
+    let cx = Ctx {
+        kind: "ServiceImport",
+        namespace: obj.metadata.namespace.as_deref().unwrap_or(""),
+        name: obj.metadata.name.as_deref().unwrap_or(""),
+    };
+    let key = cx.key()?;
+    let kind = match obj.spec.type_.as_str() {
+        "ClusterSetIP" => ImportType::ClusterSetIp,
+        "Headless" => ImportType::Headless,
+        other => {
+            return Err(cx.err(
+                "spec.type",
+                format!("{other:?} is not ClusterSetIP or Headless"),
+            ));
+        }
+    };
+    let mut ips: Vec<IpAddr> = Vec::with_capacity(obj.spec.ips.len());
+    for (i, ip) in obj.spec.ips.iter().enumerate() {
+        let field = format!("spec.ips[{i}]");
+        let ip: IpAddr = ip
+            .trim()
+            .parse()
+            .map_err(|_| cx.err(&field, format!("{ip:?} is not an IP address")))?;
+        if ips.iter().any(|seen| seen.is_ipv4() == ip.is_ipv4()) {
+            return Err(cx.err(field, "more than one address of the same family"));
+        }
+        ips.push(ip);
+    }
+    let ports = obj
+        .spec
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            port(
+                &cx,
+                &format!("spec.ports[{i}]"),
+                p.name.as_deref(),
+                p.protocol.as_deref(),
+                p.port,
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(ServiceImport {
+        key,
+        kind,
+        ips,
+        ports,
+    })
+}
+
+/// Converts an MCS EndpointSlice.
+pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, ConvertError> {
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or("");
+    let cx = Ctx {
+        kind: "EndpointSlice",
+        namespace,
+        name: obj.metadata.name.as_deref().unwrap_or(""),
+    };
+    if cx.name.is_empty() {
+        return Err(cx.err("metadata.name", "is missing"));
+    }
+    let family = match obj.address_type.as_str() {
+        "IPv4" => AddressFamily::V4,
+        "IPv6" => AddressFamily::V6,
+        "FQDN" => return Ok(SliceOutcome::Fqdn),
+        other => {
+            return Err(cx.err(
+                "addressType",
+                format!("{other:?} is not IPv4, IPv6 or FQDN"),
+            ));
+        }
+    };
+    let labels = obj.metadata.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+    let service_field = format!("metadata.labels[{LABEL_SERVICE_NAME}]");
+    let service = label(LABEL_SERVICE_NAME).ok_or_else(|| cx.err(&service_field, "is missing"))?;
+    let service = ServiceKey {
+        namespace: cx.label("metadata.namespace", namespace)?,
+        name: cx.label(&service_field, service)?,
+    };
+    let cluster_field = format!("metadata.labels[{LABEL_SOURCE_CLUSTER}]");
+    let cluster =
+        label(LABEL_SOURCE_CLUSTER).ok_or_else(|| cx.err(&cluster_field, "is missing"))?;
+    let cluster = ClusterId::parse(cluster).map_err(|e| cx.err(&cluster_field, e))?;
+
+    let ports = obj
+        .ports
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            // A slice port without a number means "all ports" (EndpointSlice
+            // API); it gives no SRV record, so it is left out, not an error.
+            let number = p.port?;
+            Some(port(
+                &cx,
+                &format!("ports[{i}]"),
+                p.name.as_deref(),
+                p.protocol.as_deref(),
+                number.into(),
+            ))
+        })
+        .collect::<Result<_, _>>()?;
+
+    let mut endpoints = Vec::with_capacity(obj.endpoints.len());
+    for (i, ep) in obj.endpoints.iter().enumerate() {
+        let mut addresses = Vec::with_capacity(ep.addresses.len());
+        for (j, a) in ep.addresses.iter().enumerate() {
+            let field = format!("endpoints[{i}].addresses[{j}]");
+            let ip: IpAddr = a
+                .parse()
+                .map_err(|_| cx.err(&field, format!("{a:?} is not an IP address")))?;
+            if ip.is_ipv4() != (family == AddressFamily::V4) {
+                return Err(cx.err(
+                    field,
+                    format!("{a} does not match addressType {}", obj.address_type),
+                ));
+            }
+            addresses.push(ip);
+        }
+        let hostname = match ep.hostname.as_deref() {
+            None | Some("") => None,
+            Some(h) => Some(cx.label(&format!("endpoints[{i}].hostname"), h)?),
+        };
+        // EndpointSlice API: "ready" unset means ready; `false` is not ready,
+        // also while serving or terminating.
+        let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+        endpoints.push(Endpoint {
+            addresses,
+            hostname,
+            ready,
+            zone: ep.zone.clone(),
+        });
+    }
+    Ok(SliceOutcome::Endpoints(EndpointSet {
+        slice: SliceKey {
+            namespace: namespace.to_owned(),
+            name: cx.name.to_owned(),
+        },
+        service,
+        cluster,
+        family,
+        ports,
+        endpoints,
+    }))
+}
+
+fn port(
+    cx: &Ctx<'_>,
+    field: &str,
+    name: Option<&str>,
+    protocol: Option<&str>,
+    number: i64,
+) -> Result<Port, ConvertError> {
+    let name = match name {
+        None | Some("") => None,
+        Some(n) => Some(cx.label(&format!("{field}.name"), n)?),
+    };
+    let protocol = match protocol {
+        // The CRD has no default; the Service API's default is TCP.
+        None | Some("") | Some("TCP") => Protocol::Tcp,
+        Some("UDP") => Protocol::Udp,
+        Some("SCTP") => Protocol::Sctp,
+        Some(other) => {
+            return Err(cx.err(
+                format!("{field}.protocol"),
+                format!("{other:?} is not TCP, UDP or SCTP"),
+            ));
+        }
+    };
+    let port = u16::try_from(number)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| {
+            cx.err(
+                format!("{field}.port"),
+                format!("{number} is not a port number (1-65535)"),
+            )
+        })?;
+    Ok(Port {
+        name,
+        protocol,
+        port,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn import(yaml: &str) -> Result<ServiceImport, ConvertError> {
+        service_import(&serde_yaml::from_str(yaml).unwrap())
+    }
+
+    fn slice(yaml: &str) -> Result<SliceOutcome, ConvertError> {
+        endpoint_slice(&serde_yaml::from_str(yaml).unwrap())
+    }
+
+    const SLICE: &str = "
+metadata:
+  name: db-a
+  namespace: shop
+  labels:
+    multicluster.kubernetes.io/service-name: db
+    multicluster.kubernetes.io/source-cluster: cluster-a
+addressType: IPv4
+ports: [{name: pg, port: 5432}]
+endpoints:
+- addresses: [10.1.0.1]
+  hostname: db-0
+- addresses: [10.1.0.2]
+  conditions: {ready: false}
+";
+
+    #[test]
+    fn import_with_omitted_protocol_means_tcp() {
+        let i = import("metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ips: [10.0.0.1], ports: [{name: http, port: 80}]}").unwrap();
+        assert_eq!(i.kind, ImportType::ClusterSetIp);
+        assert_eq!(i.ports[0].protocol, Protocol::Tcp);
+        assert_eq!(i.ports[0].name.as_ref().map(DnsLabel::as_str), Some("http"));
+    }
+
+    #[test]
+    fn import_errors_name_the_object_and_field() {
+        let e = import(
+            "metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ips: [10.0.0.300]}",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ServiceImport shop/web: spec.ips[0]: \"10.0.0.300\" is not an IP address"
+        );
+        let e = import("metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ips: [10.0.0.1, 10.0.0.2]}").unwrap_err();
+        assert_eq!(e.field, "spec.ips[1]");
+        let e = import("metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ports: [{port: 70000}]}").unwrap_err();
+        assert_eq!(e.field, "spec.ports[0].port");
+        let e =
+            import("metadata: {name: Web_1, namespace: shop}\nspec: {type: Headless}").unwrap_err();
+        assert_eq!(e.field, "metadata.name");
+        let e = import("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer}")
+            .unwrap_err();
+        assert_eq!(e.field, "spec.type");
+    }
+
+    #[test]
+    fn slice_readiness_defaults_to_ready() {
+        let SliceOutcome::Endpoints(s) = slice(SLICE).unwrap() else {
+            panic!("not endpoints")
+        };
+        assert_eq!(s.cluster.as_str(), "cluster-a");
+        assert_eq!(s.service.name.as_str(), "db");
+        assert!(s.endpoints[0].ready);
+        assert!(!s.endpoints[1].ready);
+        assert_eq!(
+            s.endpoints[0].hostname.as_ref().map(DnsLabel::as_str),
+            Some("db-0")
+        );
+    }
+
+    #[test]
+    fn slice_with_wrong_family_address_is_rejected() {
+        let e = slice(&SLICE.replace("10.1.0.2", "fd00::2")).unwrap_err();
+        assert_eq!(e.field, "endpoints[1].addresses[0]");
+        assert!(
+            e.to_string().starts_with("EndpointSlice shop/db-a: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn slice_without_mcs_labels_is_rejected() {
+        let e =
+            slice(&SLICE.replace("multicluster.kubernetes.io/source-cluster", "x")).unwrap_err();
+        assert_eq!(
+            e.field,
+            "metadata.labels[multicluster.kubernetes.io/source-cluster]"
+        );
+    }
+
+    #[test]
+    fn fqdn_slices_are_ignored() {
+        assert!(matches!(
+            slice(&SLICE.replace("IPv4", "FQDN")).unwrap(),
+            SliceOutcome::Fqdn
+        ));
+    }
+}

@@ -1,0 +1,53 @@
+//! The MCS custom resources, reduced to the fields DNS answers from
+//! (`multicluster.x-k8s.io`; v1alpha1 and v1beta1 have the same shape).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+/// API group of ServiceImport and ServiceExport.
+pub const MCS_GROUP: &str = "multicluster.x-k8s.io";
+/// Versions of that group we read.
+pub const MCS_VERSIONS: [&str; 2] = ["v1beta1", "v1alpha1"];
+/// Label on MCS EndpointSlices naming their ServiceImport.
+pub const LABEL_SERVICE_NAME: &str = "multicluster.kubernetes.io/service-name";
+/// Label on MCS EndpointSlices naming the cluster the endpoints run in.
+pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluster";
+
+/// A `ServiceImport` object.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ServiceImport {
+    /// Standard object metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The spec.
+    pub spec: ServiceImportSpec,
+}
+
+/// `ServiceImport.spec`, the fields DNS uses.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceImportSpec {
+    /// `ClusterSetIP` or `Headless`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Clusterset VIPs, at most one per family.
+    #[serde(default)]
+    pub ips: Vec<String>,
+    /// Ports.
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+}
+
+/// A ServiceImport port.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    /// Optional name; named ports get `_<name>._<proto>` SRV records.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `TCP` (also when omitted), `UDP` or `SCTP`.
+    #[serde(default)]
+    pub protocol: Option<String>,
+    /// Port number (kept wide so out-of-range values are reported, not misparsed).
+    pub port: i64,
+}

@@ -1,0 +1,256 @@
+//! Reads Kubernetes objects from text: multi-document YAML or JSON, exactly
+//! as `kubectl get -o yaml` writes it, `kind: List` included.
+//!
+//! Two kinds of failure are kept apart on purpose:
+//! - a document that is not what it claims (YAML syntax, a field of the wrong
+//!   type) fails the whole text with a [`ParseError`] naming the document and
+//!   field, so a half-saved file never replaces a good one;
+//! - a well-formed object that cannot be served (an invalid IP, name or port)
+//!   is skipped with a [`ConvertError`] naming it, and the rest is served.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::Deserialize;
+
+use super::convert::{self, ConvertError, SliceOutcome};
+use super::crd::{self, MCS_GROUP, MCS_VERSIONS};
+use crate::model::{EndpointSet, ServiceImport};
+
+/// One object the store serves from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    /// A ServiceImport.
+    Import(ServiceImport),
+    /// An MCS EndpointSlice.
+    Slice(EndpointSet),
+}
+
+/// What a text held.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    /// Objects to serve.
+    pub objects: Vec<Object>,
+    /// Objects skipped because they cannot be served, each naming the object.
+    pub skipped: Vec<ConvertError>,
+    /// Objects of other kinds, counted by `apiVersion/kind`; they are ignored.
+    pub ignored: BTreeMap<String, usize>,
+}
+
+/// A text that could not be read as Kubernetes objects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}: document {document}{}: {message}", field_suffix(.field))]
+pub struct ParseError {
+    /// Where the text came from (a file path).
+    pub origin: String,
+    /// 1-based index of the document in a multi-document text.
+    pub document: usize,
+    /// The failing field as a path (`items[2].spec.ports[0].port`), when known.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn field_suffix(field: &Option<String>) -> String {
+    field
+        .as_ref()
+        .map(|f| format!(", field {f}"))
+        .unwrap_or_default()
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TypeMeta {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+}
+
+/// Parses every document of `text`. `origin` names the text in errors.
+pub fn parse(text: &str, origin: &str) -> Result<Parsed, ParseError> {
+    let mut parsed = Parsed::default();
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let document = i + 1;
+        let fail = |field: Option<String>, message: String| ParseError {
+            origin: origin.to_owned(),
+            document,
+            field,
+            message,
+        };
+        let value = serde_yaml::Value::deserialize(doc).map_err(|e| fail(None, e.to_string()))?;
+        if value.is_null() {
+            continue; // an empty document, e.g. a trailing `---`
+        }
+        add_object(&mut parsed, value, "").map_err(|(field, message)| fail(field, message))?;
+    }
+    Ok(parsed)
+}
+
+/// Adds one object (or a List's items) to `parsed`; errors are (field, message).
+fn add_object(
+    parsed: &mut Parsed,
+    value: serde_yaml::Value,
+    path: &str,
+) -> Result<(), (Option<String>, String)> {
+    let at = |f: &str| {
+        if path.is_empty() {
+            f.to_owned()
+        } else {
+            format!("{path}.{f}")
+        }
+    };
+    let meta = TypeMeta::deserialize(&value).map_err(|e| (Some(at("kind")), e.to_string()))?;
+    if meta.kind.is_empty() || meta.api_version.is_empty() {
+        return Err((
+            Some(at("kind")),
+            "not a Kubernetes object: apiVersion and kind are required".into(),
+        ));
+    }
+    let (group, version) = meta
+        .api_version
+        .rsplit_once('/')
+        .unwrap_or(("", &meta.api_version));
+    match (group, version, meta.kind.as_str()) {
+        (_, _, "List") | (_, _, "ServiceImportList") | (_, _, "EndpointSliceList") => {
+            let serde_yaml::Value::Mapping(mut map) = value else {
+                unreachable!("TypeMeta parsed from a mapping")
+            };
+            let items = map.remove("items").unwrap_or(serde_yaml::Value::Null);
+            let items = match items {
+                serde_yaml::Value::Sequence(items) => items,
+                serde_yaml::Value::Null => Vec::new(),
+                _ => {
+                    return Err((
+                        Some(at("items")),
+                        "a List's items must be a sequence".into(),
+                    ));
+                }
+            };
+            for (i, item) in items.into_iter().enumerate() {
+                add_object(parsed, item, &at(&format!("items[{i}]")))?;
+            }
+        }
+        (MCS_GROUP, v, "ServiceImport") if MCS_VERSIONS.contains(&v) => {
+            let obj: crd::ServiceImport = typed(value, path)?;
+            match convert::service_import(&obj) {
+                Ok(import) => parsed.objects.push(Object::Import(import)),
+                Err(e) => parsed.skipped.push(e),
+            }
+        }
+        ("discovery.k8s.io", "v1", "EndpointSlice") => {
+            let obj: EndpointSlice = typed(value, path)?;
+            match convert::endpoint_slice(&obj) {
+                Ok(SliceOutcome::Endpoints(set)) => parsed.objects.push(Object::Slice(set)),
+                Ok(SliceOutcome::Fqdn) => {
+                    *parsed
+                        .ignored
+                        .entry("EndpointSlice (FQDN)".into())
+                        .or_default() += 1
+                }
+                Err(e) => parsed.skipped.push(e),
+            }
+        }
+        _ => {
+            *parsed
+                .ignored
+                .entry(format!("{}/{}", meta.api_version, meta.kind))
+                .or_default() += 1
+        }
+    }
+    Ok(())
+}
+
+/// Deserializes a typed object, naming the failing field.
+fn typed<T: serde::de::DeserializeOwned>(
+    value: serde_yaml::Value,
+    path: &str,
+) -> Result<T, (Option<String>, String)> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let inner = e.path().to_string();
+        let field = match (path.is_empty(), inner.as_str()) {
+            (_, ".") => path.to_owned(),
+            (true, _) => inner,
+            (false, _) => format!("{path}.{inner}"),
+        };
+        (
+            Some(field).filter(|f| !f.is_empty()),
+            e.into_inner().to_string(),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IMPORT: &str = "apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {name: web, namespace: shop}
+spec: {type: ClusterSetIP, ips: [10.0.0.1], ports: [{name: http, protocol: TCP, port: 80}]}
+";
+
+    #[test]
+    fn multi_document_text_with_lists_and_other_kinds() {
+        let text = format!(
+            "{IMPORT}---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {{name: x}}\n- {}\n---\n",
+            IMPORT
+                .replace("v1beta1", "v1alpha1")
+                .replace("web", "api")
+                .replace('\n', "\n  ")
+                .trim_end()
+        );
+        let p = parse(&text, "t.yaml").unwrap();
+        assert_eq!(p.objects.len(), 2);
+        assert_eq!(p.ignored.get("v1/Service"), Some(&1));
+        assert!(p.skipped.is_empty());
+    }
+
+    #[test]
+    fn json_documents_parse_too() {
+        let json = r#"{"apiVersion":"multicluster.x-k8s.io/v1alpha1","kind":"ServiceImport","metadata":{"name":"web","namespace":"shop"},"spec":{"type":"Headless"}}"#;
+        assert_eq!(parse(json, "t.json").unwrap().objects.len(), 1);
+    }
+
+    #[test]
+    fn a_wrongly_typed_field_fails_the_text_naming_document_and_field() {
+        let text = format!(
+            "{IMPORT}---\n{}",
+            IMPORT.replace("port: 80", "port: eighty")
+        );
+        let e = parse(&text, "t.yaml").unwrap_err();
+        assert_eq!(e.document, 2);
+        assert_eq!(e.field.as_deref(), Some("spec.ports[0].port"));
+        assert!(
+            e.to_string()
+                .starts_with("t.yaml: document 2, field spec.ports[0].port: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn yaml_syntax_errors_fail_the_text() {
+        let e = parse("kind: [unclosed", "t.yaml").unwrap_err();
+        assert_eq!(e.document, 1);
+    }
+
+    #[test]
+    fn an_invalid_object_is_skipped_and_the_rest_served() {
+        let text = format!(
+            "{IMPORT}---\n{}",
+            IMPORT
+                .replace("web", "bad")
+                .replace("10.0.0.1", "10.0.0.999")
+        );
+        let p = parse(&text, "t.yaml").unwrap();
+        assert_eq!(p.objects.len(), 1);
+        assert_eq!(p.skipped.len(), 1);
+        assert!(p.skipped[0].to_string().contains("shop/bad"));
+    }
+
+    #[test]
+    fn documents_without_kind_are_errors() {
+        let e = parse("foo: bar\n", "t.yaml").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("kind"));
+    }
+}

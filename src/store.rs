@@ -1,0 +1,53 @@
+//! The record store: the only mutable state on the answering side.
+//!
+//! One [`Writer`] owns the model (every source's objects) and publishes
+//! immutable [`Snapshot`]s; any number of [`Reader`]s load the current one
+//! without a lock (arc-swap). A snapshot holds every answer already encoded
+//! in wire format, so answering is lookup plus copy.
+//!
+//! **Invariant:** a snapshot is never modified after it is published; a
+//! change builds a new one that shares every untouched service with the old.
+
+mod encode;
+mod names;
+mod snapshot;
+mod writer;
+
+pub use snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone, ZoneConfig};
+pub use writer::{ObjectId, Update, Writer};
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+/// Read access to the current snapshot; cheap to clone, shared by every
+/// answering thread.
+#[derive(Clone)]
+pub struct Reader {
+    current: Arc<ArcSwap<Snapshot>>,
+}
+
+impl Reader {
+    /// The current snapshot. Holding the guard keeps that snapshot alive;
+    /// hold it for one query (or one batch), not longer.
+    pub fn load(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.current.load()
+    }
+
+    /// The current snapshot as an owned `Arc`, for long-lived readers.
+    pub fn load_full(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+}
+
+/// Creates an empty store for a zone: the reader side and the single writer.
+pub fn new(config: ZoneConfig) -> (Reader, Writer) {
+    let zone = Arc::new(Zone::new(config));
+    let current = Arc::new(ArcSwap::from_pointee(Snapshot::empty(zone.clone())));
+    (
+        Reader {
+            current: current.clone(),
+        },
+        Writer::new(zone, current),
+    )
+}

@@ -1,0 +1,98 @@
+//! Pre-encoding: hickory-proto writes every record; this module only places
+//! each one behind a question for its owner so that compression points into
+//! the question (see `snapshot` module docs).
+
+use hickory_proto::op::Query;
+use hickory_proto::rr::{Name, Record, RecordType};
+use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
+
+use super::snapshot::Records;
+
+/// Length of the DNS header in front of the question.
+const HEADER_LEN: usize = 12;
+
+/// Encodes `records` as answers to the question `owner`/`qtype`, each
+/// independent of the others. Returns `None` when hickory-proto refuses one
+/// (a name over 255 bytes, which validation upstream should have prevented).
+pub(crate) fn records(owner: &Name, qtype: RecordType, records: &[Record]) -> Option<Records> {
+    let mut bytes = Vec::new();
+    let mut ends = Vec::with_capacity(records.len());
+    let mut scratch = Vec::with_capacity(512);
+    let question = Query::query(owner.clone(), qtype);
+    for record in records {
+        scratch.clear();
+        let mut enc = BinEncoder::new(&mut scratch);
+        enc.emit_vec(&[0; HEADER_LEN]).ok()?;
+        question.emit(&mut enc).ok()?;
+        let start = enc.offset();
+        record.emit(&mut enc).ok()?;
+        bytes.extend_from_slice(&scratch[start..]);
+        ends.push(u32::try_from(bytes.len()).ok()?);
+    }
+    Some(Records::new(bytes, ends))
+}
+
+/// Encodes a record from its TYPE field on, with every name in it written in
+/// full: used for the negative-answer SOA, whose owner pointer depends on
+/// where the apex sits in each query.
+pub(crate) fn without_owner(record: &Record) -> Option<Box<[u8]>> {
+    let mut buf = Vec::with_capacity(128);
+    let mut enc = BinEncoder::new(&mut buf);
+    enc.set_name_encoding(NameEncoding::Uncompressed);
+    record.emit(&mut enc).ok()?;
+    let owner_len = wire_len(&record.name);
+    Some(buf[owner_len..].into())
+}
+
+/// Length of an uncompressed name in wire format: each label with its length
+/// byte, then the root label.
+pub(crate) fn wire_len(name: &Name) -> usize {
+    name.iter().map(|l| l.len() + 1).sum::<usize>() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use hickory_proto::rr::RData;
+    use hickory_proto::rr::rdata::{A, SRV};
+
+    use super::*;
+
+    #[test]
+    fn owner_is_a_pointer_to_the_question() {
+        let owner = Name::from_str("web.shop.svc.clusterset.local.").unwrap();
+        let rec = Record::from_rdata(owner.clone(), 5, RData::A(A::new(10, 0, 0, 1)));
+        let r = records(&owner, RecordType::A, &[rec.clone(), rec]).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            r.get(0),
+            &[0xC0, 0x0C, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 10, 0, 0, 1]
+        );
+        assert_eq!(r.get(0), r.get(1));
+    }
+
+    #[test]
+    fn srv_targets_are_written_in_full() {
+        // RFC 2782: "name compression is not to be used for this field".
+        let owner = Name::from_str("_http._tcp.web.shop.svc.clusterset.local.").unwrap();
+        let target = Name::from_str("web.shop.svc.clusterset.local.").unwrap();
+        let rec = Record::from_rdata(
+            owner.clone(),
+            5,
+            RData::SRV(SRV::new(0, 100, 80, target.clone())),
+        );
+        let r = records(&owner, RecordType::SRV, &[rec]).unwrap();
+        assert_eq!(r.get(0).len(), 2 + 10 + 6 + wire_len(&target));
+    }
+
+    #[test]
+    fn owner_less_encoding_drops_exactly_the_owner() {
+        let owner = Name::from_str("clusterset.local.").unwrap();
+        let rec = Record::from_rdata(owner, 5, RData::A(A::new(10, 0, 0, 1)));
+        assert_eq!(
+            &*without_owner(&rec).unwrap(),
+            &[0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 10, 0, 0, 1]
+        );
+    }
+}

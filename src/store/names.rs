@@ -1,0 +1,392 @@
+//! Which names exist and what they answer: the MCS DNS specification's
+//! records (`../shared/docs/dns-behaviour.md` is the contract), built from
+//! model values and encoded once per change.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, SOA, SRV, TXT};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use rustc_hash::FxHashMap;
+use tracing::warn;
+
+use super::encode;
+use super::snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone};
+use crate::model::{DnsLabel, EndpointSet, ImportType, Port, ServiceImport};
+
+/// MCS DNS schema version answered at `dns-version.<zone>` (spec §2.2).
+pub(crate) const SCHEMA_VERSION: &str = "1.0.0";
+/// TTL of the `dns-version` TXT record, as the specification's example.
+const SCHEMA_VERSION_TTL: u32 = 28800;
+/// SOA timers: refresh, retry, expire (the serial and minimum vary).
+const SOA_TIMERS: (i32, i32, i32) = (7200, 1800, 86400);
+
+/// The data of one name while it is being assembled.
+#[derive(Default)]
+struct Draft {
+    a: Vec<IpAddr>,
+    srv: Vec<(u16, Name)>,
+}
+
+/// The names of a service being assembled, keyed by prefix wire bytes.
+struct Drafts {
+    base: Name,
+    nodes: BTreeMap<Vec<u8>, (Name, Draft)>,
+    /// Addresses of SRV targets, for the additional section.
+    targets: FxHashMap<Name, Vec<IpAddr>>,
+}
+
+impl Drafts {
+    /// The draft for `labels` in front of the service name, created (with
+    /// every empty non-terminal between it and the service) when missing.
+    fn node(&mut self, labels: &[&str]) -> Option<&mut Draft> {
+        for skip in (1..labels.len()).rev() {
+            let ent = &labels[skip..];
+            let key = prefix_key(ent);
+            if !self.nodes.contains_key(&key) {
+                let name = child(ent, &self.base)?;
+                self.nodes.insert(key, (name, Draft::default()));
+            }
+        }
+        let key = prefix_key(labels);
+        if !self.nodes.contains_key(&key) {
+            let name = child(labels, &self.base)?;
+            self.nodes.insert(key.clone(), (name, Draft::default()));
+        }
+        self.nodes.get_mut(&key).map(|(_, d)| d)
+    }
+}
+
+/// Builds every name of one service. `None` means the service has no names at
+/// all: a headless service without a ready endpoint is NXDOMAIN (spec §2.4.1).
+pub(crate) fn service_names(
+    zone: &Zone,
+    import: &ServiceImport,
+    slices: &[&EndpointSet],
+) -> Option<ServiceNames> {
+    let base = child(
+        &[
+            import.key.name.as_str(),
+            import.key.namespace.as_str(),
+            "svc",
+        ],
+        &zone.config.origin,
+    )?;
+    let mut d = Drafts {
+        base: base.clone(),
+        nodes: BTreeMap::new(),
+        targets: FxHashMap::default(),
+    };
+    d.node(&[])?;
+    match import.kind {
+        ImportType::ClusterSetIp => {
+            d.targets.insert(base.clone(), import.ips.clone());
+            let service = d.node(&[])?;
+            service.a.extend(&import.ips);
+            for port in &import.ports {
+                // The bare name answers every port; `_<port>._<proto>` only named ones.
+                service_srv(&mut d, port, port.port, &base)?;
+            }
+        }
+        ImportType::Headless => {
+            if !headless(&mut d, import, slices) {
+                return None;
+            }
+        }
+    }
+    let ttl = zone.config.ttl;
+    let names = d
+        .nodes
+        .iter()
+        .filter_map(|(key, (owner, draft))| {
+            let node = encode_node(owner, draft, ttl, &d.targets);
+            if node.is_none() {
+                warn!(service = %import.key, name = %owner, "cannot encode name; leaving it out");
+            }
+            Some((key.clone().into_boxed_slice(), node?))
+        })
+        .collect();
+    Some(ServiceNames { names })
+}
+
+/// Adds the SRV records one port gives: on the bare service name always, on
+/// `_<port>._<proto>` when the port is named.
+fn service_srv(d: &mut Drafts, port: &Port, number: u16, target: &Name) -> Option<()> {
+    d.node(&[])?.srv.push((number, target.clone()));
+    if let Some(name) = &port.name {
+        let port_label = format!("_{name}");
+        let proto_label = format!("_{}", port.protocol.srv_label());
+        d.node(&[&port_label, &proto_label])?
+            .srv
+            .push((number, target.clone()));
+    }
+    Some(())
+}
+
+/// Adds a headless service's names; false when it has no ready endpoint.
+fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> bool {
+    let mut any_ready = false;
+    for slice in slices {
+        let cluster: Vec<&str> = slice.cluster.labels().collect();
+        for ep in slice
+            .endpoints
+            .iter()
+            .filter(|e| e.ready && !e.addresses.is_empty())
+        {
+            any_ready = true;
+            // An endpoint with a hostname is one name with all its addresses;
+            // without, each address names itself (`10-3-0-10`).
+            let named: Vec<(DnsLabel, Vec<IpAddr>)> = match &ep.hostname {
+                Some(h) => vec![(h.clone(), ep.addresses.clone())],
+                None => ep
+                    .addresses
+                    .iter()
+                    .map(|a| (DnsLabel::from_address(*a), vec![*a]))
+                    .collect(),
+            };
+            for (host, addrs) in named {
+                let mut labels = vec![host.as_str()];
+                labels.extend(&cluster);
+                let Some(target) = child(&labels, &d.base) else {
+                    warn!(service = %import.key, slice = %slice.slice, host = %host, "endpoint name too long; leaving it out");
+                    continue;
+                };
+                if let Some(service) = d.node(&[]) {
+                    service.a.extend(&addrs);
+                }
+                if let Some(node) = d.node(&labels) {
+                    node.a.extend(&addrs);
+                }
+                d.targets.entry(target.clone()).or_default().extend(&addrs);
+                for port in &slice.ports {
+                    // Absent only for names too long, already warned about.
+                    let _ = service_srv(d, port, port.port, &target);
+                }
+            }
+        }
+    }
+    any_ready
+}
+
+fn encode_node(
+    owner: &Name,
+    draft: &Draft,
+    ttl: u32,
+    targets: &FxHashMap<Name, Vec<IpAddr>>,
+) -> Option<NameNode> {
+    let mut sets = Vec::new();
+    let mut v4: Vec<IpAddr> = draft.a.iter().copied().filter(IpAddr::is_ipv4).collect();
+    let mut v6: Vec<IpAddr> = draft.a.iter().copied().filter(IpAddr::is_ipv6).collect();
+    dedup_in_order(&mut v4);
+    dedup_in_order(&mut v6);
+    for (rtype, addrs) in [(RecordType::A, &v4), (RecordType::AAAA, &v6)] {
+        if !addrs.is_empty() {
+            let records: Vec<Record> = addrs
+                .iter()
+                .map(|ip| address_record(owner, ttl, *ip))
+                .collect();
+            sets.push(RRset {
+                rtype: u16::from(rtype),
+                answer: encode::records(owner, rtype, &records)?,
+                additional: Records::default(),
+            });
+        }
+    }
+    if !draft.srv.is_empty() {
+        let mut srv = draft.srv.clone();
+        dedup_in_order(&mut srv);
+        // Identical records must be identical, so the weight depends only on
+        // how many distinct records the RRset has.
+        let weight = (100 / srv.len()).max(1) as u16;
+        let records: Vec<Record> = srv
+            .iter()
+            .map(|(port, target)| {
+                Record::from_rdata(
+                    owner.clone(),
+                    ttl,
+                    RData::SRV(SRV::new(0, weight, *port, target.clone())),
+                )
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let mut extra = Vec::new();
+        for (_, target) in &srv {
+            if seen.contains(&target) {
+                continue;
+            }
+            seen.push(target);
+            let mut addrs = targets.get(target).cloned().unwrap_or_default();
+            dedup_in_order(&mut addrs);
+            addrs.sort_by_key(IpAddr::is_ipv6); // A before AAAA, stable within a family
+            extra.extend(addrs.iter().map(|ip| address_record(target, ttl, *ip)));
+        }
+        sets.push(RRset {
+            rtype: u16::from(RecordType::SRV),
+            answer: encode::records(owner, RecordType::SRV, &records)?,
+            additional: encode::records(owner, RecordType::SRV, &extra)?,
+        });
+    }
+    Some(NameNode { sets: sets.into() })
+}
+
+fn address_record(owner: &Name, ttl: u32, ip: IpAddr) -> Record {
+    let rdata = match ip {
+        IpAddr::V4(v4) => RData::A(A(v4)),
+        IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+    };
+    Record::from_rdata(owner.clone(), ttl, rdata)
+}
+
+fn dedup_in_order<T: PartialEq>(v: &mut Vec<T>) {
+    let mut i = 0;
+    while i < v.len() {
+        if v[..i].contains(&v[i]) {
+            v.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// Lower-case wire bytes of `labels` (no root): the key of a name relative to
+/// the service or the apex.
+pub(crate) fn prefix_key(labels: &[&str]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(labels.iter().map(|l| l.len() + 1).sum());
+    for l in labels {
+        key.push(l.len() as u8); // callers pass validated labels of at most 63 bytes
+        key.extend(l.bytes().map(|b| b.to_ascii_lowercase()));
+    }
+    key
+}
+
+/// `labels` in front of `base`; `None` when the result is not a valid name
+/// (over 255 bytes).
+fn child(labels: &[&str], base: &Name) -> Option<Name> {
+    if labels.is_empty() {
+        return Some(base.clone());
+    }
+    Name::from_labels(labels.iter().map(|l| l.as_bytes()))
+        .ok()?
+        .append_name(base)
+        .ok()
+}
+
+/// Rebuilds the names outside services: the apex (SOA with the snapshot's
+/// serial, NS), `dns-version`, the `svc` and `<ns>.svc` empty non-terminals,
+/// and `ns.dns` when addresses are advertised.
+pub(crate) fn refresh_zone_names<'a>(
+    snap: &mut Snapshot,
+    namespaces: impl Iterator<Item = &'a DnsLabel>,
+) {
+    let zone = snap.zone.clone();
+    let cfg = &zone.config;
+    let origin = &cfg.origin;
+    let ttl = cfg.ttl;
+    let mut names: FxHashMap<Box<[u8]>, NameNode> = FxHashMap::default();
+    let (Some(ns_host), Some(hostmaster)) = (
+        child(&["ns", "dns"], origin),
+        child(&["hostmaster"], origin),
+    ) else {
+        unreachable!("the zone origin was validated to leave room for ns.dns and hostmaster");
+    };
+    let soa = |ttl: u32| {
+        let (refresh, retry, expire) = SOA_TIMERS;
+        let rdata = SOA::new(
+            ns_host.clone(),
+            hostmaster.clone(),
+            snap.serial,
+            refresh,
+            retry,
+            expire,
+            cfg.negative_ttl,
+        );
+        Record::from_rdata(origin.clone(), ttl, RData::SOA(rdata))
+    };
+    let glue: Vec<Record> = cfg
+        .advertise
+        .iter()
+        .map(|ip| address_record(&ns_host, ttl, *ip))
+        .collect();
+    let ns = Record::from_rdata(origin.clone(), ttl, RData::NS(NS(ns_host.clone())));
+    let apex = vec![
+        rrset(origin, RecordType::SOA, &[soa(ttl)], &[]),
+        rrset(origin, RecordType::NS, &[ns], &glue),
+    ];
+    names.insert(
+        Box::default(),
+        NameNode {
+            sets: apex.into_iter().flatten().collect(),
+        },
+    );
+
+    let version_name = child(&["dns-version"], origin);
+    if let Some(version_name) = version_name {
+        let txt = Record::from_rdata(
+            version_name.clone(),
+            SCHEMA_VERSION_TTL,
+            RData::TXT(TXT::new(vec![SCHEMA_VERSION.into()])),
+        );
+        let sets = rrset(&version_name, RecordType::TXT, &[txt], &[])
+            .into_iter()
+            .collect();
+        names.insert(prefix_key(&["dns-version"]).into(), NameNode { sets });
+    }
+    let mut any_namespace = false;
+    for ns in namespaces {
+        any_namespace = true;
+        names.insert(
+            prefix_key(&[ns.as_str(), "svc"]).into(),
+            NameNode::default(),
+        );
+    }
+    if any_namespace {
+        names.insert(prefix_key(&["svc"]).into(), NameNode::default());
+    }
+    if !glue.is_empty() {
+        names.insert(prefix_key(&["dns"]).into(), NameNode::default());
+        let v4: Vec<Record> = glue
+            .iter()
+            .filter(|r| r.record_type() == RecordType::A)
+            .cloned()
+            .collect();
+        let v6: Vec<Record> = glue
+            .iter()
+            .filter(|r| r.record_type() == RecordType::AAAA)
+            .cloned()
+            .collect();
+        let sets = [
+            rrset(&ns_host, RecordType::A, &v4, &[]),
+            rrset(&ns_host, RecordType::AAAA, &v6, &[]),
+        ];
+        names.insert(
+            prefix_key(&["ns", "dns"]).into(),
+            NameNode {
+                sets: sets.into_iter().flatten().collect(),
+            },
+        );
+    }
+    snap.zone_names = names;
+    snap.negative_soa = encode::without_owner(&soa(cfg.negative_ttl)).unwrap_or_default();
+    let hinfo = Record::from_rdata(
+        origin.clone(),
+        ttl,
+        RData::HINFO(HINFO::new("RFC8482".into(), String::new())),
+    );
+    snap.any_hinfo = encode::records(origin, RecordType::ANY, &[hinfo]).unwrap_or_default();
+}
+
+fn rrset(
+    owner: &Name,
+    rtype: RecordType,
+    answer: &[Record],
+    additional: &[Record],
+) -> Option<RRset> {
+    if answer.is_empty() {
+        return None;
+    }
+    Some(RRset {
+        rtype: u16::from(rtype),
+        answer: encode::records(owner, rtype, answer)?,
+        additional: encode::records(owner, rtype, additional)?,
+    })
+}

@@ -1,0 +1,210 @@
+//! The immutable snapshot and its pre-encoded answers.
+//!
+//! Every record is encoded as if it followed the lower-case question for its
+//! name at offset 12 (the header's end): the owner name is the pointer
+//! `C0 0C`, and names inside the record are compressed only against the
+//! question. Records are therefore independent of each other and of the
+//! query's letter case: a response may hold any subset of them in any order
+//! (truncation, load balancing) and is valid for every spelling of the name.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use hickory_proto::rr::Name;
+use rustc_hash::FxHashMap;
+
+/// What the operator configures about the zone.
+#[derive(Debug, Clone)]
+pub struct ZoneConfig {
+    /// The zone apex, e.g. `clusterset.local.`.
+    pub origin: Name,
+    /// TTL of positive answers.
+    pub ttl: u32,
+    /// TTL of negative answers (the SOA minimum).
+    pub negative_ttl: u32,
+    /// Addresses of `ns.dns.<zone>`, given as glue with the apex NS.
+    pub advertise: Vec<IpAddr>,
+}
+
+/// The zone as the answer path needs it.
+#[derive(Debug)]
+pub struct Zone {
+    /// The configuration.
+    pub config: ZoneConfig,
+    /// The apex in lower-case wire format, root label included.
+    pub wire: Box<[u8]>,
+    /// Number of labels of the apex, root excluded.
+    pub labels: usize,
+}
+
+impl Zone {
+    /// Derives the wire form of the apex.
+    pub fn new(mut config: ZoneConfig) -> Self {
+        config.origin = config.origin.to_lowercase();
+        config.origin.set_fqdn(true);
+        let mut wire = Vec::with_capacity(config.origin.len() + 1);
+        for label in config.origin.iter() {
+            wire.push(label.len() as u8); // labels are at most 63 bytes (hickory checks)
+            wire.extend_from_slice(label);
+        }
+        wire.push(0);
+        let labels = config.origin.num_labels() as usize;
+        Self {
+            config,
+            wire: wire.into(),
+            labels,
+        }
+    }
+}
+
+/// Records of one section, each encoded independently (see module docs).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Records {
+    bytes: Box<[u8]>,
+    ends: Box<[u32]>,
+}
+
+impl Records {
+    pub(crate) fn new(bytes: Vec<u8>, ends: Vec<u32>) -> Self {
+        Self {
+            bytes: bytes.into(),
+            ends: ends.into(),
+        }
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The wire bytes of record `i`.
+    pub fn get(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.bytes[start..self.ends[i] as usize]
+    }
+
+    /// All records' bytes, in order.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// One RRset of a name and the additional records that go with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RRset {
+    /// The record type (A = 1, AAAA = 28, SRV = 33, …).
+    pub rtype: u16,
+    /// Answer records.
+    pub answer: Records,
+    /// Additional records (A/AAAA of SRV targets, NS glue).
+    pub additional: Records,
+}
+
+/// A name that exists in the zone. An empty node is an empty non-terminal.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameNode {
+    /// Its RRsets, at most one per type.
+    pub sets: Box<[RRset]>,
+}
+
+impl NameNode {
+    /// The RRset of `rtype`, if the name has one.
+    pub fn get(&self, rtype: u16) -> Option<&RRset> {
+        self.sets.iter().find(|s| s.rtype == rtype)
+    }
+}
+
+/// Every name at and below one service, keyed by the lower-case wire bytes
+/// of the labels in front of `<svc>.<ns>.svc.<zone>` (empty for the service
+/// name itself).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ServiceNames {
+    pub(crate) names: FxHashMap<Box<[u8]>, NameNode>,
+}
+
+impl ServiceNames {
+    /// The node for a prefix.
+    pub fn get(&self, prefix: &[u8]) -> Option<&NameNode> {
+        self.names.get(prefix)
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+/// An immutable view of the whole zone.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub(crate) zone: Arc<Zone>,
+    pub(crate) serial: u32,
+    pub(crate) ready: bool,
+    /// Services keyed by the lower-case wire bytes of `<svc>.<ns>`.
+    pub(crate) services: Arc<FxHashMap<Arc<[u8]>, Arc<ServiceNames>>>,
+    /// Names outside any service (apex, `dns-version`, `svc`, `<ns>.svc`, …),
+    /// keyed by the wire bytes of the labels in front of the apex.
+    pub(crate) zone_names: FxHashMap<Box<[u8]>, NameNode>,
+    /// The SOA for negative answers from its TYPE field on; the owner (the
+    /// apex) is a pointer written per query.
+    pub(crate) negative_soa: Box<[u8]>,
+    /// RFC 8482's synthesized `HINFO "RFC8482" ""` answer to ANY.
+    pub(crate) any_hinfo: Records,
+}
+
+impl Snapshot {
+    pub(crate) fn empty(zone: Arc<Zone>) -> Self {
+        let mut snap = Self {
+            zone,
+            serial: 0,
+            ready: false,
+            services: Arc::default(),
+            zone_names: FxHashMap::default(),
+            negative_soa: Box::default(),
+            any_hinfo: Records::default(),
+        };
+        super::names::refresh_zone_names(&mut snap, std::iter::empty());
+        snap
+    }
+
+    /// The zone.
+    pub fn zone(&self) -> &Zone {
+        &self.zone
+    }
+
+    /// The SOA serial; it increases on every published change.
+    pub fn serial(&self) -> u32 {
+        self.serial
+    }
+
+    /// True once every source has delivered its first complete state; until
+    /// then, names not found are answered SERVFAIL, never NXDOMAIN.
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Number of services with names in the zone.
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// The names of the service whose wire key (`<svc>.<ns>` labels) is given.
+    pub fn service(&self, key: &[u8]) -> Option<&ServiceNames> {
+        self.services.get(key).map(|s| &**s)
+    }
+
+    /// A node outside the services, by its prefix in front of the apex.
+    pub fn zone_name(&self, prefix: &[u8]) -> Option<&NameNode> {
+        self.zone_names.get(prefix)
+    }
+}

@@ -1,0 +1,301 @@
+//! The single writer: applies source updates to the model and publishes
+//! snapshots, re-encoding only the services an update touched.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use rustc_hash::FxHashMap;
+use tracing::debug;
+
+use super::names;
+use super::snapshot::{Snapshot, Zone};
+use crate::model::{DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey};
+use crate::source::SourceId;
+use crate::source::objects::Object;
+
+/// Identity of an object within one source.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ObjectId {
+    /// A ServiceImport, by service.
+    Import(ServiceKey),
+    /// An EndpointSlice, by namespace and name.
+    Slice(SliceKey),
+}
+
+impl Object {
+    /// The object's identity within its source.
+    pub fn id(&self) -> ObjectId {
+        match self {
+            Self::Import(i) => ObjectId::Import(i.key.clone()),
+            Self::Slice(s) => ObjectId::Slice(s.slice.clone()),
+        }
+    }
+
+    fn service(&self) -> &ServiceKey {
+        match self {
+            Self::Import(i) => &i.key,
+            Self::Slice(s) => &s.service,
+        }
+    }
+}
+
+/// A change from a source.
+#[derive(Debug)]
+pub enum Update {
+    /// The source exists and will deliver its first complete state later;
+    /// until it does, the store is not ready.
+    Register(SourceId),
+    /// The source's complete state (a file read, a watch's relist): objects it
+    /// held before and not now are gone. Marks the source as synced.
+    Replace {
+        /// Which source.
+        source: SourceId,
+        /// Everything it holds now.
+        objects: Vec<Object>,
+    },
+    /// One object added or changed.
+    Upsert {
+        /// Which source.
+        source: SourceId,
+        /// The object.
+        object: Object,
+    },
+    /// One object removed.
+    Remove {
+        /// Which source.
+        source: SourceId,
+        /// The object.
+        id: ObjectId,
+    },
+}
+
+#[derive(Default)]
+struct SourceState {
+    objects: HashMap<ObjectId, ServiceKey>,
+    synced: bool,
+}
+
+#[derive(Default)]
+struct ServiceState {
+    /// Imports by source; the first (lowest source id) is served.
+    imports: BTreeMap<SourceId, ServiceImport>,
+    /// Slices of every source and cluster.
+    slices: BTreeMap<(SourceId, SliceKey), EndpointSet>,
+}
+
+/// Owns the model and publishes snapshots. Exactly one exists per store.
+pub struct Writer {
+    zone: Arc<Zone>,
+    current: Arc<ArcSwap<Snapshot>>,
+    sources: BTreeMap<SourceId, SourceState>,
+    services: HashMap<ServiceKey, ServiceState>,
+    /// Number of served imports per namespace: a namespace exists in DNS
+    /// while it holds at least one.
+    namespaces: BTreeMap<DnsLabel, usize>,
+    dirty: BTreeSet<ServiceKey>,
+    zone_dirty: bool,
+    serial: u32,
+}
+
+impl Writer {
+    pub(crate) fn new(zone: Arc<Zone>, current: Arc<ArcSwap<Snapshot>>) -> Self {
+        Self {
+            zone,
+            current,
+            sources: BTreeMap::new(),
+            services: HashMap::new(),
+            namespaces: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            zone_dirty: true,
+            serial: 0,
+        }
+    }
+
+    /// Applies one update to the model. Nothing is visible to readers until
+    /// [`Writer::publish`]; apply a batch, then publish once.
+    pub fn apply(&mut self, update: Update) {
+        match update {
+            Update::Register(source) => {
+                self.sources.entry(source).or_default();
+                self.zone_dirty = true;
+            }
+            Update::Replace { source, objects } => {
+                let old: Vec<ObjectId> = self
+                    .sources
+                    .entry(source)
+                    .or_default()
+                    .objects
+                    .keys()
+                    .cloned()
+                    .collect();
+                let keep: BTreeSet<ObjectId> = objects.iter().map(Object::id).collect();
+                for id in old.into_iter().filter(|id| !keep.contains(id)) {
+                    self.remove(source, &id);
+                }
+                for object in objects {
+                    self.upsert(source, object);
+                }
+                let state = self.sources.entry(source).or_default();
+                if !state.synced {
+                    state.synced = true;
+                    self.zone_dirty = true;
+                }
+            }
+            Update::Upsert { source, object } => self.upsert(source, object),
+            Update::Remove { source, id } => self.remove(source, &id),
+        }
+    }
+
+    fn upsert(&mut self, source: SourceId, object: Object) {
+        let id = object.id();
+        let key = object.service().clone();
+        let previous = self
+            .sources
+            .entry(source)
+            .or_default()
+            .objects
+            .insert(id.clone(), key.clone());
+        if let Some(previous) = previous.filter(|p| *p != key) {
+            // A slice can be relabelled to another service.
+            self.remove_from_service(source, &id, &previous);
+        }
+        let state = self.services.entry(key.clone()).or_default();
+        let changed = match object {
+            Object::Import(import) => {
+                let was_served = state.imports.keys().next().copied();
+                let old = state.imports.insert(source, import.clone());
+                if old.is_none() {
+                    self.count_namespace(&key, was_served.is_none());
+                }
+                old.as_ref() != Some(&import)
+            }
+            Object::Slice(slice) => {
+                state
+                    .slices
+                    .insert((source, slice.slice.clone()), slice.clone())
+                    .as_ref()
+                    != Some(&slice)
+            }
+        };
+        if changed {
+            self.dirty.insert(key);
+        }
+    }
+
+    fn remove(&mut self, source: SourceId, id: &ObjectId) {
+        let key = self
+            .sources
+            .get_mut(&source)
+            .and_then(|s| s.objects.remove(id));
+        if let Some(key) = key {
+            self.remove_from_service(source, id, &key);
+        }
+    }
+
+    fn remove_from_service(&mut self, source: SourceId, id: &ObjectId, key: &ServiceKey) {
+        let Some(state) = self.services.get_mut(key) else {
+            return;
+        };
+        let removed = match id {
+            ObjectId::Import(_) => {
+                let removed = state.imports.remove(&source).is_some();
+                let now_empty = state.imports.is_empty();
+                if removed && now_empty {
+                    self.uncount_namespace(key);
+                }
+                removed
+            }
+            ObjectId::Slice(slice) => state.slices.remove(&(source, slice.clone())).is_some(),
+        };
+        if removed {
+            self.dirty.insert(key.clone());
+        }
+    }
+
+    fn count_namespace(&mut self, key: &ServiceKey, first_import: bool) {
+        if first_import {
+            *self.namespaces.entry(key.namespace.clone()).or_default() += 1;
+            self.zone_dirty = true;
+        }
+    }
+
+    fn uncount_namespace(&mut self, key: &ServiceKey) {
+        if let Some(n) = self.namespaces.get_mut(&key.namespace) {
+            *n -= 1;
+            if *n == 0 {
+                self.namespaces.remove(&key.namespace);
+            }
+            self.zone_dirty = true;
+        }
+    }
+
+    /// True when every registered source has delivered its complete state.
+    pub fn is_ready(&self) -> bool {
+        self.sources.values().all(|s| s.synced)
+    }
+
+    /// Publishes a new snapshot if anything changed since the last one, and
+    /// returns how many services were re-encoded.
+    pub fn publish(&mut self) -> usize {
+        if self.dirty.is_empty() && !self.zone_dirty {
+            return 0;
+        }
+        let old = self.current.load_full();
+        let mut services = FxHashMap::clone(&old.services);
+        let dirty = std::mem::take(&mut self.dirty);
+        let rebuilt = dirty.len();
+        for key in dirty {
+            let wire: Arc<[u8]> =
+                names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]).into();
+            let built = self.services.get(&key).and_then(|state| {
+                let import = state.imports.values().next()?;
+                let slices: Vec<&EndpointSet> = state.slices.values().collect();
+                names::service_names(&self.zone, import, &slices)
+            });
+            match built {
+                Some(names) => {
+                    services.insert(wire, Arc::new(names));
+                }
+                None => {
+                    services.remove(&*wire);
+                }
+            }
+            if self
+                .services
+                .get(&key)
+                .is_some_and(|s| s.imports.is_empty() && s.slices.is_empty())
+            {
+                self.services.remove(&key);
+            }
+        }
+        self.zone_dirty = false;
+        // Serials follow the clock across restarts and still increase on
+        // every change within a second.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(0);
+        self.serial = self.serial.wrapping_add(1).max(now);
+        let mut snap = Snapshot {
+            zone: self.zone.clone(),
+            serial: self.serial,
+            ready: self.is_ready(),
+            services: Arc::new(services),
+            zone_names: FxHashMap::default(),
+            negative_soa: Box::default(),
+            any_hinfo: Default::default(),
+        };
+        names::refresh_zone_names(&mut snap, self.namespaces.keys());
+        debug!(
+            serial = snap.serial,
+            services = snap.services.len(),
+            rebuilt,
+            ready = snap.ready,
+            "published snapshot"
+        );
+        self.current.store(Arc::new(snap));
+        rebuilt
+    }
+}

@@ -1,0 +1,208 @@
+//! Reading a query. The common shape (one question, no compression in it,
+//! nothing but an optional OPT after it) is read in place; any other message
+//! is parsed by hickory-proto, and its question re-encoded for the echo.
+
+use hickory_proto::op::Message;
+use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
+
+use crate::answer::Rcode;
+
+/// Header length.
+pub(crate) const HEADER: usize = 12;
+/// QR: the message is a response.
+const QR: u16 = 0x8000;
+/// OPT's record type.
+const OPT: u16 = 41;
+
+/// What the client said in its OPT record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientEdns {
+    /// Its UDP payload size.
+    pub payload: u16,
+    /// Its EDNS version.
+    pub version: u8,
+    /// The DO bit, which RFC 3225 says to copy into the response.
+    pub dnssec_ok: bool,
+}
+
+/// A query as the response needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'p> {
+    /// Message ID, echoed.
+    pub id: u16,
+    /// The query's flags word (opcode, RD and CD are echoed).
+    pub flags: u16,
+    /// The question section's bytes (QNAME, QTYPE, QCLASS) to echo, when one
+    /// could be read.
+    pub question: Option<&'p [u8]>,
+    /// Length of QNAME within `question`.
+    pub qname_len: usize,
+    /// QTYPE.
+    pub qtype: u16,
+    /// QCLASS.
+    pub qclass: u16,
+    /// The client's EDNS, when it sent an OPT.
+    pub edns: Option<ClientEdns>,
+    /// Set when the query is answered with an error code without lookup.
+    pub error: Option<Rcode>,
+}
+
+fn u16_at(p: &[u8], i: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*p.get(i)?, *p.get(i + 1)?]))
+}
+
+/// Reads a query. `None`: no response at all (fewer than 12 bytes, or QR
+/// set: a response is never answered). `slow` holds the re-encoded question
+/// when hickory-proto had to parse the message.
+pub fn parse<'p>(packet: &'p [u8], slow: &'p mut Vec<u8>) -> Option<Request<'p>> {
+    if packet.len() < HEADER {
+        return None;
+    }
+    let id = u16_at(packet, 0)?;
+    let flags = u16_at(packet, 2)?;
+    if flags & QR != 0 {
+        return None;
+    }
+    let mut req = Request {
+        id,
+        flags,
+        question: None,
+        qname_len: 0,
+        qtype: 0,
+        qclass: 0,
+        edns: None,
+        error: None,
+    };
+    let counts = [
+        u16_at(packet, 4)?,
+        u16_at(packet, 6)?,
+        u16_at(packet, 8)?,
+        u16_at(packet, 10)?,
+    ];
+    let opcode = (flags >> 11) & 0xF;
+    match fast(packet, counts) {
+        Fast::Done {
+            qname_len,
+            end,
+            edns,
+        } => {
+            req.question = Some(&packet[HEADER..end]);
+            req.qname_len = qname_len;
+            req.qtype = u16_at(packet, HEADER + qname_len)?;
+            req.qclass = u16_at(packet, HEADER + qname_len + 2)?;
+            req.edns = edns;
+        }
+        Fast::FormErr => req.error = Some(Rcode::FormErr),
+        Fast::Slow => slow_path(packet, slow, &mut req),
+    }
+    if opcode != 0 {
+        req.error = Some(Rcode::NotImp);
+    } else if req.edns.is_some_and(|e| e.version > 0) {
+        // RFC 6891 §6.1.3: a version we do not implement gets BADVERS.
+        req.error = Some(Rcode::BadVers);
+    }
+    Some(req)
+}
+
+enum Fast {
+    Done {
+        qname_len: usize,
+        end: usize,
+        edns: Option<ClientEdns>,
+    },
+    FormErr,
+    Slow,
+}
+
+/// The in-place reader for the common shape.
+fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
+    if qd != 1 || an != 0 || ns != 0 || ar > 1 {
+        return Fast::Slow;
+    }
+    let mut i = HEADER;
+    loop {
+        let Some(&len) = p.get(i) else {
+            return Fast::FormErr;
+        };
+        if len == 0 {
+            i += 1;
+            break;
+        }
+        if len & 0xC0 != 0 {
+            return Fast::Slow; // compression or an extended label type
+        }
+        i += 1 + len as usize;
+        if i - HEADER > 255 {
+            return Fast::FormErr;
+        }
+    }
+    let qname_len = i - HEADER;
+    let end = i + 4;
+    if p.len() < end {
+        return Fast::FormErr;
+    }
+    if ar == 0 {
+        return Fast::Done {
+            qname_len,
+            end,
+            edns: None,
+        };
+    }
+    // One additional record: the fast path takes only an OPT for the root.
+    let o = end;
+    if p.get(o) != Some(&0) || u16_at(p, o + 1) != Some(OPT) {
+        return Fast::Slow;
+    }
+    let (Some(payload), Some(ttl_hi), Some(rdlen)) =
+        (u16_at(p, o + 3), u16_at(p, o + 5), u16_at(p, o + 9))
+    else {
+        return Fast::FormErr;
+    };
+    if p.len() < o + 11 + rdlen as usize {
+        return Fast::FormErr;
+    }
+    let dnssec_ok = u16_at(p, o + 7).is_some_and(|f| f & 0x8000 != 0);
+    Fast::Done {
+        qname_len,
+        end,
+        edns: Some(ClientEdns {
+            payload,
+            version: (ttl_hi & 0xFF) as u8,
+            dnssec_ok,
+        }),
+    }
+}
+
+/// hickory-proto reads what the fast path does not; its question is
+/// re-encoded (names in full) so the response can echo it.
+fn slow_path<'p>(packet: &[u8], slow: &'p mut Vec<u8>, req: &mut Request<'p>) {
+    let Ok(msg) = Message::from_vec(packet) else {
+        req.error = Some(Rcode::FormErr);
+        return;
+    };
+    req.edns = msg.edns.as_ref().map(|e| ClientEdns {
+        payload: e.max_payload(),
+        version: e.version(),
+        dnssec_ok: e.flags().dnssec_ok,
+    });
+    let [query] = msg.queries.as_slice() else {
+        req.error = Some(Rcode::FormErr);
+        return;
+    };
+    slow.clear();
+    let mut enc = BinEncoder::new(slow);
+    enc.set_name_encoding(NameEncoding::Uncompressed);
+    if query.emit(&mut enc).is_err() {
+        req.error = Some(Rcode::FormErr);
+        return;
+    }
+    let question: &'p [u8] = slow;
+    let Some(qname_len) = question.len().checked_sub(4) else {
+        req.error = Some(Rcode::FormErr);
+        return;
+    };
+    req.question = Some(question);
+    req.qname_len = qname_len;
+    req.qtype = u16::from(query.query_type());
+    req.qclass = u16::from(query.query_class());
+}

@@ -1,0 +1,104 @@
+//! The TCP path (RFC 7766): length-prefixed messages, several per connection
+//! (pipelined, answered in order), an idle timeout, and a cap on open
+//! connections so a flood of idle clients cannot exhaust the server.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tracing::{debug, warn};
+
+use super::{Scratch, Transport, WireConfig, respond};
+use crate::store::Reader;
+
+/// TCP settings.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpConfig {
+    /// A connection with no complete query for this long is closed.
+    pub idle_timeout: Duration,
+    /// Connections open at once; more wait in the accept queue.
+    pub max_connections: usize,
+}
+
+/// Binds the TCP listener (separately from serving, so bind errors surface
+/// at start-up).
+pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv6() {
+        tokio::net::TcpSocket::new_v6()?
+    } else {
+        tokio::net::TcpSocket::new_v4()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Serves connections from `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, reader: Reader, wire: WireConfig, cfg: TcpConfig) {
+    let permits = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "TCP accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let reader = reader.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(stream, &reader, &wire, cfg.idle_timeout).await {
+                debug!(error = %e, %peer, "TCP connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn connection(
+    stream: TcpStream,
+    reader: &Reader,
+    wire: &WireConfig,
+    idle: Duration,
+) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    let mut packet = vec![0u8; 65535];
+    let mut out = Vec::with_capacity(65535 + 2);
+    let mut scratch = Scratch::default();
+    loop {
+        let len = match tokio::time::timeout(idle, rd.read_u16()).await {
+            Err(_) => return Ok(()), // idle
+            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(r) => usize::from(r?),
+        };
+        tokio::time::timeout(idle, rd.read_exact(&mut packet[..len]))
+            .await
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, "query not completed in time")
+            })??;
+        let answered = {
+            let snap = reader.load();
+            respond(
+                &snap,
+                &packet[..len],
+                Transport::Tcp,
+                wire,
+                &mut scratch,
+                &mut out,
+            )
+        };
+        if answered {
+            wr.write_all(&(out.len() as u16).to_be_bytes()).await?;
+            wr.write_all(&out).await?;
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! The UDP path: one SO_REUSEPORT socket and one OS thread per worker, each
+//! a blocking receive → answer → send loop. The kernel spreads clients over
+//! the sockets; workers share nothing but the snapshot pointer, and reuse
+//! their buffers, so a query takes no lock and allocates nothing.
+
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tracing::{debug, warn};
+
+use super::{Scratch, Transport, WireConfig, respond};
+use crate::store::Reader;
+
+/// How often an idle worker looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(200);
+/// Kernel receive buffer per socket: absorbs bursts while a worker is busy.
+const RECV_BUFFER: usize = 4 << 20;
+
+/// Running UDP workers; [`UdpWorkers::stop`] ends them.
+pub struct UdpWorkers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    /// The bound address (the port is resolved when 0 was asked for).
+    pub local_addr: SocketAddr,
+}
+
+/// Binds `workers` sockets on `addr` and starts one thread per socket.
+pub fn start(
+    addr: SocketAddr,
+    workers: usize,
+    reader: Reader,
+    cfg: WireConfig,
+) -> io::Result<UdpWorkers> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let first = bind(addr)?;
+    // With port 0, the first socket picks the port and the rest join it.
+    let local_addr = first.local_addr()?;
+    let mut sockets = vec![first];
+    for _ in 1..workers.max(1) {
+        sockets.push(bind(local_addr)?);
+    }
+    let threads = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, socket)| {
+            let (reader, stop) = (reader.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("udp-{i}"))
+                .spawn(move || serve(&socket, &reader, &cfg, &stop))
+        })
+        .collect::<io::Result<_>>()?;
+    Ok(UdpWorkers {
+        stop,
+        threads,
+        local_addr,
+    })
+}
+
+impl UdpWorkers {
+    /// Stops the workers and waits for them.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    if let Err(e) = socket.set_recv_buffer_size(RECV_BUFFER) {
+        debug!(error = %e, "could not enlarge the UDP receive buffer");
+    }
+    socket.bind(&addr.into())?;
+    socket.set_read_timeout(Some(STOP_POLL))?;
+    Ok(socket.into())
+}
+
+fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBool) {
+    let mut packet = vec![0u8; 65535];
+    let mut out = Vec::with_capacity(65535);
+    let mut scratch = Scratch::default();
+    while !stop.load(Ordering::Relaxed) {
+        let (len, peer) = match socket.recv_from(&mut packet) {
+            Ok(r) => r,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => {
+                // ICMP errors from earlier sends surface here on Linux; they
+                // concern one client, not the socket.
+                debug!(error = %e, "UDP receive error");
+                continue;
+            }
+        };
+        let snap = reader.load();
+        if respond(
+            &snap,
+            &packet[..len],
+            Transport::Udp,
+            cfg,
+            &mut scratch,
+            &mut out,
+        ) {
+            if let Err(e) = socket.send_to(&out, peer) {
+                debug!(error = %e, %peer, "UDP send failed");
+            }
+        }
+    }
+    if let Ok(addr) = socket.local_addr() {
+        debug!(%addr, "UDP worker stopped");
+    } else {
+        warn!("UDP worker stopped");
+    }
+}
