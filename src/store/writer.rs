@@ -299,3 +299,115 @@ impl Writer {
         rebuilt
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+    use std::str::FromStr;
+
+    use hickory_proto::rr::Name;
+
+    use super::*;
+    use crate::model::{ImportType, Port, Protocol};
+    use crate::store::{self, Reader, ZoneConfig};
+
+    fn store() -> (Reader, Writer) {
+        store::new(ZoneConfig {
+            origin: Name::from_str("clusterset.local.").unwrap(),
+            ttl: 5,
+            negative_ttl: 5,
+            advertise: vec![],
+        })
+    }
+
+    fn import(ns: &str, name: &str, ip: &str) -> Object {
+        Object::Import(ServiceImport {
+            key: ServiceKey { namespace: DnsLabel::parse(ns).unwrap(), name: DnsLabel::parse(name).unwrap() },
+            kind: ImportType::ClusterSetIp,
+            ips: vec![IpAddr::from_str(ip).unwrap()],
+            ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 80 }],
+        })
+    }
+
+    fn wire_key(ns: &str, name: &str) -> Vec<u8> {
+        names::prefix_key(&[name, ns])
+    }
+
+    #[test]
+    fn an_edit_to_one_service_re_encodes_only_that_service() {
+        let (reader, mut w) = store();
+        let objects = (0..1000).map(|i| import("ns", &format!("svc{i}"), "10.0.0.1")).collect();
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        assert_eq!(w.publish(), 1000);
+        let before = reader.load_full();
+        w.apply(Update::Upsert { source: SourceId(1), object: import("ns", "svc7", "10.0.0.2") });
+        assert_eq!(w.publish(), 1);
+        let after = reader.load_full();
+        assert!(after.serial() > before.serial());
+        let untouched = wire_key("ns", "svc8");
+        assert!(Arc::ptr_eq(&before.services[&*untouched], &after.services[&*untouched]), "untouched services are shared, not rebuilt");
+        assert!(!Arc::ptr_eq(&before.services[&*wire_key("ns", "svc7")], &after.services[&*wire_key("ns", "svc7")]));
+    }
+
+    #[test]
+    fn unchanged_objects_publish_nothing() {
+        let (reader, mut w) = store();
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+        w.publish();
+        let serial = reader.load().serial();
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+        assert_eq!(w.publish(), 0);
+        assert_eq!(reader.load().serial(), serial);
+    }
+
+    #[test]
+    fn a_registered_source_keeps_the_store_unready_until_its_first_replace() {
+        let (reader, mut w) = store();
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
+        w.apply(Update::Register(SourceId(2)));
+        w.publish();
+        assert!(!reader.load().is_ready());
+        w.apply(Update::Replace { source: SourceId(2), objects: vec![] });
+        w.publish();
+        assert!(reader.load().is_ready());
+    }
+
+    #[test]
+    fn replace_removes_what_the_source_no_longer_holds() {
+        let (reader, mut w) = store();
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1"), import("ns", "b", "10.0.0.1")] });
+        w.publish();
+        assert_eq!(reader.load().service_count(), 2);
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "b", "10.0.0.1")] });
+        w.publish();
+        let snap = reader.load();
+        assert_eq!(snap.service_count(), 1);
+        assert!(snap.service(&wire_key("ns", "a")).is_none());
+    }
+
+    #[test]
+    fn the_same_import_from_two_sources_serves_the_first_and_survives_either_removal() {
+        let (reader, mut w) = store();
+        w.apply(Update::Replace { source: SourceId(2), objects: vec![import("ns", "a", "10.0.0.2")] });
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+        w.publish();
+        let a = |r: &Reader| r.load().service(&wire_key("ns", "a")).and_then(|s| s.get(b"")).and_then(|n| n.get(1)).map(|s| s.answer.bytes().to_vec());
+        let first = a(&reader).unwrap();
+        assert!(first.ends_with(&[10, 0, 0, 1]));
+        w.apply(Update::Remove { source: SourceId(1), id: ObjectId::Import(ServiceKey { namespace: DnsLabel::parse("ns").unwrap(), name: DnsLabel::parse("a").unwrap() }) });
+        w.publish();
+        assert!(a(&reader).unwrap().ends_with(&[10, 0, 0, 2]));
+    }
+
+    #[test]
+    fn namespaces_exist_while_they_hold_an_import() {
+        let (reader, mut w) = store();
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+        w.publish();
+        assert!(reader.load().zone_name(&names::prefix_key(&["ns", "svc"])).is_some());
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
+        w.publish();
+        assert!(reader.load().zone_name(&names::prefix_key(&["ns", "svc"])).is_none());
+        assert!(reader.load().zone_name(&names::prefix_key(&["svc"])).is_none());
+    }
+}

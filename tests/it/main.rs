@@ -3,4 +3,6 @@
 
 mod support;
 
+mod binary;
 mod contract;
+mod readiness;

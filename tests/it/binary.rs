@@ -1,0 +1,229 @@
+//! The `clusterset-dns` binary as a user runs it: objects files watched and
+//! reloaded, errors reported with file, document and field, SIGHUP, bad
+//! configuration, `check`. Answers are read with `dig`.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
+
+/// A running `clusterset-dns serve`; its stderr is collected; killed on drop.
+pub struct Served {
+    child: Child,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Served {
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--udp-workers", "1"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start clusterset-dns");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next()) {
+                    let _ = tx.send(addr.parse::<SocketAddr>().ok());
+                }
+                sink.lock().expect("log lock").push_str(&(line + "\n"));
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(20)).ok().flatten();
+        let addr = addr.unwrap_or_else(|| panic!("server did not start:\n{}", log.lock().expect("log lock")));
+        Self { child, addr, log }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log lock").clone()
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_log(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status().expect("kill");
+        assert!(ok.success());
+    }
+
+    /// `dig` with extra arguments; returns its short output.
+    pub fn dig(&self, args: &[&str]) -> String {
+        dig(self.addr, args)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `dig @addr -p port ARGS +short +tries=2 +time=1`.
+pub fn dig(addr: SocketAddr, args: &[&str]) -> String {
+    let out = Command::new("dig")
+        .args([&format!("@{}", addr.ip()), "-p", &addr.port().to_string(), "+time=1", "+tries=2"])
+        .args(args)
+        .output()
+        .expect("dig (apt-get install bind9-dnsutils)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Polls until `f` is true (a bounded wait for asynchronous reloads).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if f() {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{what}: not within 5 s");
+}
+
+const WEB: &str = "apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {name: web, namespace: shop}
+spec: {type: ClusterSetIP, ips: [10.0.0.1], ports: [{name: http, protocol: TCP, port: 80}]}
+";
+
+fn write(path: &Path, text: &str) {
+    // Write then rename, as editors and ConfigMap updates do.
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+#[test]
+fn embedded_example_answers_dig_at_once() {
+    let s = Served::start(&[]);
+    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.42.0.10");
+    assert_eq!(s.dig(&["dns-version.clusterset.local", "TXT", "+short"]).trim(), "\"1.0.0\"");
+    let srv = s.dig(&["_postgres._tcp.db.shop.svc.clusterset.local", "SRV", "+short"]);
+    assert!(srv.contains("5432 db-0.cluster-a.db.shop.svc.clusterset.local."), "{srv}");
+    let full = s.dig(&["nope.shop.svc.clusterset.local", "A", "+tcp"]);
+    assert!(full.contains("status: NXDOMAIN") && full.contains("flags: qr aa rd"), "{full}");
+}
+
+#[test]
+fn an_edit_is_served_without_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("web.yaml");
+    write(&file, WEB);
+    let s = Served::start(&["--objects", dir.path().to_str().expect("path")]);
+    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.0.0.1");
+    write(&file, &WEB.replace("10.0.0.1", "10.0.0.2"));
+    let took = eventually("edit served", || s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim() == "10.0.0.2");
+    eprintln!("edit served after {took:?}");
+    // A new file in the directory is picked up too, and a removed one dropped.
+    let extra = dir.path().join("api.yml");
+    write(&extra, &WEB.replace("web", "api"));
+    eventually("new file served", || !s.dig(&["api.shop.svc.clusterset.local", "A", "+short"]).trim().is_empty());
+    std::fs::remove_file(&extra).expect("remove");
+    eventually("removed file dropped", || s.dig(&["api.shop.svc.clusterset.local", "A"]).contains("NXDOMAIN"));
+}
+
+#[test]
+fn a_broken_edit_is_reported_and_the_last_good_state_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("objects.yaml");
+    write(&file, WEB);
+    let s = Served::start(&["--objects", file.to_str().expect("path")]);
+    let broken = format!("{WEB}---\n{}", WEB.replace("web", "api").replace("port: 80", "port: eighty"));
+    write(&file, &broken);
+    assert!(s.wait_log("document 2, field spec.ports[0].port"), "{}", s.log());
+    assert!(s.log().contains(&file.display().to_string()));
+    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.0.0.1", "last good state served");
+    // An object with an invalid IP is skipped with its name; the rest is served.
+    write(&file, &format!("{WEB}---\n{}", WEB.replace("web", "api").replace("10.0.0.1", "10.0.0.256")));
+    assert!(s.wait_log("ServiceImport shop/api: spec.ips[0]"), "{}", s.log());
+    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.0.0.1");
+    assert!(s.dig(&["api.shop.svc.clusterset.local", "A"]).contains("NXDOMAIN"));
+}
+
+#[test]
+fn sighup_forces_a_reload() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("objects.yaml");
+    write(&file, "kind: [broken");
+    // A broken file at start is a start-up error, not a silent empty zone.
+    let out = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--objects"]).arg(&file).output().expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("document 1"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    write(&file, WEB);
+    let s = Served::start(&["--objects", file.to_str().expect("path")]);
+    write(&file, "kind: [broken");
+    assert!(s.wait_log("serving the file's last good state"));
+    let reported = s.log().matches("serving the file's last good state").count();
+    // Unchanged bytes are not parsed again on a file event; SIGHUP re-reads
+    // everything and reports the error again.
+    s.signal("HUP");
+    assert!(s.wait_log("SIGHUP: reloading objects files"));
+    eventually("error reported again", || s.log().matches("serving the file's last good state").count() > reported);
+    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.0.0.1");
+}
+
+#[test]
+fn bad_configuration_fails_at_start_naming_the_flag() {
+    for (args, flag) in [
+        (vec!["--zone", "bad..zone"], "--zone"),
+        (vec!["--cluster-id", "Not_Valid"], "--cluster-id"),
+        (vec!["--max-udp-payload", "100"], "--max-udp-payload"),
+    ] {
+        let out = Command::new(BIN).arg("serve").args(&args).output().expect("run");
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("invalid configuration: {flag}:")), "{err}");
+    }
+    let out = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--objects", "/nonexistent/x.yaml"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.yaml"));
+}
+
+#[test]
+fn check_reports_what_would_be_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("objects.yaml");
+    std::fs::write(&file, format!("{WEB}---\n{}", WEB.replace("web", "bad").replace("10.0.0.1", "nope"))).expect("write");
+    let out = Command::new(BIN).args(["check", "--objects"]).arg(&file).output().expect("run");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("1 ServiceImports, 0 EndpointSlices"), "{report}");
+    assert!(report.contains("skipped: ServiceImport shop/bad: spec.ips[0]"), "{report}");
+    assert_eq!(out.status.code(), Some(1));
+    let out = Command::new(BIN).args(["check", "--objects", "zones"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn dig_over_tcp_and_with_edns_sizes() {
+    let s = Served::start(&[]);
+    let tcp = s.dig(&["db.shop.svc.clusterset.local", "A", "+tcp"]);
+    assert!(tcp.contains("status: NOERROR") && tcp.contains("10.1.4.10"), "{tcp}");
+    let noedns = s.dig(&["web.shop.svc.clusterset.local", "A", "+noedns"]);
+    assert!(!noedns.contains("OPT PSEUDOSECTION"), "{noedns}");
+    let edns = s.dig(&["web.shop.svc.clusterset.local", "A", "+bufsize=4096"]);
+    assert!(edns.contains("udp: 1232"), "server caps the UDP size: {edns}");
+    let refused = s.dig(&["example.com", "A"]);
+    assert!(refused.contains("status: REFUSED") && !refused.contains(" aa"), "{refused}");
+}
