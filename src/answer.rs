@@ -91,20 +91,11 @@ pub struct Answer<'s> {
 impl Answer<'_> {
     /// An answer with no records and the given code.
     pub fn bare(rcode: Rcode, authoritative: bool) -> Self {
-        Self {
-            rcode,
-            authoritative,
-            answer: None,
-            additional: None,
-            soa_owner: None,
-        }
+        Self { rcode, authoritative, answer: None, additional: None, soa_owner: None }
     }
 
     fn negative(rcode: Rcode, apex_offset: usize) -> Self {
-        Self {
-            soa_owner: Some(apex_offset as u16),
-            ..Self::bare(rcode, true)
-        }
+        Self { soa_owner: Some(apex_offset as u16), ..Self::bare(rcode, true) }
     }
 }
 
@@ -144,8 +135,7 @@ pub fn lookup<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
     let node: Option<&NameNode> = if k >= 3 && label(k - 1) == b"\x03svc" {
         // <prefix>.<svc>.<ns>.svc.<zone>
         let svc = starts[k - 3] as usize;
-        snap.service(&name[svc..starts[k - 1] as usize])
-            .and_then(|s| s.get(&name[..svc]))
+        snap.service(&name[svc..starts[k - 1] as usize]).and_then(|s| s.get(&name[..svc]))
     } else {
         snap.zone_name(&name[..apex])
     };
@@ -162,10 +152,7 @@ pub fn lookup<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
         if node.sets.is_empty() {
             return Answer::negative(Rcode::NoError, apex);
         }
-        return Answer {
-            answer: Some(&snap.any_hinfo),
-            ..Answer::bare(Rcode::NoError, true)
-        };
+        return Answer { answer: Some(&snap.any_hinfo), ..Answer::bare(Rcode::NoError, true) };
     }
     match node.get(q.qtype) {
         Some(set) => Answer {

@@ -15,12 +15,7 @@ pub fn run(args: &CheckArgs) -> (String, bool) {
             let mut v: Vec<_> = std::fs::read_dir(path)
                 .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
                 .unwrap_or_default();
-            v.retain(|p| {
-                matches!(
-                    p.extension().and_then(|e| e.to_str()),
-                    Some("yaml" | "yml" | "json")
-                )
-            });
+            v.retain(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")));
             v.sort();
             v
         } else {
@@ -42,11 +37,7 @@ pub fn run(args: &CheckArgs) -> (String, bool) {
                     report += &format!("{e}\n");
                 }
                 Ok(p) => {
-                    let imports = p
-                        .objects
-                        .iter()
-                        .filter(|o| matches!(o, Object::Import(_)))
-                        .count();
+                    let imports = p.objects.iter().filter(|o| matches!(o, Object::Import(_))).count();
                     let slices = p.objects.len() - imports;
                     report += &format!("{name}: {imports} ServiceImports, {slices} EndpointSlices");
                     let ignored: usize = p.ignored.values().sum();

@@ -34,11 +34,7 @@ pub struct ServeArgs {
     pub objects: Vec<PathBuf>,
     /// Address to answer on, UDP and TCP. Repeatable (e.g. one IPv4, one IPv6).
     /// Port 0 picks a free port (logged at start).
-    #[arg(
-        long = "listen",
-        value_name = "ADDR:PORT",
-        default_value = "127.0.0.1:1053"
-    )]
+    #[arg(long = "listen", value_name = "ADDR:PORT", default_value = "127.0.0.1:1053")]
     pub listen: Vec<SocketAddr>,
     /// The zone served.
     #[arg(long, default_value = "clusterset.local")]

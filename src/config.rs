@@ -24,10 +24,7 @@ pub struct ConfigError {
 }
 
 fn bad(flag: &'static str, problem: impl Into<String>) -> ConfigError {
-    ConfigError {
-        flag,
-        problem: problem.into(),
-    }
+    ConfigError { flag, problem: problem.into() }
 }
 
 /// RFC 2181 §8: TTLs are at most 2^31 - 1.
@@ -65,43 +62,25 @@ impl ServeConfig {
         if origin.len() > 240 {
             return Err(bad("--zone", "longer than 240 characters"));
         }
-        for (flag, ttl) in [
-            ("--ttl", a.ttl),
-            ("--negative-ttl", a.negative_ttl.unwrap_or(a.ttl)),
-        ] {
+        for (flag, ttl) in [("--ttl", a.ttl), ("--negative-ttl", a.negative_ttl.unwrap_or(a.ttl))] {
             if ttl > MAX_TTL {
-                return Err(bad(
-                    flag,
-                    format!("{ttl} is above the largest TTL, {MAX_TTL}"),
-                ));
+                return Err(bad(flag, format!("{ttl} is above the largest TTL, {MAX_TTL}")));
             }
         }
         if !(512..=4096).contains(&a.max_udp_payload) {
-            return Err(bad(
-                "--max-udp-payload",
-                format!("{} is outside 512-4096", a.max_udp_payload),
-            ));
+            return Err(bad("--max-udp-payload", format!("{} is outside 512-4096", a.max_udp_payload)));
         }
         if a.listen.is_empty() {
             return Err(bad("--listen", "at least one address is needed"));
         }
-        let cluster_id = a
-            .cluster_id
-            .as_deref()
-            .map(ClusterId::parse)
-            .transpose()
-            .map_err(|e| {
-                bad(
-                    "--cluster-id",
-                    format!("{:?} {e}", a.cluster_id.as_deref().unwrap_or("")),
-                )
+        let cluster_id =
+            a.cluster_id.as_deref().map(ClusterId::parse).transpose().map_err(|e| {
+                bad("--cluster-id", format!("{:?} {e}", a.cluster_id.as_deref().unwrap_or("")))
             })?;
         let udp_workers = match a.udp_workers {
             Some(0) => return Err(bad("--udp-workers", "must be at least 1")),
             Some(n) => n,
-            None => std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         };
         if a.tcp_max_connections == 0 {
             return Err(bad("--tcp-max-connections", "must be at least 1"));
@@ -120,9 +99,7 @@ impl ServeConfig {
             },
             cluster_id,
             udp_workers,
-            wire: WireConfig {
-                max_udp_payload: a.max_udp_payload,
-            },
+            wire: WireConfig { max_udp_payload: a.max_udp_payload },
             tcp: TcpConfig {
                 idle_timeout: Duration::from_secs(a.tcp_idle_timeout),
                 max_connections: a.tcp_max_connections,
@@ -140,9 +117,7 @@ mod tests {
 
     fn config(args: &[&str]) -> Result<ServeConfig, ConfigError> {
         let cli = Cli::try_parse_from([&["clusterset-dns", "serve"], args].concat()).unwrap();
-        let Command::Serve(a) = cli.command else {
-            unreachable!()
-        };
+        let Command::Serve(a) = cli.command else { unreachable!() };
         ServeConfig::from_args(&a)
     }
 
@@ -160,29 +135,13 @@ mod tests {
     fn bad_values_name_their_flag() {
         assert_eq!(config(&["--zone", "a..b"]).unwrap_err().flag, "--zone");
         assert_eq!(config(&["--ttl", "4294967295"]).unwrap_err().flag, "--ttl");
-        assert_eq!(
-            config(&["--cluster-id", "bad_id"]).unwrap_err().flag,
-            "--cluster-id"
-        );
-        assert_eq!(
-            config(&["--max-udp-payload", "100"]).unwrap_err().flag,
-            "--max-udp-payload"
-        );
-        assert_eq!(
-            config(&["--udp-workers", "0"]).unwrap_err().flag,
-            "--udp-workers"
-        );
+        assert_eq!(config(&["--cluster-id", "bad_id"]).unwrap_err().flag, "--cluster-id");
+        assert_eq!(config(&["--max-udp-payload", "100"]).unwrap_err().flag, "--max-udp-payload");
+        assert_eq!(config(&["--udp-workers", "0"]).unwrap_err().flag, "--udp-workers");
     }
 
     #[test]
     fn zone_names_are_folded_to_lower_case() {
-        assert_eq!(
-            config(&["--zone", "Fleet.Example."])
-                .unwrap()
-                .zone
-                .origin
-                .to_string(),
-            "fleet.example."
-        );
+        assert_eq!(config(&["--zone", "Fleet.Example."]).unwrap().zone.origin.to_string(), "fleet.example.");
     }
 }

@@ -14,9 +14,7 @@ const EX_USAGE: u8 = 64;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
@@ -29,17 +27,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(EX_USAGE);
                 }
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
+            let runtime =
+                match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        eprintln!("error: cannot start the async runtime: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
             match runtime.block_on(clusterset_dns::serve::run(cfg)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -52,11 +47,7 @@ fn main() -> ExitCode {
             let (report, ok) = clusterset_dns::check::run(&args);
             // The report is the command's output.
             let _ = std::io::stdout().write_all(report.as_bytes());
-            if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
+            if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
     }
 }

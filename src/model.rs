@@ -11,6 +11,5 @@ mod service;
 
 pub use label::{ClusterId, DnsLabel, LabelError};
 pub use service::{
-    AddressFamily, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport, ServiceKey,
-    SliceKey,
+    AddressFamily, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport, ServiceKey, SliceKey,
 };

@@ -82,26 +82,16 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
             objects = parsed.objects.len(),
             "no --objects given: serving the embedded example fleet (zones/)"
         );
-        writer.apply(Update::Replace {
-            source: SourceId(0),
-            objects: parsed.objects,
-        });
+        writer.apply(Update::Replace { source: SourceId(0), objects: parsed.objects });
     } else {
         let mut sources = Vec::new();
         for (i, path) in cfg.objects.iter().enumerate() {
             let mut source = FileSource::new(SourceId(i as u32 + 1), path.clone());
             let objects = source.load(true, false)?;
-            writer.apply(Update::Replace {
-                source: source.id,
-                objects,
-            });
+            writer.apply(Update::Replace { source: source.id, objects });
             sources.push(source);
         }
-        tasks.push(tokio::spawn(files::watch(
-            sources,
-            tx.clone(),
-            reload.clone(),
-        )));
+        tasks.push(tokio::spawn(files::watch(sources, tx.clone(), reload.clone())));
     }
     writer.publish();
     tasks.push(tokio::spawn(write_loop(writer, rx)));
@@ -111,23 +101,12 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
     for &addr in &cfg.listen {
         let (workers, listener) = bind_pair(addr, cfg, &reader).await?;
         let bound = workers.local_addr;
-        tasks.push(tokio::spawn(tcp::serve(
-            listener,
-            reader.clone(),
-            cfg.wire,
-            cfg.tcp,
-        )));
+        tasks.push(tokio::spawn(tcp::serve(listener, reader.clone(), cfg.wire, cfg.tcp)));
         udp.push(workers);
         addrs.push(bound);
         info!(addr = %bound, zone = %cfg.zone.origin, udp_workers = cfg.udp_workers, "listening on UDP and TCP");
     }
-    Ok(Running {
-        addrs,
-        reader,
-        reload,
-        udp,
-        tasks,
-    })
+    Ok(Running { addrs, reader, reload, udp, tasks })
 }
 
 /// Binds UDP workers and a TCP listener on the same address. With port 0,

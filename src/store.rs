@@ -44,10 +44,5 @@ impl Reader {
 pub fn new(config: ZoneConfig) -> (Reader, Writer) {
     let zone = Arc::new(Zone::new(config));
     let current = Arc::new(ArcSwap::from_pointee(Snapshot::empty(zone.clone())));
-    (
-        Reader {
-            current: current.clone(),
-        },
-        Writer::new(zone, current),
-    )
+    (Reader { current: current.clone() }, Writer::new(zone, current))
 }

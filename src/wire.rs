@@ -42,10 +42,7 @@ pub struct Scratch {
 
 impl Default for Scratch {
     fn default() -> Self {
-        Self {
-            lower: [0; 256],
-            slow: Vec::with_capacity(512),
-        }
+        Self { lower: [0; 256], slow: Vec::with_capacity(512) }
     }
 }
 
@@ -67,9 +64,7 @@ pub fn respond(
     let limit = match (transport, req.edns) {
         (Transport::Tcp, _) => usize::from(u16::MAX),
         (Transport::Udp, None) => 512,
-        (Transport::Udp, Some(e)) => {
-            usize::from(e.payload.clamp(512, cfg.max_udp_payload.max(512)))
-        }
+        (Transport::Udp, Some(e)) => usize::from(e.payload.clamp(512, cfg.max_udp_payload.max(512))),
     };
     let answer = match (req.error, req.question) {
         (Some(rcode), _) => Answer::bare(rcode, false),
@@ -79,14 +74,7 @@ pub fn respond(
             let lower = &mut scratch.lower[..name.len()];
             lower.copy_from_slice(name);
             lower.make_ascii_lowercase(); // length bytes are < 64, never letters
-            answer::lookup(
-                snap,
-                &Question {
-                    name: lower,
-                    qtype: req.qtype,
-                    qclass: req.qclass,
-                },
-            )
+            answer::lookup(snap, &Question { name: lower, qtype: req.qtype, qclass: req.qclass })
         }
     };
     response::write(out, &req, &answer, snap, cfg.max_udp_payload, limit);

@@ -108,27 +108,12 @@ mod tests {
 
     #[test]
     fn labels_fold_case_and_reject_what_dns_names_cannot_hold() {
-        assert_eq!(
-            DnsLabel::parse("Web-0").map(|l| l.to_string()),
-            Ok("web-0".into())
-        );
+        assert_eq!(DnsLabel::parse("Web-0").map(|l| l.to_string()), Ok("web-0".into()));
         assert_eq!(DnsLabel::parse(""), Err(LabelError::Empty));
-        assert!(matches!(
-            DnsLabel::parse("a.b"),
-            Err(LabelError::BadCharacter(_))
-        ));
-        assert!(matches!(
-            DnsLabel::parse("a_b"),
-            Err(LabelError::BadCharacter(_))
-        ));
-        assert!(matches!(
-            DnsLabel::parse("-a"),
-            Err(LabelError::EdgeHyphen(_))
-        ));
-        assert!(matches!(
-            DnsLabel::parse(&"a".repeat(64)),
-            Err(LabelError::TooLong(_))
-        ));
+        assert!(matches!(DnsLabel::parse("a.b"), Err(LabelError::BadCharacter(_))));
+        assert!(matches!(DnsLabel::parse("a_b"), Err(LabelError::BadCharacter(_))));
+        assert!(matches!(DnsLabel::parse("-a"), Err(LabelError::EdgeHyphen(_))));
+        assert!(matches!(DnsLabel::parse(&"a".repeat(64)), Err(LabelError::TooLong(_))));
         assert!(DnsLabel::parse(&"a".repeat(63)).is_ok());
     }
 

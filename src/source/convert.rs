@@ -9,8 +9,8 @@ use k8s_openapi::api::discovery::v1 as discovery;
 
 use super::crd::{self, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{
-    AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, LabelError, Port,
-    Protocol, ServiceImport, ServiceKey, SliceKey,
+    AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, LabelError, Port, Protocol,
+    ServiceImport, ServiceKey, SliceKey,
 };
 
 /// Why an object was skipped.
@@ -80,19 +80,14 @@ pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, Convert
         "ClusterSetIP" => ImportType::ClusterSetIp,
         "Headless" => ImportType::Headless,
         other => {
-            return Err(cx.err(
-                "spec.type",
-                format!("{other:?} is not ClusterSetIP or Headless"),
-            ));
+            return Err(cx.err("spec.type", format!("{other:?} is not ClusterSetIP or Headless")));
         }
     };
     let mut ips: Vec<IpAddr> = Vec::with_capacity(obj.spec.ips.len());
     for (i, ip) in obj.spec.ips.iter().enumerate() {
         let field = format!("spec.ips[{i}]");
-        let ip: IpAddr = ip
-            .trim()
-            .parse()
-            .map_err(|_| cx.err(&field, format!("{ip:?} is not an IP address")))?;
+        let ip: IpAddr =
+            ip.trim().parse().map_err(|_| cx.err(&field, format!("{ip:?} is not an IP address")))?;
         if ips.iter().any(|seen| seen.is_ipv4() == ip.is_ipv4()) {
             return Err(cx.err(field, "more than one address of the same family"));
         }
@@ -104,31 +99,16 @@ pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, Convert
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            port(
-                &cx,
-                &format!("spec.ports[{i}]"),
-                p.name.as_deref(),
-                p.protocol.as_deref(),
-                p.port,
-            )
+            port(&cx, &format!("spec.ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), p.port)
         })
         .collect::<Result<_, _>>()?;
-    Ok(ServiceImport {
-        key,
-        kind,
-        ips,
-        ports,
-    })
+    Ok(ServiceImport { key, kind, ips, ports })
 }
 
 /// Converts an MCS EndpointSlice.
 pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, ConvertError> {
     let namespace = obj.metadata.namespace.as_deref().unwrap_or("");
-    let cx = Ctx {
-        kind: "EndpointSlice",
-        namespace,
-        name: obj.metadata.name.as_deref().unwrap_or(""),
-    };
+    let cx = Ctx { kind: "EndpointSlice", namespace, name: obj.metadata.name.as_deref().unwrap_or("") };
     if cx.name.is_empty() {
         return Err(cx.err("metadata.name", "is missing"));
     }
@@ -137,10 +117,7 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
         "IPv6" => AddressFamily::V6,
         "FQDN" => return Ok(SliceOutcome::Fqdn),
         other => {
-            return Err(cx.err(
-                "addressType",
-                format!("{other:?} is not IPv4, IPv6 or FQDN"),
-            ));
+            return Err(cx.err("addressType", format!("{other:?} is not IPv4, IPv6 or FQDN")));
         }
     };
     let labels = obj.metadata.labels.as_ref();
@@ -152,8 +129,7 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
         name: cx.label(&service_field, service)?,
     };
     let cluster_field = format!("metadata.labels[{LABEL_SOURCE_CLUSTER}]");
-    let cluster =
-        label(LABEL_SOURCE_CLUSTER).ok_or_else(|| cx.err(&cluster_field, "is missing"))?;
+    let cluster = label(LABEL_SOURCE_CLUSTER).ok_or_else(|| cx.err(&cluster_field, "is missing"))?;
     let cluster = ClusterId::parse(cluster).map_err(|e| cx.err(&cluster_field, e))?;
 
     let ports = obj
@@ -165,13 +141,7 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
             // A slice port without a number means "all ports" (EndpointSlice
             // API); it gives no SRV record, so it is left out, not an error.
             let number = p.port?;
-            Some(port(
-                &cx,
-                &format!("ports[{i}]"),
-                p.name.as_deref(),
-                p.protocol.as_deref(),
-                number.into(),
-            ))
+            Some(port(&cx, &format!("ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), number.into()))
         })
         .collect::<Result<_, _>>()?;
 
@@ -180,14 +150,9 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
         let mut addresses = Vec::with_capacity(ep.addresses.len());
         for (j, a) in ep.addresses.iter().enumerate() {
             let field = format!("endpoints[{i}].addresses[{j}]");
-            let ip: IpAddr = a
-                .parse()
-                .map_err(|_| cx.err(&field, format!("{a:?} is not an IP address")))?;
+            let ip: IpAddr = a.parse().map_err(|_| cx.err(&field, format!("{a:?} is not an IP address")))?;
             if ip.is_ipv4() != (family == AddressFamily::V4) {
-                return Err(cx.err(
-                    field,
-                    format!("{a} does not match addressType {}", obj.address_type),
-                ));
+                return Err(cx.err(field, format!("{a} does not match addressType {}", obj.address_type)));
             }
             addresses.push(ip);
         }
@@ -198,18 +163,10 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
         // EndpointSlice API: "ready" unset means ready; `false` is not ready,
         // also while serving or terminating.
         let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-        endpoints.push(Endpoint {
-            addresses,
-            hostname,
-            ready,
-            zone: ep.zone.clone(),
-        });
+        endpoints.push(Endpoint { addresses, hostname, ready, zone: ep.zone.clone() });
     }
     Ok(SliceOutcome::Endpoints(EndpointSet {
-        slice: SliceKey {
-            namespace: namespace.to_owned(),
-            name: cx.name.to_owned(),
-        },
+        slice: SliceKey { namespace: namespace.to_owned(), name: cx.name.to_owned() },
         service,
         cluster,
         family,
@@ -235,26 +192,14 @@ fn port(
         Some("UDP") => Protocol::Udp,
         Some("SCTP") => Protocol::Sctp,
         Some(other) => {
-            return Err(cx.err(
-                format!("{field}.protocol"),
-                format!("{other:?} is not TCP, UDP or SCTP"),
-            ));
+            return Err(cx.err(format!("{field}.protocol"), format!("{other:?} is not TCP, UDP or SCTP")));
         }
     };
     let port = u16::try_from(number)
         .ok()
         .filter(|p| *p != 0)
-        .ok_or_else(|| {
-            cx.err(
-                format!("{field}.port"),
-                format!("{number} is not a port number (1-65535)"),
-            )
-        })?;
-    Ok(Port {
-        name,
-        protocol,
-        port,
-    })
+        .ok_or_else(|| cx.err(format!("{field}.port"), format!("{number} is not a port number (1-65535)")))?;
+    Ok(Port { name, protocol, port })
 }
 
 #[cfg(test)]
@@ -295,66 +240,51 @@ endpoints:
 
     #[test]
     fn import_errors_name_the_object_and_field() {
+        let e =
+            import("metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ips: [10.0.0.300]}")
+                .unwrap_err();
+        assert_eq!(e.to_string(), "ServiceImport shop/web: spec.ips[0]: \"10.0.0.300\" is not an IP address");
         let e = import(
-            "metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ips: [10.0.0.300]}",
+            "metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ips: [10.0.0.1, 10.0.0.2]}",
         )
         .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "ServiceImport shop/web: spec.ips[0]: \"10.0.0.300\" is not an IP address"
-        );
-        let e = import("metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ips: [10.0.0.1, 10.0.0.2]}").unwrap_err();
         assert_eq!(e.field, "spec.ips[1]");
-        let e = import("metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ports: [{port: 70000}]}").unwrap_err();
+        let e = import(
+            "metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ports: [{port: 70000}]}",
+        )
+        .unwrap_err();
         assert_eq!(e.field, "spec.ports[0].port");
-        let e =
-            import("metadata: {name: Web_1, namespace: shop}\nspec: {type: Headless}").unwrap_err();
+        let e = import("metadata: {name: Web_1, namespace: shop}\nspec: {type: Headless}").unwrap_err();
         assert_eq!(e.field, "metadata.name");
-        let e = import("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer}")
-            .unwrap_err();
+        let e = import("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer}").unwrap_err();
         assert_eq!(e.field, "spec.type");
     }
 
     #[test]
     fn slice_readiness_defaults_to_ready() {
-        let SliceOutcome::Endpoints(s) = slice(SLICE).unwrap() else {
-            panic!("not endpoints")
-        };
+        let SliceOutcome::Endpoints(s) = slice(SLICE).unwrap() else { panic!("not endpoints") };
         assert_eq!(s.cluster.as_str(), "cluster-a");
         assert_eq!(s.service.name.as_str(), "db");
         assert!(s.endpoints[0].ready);
         assert!(!s.endpoints[1].ready);
-        assert_eq!(
-            s.endpoints[0].hostname.as_ref().map(DnsLabel::as_str),
-            Some("db-0")
-        );
+        assert_eq!(s.endpoints[0].hostname.as_ref().map(DnsLabel::as_str), Some("db-0"));
     }
 
     #[test]
     fn slice_with_wrong_family_address_is_rejected() {
         let e = slice(&SLICE.replace("10.1.0.2", "fd00::2")).unwrap_err();
         assert_eq!(e.field, "endpoints[1].addresses[0]");
-        assert!(
-            e.to_string().starts_with("EndpointSlice shop/db-a: "),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("EndpointSlice shop/db-a: "), "{e}");
     }
 
     #[test]
     fn slice_without_mcs_labels_is_rejected() {
-        let e =
-            slice(&SLICE.replace("multicluster.kubernetes.io/source-cluster", "x")).unwrap_err();
-        assert_eq!(
-            e.field,
-            "metadata.labels[multicluster.kubernetes.io/source-cluster]"
-        );
+        let e = slice(&SLICE.replace("multicluster.kubernetes.io/source-cluster", "x")).unwrap_err();
+        assert_eq!(e.field, "metadata.labels[multicluster.kubernetes.io/source-cluster]");
     }
 
     #[test]
     fn fqdn_slices_are_ignored() {
-        assert!(matches!(
-            slice(&SLICE.replace("IPv4", "FQDN")).unwrap(),
-            SliceOutcome::Fqdn
-        ));
+        assert!(matches!(slice(&SLICE.replace("IPv4", "FQDN")).unwrap(), SliceOutcome::Fqdn));
     }
 }

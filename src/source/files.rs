@@ -54,11 +54,7 @@ pub struct FileSource {
 impl FileSource {
     /// A source for `path` (nothing is read yet).
     pub fn new(id: SourceId, path: PathBuf) -> Self {
-        Self {
-            id,
-            path,
-            files: BTreeMap::new(),
-        }
+        Self { id, path, files: BTreeMap::new() }
     }
 
     /// The configured path.
@@ -74,10 +70,7 @@ impl FileSource {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(&self.path)? {
             let path = entry?.path();
-            let hidden = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('.'));
+            let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
             let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
             // Kubernetes ConfigMap mounts keep the real files in hidden `..data`
             // directories behind symlinks; the visible names are what count.
@@ -126,21 +119,12 @@ impl FileSource {
                         warn!(file = %file.display(), "skipping object: {e}");
                     }
                     if !parsed.ignored.is_empty() {
-                        let kinds: Vec<String> = parsed
-                            .ignored
-                            .iter()
-                            .map(|(k, n)| format!("{k} ×{n}"))
-                            .collect();
+                        let kinds: Vec<String> =
+                            parsed.ignored.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
                         info!(file = %file.display(), "ignoring objects of kinds not served: {}", kinds.join(", "));
                     }
                     info!(file = %file.display(), objects = parsed.objects.len(), skipped = parsed.skipped.len(), "loaded objects");
-                    self.files.insert(
-                        file,
-                        FileState {
-                            digest,
-                            objects: parsed.objects,
-                        },
-                    );
+                    self.files.insert(file, FileState { digest, objects: parsed.objects });
                 }
                 Err(e) if strict => return Err(e.into()),
                 Err(e) => {
@@ -149,13 +133,7 @@ impl FileSource {
                     if let Some(state) = self.files.get_mut(&file) {
                         state.digest = digest;
                     } else {
-                        self.files.insert(
-                            file,
-                            FileState {
-                                digest,
-                                objects: Vec::new(),
-                            },
-                        );
+                        self.files.insert(file, FileState { digest, objects: Vec::new() });
                     }
                 }
             }
@@ -164,10 +142,7 @@ impl FileSource {
     }
 
     fn objects(&self) -> Vec<Object> {
-        self.files
-            .values()
-            .flat_map(|s| s.objects.iter().cloned())
-            .collect()
+        self.files.values().flat_map(|s| s.objects.iter().cloned()).collect()
     }
 
     /// What to watch: a directory itself, or a file's directory (editors and
@@ -192,11 +167,7 @@ fn digest(text: &str) -> u64 {
 
 /// Keeps the sources' files watched and sends a `Replace` for each source
 /// after every change; `reload` (SIGHUP) forces a full re-read.
-pub async fn watch(
-    mut sources: Vec<FileSource>,
-    updates: mpsc::Sender<Update>,
-    reload: Arc<Notify>,
-) {
+pub async fn watch(mut sources: Vec<FileSource>, updates: mpsc::Sender<Update>, reload: Arc<Notify>) {
     let changed = Arc::new(Notify::new());
     let signal = changed.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -233,14 +204,7 @@ pub async fn watch(
             let Ok(objects) = s.load(false, force) else {
                 continue;
             };
-            if updates
-                .send(Update::Replace {
-                    source: s.id,
-                    objects,
-                })
-                .await
-                .is_err()
-            {
+            if updates.send(Update::Replace { source: s.id, objects }).await.is_err() {
                 return; // the store is gone: shutting down
             }
         }
@@ -263,10 +227,7 @@ mod tests {
         assert_eq!(src.load(true, false).unwrap().len(), 1);
         std::fs::write(&file, "kind: [broken").unwrap();
         assert_eq!(src.load(false, false).unwrap().len(), 1);
-        assert!(
-            src.load(true, true).is_err(),
-            "a strict load reports the broken file"
-        );
+        assert!(src.load(true, true).is_err(), "a strict load reports the broken file");
     }
 
     #[test]

@@ -52,10 +52,7 @@ pub struct ParseError {
 }
 
 fn field_suffix(field: &Option<String>) -> String {
-    field
-        .as_ref()
-        .map(|f| format!(", field {f}"))
-        .unwrap_or_default()
+    field.as_ref().map(|f| format!(", field {f}")).unwrap_or_default()
 }
 
 #[derive(Deserialize)]
@@ -94,23 +91,13 @@ fn add_object(
     path: &str,
 ) -> Result<(), (Option<String>, String)> {
     let at = |f: &str| {
-        if path.is_empty() {
-            f.to_owned()
-        } else {
-            format!("{path}.{f}")
-        }
+        if path.is_empty() { f.to_owned() } else { format!("{path}.{f}") }
     };
     let meta = TypeMeta::deserialize(&value).map_err(|e| (Some(at("kind")), e.to_string()))?;
     if meta.kind.is_empty() || meta.api_version.is_empty() {
-        return Err((
-            Some(at("kind")),
-            "not a Kubernetes object: apiVersion and kind are required".into(),
-        ));
+        return Err((Some(at("kind")), "not a Kubernetes object: apiVersion and kind are required".into()));
     }
-    let (group, version) = meta
-        .api_version
-        .rsplit_once('/')
-        .unwrap_or(("", &meta.api_version));
+    let (group, version) = meta.api_version.rsplit_once('/').unwrap_or(("", &meta.api_version));
     match (group, version, meta.kind.as_str()) {
         (_, _, "List") | (_, _, "ServiceImportList") | (_, _, "EndpointSliceList") => {
             let serde_yaml::Value::Mapping(mut map) = value else {
@@ -121,10 +108,7 @@ fn add_object(
                 serde_yaml::Value::Sequence(items) => items,
                 serde_yaml::Value::Null => Vec::new(),
                 _ => {
-                    return Err((
-                        Some(at("items")),
-                        "a List's items must be a sequence".into(),
-                    ));
+                    return Err((Some(at("items")), "a List's items must be a sequence".into()));
                 }
             };
             for (i, item) in items.into_iter().enumerate() {
@@ -143,20 +127,12 @@ fn add_object(
             match convert::endpoint_slice(&obj) {
                 Ok(SliceOutcome::Endpoints(set)) => parsed.objects.push(Object::Slice(set)),
                 Ok(SliceOutcome::Fqdn) => {
-                    *parsed
-                        .ignored
-                        .entry("EndpointSlice (FQDN)".into())
-                        .or_default() += 1
+                    *parsed.ignored.entry("EndpointSlice (FQDN)".into()).or_default() += 1
                 }
                 Err(e) => parsed.skipped.push(e),
             }
         }
-        _ => {
-            *parsed
-                .ignored
-                .entry(format!("{}/{}", meta.api_version, meta.kind))
-                .or_default() += 1
-        }
+        _ => *parsed.ignored.entry(format!("{}/{}", meta.api_version, meta.kind)).or_default() += 1,
     }
     Ok(())
 }
@@ -173,10 +149,7 @@ fn typed<T: serde::de::DeserializeOwned>(
             (true, _) => inner,
             (false, _) => format!("{path}.{inner}"),
         };
-        (
-            Some(field).filter(|f| !f.is_empty()),
-            e.into_inner().to_string(),
-        )
+        (Some(field).filter(|f| !f.is_empty()), e.into_inner().to_string())
     })
 }
 
@@ -194,11 +167,7 @@ spec: {type: ClusterSetIP, ips: [10.0.0.1], ports: [{name: http, protocol: TCP, 
     fn multi_document_text_with_lists_and_other_kinds() {
         let text = format!(
             "{IMPORT}---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {{name: x}}\n- {}\n---\n",
-            IMPORT
-                .replace("v1beta1", "v1alpha1")
-                .replace("web", "api")
-                .replace('\n', "\n  ")
-                .trim_end()
+            IMPORT.replace("v1beta1", "v1alpha1").replace("web", "api").replace('\n', "\n  ").trim_end()
         );
         let p = parse(&text, "t.yaml").unwrap();
         assert_eq!(p.objects.len(), 2);
@@ -214,18 +183,11 @@ spec: {type: ClusterSetIP, ips: [10.0.0.1], ports: [{name: http, protocol: TCP, 
 
     #[test]
     fn a_wrongly_typed_field_fails_the_text_naming_document_and_field() {
-        let text = format!(
-            "{IMPORT}---\n{}",
-            IMPORT.replace("port: 80", "port: eighty")
-        );
+        let text = format!("{IMPORT}---\n{}", IMPORT.replace("port: 80", "port: eighty"));
         let e = parse(&text, "t.yaml").unwrap_err();
         assert_eq!(e.document, 2);
         assert_eq!(e.field.as_deref(), Some("spec.ports[0].port"));
-        assert!(
-            e.to_string()
-                .starts_with("t.yaml: document 2, field spec.ports[0].port: "),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("t.yaml: document 2, field spec.ports[0].port: "), "{e}");
     }
 
     #[test]
@@ -236,12 +198,7 @@ spec: {type: ClusterSetIP, ips: [10.0.0.1], ports: [{name: http, protocol: TCP, 
 
     #[test]
     fn an_invalid_object_is_skipped_and_the_rest_served() {
-        let text = format!(
-            "{IMPORT}---\n{}",
-            IMPORT
-                .replace("web", "bad")
-                .replace("10.0.0.1", "10.0.0.999")
-        );
+        let text = format!("{IMPORT}---\n{}", IMPORT.replace("web", "bad").replace("10.0.0.1", "10.0.0.999"));
         let p = parse(&text, "t.yaml").unwrap();
         assert_eq!(p.objects.len(), 1);
         assert_eq!(p.skipped.len(), 1);

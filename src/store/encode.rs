@@ -65,10 +65,7 @@ mod tests {
         let rec = Record::from_rdata(owner.clone(), 5, RData::A(A::new(10, 0, 0, 1)));
         let r = records(&owner, RecordType::A, &[rec.clone(), rec]).unwrap();
         assert_eq!(r.len(), 2);
-        assert_eq!(
-            r.get(0),
-            &[0xC0, 0x0C, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 10, 0, 0, 1]
-        );
+        assert_eq!(r.get(0), &[0xC0, 0x0C, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 10, 0, 0, 1]);
         assert_eq!(r.get(0), r.get(1));
     }
 
@@ -77,11 +74,7 @@ mod tests {
         // RFC 2782: "name compression is not to be used for this field".
         let owner = Name::from_str("_http._tcp.web.shop.svc.clusterset.local.").unwrap();
         let target = Name::from_str("web.shop.svc.clusterset.local.").unwrap();
-        let rec = Record::from_rdata(
-            owner.clone(),
-            5,
-            RData::SRV(SRV::new(0, 100, 80, target.clone())),
-        );
+        let rec = Record::from_rdata(owner.clone(), 5, RData::SRV(SRV::new(0, 100, 80, target.clone())));
         let r = records(&owner, RecordType::SRV, &[rec]).unwrap();
         assert_eq!(r.get(0).len(), 2 + 10 + 6 + wire_len(&target));
     }
@@ -90,9 +83,6 @@ mod tests {
     fn owner_less_encoding_drops_exactly_the_owner() {
         let owner = Name::from_str("clusterset.local.").unwrap();
         let rec = Record::from_rdata(owner, 5, RData::A(A::new(10, 0, 0, 1)));
-        assert_eq!(
-            &*without_owner(&rec).unwrap(),
-            &[0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 10, 0, 0, 1]
-        );
+        assert_eq!(&*without_owner(&rec).unwrap(), &[0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 10, 0, 0, 1]);
     }
 }

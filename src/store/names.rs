@@ -64,19 +64,8 @@ pub(crate) fn service_names(
     import: &ServiceImport,
     slices: &[&EndpointSet],
 ) -> Option<ServiceNames> {
-    let base = child(
-        &[
-            import.key.name.as_str(),
-            import.key.namespace.as_str(),
-            "svc",
-        ],
-        &zone.config.origin,
-    )?;
-    let mut d = Drafts {
-        base: base.clone(),
-        nodes: BTreeMap::new(),
-        targets: FxHashMap::default(),
-    };
+    let base = child(&[import.key.name.as_str(), import.key.namespace.as_str(), "svc"], &zone.config.origin)?;
+    let mut d = Drafts { base: base.clone(), nodes: BTreeMap::new(), targets: FxHashMap::default() };
     d.node(&[])?;
     match import.kind {
         ImportType::ClusterSetIp => {
@@ -116,9 +105,7 @@ fn service_srv(d: &mut Drafts, port: &Port, number: u16, target: &Name) -> Optio
     if let Some(name) = &port.name {
         let port_label = format!("_{name}");
         let proto_label = format!("_{}", port.protocol.srv_label());
-        d.node(&[&port_label, &proto_label])?
-            .srv
-            .push((number, target.clone()));
+        d.node(&[&port_label, &proto_label])?.srv.push((number, target.clone()));
     }
     Some(())
 }
@@ -128,21 +115,13 @@ fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> 
     let mut any_ready = false;
     for slice in slices {
         let cluster: Vec<&str> = slice.cluster.labels().collect();
-        for ep in slice
-            .endpoints
-            .iter()
-            .filter(|e| e.ready && !e.addresses.is_empty())
-        {
+        for ep in slice.endpoints.iter().filter(|e| e.ready && !e.addresses.is_empty()) {
             any_ready = true;
             // An endpoint with a hostname is one name with all its addresses;
             // without, each address names itself (`10-3-0-10`).
             let named: Vec<(DnsLabel, Vec<IpAddr>)> = match &ep.hostname {
                 Some(h) => vec![(h.clone(), ep.addresses.clone())],
-                None => ep
-                    .addresses
-                    .iter()
-                    .map(|a| (DnsLabel::from_address(*a), vec![*a]))
-                    .collect(),
+                None => ep.addresses.iter().map(|a| (DnsLabel::from_address(*a), vec![*a])).collect(),
             };
             for (host, addrs) in named {
                 let mut labels = vec![host.as_str()];
@@ -181,10 +160,7 @@ fn encode_node(
     dedup_in_order(&mut v6);
     for (rtype, addrs) in [(RecordType::A, &v4), (RecordType::AAAA, &v6)] {
         if !addrs.is_empty() {
-            let records: Vec<Record> = addrs
-                .iter()
-                .map(|ip| address_record(owner, ttl, *ip))
-                .collect();
+            let records: Vec<Record> = addrs.iter().map(|ip| address_record(owner, ttl, *ip)).collect();
             sets.push(RRset {
                 rtype: u16::from(rtype),
                 answer: encode::records(owner, rtype, &records)?,
@@ -201,11 +177,7 @@ fn encode_node(
         let records: Vec<Record> = srv
             .iter()
             .map(|(port, target)| {
-                Record::from_rdata(
-                    owner.clone(),
-                    ttl,
-                    RData::SRV(SRV::new(0, weight, *port, target.clone())),
-                )
+                Record::from_rdata(owner.clone(), ttl, RData::SRV(SRV::new(0, weight, *port, target.clone())))
             })
             .collect();
         let mut seen = Vec::new();
@@ -265,28 +237,20 @@ fn child(labels: &[&str], base: &Name) -> Option<Name> {
     if labels.is_empty() {
         return Some(base.clone());
     }
-    Name::from_labels(labels.iter().map(|l| l.as_bytes()))
-        .ok()?
-        .append_name(base)
-        .ok()
+    Name::from_labels(labels.iter().map(|l| l.as_bytes())).ok()?.append_name(base).ok()
 }
 
 /// Rebuilds the names outside services: the apex (SOA with the snapshot's
 /// serial, NS), `dns-version`, the `svc` and `<ns>.svc` empty non-terminals,
 /// and `ns.dns` when addresses are advertised.
-pub(crate) fn refresh_zone_names<'a>(
-    snap: &mut Snapshot,
-    namespaces: impl Iterator<Item = &'a DnsLabel>,
-) {
+pub(crate) fn refresh_zone_names<'a>(snap: &mut Snapshot, namespaces: impl Iterator<Item = &'a DnsLabel>) {
     let zone = snap.zone.clone();
     let cfg = &zone.config;
     let origin = &cfg.origin;
     let ttl = cfg.ttl;
     let mut names: FxHashMap<Box<[u8]>, NameNode> = FxHashMap::default();
-    let (Some(ns_host), Some(hostmaster)) = (
-        child(&["ns", "dns"], origin),
-        child(&["hostmaster"], origin),
-    ) else {
+    let (Some(ns_host), Some(hostmaster)) = (child(&["ns", "dns"], origin), child(&["hostmaster"], origin))
+    else {
         unreachable!("the zone origin was validated to leave room for ns.dns and hostmaster");
     };
     let soa = |ttl: u32| {
@@ -302,22 +266,11 @@ pub(crate) fn refresh_zone_names<'a>(
         );
         Record::from_rdata(origin.clone(), ttl, RData::SOA(rdata))
     };
-    let glue: Vec<Record> = cfg
-        .advertise
-        .iter()
-        .map(|ip| address_record(&ns_host, ttl, *ip))
-        .collect();
+    let glue: Vec<Record> = cfg.advertise.iter().map(|ip| address_record(&ns_host, ttl, *ip)).collect();
     let ns = Record::from_rdata(origin.clone(), ttl, RData::NS(NS(ns_host.clone())));
-    let apex = vec![
-        rrset(origin, RecordType::SOA, &[soa(ttl)], &[]),
-        rrset(origin, RecordType::NS, &[ns], &glue),
-    ];
-    names.insert(
-        Box::default(),
-        NameNode {
-            sets: apex.into_iter().flatten().collect(),
-        },
-    );
+    let apex =
+        vec![rrset(origin, RecordType::SOA, &[soa(ttl)], &[]), rrset(origin, RecordType::NS, &[ns], &glue)];
+    names.insert(Box::default(), NameNode { sets: apex.into_iter().flatten().collect() });
 
     let version_name = child(&["dns-version"], origin);
     if let Some(version_name) = version_name {
@@ -326,61 +279,35 @@ pub(crate) fn refresh_zone_names<'a>(
             SCHEMA_VERSION_TTL,
             RData::TXT(TXT::new(vec![SCHEMA_VERSION.into()])),
         );
-        let sets = rrset(&version_name, RecordType::TXT, &[txt], &[])
-            .into_iter()
-            .collect();
+        let sets = rrset(&version_name, RecordType::TXT, &[txt], &[]).into_iter().collect();
         names.insert(prefix_key(&["dns-version"]).into(), NameNode { sets });
     }
     let mut any_namespace = false;
     for ns in namespaces {
         any_namespace = true;
-        names.insert(
-            prefix_key(&[ns.as_str(), "svc"]).into(),
-            NameNode::default(),
-        );
+        names.insert(prefix_key(&[ns.as_str(), "svc"]).into(), NameNode::default());
     }
     if any_namespace {
         names.insert(prefix_key(&["svc"]).into(), NameNode::default());
     }
     if !glue.is_empty() {
         names.insert(prefix_key(&["dns"]).into(), NameNode::default());
-        let v4: Vec<Record> = glue
-            .iter()
-            .filter(|r| r.record_type() == RecordType::A)
-            .cloned()
-            .collect();
-        let v6: Vec<Record> = glue
-            .iter()
-            .filter(|r| r.record_type() == RecordType::AAAA)
-            .cloned()
-            .collect();
-        let sets = [
-            rrset(&ns_host, RecordType::A, &v4, &[]),
-            rrset(&ns_host, RecordType::AAAA, &v6, &[]),
-        ];
+        let v4: Vec<Record> = glue.iter().filter(|r| r.record_type() == RecordType::A).cloned().collect();
+        let v6: Vec<Record> = glue.iter().filter(|r| r.record_type() == RecordType::AAAA).cloned().collect();
+        let sets = [rrset(&ns_host, RecordType::A, &v4, &[]), rrset(&ns_host, RecordType::AAAA, &v6, &[])];
         names.insert(
             prefix_key(&["ns", "dns"]).into(),
-            NameNode {
-                sets: sets.into_iter().flatten().collect(),
-            },
+            NameNode { sets: sets.into_iter().flatten().collect() },
         );
     }
     snap.zone_names = names;
     snap.negative_soa = encode::without_owner(&soa(cfg.negative_ttl)).unwrap_or_default();
-    let hinfo = Record::from_rdata(
-        origin.clone(),
-        ttl,
-        RData::HINFO(HINFO::new("RFC8482".into(), String::new())),
-    );
+    let hinfo =
+        Record::from_rdata(origin.clone(), ttl, RData::HINFO(HINFO::new("RFC8482".into(), String::new())));
     snap.any_hinfo = encode::records(origin, RecordType::ANY, &[hinfo]).unwrap_or_default();
 }
 
-fn rrset(
-    owner: &Name,
-    rtype: RecordType,
-    answer: &[Record],
-    additional: &[Record],
-) -> Option<RRset> {
+fn rrset(owner: &Name, rtype: RecordType, answer: &[Record], additional: &[Record]) -> Option<RRset> {
     if answer.is_empty() {
         return None;
     }

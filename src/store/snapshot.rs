@@ -49,11 +49,7 @@ impl Zone {
         }
         wire.push(0);
         let labels = config.origin.num_labels() as usize;
-        Self {
-            config,
-            wire: wire.into(),
-            labels,
-        }
+        Self { config, wire: wire.into(), labels }
     }
 }
 
@@ -66,10 +62,7 @@ pub struct Records {
 
 impl Records {
     pub(crate) fn new(bytes: Vec<u8>, ends: Vec<u32>) -> Self {
-        Self {
-            bytes: bytes.into(),
-            ends: ends.into(),
-        }
+        Self { bytes: bytes.into(), ends: ends.into() }
     }
 
     /// Number of records.

@@ -122,14 +122,8 @@ impl Writer {
                 self.zone_dirty = true;
             }
             Update::Replace { source, objects } => {
-                let old: Vec<ObjectId> = self
-                    .sources
-                    .entry(source)
-                    .or_default()
-                    .objects
-                    .keys()
-                    .cloned()
-                    .collect();
+                let old: Vec<ObjectId> =
+                    self.sources.entry(source).or_default().objects.keys().cloned().collect();
                 let keep: BTreeSet<ObjectId> = objects.iter().map(Object::id).collect();
                 for id in old.into_iter().filter(|id| !keep.contains(id)) {
                     self.remove(source, &id);
@@ -151,12 +145,7 @@ impl Writer {
     fn upsert(&mut self, source: SourceId, object: Object) {
         let id = object.id();
         let key = object.service().clone();
-        let previous = self
-            .sources
-            .entry(source)
-            .or_default()
-            .objects
-            .insert(id.clone(), key.clone());
+        let previous = self.sources.entry(source).or_default().objects.insert(id.clone(), key.clone());
         if let Some(previous) = previous.filter(|p| *p != key) {
             // A slice can be relabelled to another service.
             self.remove_from_service(source, &id, &previous);
@@ -172,11 +161,7 @@ impl Writer {
                 old.as_ref() != Some(&import)
             }
             Object::Slice(slice) => {
-                state
-                    .slices
-                    .insert((source, slice.slice.clone()), slice.clone())
-                    .as_ref()
-                    != Some(&slice)
+                state.slices.insert((source, slice.slice.clone()), slice.clone()).as_ref() != Some(&slice)
             }
         };
         if changed {
@@ -185,10 +170,7 @@ impl Writer {
     }
 
     fn remove(&mut self, source: SourceId, id: &ObjectId) {
-        let key = self
-            .sources
-            .get_mut(&source)
-            .and_then(|s| s.objects.remove(id));
+        let key = self.sources.get_mut(&source).and_then(|s| s.objects.remove(id));
         if let Some(key) = key {
             self.remove_from_service(source, id, &key);
         }
@@ -247,8 +229,7 @@ impl Writer {
         let dirty = std::mem::take(&mut self.dirty);
         let rebuilt = dirty.len();
         for key in dirty {
-            let wire: Arc<[u8]> =
-                names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]).into();
+            let wire: Arc<[u8]> = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]).into();
             let built = self.services.get(&key).and_then(|state| {
                 let import = state.imports.values().next()?;
                 let slices: Vec<&EndpointSet> = state.slices.values().collect();
@@ -262,21 +243,14 @@ impl Writer {
                     services.remove(&*wire);
                 }
             }
-            if self
-                .services
-                .get(&key)
-                .is_some_and(|s| s.imports.is_empty() && s.slices.is_empty())
-            {
+            if self.services.get(&key).is_some_and(|s| s.imports.is_empty() && s.slices.is_empty()) {
                 self.services.remove(&key);
             }
         }
         self.zone_dirty = false;
         // Serials follow the clock across restarts and still increase on
         // every change within a second.
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs() as u32)
-            .unwrap_or(0);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0);
         self.serial = self.serial.wrapping_add(1).max(now);
         let mut snap = Snapshot {
             zone: self.zone.clone(),
@@ -345,8 +319,14 @@ mod tests {
         let after = reader.load_full();
         assert!(after.serial() > before.serial());
         let untouched = wire_key("ns", "svc8");
-        assert!(Arc::ptr_eq(&before.services[&*untouched], &after.services[&*untouched]), "untouched services are shared, not rebuilt");
-        assert!(!Arc::ptr_eq(&before.services[&*wire_key("ns", "svc7")], &after.services[&*wire_key("ns", "svc7")]));
+        assert!(
+            Arc::ptr_eq(&before.services[&*untouched], &after.services[&*untouched]),
+            "untouched services are shared, not rebuilt"
+        );
+        assert!(!Arc::ptr_eq(
+            &before.services[&*wire_key("ns", "svc7")],
+            &after.services[&*wire_key("ns", "svc7")]
+        ));
     }
 
     #[test]
@@ -375,7 +355,10 @@ mod tests {
     #[test]
     fn replace_removes_what_the_source_no_longer_holds() {
         let (reader, mut w) = store();
-        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1"), import("ns", "b", "10.0.0.1")] });
+        w.apply(Update::Replace {
+            source: SourceId(1),
+            objects: vec![import("ns", "a", "10.0.0.1"), import("ns", "b", "10.0.0.1")],
+        });
         w.publish();
         assert_eq!(reader.load().service_count(), 2);
         w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "b", "10.0.0.1")] });
@@ -391,10 +374,22 @@ mod tests {
         w.apply(Update::Replace { source: SourceId(2), objects: vec![import("ns", "a", "10.0.0.2")] });
         w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
         w.publish();
-        let a = |r: &Reader| r.load().service(&wire_key("ns", "a")).and_then(|s| s.get(b"")).and_then(|n| n.get(1)).map(|s| s.answer.bytes().to_vec());
+        let a = |r: &Reader| {
+            r.load()
+                .service(&wire_key("ns", "a"))
+                .and_then(|s| s.get(b""))
+                .and_then(|n| n.get(1))
+                .map(|s| s.answer.bytes().to_vec())
+        };
         let first = a(&reader).unwrap();
         assert!(first.ends_with(&[10, 0, 0, 1]));
-        w.apply(Update::Remove { source: SourceId(1), id: ObjectId::Import(ServiceKey { namespace: DnsLabel::parse("ns").unwrap(), name: DnsLabel::parse("a").unwrap() }) });
+        w.apply(Update::Remove {
+            source: SourceId(1),
+            id: ObjectId::Import(ServiceKey {
+                namespace: DnsLabel::parse("ns").unwrap(),
+                name: DnsLabel::parse("a").unwrap(),
+            }),
+        });
         w.publish();
         assert!(a(&reader).unwrap().ends_with(&[10, 0, 0, 2]));
     }

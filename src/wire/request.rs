@@ -63,29 +63,12 @@ pub fn parse<'p>(packet: &'p [u8], slow: &'p mut Vec<u8>) -> Option<Request<'p>>
     if flags & QR != 0 {
         return None;
     }
-    let mut req = Request {
-        id,
-        flags,
-        question: None,
-        qname_len: 0,
-        qtype: 0,
-        qclass: 0,
-        edns: None,
-        error: None,
-    };
-    let counts = [
-        u16_at(packet, 4)?,
-        u16_at(packet, 6)?,
-        u16_at(packet, 8)?,
-        u16_at(packet, 10)?,
-    ];
+    let mut req =
+        Request { id, flags, question: None, qname_len: 0, qtype: 0, qclass: 0, edns: None, error: None };
+    let counts = [u16_at(packet, 4)?, u16_at(packet, 6)?, u16_at(packet, 8)?, u16_at(packet, 10)?];
     let opcode = (flags >> 11) & 0xF;
     match fast(packet, counts) {
-        Fast::Done {
-            qname_len,
-            end,
-            edns,
-        } => {
+        Fast::Done { qname_len, end, edns } => {
             req.question = Some(&packet[HEADER..end]);
             req.qname_len = qname_len;
             req.qtype = u16_at(packet, HEADER + qname_len)?;
@@ -105,11 +88,7 @@ pub fn parse<'p>(packet: &'p [u8], slow: &'p mut Vec<u8>) -> Option<Request<'p>>
 }
 
 enum Fast {
-    Done {
-        qname_len: usize,
-        end: usize,
-        edns: Option<ClientEdns>,
-    },
+    Done { qname_len: usize, end: usize, edns: Option<ClientEdns> },
     FormErr,
     Slow,
 }
@@ -142,19 +121,14 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
         return Fast::FormErr;
     }
     if ar == 0 {
-        return Fast::Done {
-            qname_len,
-            end,
-            edns: None,
-        };
+        return Fast::Done { qname_len, end, edns: None };
     }
     // One additional record: the fast path takes only an OPT for the root.
     let o = end;
     if p.get(o) != Some(&0) || u16_at(p, o + 1) != Some(OPT) {
         return Fast::Slow;
     }
-    let (Some(payload), Some(ttl_hi), Some(rdlen)) =
-        (u16_at(p, o + 3), u16_at(p, o + 5), u16_at(p, o + 9))
+    let (Some(payload), Some(ttl_hi), Some(rdlen)) = (u16_at(p, o + 3), u16_at(p, o + 5), u16_at(p, o + 9))
     else {
         return Fast::FormErr;
     };
@@ -165,11 +139,7 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
     Fast::Done {
         qname_len,
         end,
-        edns: Some(ClientEdns {
-            payload,
-            version: (ttl_hi & 0xFF) as u8,
-            dnssec_ok,
-        }),
+        edns: Some(ClientEdns { payload, version: (ttl_hi & 0xFF) as u8, dnssec_ok }),
     }
 }
 

@@ -27,11 +27,8 @@ pub struct TcpConfig {
 /// Binds the TCP listener (separately from serving, so bind errors surface
 /// at start-up).
 pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = if addr.is_ipv6() {
-        tokio::net::TcpSocket::new_v6()?
-    } else {
-        tokio::net::TcpSocket::new_v4()?
-    };
+    let socket =
+        if addr.is_ipv6() { tokio::net::TcpSocket::new_v6()? } else { tokio::net::TcpSocket::new_v4()? };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(1024)
@@ -62,12 +59,7 @@ pub async fn serve(listener: TcpListener, reader: Reader, wire: WireConfig, cfg:
     }
 }
 
-async fn connection(
-    stream: TcpStream,
-    reader: &Reader,
-    wire: &WireConfig,
-    idle: Duration,
-) -> io::Result<()> {
+async fn connection(stream: TcpStream, reader: &Reader, wire: &WireConfig, idle: Duration) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
@@ -82,19 +74,10 @@ async fn connection(
         };
         tokio::time::timeout(idle, rd.read_exact(&mut packet[..len]))
             .await
-            .map_err(|_| {
-                io::Error::new(io::ErrorKind::TimedOut, "query not completed in time")
-            })??;
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "query not completed in time"))??;
         let answered = {
             let snap = reader.load();
-            respond(
-                &snap,
-                &packet[..len],
-                Transport::Tcp,
-                wire,
-                &mut scratch,
-                &mut out,
-            )
+            respond(&snap, &packet[..len], Transport::Tcp, wire, &mut scratch, &mut out)
         };
         if answered {
             wr.write_all(&(out.len() as u16).to_be_bytes()).await?;

@@ -30,12 +30,7 @@ pub struct UdpWorkers {
 }
 
 /// Binds `workers` sockets on `addr` and starts one thread per socket.
-pub fn start(
-    addr: SocketAddr,
-    workers: usize,
-    reader: Reader,
-    cfg: WireConfig,
-) -> io::Result<UdpWorkers> {
+pub fn start(addr: SocketAddr, workers: usize, reader: Reader, cfg: WireConfig) -> io::Result<UdpWorkers> {
     let stop = Arc::new(AtomicBool::new(false));
     let first = bind(addr)?;
     // With port 0, the first socket picks the port and the rest join it.
@@ -54,11 +49,7 @@ pub fn start(
                 .spawn(move || serve(&socket, &reader, &cfg, &stop))
         })
         .collect::<io::Result<_>>()?;
-    Ok(UdpWorkers {
-        stop,
-        threads,
-        local_addr,
-    })
+    Ok(UdpWorkers { stop, threads, local_addr })
 }
 
 impl UdpWorkers {
@@ -95,9 +86,7 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBoo
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
                 ) =>
             {
                 continue;
@@ -110,14 +99,7 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBoo
             }
         };
         let snap = reader.load();
-        if respond(
-            &snap,
-            &packet[..len],
-            Transport::Udp,
-            cfg,
-            &mut scratch,
-            &mut out,
-        ) {
+        if respond(&snap, &packet[..len], Transport::Udp, cfg, &mut scratch, &mut out) {
             if let Err(e) = socket.send_to(&out, peer) {
                 debug!(error = %e, %peer, "UDP send failed");
             }

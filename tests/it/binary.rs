@@ -62,7 +62,10 @@ impl Served {
     }
 
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status().expect("kill");
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
         assert!(ok.success());
     }
 
@@ -133,14 +136,20 @@ fn an_edit_is_served_without_restart() {
     let s = Served::start(&["--objects", dir.path().to_str().expect("path")]);
     assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.0.0.1");
     write(&file, &WEB.replace("10.0.0.1", "10.0.0.2"));
-    let took = eventually("edit served", || s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim() == "10.0.0.2");
+    let took = eventually("edit served", || {
+        s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim() == "10.0.0.2"
+    });
     eprintln!("edit served after {took:?}");
     // A new file in the directory is picked up too, and a removed one dropped.
     let extra = dir.path().join("api.yml");
     write(&extra, &WEB.replace("web", "api"));
-    eventually("new file served", || !s.dig(&["api.shop.svc.clusterset.local", "A", "+short"]).trim().is_empty());
+    eventually("new file served", || {
+        !s.dig(&["api.shop.svc.clusterset.local", "A", "+short"]).trim().is_empty()
+    });
     std::fs::remove_file(&extra).expect("remove");
-    eventually("removed file dropped", || s.dig(&["api.shop.svc.clusterset.local", "A"]).contains("NXDOMAIN"));
+    eventually("removed file dropped", || {
+        s.dig(&["api.shop.svc.clusterset.local", "A"]).contains("NXDOMAIN")
+    });
 }
 
 #[test]
@@ -153,7 +162,11 @@ fn a_broken_edit_is_reported_and_the_last_good_state_kept() {
     write(&file, &broken);
     assert!(s.wait_log("document 2, field spec.ports[0].port"), "{}", s.log());
     assert!(s.log().contains(&file.display().to_string()));
-    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.0.0.1", "last good state served");
+    assert_eq!(
+        s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(),
+        "10.0.0.1",
+        "last good state served"
+    );
     // An object with an invalid IP is skipped with its name; the rest is served.
     write(&file, &format!("{WEB}---\n{}", WEB.replace("web", "api").replace("10.0.0.1", "10.0.0.256")));
     assert!(s.wait_log("ServiceImport shop/api: spec.ips[0]"), "{}", s.log());
@@ -167,9 +180,17 @@ fn sighup_forces_a_reload() {
     let file = dir.path().join("objects.yaml");
     write(&file, "kind: [broken");
     // A broken file at start is a start-up error, not a silent empty zone.
-    let out = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--objects"]).arg(&file).output().expect("run");
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--objects"])
+        .arg(&file)
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("document 1"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("document 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     write(&file, WEB);
     let s = Served::start(&["--objects", file.to_str().expect("path")]);
@@ -180,7 +201,9 @@ fn sighup_forces_a_reload() {
     // everything and reports the error again.
     s.signal("HUP");
     assert!(s.wait_log("SIGHUP: reloading objects files"));
-    eventually("error reported again", || s.log().matches("serving the file's last good state").count() > reported);
+    eventually("error reported again", || {
+        s.log().matches("serving the file's last good state").count() > reported
+    });
     assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.0.0.1");
 }
 
@@ -196,7 +219,10 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(&format!("invalid configuration: {flag}:")), "{err}");
     }
-    let out = Command::new(BIN).args(["serve", "--listen", "127.0.0.1:0", "--objects", "/nonexistent/x.yaml"]).output().expect("run");
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--objects", "/nonexistent/x.yaml"])
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.yaml"));
 }
@@ -205,13 +231,18 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
 fn check_reports_what_would_be_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("objects.yaml");
-    std::fs::write(&file, format!("{WEB}---\n{}", WEB.replace("web", "bad").replace("10.0.0.1", "nope"))).expect("write");
+    std::fs::write(&file, format!("{WEB}---\n{}", WEB.replace("web", "bad").replace("10.0.0.1", "nope")))
+        .expect("write");
     let out = Command::new(BIN).args(["check", "--objects"]).arg(&file).output().expect("run");
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(report.contains("1 ServiceImports, 0 EndpointSlices"), "{report}");
     assert!(report.contains("skipped: ServiceImport shop/bad: spec.ips[0]"), "{report}");
     assert_eq!(out.status.code(), Some(1));
-    let out = Command::new(BIN).args(["check", "--objects", "zones"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("run");
+    let out = Command::new(BIN)
+        .args(["check", "--objects", "zones"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
 }
 

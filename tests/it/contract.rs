@@ -6,10 +6,7 @@ use crate::support::{TestServer, check, decode, q, tcp_raw, udp_raw};
 const FIXTURE: &str = include_str!("../data/contract.yaml");
 
 fn server() -> TestServer {
-    TestServer::start(
-        &[("contract.yaml", FIXTURE)],
-        &["--advertise-address", "192.0.2.53"],
-    )
+    TestServer::start(&[("contract.yaml", FIXTURE)], &["--advertise-address", "192.0.2.53"])
 }
 
 /// Checks the same query over UDP and TCP.
@@ -73,22 +70,12 @@ fn clusterset_ip_answer_ignores_endpoint_readiness() {
 #[test]
 fn family_without_vip_and_import_without_ips_are_nodata_with_soa() {
     let s = server();
-    for (name, t) in [
-        ("vip4.ns1.svc.clusterset.local.", "AAAA"),
-        ("noip.ns1.svc.clusterset.local.", "A"),
-    ] {
+    for (name, t) in [("vip4.ns1.svc.clusterset.local.", "AAAA"), ("noip.ns1.svc.clusterset.local.", "A")] {
         let m = q(name, t).udp(s.addr);
-        assert_eq!(
-            m.metadata.response_code,
-            hickory_proto::op::ResponseCode::NoError,
-            "{name} {t}"
-        );
+        assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NoError, "{name} {t}");
         assert!(m.answers.is_empty());
         assert_eq!(m.authorities.len(), 1);
-        assert_eq!(
-            m.authorities[0].record_type(),
-            hickory_proto::rr::RecordType::SOA
-        );
+        assert_eq!(m.authorities[0].record_type(), hickory_proto::rr::RecordType::SOA);
         assert!(m.metadata.authoritative);
     }
 }
@@ -122,23 +109,14 @@ fn headless_a_and_aaaa_answer_ready_endpoints_of_every_cluster() {
 fn headless_without_ready_endpoints_is_nxdomain() {
     let s = server();
     let m = q("hl-down.ns2.svc.clusterset.local.", "A").udp(s.addr);
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::NXDomain
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NXDomain);
     assert_eq!(m.authorities.len(), 1, "SOA in authority");
     // …and nothing below it exists either.
     let m = q("_http._tcp.hl-down.ns2.svc.clusterset.local.", "SRV").udp(s.addr);
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::NXDomain
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NXDomain);
     // The namespace still exists: it holds a ServiceImport.
     let m = q("ns2.svc.clusterset.local.", "A").udp(s.addr);
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::NoError
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NoError);
 }
 
 #[test]
@@ -177,10 +155,7 @@ fn endpoint_names_use_hostname_else_the_address_and_cluster_ids_may_hold_dots() 
 fn not_ready_endpoints_have_no_names() {
     let s = server();
     let m = q("web-2.east.hl.ns1.svc.clusterset.local.", "A").udp(s.addr);
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::NXDomain
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NXDomain);
 }
 
 #[test]
@@ -212,10 +187,7 @@ fn clusterset_ip_srv_has_one_record_per_named_port() {
     );
     // The protocol must match: there is no _dns._tcp.
     let m = q("_dns._tcp.vip.ns1.svc.clusterset.local.", "SRV").udp(s.addr);
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::NXDomain
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NXDomain);
 }
 
 /// SRV targets are written in full, lower case (RFC 2782 forbids compressing
@@ -279,16 +251,9 @@ fn headless_srv_targets_each_ready_endpoint_with_its_slice_port() {
 #[test]
 fn clusterset_ip_services_have_no_per_cluster_names() {
     let s = server();
-    for name in [
-        "east.vip4.ns1.svc.clusterset.local.",
-        "x.east.vip4.ns1.svc.clusterset.local.",
-    ] {
+    for name in ["east.vip4.ns1.svc.clusterset.local.", "x.east.vip4.ns1.svc.clusterset.local."] {
         let m = q(name, "A").udp(s.addr);
-        assert_eq!(
-            m.metadata.response_code,
-            hickory_proto::op::ResponseCode::NXDomain,
-            "{name}"
-        );
+        assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NXDomain, "{name}");
     }
 }
 
@@ -305,11 +270,7 @@ fn empty_non_terminals_are_nodata_not_nxdomain() {
         "dns.clusterset.local.",
     ] {
         let m = q(name, "A").udp(s.addr);
-        assert_eq!(
-            m.metadata.response_code,
-            hickory_proto::op::ResponseCode::NoError,
-            "{name}"
-        );
+        assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NoError, "{name}");
         assert!(m.answers.is_empty(), "{name}");
         assert_eq!(m.authorities.len(), 1, "{name}: SOA in authority");
     }
@@ -318,11 +279,18 @@ fn empty_non_terminals_are_nodata_not_nxdomain() {
 #[test]
 fn names_that_do_not_exist_are_nxdomain_with_soa() {
     let s = server();
-    both(&s, q("nope.ns1.svc.clusterset.local.", "A"), &format!("
+    both(
+        &s,
+        q("nope.ns1.svc.clusterset.local.", "A"),
+        &format!(
+            "
         NXDomain aa rd
         ;; AUTHORITY
         clusterset.local. 5 IN SOA ns.dns.clusterset.local. hostmaster.clusterset.local. {} 7200 1800 86400 5
-    ", serial(&s)));
+    ",
+            serial(&s)
+        ),
+    );
     for name in [
         "nope.svc.clusterset.local.",
         "x.nope.clusterset.local.",
@@ -330,11 +298,7 @@ fn names_that_do_not_exist_are_nxdomain_with_soa() {
         "vip.ns1.pod.clusterset.local.",
     ] {
         let m = q(name, "A").udp(s.addr);
-        assert_eq!(
-            m.metadata.response_code,
-            hickory_proto::op::ResponseCode::NXDomain,
-            "{name}"
-        );
+        assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NXDomain, "{name}");
     }
 }
 
@@ -345,11 +309,18 @@ fn serial(s: &TestServer) -> u32 {
 #[test]
 fn apex_answers_soa_and_ns_with_glue() {
     let s = server();
-    both(&s, q("clusterset.local.", "SOA"), &format!("
+    both(
+        &s,
+        q("clusterset.local.", "SOA"),
+        &format!(
+            "
         NoError aa rd
         ;; ANSWER
         clusterset.local. 5 IN SOA ns.dns.clusterset.local. hostmaster.clusterset.local. {} 7200 1800 86400 5
-    ", serial(&s)));
+    ",
+            serial(&s)
+        ),
+    );
     both(
         &s,
         q("clusterset.local.", "NS"),
@@ -377,11 +348,7 @@ fn types_a_name_does_not_have_are_nodata() {
     let s = server();
     for t in ["MX", "TXT", "SOA", "PTR", "CNAME", "NS"] {
         let m = q("vip.ns1.svc.clusterset.local.", t).udp(s.addr);
-        assert_eq!(
-            m.metadata.response_code,
-            hickory_proto::op::ResponseCode::NoError,
-            "{t}"
-        );
+        assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NoError, "{t}");
         assert!(m.answers.is_empty(), "{t}");
         assert_eq!(m.authorities.len(), 1, "{t}");
     }
@@ -389,10 +356,7 @@ fn types_a_name_does_not_have_are_nodata() {
 
 #[test]
 fn ttl_and_negative_ttl_are_configurable() {
-    let s = TestServer::start(
-        &[("c.yaml", FIXTURE)],
-        &["--ttl", "30", "--negative-ttl", "7"],
-    );
+    let s = TestServer::start(&[("c.yaml", FIXTURE)], &["--ttl", "30", "--negative-ttl", "7"]);
     let m = q("vip.ns1.svc.clusterset.local.", "A").udp(s.addr);
     assert_eq!(m.answers[0].ttl, 30);
     let m = q("nope.ns1.svc.clusterset.local.", "A").udp(s.addr);
@@ -412,16 +376,9 @@ fn outside_the_zone_is_refused_without_aa_or_records() {
         ("xclusterset.local.", "A"),
     ] {
         for m in [q(name, t).udp(s.addr), q(name, t).tcp(s.addr)] {
-            assert_eq!(
-                m.metadata.response_code,
-                hickory_proto::op::ResponseCode::Refused,
-                "{name}"
-            );
+            assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::Refused, "{name}");
             assert!(!m.metadata.authoritative, "{name}");
-            assert!(
-                m.answers.is_empty() && m.authorities.is_empty() && m.additionals.is_empty(),
-                "{name}"
-            );
+            assert!(m.answers.is_empty() && m.authorities.is_empty() && m.additionals.is_empty(), "{name}");
             assert_eq!(m.queries.len(), 1, "{name}: question echoed");
         }
     }
@@ -440,10 +397,7 @@ fn any_gets_the_rfc8482_hinfo() {
     "#,
     );
     let m = q("nope.ns1.svc.clusterset.local.", "ANY").udp(s.addr);
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::NXDomain
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NXDomain);
 }
 
 #[test]
@@ -451,11 +405,7 @@ fn zone_transfers_are_refused() {
     let s = server();
     for t in ["AXFR", "IXFR"] {
         let m = q("clusterset.local.", t).tcp(s.addr);
-        assert_eq!(
-            m.metadata.response_code,
-            hickory_proto::op::ResponseCode::Refused,
-            "{t}"
-        );
+        assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::Refused, "{t}");
     }
 }
 
@@ -468,10 +418,7 @@ fn reply_echoes_id_question_case_and_rd() {
     let m = query.udp(s.addr);
     assert_eq!(m.metadata.id, 0xBEEF);
     assert!(!m.metadata.recursion_desired);
-    assert_eq!(
-        m.queries[0].name().to_string(),
-        "VIP.Ns1.Svc.ClusterSet.Local."
-    );
+    assert_eq!(m.queries[0].name().to_string(), "VIP.Ns1.Svc.ClusterSet.Local.");
     assert_eq!(
         m.answers[0].name.to_string(),
         "VIP.Ns1.Svc.ClusterSet.Local.",
@@ -486,9 +433,7 @@ fn edns_is_echoed_only_when_asked_and_version_above_zero_gets_badvers() {
     let m = q("vip.ns1.svc.clusterset.local.", "A").udp(s.addr);
     let edns = m.edns.expect("OPT echoed");
     assert_eq!((edns.max_payload(), edns.version()), (1232, 0));
-    let m = q("vip.ns1.svc.clusterset.local.", "A")
-        .no_edns()
-        .udp(s.addr);
+    let m = q("vip.ns1.svc.clusterset.local.", "A").no_edns().udp(s.addr);
     assert!(m.edns.is_none());
     let mut query = q("vip.ns1.svc.clusterset.local.", "A");
     if let Some(e) = query.msg.edns.as_mut() {
@@ -515,13 +460,10 @@ fn edns_do_bit_is_copied() {
 fn big_headless(n: usize) -> String {
     let mut eps = String::new();
     for i in 0..n {
-        eps += &format!(
-            "- addresses: [10.50.{}.{}]\n  hostname: pod-{i}\n",
-            i / 250,
-            i % 250 + 1
-        );
+        eps += &format!("- addresses: [10.50.{}.{}]\n  hostname: pod-{i}\n", i / 250, i % 250 + 1);
     }
-    format!("apiVersion: multicluster.x-k8s.io/v1beta1
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1beta1
 kind: ServiceImport
 metadata: {{name: big, namespace: ns1}}
 spec: {{type: Headless, ports: [{{name: http, protocol: TCP, port: 80}}]}}
@@ -535,7 +477,8 @@ metadata:
 addressType: IPv4
 ports: [{{name: http, protocol: TCP, port: 80}}]
 endpoints:
-{eps}")
+{eps}"
+    )
 }
 
 #[test]
@@ -554,23 +497,12 @@ fn too_large_for_udp_sends_whole_records_with_tc_and_tcp_sends_all() {
     let m = decode(&raw);
     assert!(m.metadata.truncation);
     assert!(m.edns.is_some(), "OPT kept on a truncated answer");
-    assert_eq!(
-        m.answers.len(),
-        (1232 - 11 - 12 - (name.len() + 1) - 4) / 16
-    );
+    assert_eq!(m.answers.len(), (1232 - 11 - 12 - (name.len() + 1) - 4) / 16);
     // A client offering more than our cap still gets at most 1232.
-    assert!(
-        udp_raw(s.addr, &q(name, "A").payload(4096).bytes())
-            .expect("response")
-            .len()
-            <= 1232
-    );
+    assert!(udp_raw(s.addr, &q(name, "A").payload(4096).bytes()).expect("response").len() <= 1232);
     // A client offering less than 512 still gets 512.
     assert!(
-        decode(&udp_raw(s.addr, &q(name, "A").payload(100).bytes()).expect("response"))
-            .answers
-            .len()
-            > 20
+        decode(&udp_raw(s.addr, &q(name, "A").payload(100).bytes()).expect("response")).answers.len() > 20
     );
     // TCP: everything.
     let m = q(name, "A").tcp(s.addr);
@@ -582,24 +514,12 @@ fn too_large_for_udp_sends_whole_records_with_tc_and_tcp_sends_all() {
 fn additional_records_that_do_not_fit_are_dropped_without_tc() {
     let s = TestServer::start(&[("big.yaml", &big_headless(6))], &[]);
     // 6 SRV answers (~57 bytes each) fit in 512 bytes; their 6 A records do not all fit.
-    let m = q("_http._tcp.big.ns1.svc.clusterset.local.", "SRV")
-        .no_edns()
-        .udp(s.addr);
+    let m = q("_http._tcp.big.ns1.svc.clusterset.local.", "SRV").no_edns().udp(s.addr);
     assert_eq!(m.answers.len(), 6);
     assert!(!m.metadata.truncation);
-    assert!(
-        (1..6).contains(&m.additionals.len()),
-        "{} additional records",
-        m.additionals.len()
-    );
+    assert!((1..6).contains(&m.additionals.len()), "{} additional records", m.additionals.len());
     // With room, every additional record is there.
-    assert_eq!(
-        q("_http._tcp.big.ns1.svc.clusterset.local.", "SRV")
-            .udp(s.addr)
-            .additionals
-            .len(),
-        6
-    );
+    assert_eq!(q("_http._tcp.big.ns1.svc.clusterset.local.", "SRV").udp(s.addr).additionals.len(), 6);
 }
 
 #[test]
@@ -615,10 +535,7 @@ fn malformed_queries_get_formerr_or_nothing() {
     let mut cut = q("vip.ns1.svc.clusterset.local.", "A").no_edns().bytes();
     cut.truncate(20);
     let m = decode(&udp_raw(s.addr, &cut).expect("FORMERR"));
-    assert_eq!(
-        (m.metadata.id, m.metadata.response_code),
-        (0x4242, hickory_proto::op::ResponseCode::FormErr)
-    );
+    assert_eq!((m.metadata.id, m.metadata.response_code), (0x4242, hickory_proto::op::ResponseCode::FormErr));
     // Two questions: FORMERR.
     let mut two = q("vip.ns1.svc.clusterset.local.", "A").no_edns();
     two.msg.add_query(hickory_proto::op::Query::query(
@@ -626,33 +543,16 @@ fn malformed_queries_get_formerr_or_nothing() {
         hickory_proto::rr::RecordType::A,
     ));
     let m = decode(&udp_raw(s.addr, &two.bytes()).expect("FORMERR"));
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::FormErr
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::FormErr);
     // No question at all: FORMERR.
     let m = decode(&udp_raw(s.addr, &[0x12, 0x34, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).expect("FORMERR"));
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::FormErr
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::FormErr);
     // A compression pointer looping on itself in the question: FORMERR, no hang.
-    let looped = [
-        0x12, 0x34, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xC0, 12, 0, 1, 0, 1,
-    ];
+    let looped = [0x12, 0x34, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xC0, 12, 0, 1, 0, 1];
     let m = decode(&udp_raw(s.addr, &looped).expect("FORMERR"));
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::FormErr
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::FormErr);
     // The server still answers afterwards.
-    assert_eq!(
-        q("vip.ns1.svc.clusterset.local.", "A")
-            .udp(s.addr)
-            .answers
-            .len(),
-        1
-    );
+    assert_eq!(q("vip.ns1.svc.clusterset.local.", "A").udp(s.addr).answers.len(), 1);
 }
 
 #[test]
@@ -661,10 +561,7 @@ fn opcodes_other_than_query_get_notimp() {
     let mut notify = q("clusterset.local.", "SOA");
     notify.msg.metadata.op_code = hickory_proto::op::OpCode::Notify;
     let m = notify.udp(s.addr);
-    assert_eq!(
-        m.metadata.response_code,
-        hickory_proto::op::ResponseCode::NotImp
-    );
+    assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NotImp);
     assert_eq!(m.metadata.op_code, hickory_proto::op::OpCode::Notify);
 }
 
@@ -673,10 +570,7 @@ fn queries_of_other_classes_are_refused() {
     let s = server();
     let mut chaos = q("version.bind.", "TXT");
     chaos.msg.queries[0].set_query_class(hickory_proto::rr::DNSClass::CH);
-    assert_eq!(
-        chaos.udp(s.addr).metadata.response_code,
-        hickory_proto::op::ResponseCode::Refused
-    );
+    assert_eq!(chaos.udp(s.addr).metadata.response_code, hickory_proto::op::ResponseCode::Refused);
 }
 
 #[test]
@@ -684,16 +578,12 @@ fn tcp_connections_answer_pipelined_queries_in_order() {
     use std::io::Write;
     let s = server();
     let mut conn = std::net::TcpStream::connect(s.addr).expect("connect");
-    conn.set_read_timeout(Some(std::time::Duration::from_secs(2)))
-        .expect("timeout");
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(2))).expect("timeout");
     let mut burst = Vec::new();
-    for (i, name) in [
-        "vip.ns1.svc.clusterset.local.",
-        "vip4.ns1.svc.clusterset.local.",
-        "nope.ns1.svc.clusterset.local.",
-    ]
-    .iter()
-    .enumerate()
+    for (i, name) in
+        ["vip.ns1.svc.clusterset.local.", "vip4.ns1.svc.clusterset.local.", "nope.ns1.svc.clusterset.local."]
+            .iter()
+            .enumerate()
     {
         let mut query = q(name, "A");
         query.msg.metadata.id = i as u16;

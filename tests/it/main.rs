@@ -1,8 +1,11 @@
 //! Over-the-wire tests: a real server on loopback, queried with real
 //! clients. One test binary (see `autotests = false`), one module per area.
 
+#![allow(unreachable_pub)] // items are shared between the modules of this test binary
+
 mod support;
 
 mod binary;
+mod client;
 mod contract;
 mod readiness;

@@ -21,7 +21,8 @@ fn names_not_found_are_servfail_until_every_source_synced() {
     });
     writer.apply(Update::Register(SourceId(1)));
     writer.publish();
-    let workers = udp::start("127.0.0.1:0".parse().unwrap(), 1, reader, WireConfig { max_udp_payload: 1232 }).unwrap();
+    let workers =
+        udp::start("127.0.0.1:0".parse().unwrap(), 1, reader, WireConfig { max_udp_payload: 1232 }).unwrap();
     let addr = workers.local_addr;
     let m = q("web.shop.svc.clusterset.local.", "A").udp(addr);
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
@@ -30,6 +31,9 @@ fn names_not_found_are_servfail_until_every_source_synced() {
     assert_eq!(q("dns-version.clusterset.local.", "TXT").udp(addr).answers.len(), 1);
     writer.apply(Update::Replace { source: SourceId(1), objects: vec![] });
     writer.publish();
-    assert_eq!(q("web.shop.svc.clusterset.local.", "A").udp(addr).metadata.response_code, ResponseCode::NXDomain);
+    assert_eq!(
+        q("web.shop.svc.clusterset.local.", "A").udp(addr).metadata.response_code,
+        ResponseCode::NXDomain
+    );
     workers.stop();
 }

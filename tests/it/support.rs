@@ -20,7 +20,8 @@ use hickory_proto::rr::{Name, RecordType};
 pub struct TestServer {
     pub addr: SocketAddr,
     pub reader: Reader,
-    pub dir: tempfile::TempDir,
+    /// Holds the objects directory for the server's lifetime.
+    _dir: tempfile::TempDir,
     stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -51,23 +52,11 @@ impl TestServer {
     /// Serves the embedded example fleet.
     pub fn embedded() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_argv(
-            &[
-                "clusterset-dns",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--udp-workers",
-                "1",
-            ],
-            dir,
-        )
+        Self::start_argv(&["clusterset-dns", "serve", "--listen", "127.0.0.1:0", "--udp-workers", "1"], dir)
     }
 
     fn start_argv(argv: &[&str], dir: tempfile::TempDir) -> Self {
-        let Command::Serve(args) = Cli::try_parse_from(argv).expect("argv").command else {
-            unreachable!()
-        };
+        let Command::Serve(args) = Cli::try_parse_from(argv).expect("argv").command else { unreachable!() };
         let cfg = ServeConfig::from_args(&args).expect("config");
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -79,23 +68,13 @@ impl TestServer {
                 .expect("runtime");
             rt.block_on(async move {
                 let running = serve::start(&cfg).await.expect("server starts");
-                ready_tx
-                    .send((running.addrs[0], running.reader.clone()))
-                    .expect("report address");
+                ready_tx.send((running.addrs[0], running.reader.clone())).expect("report address");
                 let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
                 running.stop();
             });
         });
-        let (addr, reader) = ready_rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("server started");
-        Self {
-            addr,
-            reader,
-            dir,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        }
+        let (addr, reader) = ready_rx.recv_timeout(Duration::from_secs(20)).expect("server started");
+        Self { addr, reader, _dir: dir, stop: Some(stop_tx), thread: Some(thread) }
     }
 }
 
@@ -163,15 +142,13 @@ impl Q {
 }
 
 pub fn decode(bytes: &[u8]) -> Message {
-    Message::from_vec(bytes)
-        .unwrap_or_else(|e| panic!("response does not decode: {e}: {bytes:02x?}"))
+    Message::from_vec(bytes).unwrap_or_else(|e| panic!("response does not decode: {e}: {bytes:02x?}"))
 }
 
 /// Sends raw bytes over UDP; `None` when nothing comes back within 1 s.
 pub fn udp_raw(addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
     let sock = UdpSocket::bind("127.0.0.1:0").expect("bind");
-    sock.set_read_timeout(Some(Duration::from_secs(1)))
-        .expect("timeout");
+    sock.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
     sock.send_to(bytes, addr).expect("send");
     let mut buf = vec![0u8; 65535];
     match sock.recv_from(&mut buf) {
@@ -183,8 +160,7 @@ pub fn udp_raw(addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
 /// Sends one length-prefixed message over a new TCP connection.
 pub fn tcp_raw(addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(2)))
-        .expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
     let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
     framed.extend_from_slice(bytes);
     s.write_all(&framed).expect("write");
@@ -216,11 +192,9 @@ pub fn render(m: &Message) -> String {
         }
     }
     let mut out = format!("{:?} {}", md.response_code, flags.join(" "));
-    for (title, records) in [
-        ("ANSWER", &m.answers),
-        ("AUTHORITY", &m.authorities),
-        ("ADDITIONAL", &m.additionals),
-    ] {
+    for (title, records) in
+        [("ANSWER", &m.answers), ("AUTHORITY", &m.authorities), ("ADDITIONAL", &m.additionals)]
+    {
         if !records.is_empty() {
             out += &format!("\n;; {title}");
             for r in records {
@@ -236,11 +210,7 @@ pub fn render(m: &Message) -> String {
 #[track_caller]
 pub fn check(m: &Message, expected: &str) {
     let got = render(m);
-    let want: Vec<&str> = expected
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
+    let want: Vec<&str> = expected.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     let want = want.join("\n");
     assert_eq!(got, want, "\n--- got ---\n{got}\n--- want ---\n{want}\n");
 }
