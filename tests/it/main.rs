@@ -7,5 +7,6 @@ mod support;
 
 mod binary;
 mod client;
+mod conformance;
 mod contract;
 mod readiness;
