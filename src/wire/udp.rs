@@ -99,10 +99,10 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBoo
             }
         };
         let snap = reader.load();
-        if respond(&snap, &packet[..len], Transport::Udp, cfg, &mut scratch, &mut out) {
-            if let Err(e) = socket.send_to(&out, peer) {
-                debug!(error = %e, %peer, "UDP send failed");
-            }
+        if respond(&snap, &packet[..len], Transport::Udp, cfg, &mut scratch, &mut out)
+            && let Err(e) = socket.send_to(&out, peer)
+        {
+            debug!(error = %e, %peer, "UDP send failed");
         }
     }
     if let Ok(addr) = socket.local_addr() {

@@ -1,0 +1,162 @@
+//! Per-query cost of the answer path, in process (no sockets): parse the
+//! query, look it up, write the response. A hickory-proto round trip
+//! (decode the query, build and encode a response) is measured beside it as
+//! the baseline of "what a general DNS library costs". Also: the cost of
+//! publishing one changed service in a store of 10,000.
+
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+use std::net::IpAddr;
+
+use clusterset_dns::model::{
+    AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport,
+    ServiceKey, SliceKey,
+};
+use clusterset_dns::source::SourceId;
+use clusterset_dns::source::objects::Object;
+use clusterset_dns::store::{self, Reader, Update, Writer, ZoneConfig};
+use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond};
+use criterion::{Criterion, criterion_group, criterion_main};
+use hickory_proto::op::{Edns, Message, Query};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+
+/// Services in the benchmark store; every 10th is headless with 4 endpoints
+/// in each of 3 clusters (the shape of ../shared/bench/gen_workload.py).
+const SERVICES: usize = 10_000;
+
+fn key(i: usize) -> ServiceKey {
+    ServiceKey {
+        namespace: DnsLabel::parse(&format!("ns{}", i % 10)).expect("label"),
+        name: DnsLabel::parse(&format!("svc{i}")).expect("label"),
+    }
+}
+
+fn objects(ip_offset: u32) -> Vec<Object> {
+    let mut out = Vec::new();
+    let port =
+        Port { name: Some(DnsLabel::parse("http").expect("label")), protocol: Protocol::Tcp, port: 80 };
+    for i in 0..SERVICES {
+        let headless = i % 10 == 0;
+        let ip = IpAddr::from(std::net::Ipv4Addr::from(0x0AC8_0000 + i as u32 + ip_offset));
+        out.push(Object::Import(ServiceImport {
+            key: key(i),
+            kind: if headless { ImportType::Headless } else { ImportType::ClusterSetIp },
+            ips: if headless { vec![] } else { vec![ip] },
+            ports: vec![port.clone()],
+        }));
+        if headless {
+            for c in 0..3u32 {
+                let endpoints = (0..4u32)
+                    .map(|e| Endpoint {
+                        addresses: vec![IpAddr::from(std::net::Ipv4Addr::from(
+                            0x0A40_0000 + (i as u32) * 16 + c * 4 + e,
+                        ))],
+                        hostname: None,
+                        ready: true,
+                        zone: None,
+                    })
+                    .collect();
+                out.push(Object::Slice(EndpointSet {
+                    slice: SliceKey { namespace: format!("ns{}", i % 10), name: format!("svc{i}-c{c}") },
+                    service: key(i),
+                    cluster: ClusterId::parse(&format!("cluster{c}")).expect("id"),
+                    family: AddressFamily::V4,
+                    ports: vec![port.clone()],
+                    endpoints,
+                }));
+            }
+        }
+    }
+    out
+}
+
+fn store() -> (Reader, Writer) {
+    let (reader, mut writer) = store::new(ZoneConfig {
+        origin: Name::from_ascii("clusterset.local.").expect("zone"),
+        ttl: 5,
+        negative_ttl: 5,
+        advertise: vec![],
+    });
+    writer.apply(Update::Replace { source: SourceId(1), objects: objects(0) });
+    writer.publish();
+    (reader, writer)
+}
+
+fn query(name: &str, rtype: RecordType, edns: bool) -> Vec<u8> {
+    let mut m = Message::query();
+    m.metadata.id = 7;
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(name).expect("name"), rtype));
+    if edns {
+        let mut e = Edns::new();
+        e.set_max_payload(1232);
+        m.set_edns(e);
+    }
+    m.to_vec().expect("encode")
+}
+
+fn answer_path(c: &mut Criterion) {
+    let (reader, _writer) = store();
+    let snap = reader.load_full();
+    let cfg = WireConfig { max_udp_payload: 1232 };
+    let mut scratch = Scratch::default();
+    let mut out = Vec::with_capacity(65535);
+    let cases = [
+        ("hit_a", query("svc1.ns1.svc.clusterset.local.", RecordType::A, false)),
+        ("hit_a_edns", query("svc1.ns1.svc.clusterset.local.", RecordType::A, true)),
+        ("hit_headless_a_12", query("svc10.ns0.svc.clusterset.local.", RecordType::A, true)),
+        ("hit_srv", query("_http._tcp.svc1.ns1.svc.clusterset.local.", RecordType::SRV, true)),
+        ("miss_nxdomain", query("missing42.ns0.svc.clusterset.local.", RecordType::A, false)),
+        ("refused", query("example.com.", RecordType::A, false)),
+    ];
+    let mut g = c.benchmark_group("respond");
+    for (name, packet) in &cases {
+        g.bench_function(*name, |b| {
+            b.iter(|| {
+                respond(&snap, black_box(packet), Transport::Udp, &cfg, &mut scratch, &mut out);
+                black_box(out.len())
+            })
+        });
+    }
+    g.finish();
+
+    // Baseline: what answering with a general DNS library costs per query.
+    let packet = &cases[0].1;
+    let owner = Name::from_ascii("svc1.ns1.svc.clusterset.local.").expect("name");
+    c.bench_function("hickory_proto_round_trip/hit_a", |b| {
+        b.iter(|| {
+            let q = Message::from_vec(black_box(packet)).expect("decode");
+            let mut r = Message::response(q.metadata.id, q.metadata.op_code);
+            r.metadata.authoritative = true;
+            r.add_queries(q.queries.iter().cloned());
+            r.add_answer(Record::from_rdata(owner.clone(), 5, RData::A(A::new(10, 200, 0, 1))));
+            black_box(r.to_vec().expect("encode").len())
+        })
+    });
+}
+
+fn publish(c: &mut Criterion) {
+    let (_reader, mut writer) = store();
+    // Alternate between two VIPs per service so every upsert is a change.
+    let imports = |offset| -> Vec<Object> {
+        objects(offset).into_iter().filter(|o| matches!(o, Object::Import(_))).collect()
+    };
+    let sets = [imports(1), imports(0)];
+    let mut i = 0;
+    c.bench_function("publish/one_service_of_10000", |b| {
+        b.iter(|| {
+            i += 1;
+            let set = &sets[(i / SERVICES) % 2];
+            writer.apply(Update::Upsert { source: SourceId(1), object: set[i % SERVICES].clone() });
+            let rebuilt = writer.publish();
+            debug_assert_eq!(rebuilt, 1);
+            black_box(rebuilt)
+        })
+    });
+}
+
+criterion_group!(benches, answer_path, publish);
+criterion_main!(benches);

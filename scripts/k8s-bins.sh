@@ -1,0 +1,319 @@
+#!/usr/bin/env bash
+# Build real kube-apiserver, etcd and CoreDNS binaries from the Go module proxy
+# for the integration tests, cached by version.
+#
+# Usage: scripts/k8s-bins.sh [all | kube-apiserver | etcd | coredns | coredns-multicluster]...
+#
+# Builds whatever is missing and prints the bin directory on the last line of
+# stdout; everything else (progress, go output) goes to stderr. Idempotent:
+# existing versioned binaries are reused, a stable symlink (kube-apiserver,
+# etcd, coredns, coredns-multicluster) points at the pinned version.
+#
+# Environment:
+#   CLUSTERSET_DNS_CACHE   cache root (default ~/.cache/clusterset-dns);
+#                          binaries in $CLUSTERSET_DNS_CACHE/bin, wrapper modules in .../src
+#   K8S_VERSION            k8s.io/kubernetes tag            (default below)
+#   ETCD_VERSION           go.etcd.io/etcd/server/v3 tag    (default below)
+#   COREDNS_VERSION        github.com/coredns/coredns tag for the stock coredns
+#   MC_COREDNS_VERSION     coredns version paired with the multicluster plugin
+#   MULTICLUSTER_VERSION   github.com/coredns/multicluster pseudo-version
+#   MULTICLUSTER_SRC       optional local source of the multicluster plugin: a
+#                          module directory or a git repository (bare or not)
+#                          containing the pinned commit. Used when the module
+#                          proxy does not serve github.com/coredns/multicluster.
+#   K8S_BINS_JOBS          go build -p value (default 2)
+#
+# Go builds run under `nice -n 19` so that they do not starve other work.
+# GOMODCACHE / GOCACHE are left at their defaults (~/go/pkg/mod, ~/.cache/go-build).
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-v1.33.13}"
+ETCD_VERSION="${ETCD_VERSION:-v3.5.35}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
+# The multicluster plugin's own go.mod requires coredns v1.11.4; keep that pairing.
+MC_COREDNS_VERSION="${MC_COREDNS_VERSION:-v1.11.4}"
+MULTICLUSTER_VERSION="${MULTICLUSTER_VERSION:-v0.0.0-20250326123025-edbcb64886f6}"
+MULTICLUSTER_SRC="${MULTICLUSTER_SRC:-}"
+
+CACHE="${CLUSTERSET_DNS_CACHE:-$HOME/.cache/clusterset-dns}"
+BIN="$CACHE/bin"
+SRC="$CACHE/src"
+
+GO="${GO:-go}"
+if ! command -v "$GO" >/dev/null 2>&1; then
+    if [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go; else
+        echo "k8s-bins: no go toolchain found (need go >= 1.24)" >&2; exit 1
+    fi
+fi
+
+export CGO_ENABLED=0
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+# Overrides any `go env -w GOFLAGS` value; -mod=mod is passed per build where needed.
+export GOFLAGS="-p=${K8S_BINS_JOBS:-2} -buildvcs=false"
+
+log() { printf '[%s] k8s-bins: %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+TIME_BIN=""
+if [ -x /usr/bin/time ] && /usr/bin/time -v true >/dev/null 2>&1; then TIME_BIN=/usr/bin/time; fi
+
+# run_timed NAME CMD...: run CMD (niced, output to stderr), log wall time and peak RSS.
+run_timed() {
+    local name="$1"; shift
+    local start=$SECONDS tf rc=0
+    tf="$(mktemp)"
+    if [ -n "$TIME_BIN" ]; then
+        nice -n 19 "$TIME_BIN" -v -o "$tf" "$@" >&2 || rc=$?
+    else
+        nice -n 19 "$@" >&2 || rc=$?
+    fi
+    local wall=$((SECONDS - start)) rss="?"
+    if [ -n "$TIME_BIN" ]; then
+        rss="$(awk -F': ' '/Maximum resident set size/ {printf "%d", $2/1024}' "$tf")"
+    fi
+    rm -f "$tf"
+    if [ "$rc" -ne 0 ]; then
+        log "building $name FAILED after ${wall}s (exit $rc)"
+        return "$rc"
+    fi
+    log "built $name in ${wall}s (peak RSS of one process: ${rss} MiB)"
+    printf '%s %s wall=%ss peak_rss=%sMiB go=%s\n' "$(date -u '+%Y-%m-%dT%H:%M:%SZ')" \
+        "$name" "$wall" "$rss" "$("$GO" env GOVERSION)" >>"$CACHE/build-times.log"
+}
+
+# install_bin TMPFILE FINALNAME LINKNAME: atomically move into place, point symlink.
+install_bin() {
+    chmod 0755 "$1"
+    mv -f "$1" "$BIN/$2"
+    ln -sfn "$2" "$BIN/$3"
+}
+
+# have FINALNAME LINKNAME: true if the versioned binary exists (re-points the symlink).
+have() {
+    if [ -x "$BIN/$1" ]; then
+        ln -sfn "$1" "$BIN/$2"
+        log "$2: $BIN/$1 present"
+        return 0
+    fi
+    return 1
+}
+
+mod_field() { # mod_field MODULE@VERSION FIELD  (from go mod download -json)
+    "$GO" mod download -json "$1" | sed -n "s/^[[:space:]]*\"$2\": \"\(.*\)\",\{0,1\}$/\1/p"
+}
+
+build_kube_apiserver() {
+    local v="$K8S_VERSION" name="kube-apiserver-$K8S_VERSION"
+    have "$name" kube-apiserver && return 0
+    [[ "$v" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.N.M, got $v"
+    local minor="${BASH_REMATCH[1]}" staging_v="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
+    log "building kube-apiserver $v (cold build takes ~25 min on 2 cores, ~1 min warm)..."
+    local dir="$SRC/kube-apiserver-$v"
+    mkdir -p "$dir"
+    local upstream_mod
+    upstream_mod="$(mod_field "k8s.io/kubernetes@$v" GoMod)"
+    [ -f "$upstream_mod" ] || die "cannot download k8s.io/kubernetes@$v"
+    # Same go/godebug lines as upstream's go.mod (dependency godebug lines are ignored).
+    local golang godebug
+    golang="$(awk '$1 == "go" {print $2; exit}' "$upstream_mod")"
+    godebug="$(awk '$1 == "godebug" && $2 ~ /^default=/ {print $2; exit}' "$upstream_mod")"
+    rm -f "$dir/go.mod" "$dir/go.sum"
+    (
+        cd "$dir"
+        "$GO" mod init local/k8sbins >/dev/null 2>&1
+        "$GO" mod edit -go="$golang" -require="k8s.io/kubernetes@$v"
+        if [ -n "$godebug" ]; then "$GO" mod edit -godebug="$godebug"; fi
+        # Every staging module upstream maps to ./staging/src (not part of the module
+        # zip) goes to its published tag instead.
+        local mods=() m
+        mapfile -t mods < <(awk '$2 == "=>" && $3 ~ /^\.\/staging\/src\/k8s\.io\// {print $1}' "$upstream_mod")
+        [ "${#mods[@]}" -gt 0 ] || die "no staging replace lines found in $upstream_mod"
+        local args=()
+        for m in "${mods[@]}"; do args+=("-replace=$m=$m@$staging_v"); done
+        "$GO" mod edit "${args[@]}"
+        log "kube-apiserver: wrapper module $dir (${#mods[@]} staging replaces at $staging_v)"
+        local ld="-s -w"
+        ld+=" -X k8s.io/component-base/version.gitVersion=$v"
+        ld+=" -X k8s.io/component-base/version.gitMajor=1"
+        ld+=" -X k8s.io/component-base/version.gitMinor=$minor"
+        ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
+        ld+=" -X k8s.io/component-base/version.buildDate=$(date -u '+%Y-%m-%dT%H:%M:%SZ')"
+        run_timed "kube-apiserver $v" "$GO" build -mod=mod -trimpath -ldflags "$ld" \
+            -o "$BIN/.$name.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+    )
+    install_bin "$BIN/.$name.tmp" "$name" kube-apiserver
+    "$BIN/kube-apiserver" --version >&2
+}
+
+build_etcd() {
+    local v="$ETCD_VERSION" name="etcd-$ETCD_VERSION"
+    have "$name" etcd && return 0
+    log "building etcd $v (cold build takes ~3 min on 2 cores)..."
+    local dir="$SRC/etcd-$v"
+    mkdir -p "$dir"
+    rm -f "$dir/go.mod" "$dir/go.sum"
+    (
+        cd "$dir"
+        "$GO" mod init local/etcdbin >/dev/null 2>&1
+        # server/v3's own replace lines (../api etc.) are ignored in a dependency; its
+        # require block pins the sibling modules at the same release.
+        "$GO" mod edit -require="go.etcd.io/etcd/server/v3@$v"
+        run_timed "etcd $v" "$GO" build -mod=mod -trimpath -ldflags "-s -w" \
+            -o "$BIN/.$name.tmp" go.etcd.io/etcd/server/v3
+    )
+    install_bin "$BIN/.$name.tmp" "$name" etcd
+    "$BIN/etcd" --version >&2
+}
+
+build_coredns() {
+    local v="$COREDNS_VERSION" name="coredns-$COREDNS_VERSION"
+    have "$name" coredns && return 0
+    log "building coredns $v with all stock plugins (cold build takes ~8 min on 2 cores)..."
+    local gobin
+    gobin="$(mktemp -d "$BIN/.gobin.XXXXXX")"
+    # go install pkg@version runs outside any module; -mod must not be set.
+    if ! GOBIN="$gobin" run_timed "coredns $v" "$GO" install -trimpath -ldflags "-s -w" \
+        "github.com/coredns/coredns@$v"; then
+        rm -rf "$gobin"; return 1
+    fi
+    mv -f "$gobin/coredns" "$BIN/.$name.tmp"
+    rm -rf "$gobin"
+    install_bin "$BIN/.$name.tmp" "$name" coredns
+    "$BIN/coredns" -version >&2
+}
+
+# Fetch the multicluster plugin source for a local replace (proxy fallback).
+multicluster_local_src() {
+    local dest="$1" commit="${MULTICLUSTER_VERSION##*-}"
+    [ -n "$MULTICLUSTER_SRC" ] || return 1
+    rm -rf "$dest"; mkdir -p "$dest"
+    if git --git-dir="$MULTICLUSTER_SRC" rev-parse --git-dir >/dev/null 2>&1; then
+        git --git-dir="$MULTICLUSTER_SRC" archive "$commit" | tar -x -C "$dest"
+    elif git -C "$MULTICLUSTER_SRC" rev-parse --git-dir >/dev/null 2>&1; then
+        git -C "$MULTICLUSTER_SRC" archive "$commit" | tar -x -C "$dest"
+    elif [ -f "$MULTICLUSTER_SRC/go.mod" ]; then
+        cp -a "$MULTICLUSTER_SRC/." "$dest/"
+    else
+        die "MULTICLUSTER_SRC=$MULTICLUSTER_SRC is neither a git repository nor a module directory"
+    fi
+    grep -q '^module github.com/coredns/multicluster$' "$dest/go.mod" \
+        || die "$MULTICLUSTER_SRC does not hold github.com/coredns/multicluster"
+}
+
+build_coredns_multicluster() {
+    local short="${MULTICLUSTER_VERSION##*-}"
+    local v="$MC_COREDNS_VERSION" name="coredns-multicluster-$MC_COREDNS_VERSION-${short:0:12}"
+    have "$name" coredns-multicluster && return 0
+    local dir="$SRC/coredns-multicluster-$v-${short:0:12}"
+    mkdir -p "$dir"
+    rm -f "$dir/go.mod" "$dir/go.sum"
+    # Prefer the module proxy; fall back to a local source tree.
+    local replace=""
+    if ! "$GO" mod download "github.com/coredns/multicluster@$MULTICLUSTER_VERSION" 2>/dev/null; then
+        if multicluster_local_src "$dir/multicluster-src"; then
+            replace="./multicluster-src"
+            log "coredns-multicluster: proxy lacks github.com/coredns/multicluster@$MULTICLUSTER_VERSION; using $MULTICLUSTER_SRC"
+        else
+            log "coredns-multicluster: the module proxy does not serve github.com/coredns/multicluster@$MULTICLUSTER_VERSION"
+            log "coredns-multicluster: set MULTICLUSTER_SRC to a git clone or source directory of the plugin"
+            return 2
+        fi
+    fi
+    log "building coredns-multicluster (coredns $v + multicluster ${short:0:12}) (cold build takes ~5 min on 2 cores)..."
+    cat >"$dir/main.go" <<'EOF'
+// Generated by scripts/k8s-bins.sh: CoreDNS with a trimmed plugin set plus the
+// external multicluster plugin (github.com/coredns/multicluster).
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/forward"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/metrics"
+	_ "github.com/coredns/coredns/plugin/ready"
+	_ "github.com/coredns/coredns/plugin/reload"
+	_ "github.com/coredns/coredns/plugin/whoami"
+	_ "github.com/coredns/multicluster"
+)
+
+// The multicluster README puts the directive right after "kubernetes".
+func init() {
+	d := make([]string, 0, len(dnsserver.Directives)+1)
+	found := false
+	for _, n := range dnsserver.Directives {
+		d = append(d, n)
+		if n == "kubernetes" {
+			d = append(d, "multicluster")
+			found = true
+		}
+	}
+	if !found {
+		panic("kubernetes directive not found in dnsserver.Directives")
+	}
+	dnsserver.Directives = d
+}
+
+func main() { coremain.Run() }
+EOF
+    (
+        cd "$dir"
+        "$GO" mod init local/corednsmc >/dev/null 2>&1
+        "$GO" mod edit -go=1.23.0 \
+            -require="github.com/coredns/coredns@$v" \
+            -require="github.com/coredns/multicluster@$MULTICLUSTER_VERSION"
+        if [ -n "$replace" ]; then
+            "$GO" mod edit -replace="github.com/coredns/multicluster=$replace"
+        fi
+        run_timed "coredns-multicluster $v+${short:0:12}" "$GO" build -mod=mod -trimpath \
+            -ldflags "-s -w" -o "$BIN/.$name.tmp" .
+    )
+    "$BIN/.$name.tmp" -plugins | grep -qx '  dns.multicluster' \
+        || die "built coredns-multicluster does not list dns.multicluster"
+    install_bin "$BIN/.$name.tmp" "$name" coredns-multicluster
+    "$BIN/coredns-multicluster" -version >&2
+}
+
+main() {
+    local targets=("$@") explicit=1
+    if [ "${#targets[@]}" -eq 0 ] || [ "${targets[*]}" = all ]; then
+        targets=(etcd kube-apiserver coredns coredns-multicluster); explicit=0
+    fi
+    for t in "${targets[@]}"; do
+        case "$t" in
+            kube-apiserver|etcd|coredns|coredns-multicluster) ;;
+            *) die "unknown target '$t' (kube-apiserver, etcd, coredns, coredns-multicluster, all)";;
+        esac
+    done
+    mkdir -p "$BIN" "$SRC"
+    # Serialise concurrent invocations (e.g. parallel test binaries) on one cache.
+    if command -v flock >/dev/null 2>&1; then
+        exec 9>"$CACHE/.lock"
+        flock 9
+    fi
+    local failed=0 rc
+    for t in "${targets[@]}"; do
+        # Subshell with errexit re-enabled: `f || rc=$?` would disable set -e inside f.
+        set +e
+        ( set -e; "build_${t//-/_}" )
+        rc=$?
+        set -e
+        if [ "$rc" -ne 0 ]; then
+            # Default "all": a missing multicluster source is a warning, not a failure.
+            if [ "$t" = coredns-multicluster ] && [ "$rc" -eq 2 ] && [ "$explicit" -eq 0 ]; then
+                log "WARNING: skipped coredns-multicluster"
+            else
+                failed=1
+            fi
+        fi
+    done
+    [ "$failed" -eq 0 ] || die "some builds failed"
+    echo "$BIN"
+}
+
+main "$@"

@@ -1,0 +1,94 @@
+//! The read path allocates nothing for common queries: a counting global
+//! allocator watches `Reader::load` + `wire::respond` for every query shape
+//! the UDP workers see most.
+// A test-only allocator wrapper needs `unsafe impl GlobalAlloc`; it only
+// counts and forwards to the system allocator.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use clusterset_dns::source::{SourceId, embedded};
+use clusterset_dns::store::{self, Update, ZoneConfig};
+use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond};
+use hickory_proto::op::{Edns, Message, Query};
+use hickory_proto::rr::{Name, RecordType};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call unchanged to `System`; the counter is a
+// const-initialised thread-local Cell, which itself never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn query(name: &str, rtype: RecordType, edns: bool) -> Vec<u8> {
+    let mut m = Message::query();
+    m.add_query(Query::query(Name::from_ascii(name).expect("name"), rtype));
+    if edns {
+        m.set_edns(Edns::new());
+    }
+    m.to_vec().expect("encode")
+}
+
+#[test]
+fn answering_common_queries_allocates_nothing() {
+    let (reader, mut writer) = store::new(ZoneConfig {
+        origin: Name::from_ascii("clusterset.local.").unwrap(),
+        ttl: 5,
+        negative_ttl: 5,
+        advertise: vec![],
+    });
+    writer.apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
+    writer.publish();
+    let cfg = WireConfig { max_udp_payload: 1232 };
+    let mut scratch = Scratch::default();
+    let mut out = Vec::with_capacity(65535);
+    let queries = [
+        query("web.shop.svc.clusterset.local.", RecordType::A, false),
+        query("api.shop.svc.clusterset.local.", RecordType::AAAA, true),
+        query("db.shop.svc.clusterset.local.", RecordType::A, true),
+        query("_postgres._tcp.db.shop.svc.clusterset.local.", RecordType::SRV, true),
+        query("db-0.cluster-a.db.shop.svc.clusterset.local.", RecordType::A, false),
+        query("nope.shop.svc.clusterset.local.", RecordType::A, false),
+        query("web.shop.svc.clusterset.local.", RecordType::MX, true),
+        query("shop.svc.clusterset.local.", RecordType::A, false),
+        query("example.com.", RecordType::A, false),
+        query("web.shop.svc.clusterset.local.", RecordType::ANY, false),
+    ];
+    for transport in [Transport::Udp, Transport::Tcp] {
+        for q in &queries {
+            // Warm up: the first load on a thread may register with arc-swap.
+            let snap = reader.load();
+            assert!(respond(&snap, q, transport, &cfg, &mut scratch, &mut out));
+            drop(snap);
+            let before = ALLOCATIONS.with(Cell::get);
+            for _ in 0..100 {
+                let snap = reader.load();
+                respond(&snap, q, transport, &cfg, &mut scratch, &mut out);
+            }
+            let allocated = ALLOCATIONS.with(Cell::get) - before;
+            assert_eq!(allocated, 0, "{transport:?} {:?}", Message::from_vec(q).unwrap().queries);
+        }
+    }
+}
