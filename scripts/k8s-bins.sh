@@ -273,7 +273,7 @@ EOF
         run_timed "coredns-multicluster $v+${short:0:12}" "$GO" build -mod=mod -trimpath \
             -ldflags "-s -w" -o "$BIN/.$name.tmp" .
     )
-    "$BIN/.$name.tmp" -plugins | grep -qx '  dns.multicluster' \
+    "$BIN/.$name.tmp" -plugins | grep -qE '^[[:space:]]*(dns\.)?multicluster$' \
         || die "built coredns-multicluster does not list dns.multicluster"
     install_bin "$BIN/.$name.tmp" "$name" coredns-multicluster
     "$BIN/coredns-multicluster" -version >&2
