@@ -1,10 +1,14 @@
 //! The UDP path: one SO_REUSEPORT socket and one OS thread per worker, each
-//! a blocking receive → answer → send loop. The kernel spreads clients over
-//! the sockets; workers share nothing but the snapshot pointer, and reuse
-//! their buffers, so a query takes no lock and allocates nothing.
+//! a blocking loop of receive a batch → answer each → send the batch
+//! (`mmsg`). The kernel spreads clients over the sockets; workers share
+//! nothing but the snapshot pointer and reuse their buffers, so a query
+//! takes no lock and allocates nothing.
+
+mod mmsg;
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -77,12 +81,19 @@ fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
 }
 
 fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBool) {
-    let mut packet = vec![0u8; 65535];
-    let mut out = Vec::with_capacity(65535);
+    use mmsg::{BATCH, MAX_QUERY, Peer};
+    let fd = socket.as_raw_fd();
+    let mut queries = vec![[0u8; MAX_QUERY]; BATCH];
+    let mut lens = [0usize; BATCH];
+    let mut peers = [Peer::default(); BATCH];
+    // UDP responses never exceed --max-udp-payload (at most 4096 bytes), so
+    // these buffers are never grown.
+    let mut responses: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(MAX_QUERY)).collect();
+    let mut to = [Peer::default(); BATCH];
     let mut scratch = Scratch::default();
     while !stop.load(Ordering::Relaxed) {
-        let (len, peer) = match socket.recv_from(&mut packet) {
-            Ok(r) => r,
+        let n = match mmsg::recv(fd, &mut queries, &mut lens, &mut peers) {
+            Ok(n) => n,
             Err(e)
                 if matches!(
                     e.kind(),
@@ -98,11 +109,34 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBoo
                 continue;
             }
         };
-        let snap = reader.load();
-        if respond(&snap, &packet[..len], Transport::Udp, cfg, &mut scratch, &mut out)
-            && let Err(e) = socket.send_to(&out, peer)
+        let mut m = 0;
         {
-            debug!(error = %e, %peer, "UDP send failed");
+            let snap = reader.load();
+            for i in (0..n).filter(|&i| lens[i] > 0) {
+                if respond(
+                    &snap,
+                    &queries[i][..lens[i]],
+                    Transport::Udp,
+                    cfg,
+                    &mut scratch,
+                    &mut responses[m],
+                ) {
+                    to[m] = peers[i];
+                    m += 1;
+                }
+            }
+        }
+        let mut sent = 0;
+        while sent < m {
+            match mmsg::send(fd, &responses[sent..m], &to[sent..m]) {
+                Ok(0) => break,
+                Ok(k) => sent += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    debug!(error = %e, "UDP send failed; dropping that response");
+                    sent += 1;
+                }
+            }
         }
     }
     if let Ok(addr) = socket.local_addr() {
