@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the zone over UDP and TCP.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Read objects files and report what would be served, without serving.
     Check(CheckArgs),
 }
@@ -32,6 +32,22 @@ pub struct ServeArgs {
     /// forces a reload. Without any, the embedded example fleet is served.
     #[arg(long = "objects", value_name = "PATH")]
     pub objects: Vec<PathBuf>,
+    /// Watch a Kubernetes API server through this kubeconfig: ServiceImports
+    /// and MCS EndpointSlices. Combines with --objects.
+    #[arg(long, value_name = "PATH", conflicts_with = "in_cluster")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context of --kubeconfig to use (default: its current context).
+    #[arg(long, value_name = "NAME", requires = "kubeconfig")]
+    pub kube_context: Option<String>,
+    /// Watch the API server of the cluster this Pod runs in (its service account).
+    #[arg(long)]
+    pub in_cluster: bool,
+    /// Namespace to watch (repeatable); all namespaces when none is given.
+    #[arg(long = "namespace", value_name = "NS")]
+    pub namespaces: Vec<String>,
+    /// HTTP address for /health, /ready and /metrics.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9153")]
+    pub http_listen: SocketAddr,
     /// Address to answer on, UDP and TCP. Repeatable (e.g. one IPv4, one IPv6).
     /// Port 0 picks a free port (logged at start).
     #[arg(long = "listen", value_name = "ADDR:PORT", default_value = "127.0.0.1:1053")]

@@ -8,7 +8,8 @@ use std::time::Duration;
 use hickory_proto::rr::Name;
 
 use crate::cli::ServeArgs;
-use crate::model::ClusterId;
+use crate::model::{ClusterId, DnsLabel};
+use crate::source::kube::{Connection, KubeSource};
 use crate::store::ZoneConfig;
 use crate::wire::WireConfig;
 use crate::wire::tcp::TcpConfig;
@@ -35,8 +36,12 @@ const MAX_TTL: u32 = i32::MAX as u32;
 pub struct ServeConfig {
     /// Objects files and directories; empty means the embedded example.
     pub objects: Vec<PathBuf>,
+    /// The Kubernetes API server to watch, if any.
+    pub kube: Option<KubeSource>,
     /// Addresses to answer on.
     pub listen: Vec<SocketAddr>,
+    /// Address of the HTTP endpoints.
+    pub http_listen: SocketAddr,
     /// The zone.
     pub zone: ZoneConfig,
     /// This server's cluster, when set.
@@ -88,9 +93,24 @@ impl ServeConfig {
         if a.tcp_idle_timeout == 0 {
             return Err(bad("--tcp-idle-timeout", "must be at least 1 second"));
         }
+        let connection = match (&a.kubeconfig, a.in_cluster) {
+            (Some(path), _) => {
+                Some(Connection::Kubeconfig { path: path.clone(), context: a.kube_context.clone() })
+            }
+            (None, true) => Some(Connection::InCluster),
+            (None, false) => None,
+        };
+        if connection.is_none() && !a.namespaces.is_empty() {
+            return Err(bad("--namespace", "needs --kubeconfig or --in-cluster"));
+        }
+        for ns in &a.namespaces {
+            DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
+        }
         Ok(Self {
             objects: a.objects.clone(),
+            kube: connection.map(|connection| KubeSource { connection, namespaces: a.namespaces.clone() }),
             listen: a.listen.clone(),
+            http_listen: a.http_listen,
             zone: ZoneConfig {
                 origin: origin.to_lowercase(),
                 ttl: a.ttl,
@@ -138,6 +158,8 @@ mod tests {
         assert_eq!(config(&["--cluster-id", "bad_id"]).unwrap_err().flag, "--cluster-id");
         assert_eq!(config(&["--max-udp-payload", "100"]).unwrap_err().flag, "--max-udp-payload");
         assert_eq!(config(&["--udp-workers", "0"]).unwrap_err().flag, "--udp-workers");
+        assert_eq!(config(&["--namespace", "shop"]).unwrap_err().flag, "--namespace");
+        assert_eq!(config(&["--in-cluster", "--namespace", "Not_OK"]).unwrap_err().flag, "--namespace");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod model;
+pub mod ops;
 pub mod serve;
 pub mod source;
 pub mod store;

@@ -10,9 +10,10 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::config::ServeConfig;
+use crate::ops::{http, metrics::Metrics};
 use crate::source::files::{self, FileSource, LoadError};
 use crate::source::objects::ParseError;
-use crate::source::{SourceId, embedded};
+use crate::source::{SourceId, embedded, kube};
 use crate::store::{self, Reader, Update, Writer};
 use crate::wire::{tcp, udp};
 
@@ -25,6 +26,12 @@ pub enum StartError {
     /// The embedded example does not parse (a build defect).
     #[error("embedded example: {0}")]
     Embedded(#[from] ParseError),
+    /// No client for the Kubernetes API server could be made.
+    #[error("{0}")]
+    Kube(#[from] kube::ClientError),
+    /// The metrics could not be registered (a build defect).
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
     /// A listen address could not be bound.
     #[error("--listen {addr}: {source}")]
     Bind {
@@ -44,6 +51,8 @@ const PORT_ATTEMPTS: usize = 16;
 pub struct Running {
     /// The bound addresses (UDP and TCP each), ports resolved.
     pub addrs: Vec<SocketAddr>,
+    /// The bound HTTP address.
+    pub http_addr: SocketAddr,
     /// Read access to the store.
     pub reader: Reader,
     reload: Arc<Notify>,
@@ -76,7 +85,8 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
     let reload = Arc::new(Notify::new());
     let mut tasks = Vec::new();
 
-    if cfg.objects.is_empty() {
+    let mut healths = Vec::new();
+    if cfg.objects.is_empty() && cfg.kube.is_none() {
         let parsed = embedded::parse()?;
         info!(
             objects = parsed.objects.len(),
@@ -93,8 +103,29 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         }
         tasks.push(tokio::spawn(files::watch(sources, tx.clone(), reload.clone())));
     }
+    if let Some(src) = &cfg.kube {
+        let client = kube::client(&src.connection).await?;
+        let first = cfg.objects.len() as u32 + 1;
+        for watch in kube::plan(src, first) {
+            // Registered before the first publish: not ready until it lists.
+            writer.apply(Update::Register(watch.source));
+            healths.push(watch.health.clone());
+            tasks.push(tokio::spawn(kube::run(watch, client.clone(), tx.clone())));
+        }
+    }
+    let metrics = Arc::new(Metrics::new(healths)?);
+    let started = std::time::Instant::now();
     writer.publish();
-    tasks.push(tokio::spawn(write_loop(writer, rx)));
+    metrics.published(&reader.load(), started.elapsed());
+    tasks.push(tokio::spawn(write_loop(writer, rx, reader.clone(), metrics.clone())));
+
+    let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
+        .await
+        .map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
+    let http_addr =
+        http_listener.local_addr().map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
+    tasks.push(tokio::spawn(http::serve(http_listener, reader.clone(), metrics)));
+    info!(addr = %http_addr, "HTTP /health /ready /metrics");
 
     let mut addrs = Vec::new();
     let mut udp = Vec::new();
@@ -106,7 +137,7 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         addrs.push(bound);
         info!(addr = %bound, zone = %cfg.zone.origin, udp_workers = cfg.udp_workers, "listening on UDP and TCP");
     }
-    Ok(Running { addrs, reader, reload, udp, tasks })
+    Ok(Running { addrs, http_addr, reader, reload, udp, tasks })
 }
 
 /// Binds UDP workers and a TCP listener on the same address. With port 0,
@@ -136,13 +167,27 @@ async fn bind_pair(
 
 /// The writer task: applies updates in batches and publishes once per batch,
 /// so a burst of changes costs one snapshot.
-async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Update>) {
+async fn write_loop(
+    mut writer: Writer,
+    mut rx: mpsc::Receiver<Update>,
+    reader: Reader,
+    metrics: Arc<Metrics>,
+) {
+    let mut was_ready = reader.load().is_ready();
     while let Some(update) = rx.recv().await {
+        let started = std::time::Instant::now();
         writer.apply(update);
         while let Ok(more) = rx.try_recv() {
             writer.apply(more);
         }
-        writer.publish();
+        if writer.publish() > 0 || writer.is_ready() != was_ready {
+            let snap = reader.load();
+            metrics.published(&snap, started.elapsed());
+            if snap.is_ready() && !was_ready {
+                info!(services = snap.service_count(), "every source synced: ready");
+            }
+            was_ready = snap.is_ready();
+        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod crd;
 pub mod embedded;
 pub mod files;
+pub mod kube;
 pub mod objects;
 
 /// Identifies one source of objects (one `--objects` path, one watch). The

@@ -21,7 +21,7 @@ pub struct Served {
 impl Served {
     pub fn start(args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--udp-workers", "1"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--udp-workers", "1"])
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -34,7 +34,9 @@ impl Served {
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next()) {
+                if line.contains("listening on UDP and TCP")
+                    && let Some(addr) = line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next())
+                {
                     let _ = tx.send(addr.parse::<SocketAddr>().ok());
                 }
                 sink.lock().expect("log lock").push_str(&(line + "\n"));
@@ -181,7 +183,7 @@ fn sighup_forces_a_reload() {
     write(&file, "kind: [broken");
     // A broken file at start is a start-up error, not a silent empty zone.
     let out = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--objects"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--objects"])
         .arg(&file)
         .output()
         .expect("run");
@@ -220,7 +222,15 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
         assert!(err.contains(&format!("invalid configuration: {flag}:")), "{err}");
     }
     let out = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--objects", "/nonexistent/x.yaml"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--objects",
+            "/nonexistent/x.yaml",
+        ])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(1));

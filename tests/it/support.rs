@@ -40,6 +40,8 @@ impl TestServer {
             "serve",
             "--listen",
             "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
             "--udp-workers",
             "1",
             "--objects",
@@ -52,7 +54,19 @@ impl TestServer {
     /// Serves the embedded example fleet.
     pub fn embedded() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_argv(&["clusterset-dns", "serve", "--listen", "127.0.0.1:0", "--udp-workers", "1"], dir)
+        Self::start_argv(
+            &[
+                "clusterset-dns",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--udp-workers",
+                "1",
+            ],
+            dir,
+        )
     }
 
     fn start_argv(argv: &[&str], dir: tempfile::TempDir) -> Self {

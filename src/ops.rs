@@ -1,0 +1,6 @@
+//! Operating the server: HTTP `/health`, `/ready` and `/metrics`, and the
+//! metrics themselves. Reads the store and the sources' health; never
+//! touches the answer path.
+
+pub mod http;
+pub mod metrics;
