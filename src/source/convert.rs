@@ -186,12 +186,14 @@ fn port(
         None | Some("") => None,
         Some(n) => Some(cx.label(&format!("{field}.name"), n)?),
     };
-    let protocol = match protocol {
-        // The CRD has no default; the Service API's default is TCP.
+    // The ServiceImport CRD has no enum for the protocol (the API server
+    // accepts "tcp") and no default: the Service API's default is TCP.
+    let protocol = match protocol.map(str::to_ascii_uppercase).as_deref() {
         None | Some("") | Some("TCP") => Protocol::Tcp,
         Some("UDP") => Protocol::Udp,
         Some("SCTP") => Protocol::Sctp,
-        Some(other) => {
+        Some(_) => {
+            let other = protocol.unwrap_or_default();
             return Err(cx.err(format!("{field}.protocol"), format!("{other:?} is not TCP, UDP or SCTP")));
         }
     };
@@ -231,6 +233,12 @@ endpoints:
 ";
 
     #[test]
+    fn import_protocols_are_read_in_any_case() {
+        let i = import("metadata: {name: web, namespace: shop}\nspec: {type: Headless, ports: [{port: 53, protocol: udp}]}").unwrap();
+        assert_eq!(i.ports[0].protocol, Protocol::Udp);
+    }
+
+    #[test]
     fn import_with_omitted_protocol_means_tcp() {
         let i = import("metadata: {name: web, namespace: shop}\nspec: {type: ClusterSetIP, ips: [10.0.0.1], ports: [{name: http, port: 80}]}").unwrap();
         assert_eq!(i.kind, ImportType::ClusterSetIp);
@@ -258,6 +266,11 @@ endpoints:
         assert_eq!(e.field, "metadata.name");
         let e = import("metadata: {name: web, namespace: shop}\nspec: {type: LoadBalancer}").unwrap_err();
         assert_eq!(e.field, "spec.type");
+        // Valid for the API server, but there is nothing to answer.
+        let e = import("metadata: {name: web, namespace: shop}").unwrap_err();
+        assert_eq!(e.field, "spec.type");
+        let e = import("metadata: {name: web, namespace: shop}\nspec: {type: Headless, ports: [{port: 1, protocol: QUIC}]}").unwrap_err();
+        assert_eq!(e.field, "spec.ports[0].protocol");
     }
 
     #[test]

@@ -19,7 +19,9 @@ pub struct ServiceImport {
     /// Standard object metadata.
     #[serde(default)]
     pub metadata: ObjectMeta,
-    /// The spec.
+    /// The spec. Optional in the CRD; without one the import is skipped by
+    /// name (it has no type), not a reason to reject a whole file or list.
+    #[serde(default)]
     pub spec: ServiceImportSpec,
 }
 
@@ -28,7 +30,7 @@ pub struct ServiceImport {
 #[serde(rename_all = "camelCase")]
 pub struct ServiceImportSpec {
     /// `ClusterSetIP` or `Headless`.
-    #[serde(rename = "type")]
+    #[serde(rename = "type", default)]
     pub type_: String,
     /// Clusterset VIPs, at most one per family.
     #[serde(default)]

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Config};
 use tokio::sync::mpsc;
@@ -33,8 +32,10 @@ use crate::store::{ObjectId, Update};
 
 /// How a failing watch is reported again while it stays down.
 const STALE_LOG_EVERY: Duration = Duration::from_secs(30);
-/// Upper bound of the wait between attempts to find the ServiceImport API.
-const DISCOVERY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// First wait after a watch error; doubled per failure up to the maximum.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+/// Upper bound of the wait between attempts (watch or API discovery).
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Where to reach the API server.
 #[derive(Debug, Clone)]
@@ -174,34 +175,69 @@ pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
 }
 
 /// Runs one watch forever, sending its updates to the store.
+///
+/// After any watch error the watcher is started afresh (after a backoff), so
+/// recovery always goes through a complete list: that list replaces the
+/// source's state (what was deleted meanwhile disappears) and is the proof
+/// that the data is current again. Re-watching from the last resource
+/// version would give no such proof: a quiet watch delivers no event.
 pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
     let mut reporter = Reporter { health: watch.health.clone(), last_log: None };
-    match watch.kind {
-        Kind::EndpointSlice => {
-            let api: Api<EndpointSlice> = match &watch.namespace {
-                Some(ns) => Api::namespaced(client, ns),
-                None => Api::all(client),
-            };
-            let cfg = watcher::Config::default().labels(LABEL_SERVICE_NAME);
-            let stream = watcher::watcher(api, cfg).default_backoff();
-            pump(stream, watch.source, &mut reporter, &updates, slice_object, slice_id).await;
-        }
-        Kind::ServiceImport => {
-            let resource = discover_service_import(&client, &mut reporter).await;
-            let api: Api<DynamicObject> = match &watch.namespace {
-                Some(ns) => Api::namespaced_with(client, ns, &resource),
-                None => Api::all_with(client, &resource),
-            };
-            let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-            pump(stream, watch.source, &mut reporter, &updates, import_object, import_id).await;
+    let mut backoff = BACKOFF_MIN;
+    let resource = match watch.kind {
+        Kind::ServiceImport => Some(discover_service_import(&client, &mut reporter).await),
+        Kind::EndpointSlice => None,
+    };
+    loop {
+        let end = match &resource {
+            None => {
+                let api: Api<EndpointSlice> = match &watch.namespace {
+                    Some(ns) => Api::namespaced(client.clone(), ns),
+                    None => Api::all(client.clone()),
+                };
+                let cfg = watcher::Config::default().labels(LABEL_SERVICE_NAME);
+                pump(
+                    watcher::watcher(api, cfg),
+                    watch.source,
+                    &mut reporter,
+                    &updates,
+                    slice_object,
+                    slice_id,
+                )
+                .await
+            }
+            Some(resource) => {
+                let api: Api<DynamicObject> = match &watch.namespace {
+                    Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+                    None => Api::all_with(client.clone(), resource),
+                };
+                let stream = watcher::watcher(api, watcher::Config::default());
+                pump(stream, watch.source, &mut reporter, &updates, import_object, import_id).await
+            }
+        };
+        match end {
+            End::StoreGone => return,
+            End::Failed { listed } => {
+                if listed {
+                    backoff = BACKOFF_MIN;
+                }
+                tokio::time::sleep(jitter(backoff)).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
         }
     }
+}
+
+/// `d` plus up to 20 %, so that many servers do not retry in lockstep.
+fn jitter(d: Duration) -> Duration {
+    let spread = SystemTime::now().duration_since(UNIX_EPOCH).map(|t| t.subsec_nanos()).unwrap_or(0) % 200;
+    d + d * spread / 1000
 }
 
 /// Finds the newest served ServiceImport version, retrying (and reporting)
 /// until the CRD is installed.
 async fn discover_service_import(client: &Client, reporter: &mut Reporter) -> ApiResource {
-    let mut wait = Duration::from_secs(1);
+    let mut wait = BACKOFF_MIN;
     loop {
         let mut last_error = String::new();
         for version in MCS_VERSIONS {
@@ -223,8 +259,8 @@ async fn discover_service_import(client: &Client, reporter: &mut Reporter) -> Ap
             }
         }
         reporter.failed(&format!("ServiceImport API not found (is the CRD installed?): {last_error}"));
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(DISCOVERY_BACKOFF_MAX);
+        tokio::time::sleep(jitter(wait)).await;
+        wait = (wait * 2).min(BACKOFF_MAX);
     }
 }
 
@@ -264,7 +300,15 @@ impl Reporter {
     }
 }
 
-/// Turns watch events into store updates.
+/// Why a watcher stream was left.
+enum End {
+    /// The store's channel closed: the server is shutting down.
+    StoreGone,
+    /// The watch failed; `listed` when it had completed a list first.
+    Failed { listed: bool },
+}
+
+/// Turns watch events into store updates until the watch fails.
 async fn pump<K, S>(
     stream: S,
     source: SourceId,
@@ -272,12 +316,13 @@ async fn pump<K, S>(
     updates: &mpsc::Sender<Update>,
     object: fn(&K) -> Result<Option<Object>, String>,
     id: fn(&K) -> Option<ObjectId>,
-) where
+) -> End
+where
     S: Stream<Item = Result<Event<K>, watcher::Error>>,
 {
     let mut stream = std::pin::pin!(stream);
     let mut buffer: Vec<Object> = Vec::new();
-    let mut synced_once = false;
+    let mut listed = false;
     let convert = |k: &K| match object(k) {
         Ok(o) => o,
         Err(e) => {
@@ -289,10 +334,9 @@ async fn pump<K, S>(
         let update = match event {
             Err(e) => {
                 reporter.failed(&e.to_string());
-                continue;
+                return End::Failed { listed };
             }
             Ok(Event::Init) => {
-                reporter.ok();
                 buffer.clear();
                 continue;
             }
@@ -301,28 +345,32 @@ async fn pump<K, S>(
                 continue;
             }
             Ok(Event::InitDone) => {
-                reporter.ok();
                 let objects = std::mem::take(&mut buffer);
-                info!(watch = %reporter.health.name, objects = objects.len(), relist = synced_once, "watch listed");
-                synced_once = true;
+                info!(watch = %reporter.health.name, objects = objects.len(), "watch listed");
+                listed = true;
                 Update::Replace { source, objects }
             }
             Ok(Event::Apply(k)) => {
-                reporter.ok();
                 // An object that became invalid keeps its last good state.
                 let Some(object) = convert(&k) else { continue };
                 Update::Upsert { source, object }
             }
             Ok(Event::Delete(k)) => {
-                reporter.ok();
                 let Some(id) = id(&k) else { continue };
                 Update::Remove { source, id }
             }
         };
+        let replaced = matches!(update, Update::Replace { .. });
         if updates.send(update).await.is_err() {
-            return; // the store is gone: shutting down
+            return End::StoreGone;
+        }
+        if replaced {
+            // Current again only once the complete list is in the store.
+            reporter.ok();
         }
     }
+    // A watcher stream does not end by itself; treat it as a failure.
+    End::Failed { listed }
 }
 
 fn slice_object(s: &EndpointSlice) -> Result<Option<Object>, String> {
