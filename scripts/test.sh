@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test of clusterset-dns on a fresh Debian machine, installing
 # what the tests need first: formatting and lint gates, unit tests, the
-# over-the-wire suite (real sockets, real `dig` and `nslookup`), and a
-# bounded fuzzing run of the query path.
+# over-the-wire suite (real sockets, real `dig` and `nslookup`), the
+# Kubernetes suite against real kube-apiservers and etcd (built from the Go
+# module proxy with the machine's Go, cached under ~/.cache/clusterset-dns),
+# and a bounded fuzzing run of the query path.
 #
 # usage: scripts/test.sh            everything
 #        FUZZ_SECONDS=0 scripts/test.sh   skip the fuzzing run (local use only;
@@ -18,6 +20,10 @@ need_apt=()
 command -v dig >/dev/null || need_apt+=(bind9-dnsutils)
 command -v nslookup >/dev/null || need_apt+=(bind9-dnsutils)
 command -v cc >/dev/null || need_apt+=(build-essential)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v ss >/dev/null || need_apt+=(iproute2)
+command -v flock >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
   echo "installing ${need_apt[*]} (Debian packages)"
@@ -30,6 +36,14 @@ if ! command -v cargo >/dev/null; then
 fi
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 cargo --version; dig -v 2>&1 | head -1
+# The cluster tests need Go (to build kube-apiserver and etcd) and kubectl;
+# both come with this project's machine image. Missing means failing, not skipping.
+command -v go >/dev/null || { echo "go not found: the Kubernetes tests build kube-apiserver and etcd with it" >&2; exit 1; }
+command -v kubectl >/dev/null || { echo "kubectl not found: the Kubernetes tests install CRDs with it" >&2; exit 1; }
+go version; kubectl version --client 2>/dev/null | head -1
+
+say "real Kubernetes components (a cold build takes ~5-10 min, then cached)"
+scripts/k8s-bins.sh etcd kube-apiserver
 
 say "format and lints"
 cargo fmt --check
