@@ -23,7 +23,7 @@ command -v cc >/dev/null || need_apt+=(build-essential)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v ss >/dev/null || need_apt+=(iproute2)
-command -v flock >/dev/null || need_apt+=(util-linux)
+command -v flock >/dev/null && command -v setpriv >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
   echo "installing ${need_apt[*]} (Debian packages)"

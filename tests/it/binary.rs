@@ -15,6 +15,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
 pub struct Served {
     child: Child,
     pub addr: SocketAddr,
+    pub http: SocketAddr,
     log: Arc<Mutex<String>>,
 }
 
@@ -34,17 +35,28 @@ impl Served {
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("listening on UDP and TCP")
-                    && let Some(addr) = line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next())
-                {
-                    let _ = tx.send(addr.parse::<SocketAddr>().ok());
+                let addr = line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next());
+                let addr = addr.and_then(|a| a.parse::<SocketAddr>().ok());
+                if line.contains("HTTP /health") {
+                    let _ = tx.send(("http", addr));
+                } else if line.contains("listening on UDP and TCP") {
+                    let _ = tx.send(("dns", addr));
                 }
                 sink.lock().expect("log lock").push_str(&(line + "\n"));
             }
         });
-        let addr = rx.recv_timeout(Duration::from_secs(20)).ok().flatten();
-        let addr = addr.unwrap_or_else(|| panic!("server did not start:\n{}", log.lock().expect("log lock")));
-        Self { child, addr, log }
+        let (mut addr, mut http) = (None, None);
+        while addr.is_none() {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(("http", a)) => http = a,
+                Ok((_, a)) => addr = a,
+                Err(_) => panic!("server did not start:\n{}", log.lock().expect("log lock")),
+            }
+        }
+        let (Some(addr), Some(http)) = (addr, http) else {
+            panic!("no addresses logged:\n{}", log.lock().expect("log lock"))
+        };
+        Self { child, addr, http, log }
     }
 
     pub fn log(&self) -> String {
@@ -71,6 +83,19 @@ impl Served {
         assert!(ok.success());
     }
 
+    /// `GET path` on the HTTP endpoint: (status code, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.http).expect("connect HTTP");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        (status, body)
+    }
+
     /// `dig` with extra arguments; returns its short output.
     pub fn dig(&self, args: &[&str]) -> String {
         dig(self.addr, args)
@@ -95,7 +120,7 @@ pub fn dig(addr: SocketAddr, args: &[&str]) -> String {
 }
 
 /// Polls until `f` is true (a bounded wait for asynchronous reloads).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+pub(crate) fn eventually(what: &str, mut f: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(5) {
         if f() {

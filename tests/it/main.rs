@@ -7,6 +7,9 @@ mod support;
 
 mod binary;
 mod client;
+mod cluster;
 mod conformance;
 mod contract;
+mod harness_smoke;
 mod readiness;
+mod watch;

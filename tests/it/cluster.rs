@@ -1,0 +1,360 @@
+//! Real Kubernetes clusters for tests: independent control planes (one etcd
+//! and one kube-apiserver each) on loopback, with RBAC, token auth, the MCS
+//! CRDs and the serve RBAC installed. A thin wrapper over
+//! `scripts/clusters.sh up N DIR`, which supervises the processes (see the
+//! script's header).
+//!
+//! There are no kubelets and no controller-manager: nothing runs pods and a
+//! deleted namespace stays `Terminating`. Use a fresh namespace per test.
+//!
+//! Indices are 0-based here: index `i` is the script's cluster `i + 1`,
+//! named `cluster-{i+1}`.
+
+// The harness offers more than today's tests use (`shared`, `server`, …).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// A cold build of etcd and kube-apiserver (first run on a fresh machine).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+/// From built binaries to `READY`: ~8 s for one cluster, ~20 s for three on 2 cores.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long `Drop` waits for the supervisor before killing its process group.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The script's stderr kept for failure messages.
+const LOG_LIMIT: usize = 256 * 1024;
+
+/// A process of one cluster's control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    /// The cluster's etcd (its data survives a stop).
+    Etcd,
+    /// The cluster's kube-apiserver.
+    ApiServer,
+}
+
+impl Component {
+    fn arg(self) -> &'static str {
+        match self {
+            Self::Etcd => "etcd",
+            Self::ApiServer => "apiserver",
+        }
+    }
+}
+
+/// One cluster as `DIR/state` describes it.
+#[derive(Debug)]
+struct Cluster {
+    name: String,
+    apiserver_port: u16,
+}
+
+/// N running clusters; stopped (every process, and their directory removed)
+/// when dropped.
+pub struct TestClusters {
+    dir: PathBuf,
+    clusters: Vec<Cluster>,
+    supervisor: Supervisor,
+}
+
+impl TestClusters {
+    /// Starts `n` clusters and waits until they serve, with the MCS CRDs
+    /// established and `deploy/serve/rbac.yaml` applied. Builds etcd and
+    /// kube-apiserver first if they are not cached (minutes). Panics, with
+    /// the script's output, if anything fails: never skips.
+    ///
+    /// `CLUSTERS_KEEP_DIR=1` keeps the directory (logs, kubeconfigs) after
+    /// the clusters have stopped.
+    pub fn start(n: usize) -> Self {
+        assert!(n > 0, "TestClusters::start(0)");
+        let dir = tempfile::Builder::new()
+            .prefix("clusterset-dns-clusters.")
+            .tempdir()
+            .expect("create a temporary directory for the clusters")
+            .keep();
+        let remove = if std::env::var_os("CLUSTERS_KEEP_DIR").is_some_and(|v| v == "1") { "0" } else { "1" };
+        let started = Instant::now();
+        let child = Command::new(script())
+            .arg("up")
+            .arg(n.to_string())
+            .arg(&dir)
+            .env("CLUSTERS_PARENT_PID", std::process::id().to_string())
+            .env("CLUSTERS_REMOVE_DIR", remove)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group: the last resort of `Drop` kills all of it.
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
+        let mut supervisor = Supervisor::new(child);
+        supervisor.wait_for("BINARIES", BUILD_TIMEOUT);
+        supervisor.wait_for("READY", READY_TIMEOUT);
+        let clusters = read_state(&dir);
+        assert_eq!(
+            clusters.len(),
+            n,
+            "{}/state lists {} clusters, expected {n}",
+            dir.display(),
+            clusters.len()
+        );
+        eprintln!(
+            "[clusters] {n} cluster(s) ready in {:.1}s under {}",
+            started.elapsed().as_secs_f64(),
+            dir.display()
+        );
+        Self { dir, clusters, supervisor }
+    }
+
+    /// How many clusters there are.
+    pub fn len(&self) -> usize {
+        self.clusters.len()
+    }
+
+    /// The clusters' directory (logs in `cluster-N/{etcd,apiserver}.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The name of cluster `i` (0-based): `cluster-{i+1}`; also its kubeconfig context.
+    pub fn name(&self, i: usize) -> &str {
+        &self.cluster(i).name
+    }
+
+    /// The API server URL of cluster `i`.
+    pub fn server(&self, i: usize) -> String {
+        format!("https://127.0.0.1:{}", self.cluster(i).apiserver_port)
+    }
+
+    /// Admin (`system:masters`) kubeconfig of cluster `i`.
+    pub fn kubeconfig(&self, i: usize) -> PathBuf {
+        self.cluster_dir(i).join("kubeconfig")
+    }
+
+    /// Kubeconfig of cluster `i` for ServiceAccount `clusterset-dns/clusterset-dns`,
+    /// which holds only ClusterRole `clusterset-dns-serve` (list/watch of
+    /// ServiceImports and EndpointSlices).
+    pub fn serve_kubeconfig(&self, i: usize) -> PathBuf {
+        self.cluster_dir(i).join("serve.kubeconfig")
+    }
+
+    /// One kubeconfig with every cluster as admin, contexts `cluster-1`..`cluster-N`.
+    pub fn kubeconfig_all(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// An admin client of cluster `i`.
+    pub async fn client(&self, i: usize) -> kube::Client {
+        client_from(&self.kubeconfig(i)).await
+    }
+
+    /// A client of cluster `i` as the serve ServiceAccount.
+    pub async fn serve_client(&self, i: usize) -> kube::Client {
+        client_from(&self.serve_kubeconfig(i)).await
+    }
+
+    /// Stops `component` of cluster `i` (SIGTERM; returns once it has exited).
+    pub fn stop(&self, i: usize, component: Component) {
+        self.control("stop", i, component);
+    }
+
+    /// Starts `component` of cluster `i` again, with the same ports and data;
+    /// returns once it serves (after etcd: once the API server serves again).
+    pub fn start_component(&self, i: usize, component: Component) {
+        self.control("start", i, component);
+    }
+
+    fn cluster(&self, i: usize) -> &Cluster {
+        self.clusters.get(i).unwrap_or_else(|| panic!("no cluster {i}: there are {}", self.clusters.len()))
+    }
+
+    fn cluster_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(&self.cluster(i).name)
+    }
+
+    fn control(&self, verb: &str, i: usize, component: Component) {
+        let name = &self.cluster(i).name;
+        let out = Command::new(script())
+            .args([verb, &self.dir.to_string_lossy(), &(i + 1).to_string(), component.arg()])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
+        assert!(
+            out.status.success(),
+            "clusters.sh {verb} {name} {}: {}\n{}\n--- supervisor ---\n{}",
+            component.arg(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            self.supervisor.log()
+        );
+    }
+}
+
+impl Drop for TestClusters {
+    fn drop(&mut self) {
+        self.supervisor.stop();
+    }
+}
+
+/// Three clusters shared by every test of this process, started on first
+/// use. For tests that do not stop components; each test works in its own
+/// namespaces. Statics are never dropped: the supervisor stops the clusters
+/// when this process exits (it polls for its parent every second).
+pub fn shared() -> &'static TestClusters {
+    static SHARED: OnceLock<TestClusters> = OnceLock::new();
+    SHARED.get_or_init(|| TestClusters::start(3))
+}
+
+/// `scripts/clusters.sh` of this repository.
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clusters.sh")
+}
+
+async fn client_from(path: &Path) -> kube::Client {
+    let kubeconfig =
+        Kubeconfig::read_from(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    kube::Client::try_from(config).unwrap_or_else(|e| panic!("client from {}: {e}", path.display()))
+}
+
+/// Parses `DIR/state`: one line per cluster, `key=value` words.
+fn read_state(dir: &Path) -> Vec<Cluster> {
+    let path = dir.join("state");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            let field = |key: &str| {
+                line.split_whitespace()
+                    .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+                    .unwrap_or_else(|| panic!("{}: no {key} in {line:?}", path.display()))
+            };
+            Cluster {
+                name: field("name").to_owned(),
+                apiserver_port: field("apiserver_port")
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{}: apiserver_port in {line:?}: {e}", path.display())),
+            }
+        })
+        .collect()
+}
+
+/// The `clusters.sh up` process, its stdout lines and its stderr.
+struct Supervisor {
+    child: Child,
+    /// Stdout lines; in a Mutex only so that `TestClusters` is `Sync` (`shared`).
+    lines: Mutex<mpsc::Receiver<String>>,
+    log: Arc<Mutex<String>>,
+    stopped: bool,
+}
+
+impl Supervisor {
+    fn new(mut child: Child) -> Self {
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = mpsc::channel();
+        // Both pipes are drained until the script exits, so it never blocks on
+        // (or dies of) a full or closed pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || drain_stderr(stderr, &sink));
+        Self { child, lines: Mutex::new(lines), log, stopped: false }
+    }
+
+    /// Waits for a stdout line starting with `word`; panics with the
+    /// script's output if it exits or times out first.
+    fn wait_for(&mut self, word: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let next = match self.lines.get_mut() {
+                Ok(lines) => lines.recv_timeout(left),
+                Err(poisoned) => poisoned.into_inner().recv_timeout(left),
+            };
+            match next {
+                Ok(line) if line.starts_with(word) => return,
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    self.stop();
+                    panic!("scripts/clusters.sh up: no {word} within {}s\n{}", timeout.as_secs(), self.log());
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                    self.stopped = true;
+                    // Let the stderr reader reach the end.
+                    std::thread::sleep(Duration::from_millis(200));
+                    panic!(
+                        "scripts/clusters.sh up failed ({status}) before {word}; etcd and kube-apiserver \
+                         come from scripts/k8s-bins.sh (Go toolchain and module proxy)\n{}",
+                        self.log()
+                    );
+                }
+            }
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().map(|log| log.clone()).unwrap_or_default()
+    }
+
+    /// SIGTERM, then up to `STOP_TIMEOUT` for the supervisor to stop what it
+    /// started; then SIGKILL to its whole process group.
+    fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        eprintln!(
+            "[clusters] supervisor {pid} still running after {}s: killing its process group",
+            STOP_TIMEOUT.as_secs()
+        );
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Copies the script's stderr into `sink` (bounded) and to this test's stderr.
+fn drain_stderr(stderr: impl Read, sink: &Mutex<String>) {
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        eprintln!("[clusters] {line}");
+        if let Ok(mut log) = sink.lock() {
+            if log.len() > LOG_LIMIT {
+                let cut = log.len() - LOG_LIMIT / 2;
+                let cut = (cut..log.len()).find(|&i| log.is_char_boundary(i)).unwrap_or(log.len());
+                log.drain(..cut);
+            }
+            log.push_str(&line);
+            log.push('\n');
+        }
+    }
+}

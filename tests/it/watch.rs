@@ -1,0 +1,362 @@
+//! The Kubernetes watch source against real kube-apiservers and etcd
+//! (`cluster.rs`): answers follow the API, the server is not ready and says
+//! SERVFAIL until the first list, outages of the API server, of etcd and of
+//! the network keep the last answers and converge afterwards, and bad
+//! objects are skipped by name. The server runs as the real binary under
+//! the least-privilege identity of `deploy/serve/rbac.yaml`.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::binary::{Served, eventually};
+use crate::cluster::{Component, TestClusters, shared};
+
+const MANAGER: &str = "clusterset-dns-tests";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime")
+}
+
+fn import_resource(version: &str) -> ApiResource {
+    ApiResource {
+        group: "multicluster.x-k8s.io".into(),
+        version: version.into(),
+        api_version: format!("multicluster.x-k8s.io/{version}"),
+        kind: "ServiceImport".into(),
+        plural: "serviceimports".into(),
+    }
+}
+
+/// Writes objects as a user would, with server-side apply.
+struct Kube {
+    client: kube::Client,
+    ns: String,
+}
+
+impl Kube {
+    async fn new(client: kube::Client, ns: &str) -> Self {
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        namespaces.patch(ns, &PatchParams::apply(MANAGER), &Patch::Apply(&body)).await.expect("namespace");
+        Self { client, ns: ns.to_owned() }
+    }
+
+    async fn import(&self, name: &str, spec: Value) {
+        self.import_as("v1beta1", name, spec).await;
+    }
+
+    async fn import_as(&self, version: &str, name: &str, spec: Value) {
+        let ar = import_resource(version);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &ar);
+        let body = json!({"apiVersion": ar.api_version, "kind": "ServiceImport",
+                          "metadata": {"name": name, "namespace": self.ns}, "spec": spec});
+        api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .expect("apply ServiceImport");
+    }
+
+    async fn delete_import(&self, name: &str) {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.ns, &import_resource("v1beta1"));
+        api.delete(name, &DeleteParams::default()).await.expect("delete ServiceImport");
+    }
+
+    /// An MCS EndpointSlice; `labels` overrides the MCS labels when given.
+    async fn slice(&self, name: &str, service: &str, cluster: &str, endpoints: Value, labels: Option<Value>) {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        let labels = labels.unwrap_or_else(|| {
+            json!({"multicluster.kubernetes.io/service-name": service,
+                   "multicluster.kubernetes.io/source-cluster": cluster})
+        });
+        let body = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": self.ns, "labels": labels},
+            "addressType": "IPv4", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+            "endpoints": endpoints});
+        api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .expect("apply EndpointSlice");
+    }
+
+    async fn delete_slice(&self, name: &str) {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        api.delete(name, &DeleteParams::default()).await.expect("delete EndpointSlice");
+    }
+}
+
+fn vip(ip: &str) -> Value {
+    json!({"type": "ClusterSetIP", "ips": [ip], "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
+}
+
+fn headless() -> Value {
+    json!({"type": "Headless", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
+}
+
+/// Sorted `dig +short` lines.
+fn short(s: &Served, name: &str, t: &str) -> Vec<String> {
+    let mut v: Vec<String> = s.dig(&[name, t, "+short"]).lines().map(str::to_owned).collect();
+    v.sort();
+    v
+}
+
+fn status(s: &Served, name: &str) -> String {
+    let out = s.dig(&[name, "A"]);
+    out.split("status: ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("no answer").to_owned()
+}
+
+fn serve(kubeconfig: &Path, ns: &str) -> Served {
+    Served::start(&["--kubeconfig", kubeconfig.to_str().expect("path"), "--namespace", ns])
+}
+
+fn wait_ready(s: &Served) {
+    eventually("ready", || s.get("/ready").0 == 200);
+}
+
+#[test]
+fn answers_follow_creates_updates_and_deletes_under_least_privilege() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "watch-crud";
+    let k = rt.block_on(async { Kube::new(clusters.client(0).await, ns).await });
+    rt.block_on(async {
+        k.import("web", vip("10.77.0.1")).await;
+        k.import("db", headless()).await;
+        k.slice(
+            "db-a",
+            "db",
+            "cluster-a",
+            json!([
+            {"addresses": ["10.78.0.1"], "hostname": "db-0"},
+            {"addresses": ["10.78.0.2"], "hostname": "db-1", "conditions": {"ready": true}}]),
+            None,
+        )
+        .await;
+    });
+    // The server's identity may only list and watch (deploy/serve/rbac.yaml).
+    let s = serve(&clusters.serve_kubeconfig(0), ns);
+    wait_ready(&s);
+    let web = format!("web.{ns}.svc.clusterset.local");
+    let db = format!("db.{ns}.svc.clusterset.local");
+    assert_eq!(short(&s, &web, "A"), ["10.77.0.1"]);
+    assert_eq!(short(&s, &db, "A"), ["10.78.0.1", "10.78.0.2"]);
+    assert_eq!(short(&s, &format!("db-1.cluster-a.{db}"), "A"), ["10.78.0.2"]);
+
+    rt.block_on(k.import("web", vip("10.77.0.2")));
+    let took = eventually("VIP change served", || short(&s, &web, "A") == ["10.77.0.2"]);
+    eprintln!("VIP change served after {took:?}");
+    rt.block_on(k.slice(
+        "db-a",
+        "db",
+        "cluster-a",
+        json!([
+        {"addresses": ["10.78.0.1"], "hostname": "db-0"},
+        {"addresses": ["10.78.0.2"], "hostname": "db-1", "conditions": {"ready": false}}]),
+        None,
+    ));
+    eventually("not-ready endpoint dropped", || short(&s, &db, "A") == ["10.78.0.1"]);
+    rt.block_on(k.delete_slice("db-a"));
+    eventually("headless without endpoints is NXDOMAIN", || status(&s, &db) == "NXDOMAIN");
+    rt.block_on(k.delete_import("web"));
+    eventually("deleted import is NXDOMAIN", || status(&s, &web) == "NXDOMAIN");
+    // A ServiceImport written as v1alpha1 is served too.
+    rt.block_on(k.import_as("v1alpha1", "legacy", vip("10.77.0.9")));
+    eventually("v1alpha1 import served", || {
+        short(&s, &format!("legacy.{ns}.svc.clusterset.local"), "A") == ["10.77.0.9"]
+    });
+}
+
+#[test]
+fn malformed_objects_are_skipped_by_name_and_the_watch_keeps_running() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "watch-bad";
+    let k = rt.block_on(async { Kube::new(clusters.client(1).await, ns).await });
+    rt.block_on(async {
+        k.import("bad-ip", vip("10.0.0.999")).await;
+        k.import("good", headless()).await;
+        k.slice("good-a", "good", "cluster-a", json!([{"addresses": ["10.79.0.1"]}]), None).await;
+        // No source-cluster label: not an MCS EndpointSlice we can name.
+        let labels = json!({"multicluster.kubernetes.io/service-name": "good"});
+        k.slice("good-unlabelled", "good", "", json!([{"addresses": ["10.79.0.2"]}]), Some(labels)).await;
+    });
+    let s = serve(&clusters.serve_kubeconfig(1), ns);
+    wait_ready(&s);
+    assert!(s.wait_log(&format!("ServiceImport {ns}/bad-ip: spec.ips[0]")), "{}", s.log());
+    assert!(
+        s.wait_log(&format!(
+            "EndpointSlice {ns}/good-unlabelled: metadata.labels[multicluster.kubernetes.io/source-cluster]"
+        )),
+        "{}",
+        s.log()
+    );
+    assert_eq!(short(&s, &format!("good.{ns}.svc.clusterset.local"), "A"), ["10.79.0.1"]);
+    assert_eq!(status(&s, &format!("bad-ip.{ns}.svc.clusterset.local")), "NXDOMAIN");
+    // The watch is still running.
+    rt.block_on(k.import("later", vip("10.79.1.1")));
+    eventually("later import served", || {
+        short(&s, &format!("later.{ns}.svc.clusterset.local"), "A") == ["10.79.1.1"]
+    });
+}
+
+#[test]
+fn unready_until_first_list_then_survives_apiserver_and_etcd_restarts() {
+    let clusters = TestClusters::start(1);
+    let rt = runtime();
+    let ns = "watch-restart";
+    let k = rt.block_on(async { Kube::new(clusters.client(0).await, ns).await });
+    rt.block_on(k.import("web", vip("10.80.0.1")));
+    let web = format!("web.{ns}.svc.clusterset.local");
+
+    // Before the first list: not ready, and "not found" is SERVFAIL.
+    clusters.stop(0, Component::ApiServer);
+    let s = serve(&clusters.serve_kubeconfig(0), ns);
+    assert_eq!(s.get("/ready").0, 503);
+    assert_eq!(s.get("/health").0, 200);
+    assert_eq!(status(&s, &web), "SERVFAIL");
+    assert_eq!(short(&s, "dns-version.clusterset.local", "TXT"), ["\"1.0.0\""]);
+    clusters.start_component(0, Component::ApiServer);
+    wait_ready(&s);
+    assert_eq!(short(&s, &web, "A"), ["10.80.0.1"]);
+    assert_eq!(status(&s, &format!("nope.{ns}.svc.clusterset.local")), "NXDOMAIN");
+
+    // API server down: the last answers stay, the staleness shows.
+    clusters.stop(0, Component::ApiServer);
+    eventually("staleness reported", || {
+        metric(&s, "clusterset_dns_watch_stale_seconds").is_some_and(|v| v > 0.0)
+    });
+    assert_eq!(short(&s, &web, "A"), ["10.80.0.1"]);
+    assert_eq!(s.get("/ready").0, 200, "still ready: serving last known data");
+    clusters.start_component(0, Component::ApiServer);
+    rt.block_on(k.import("web", vip("10.80.0.2")));
+    eventually("change after API server restart", || short(&s, &web, "A") == ["10.80.0.2"]);
+    eventually("staleness cleared", || metric(&s, "clusterset_dns_watch_stale_seconds") == Some(0.0));
+
+    // etcd down: same.
+    clusters.stop(0, Component::Etcd);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(short(&s, &web, "A"), ["10.80.0.2"]);
+    clusters.start_component(0, Component::Etcd);
+    rt.block_on(k.import("api", vip("10.80.0.3")));
+    eventually("change after etcd restart", || {
+        short(&s, &format!("api.{ns}.svc.clusterset.local"), "A") == ["10.80.0.3"]
+    });
+    assert!(s.log().contains("watch failing; serving the last known data"), "{}", s.log());
+    assert!(s.log().contains("watch recovered"), "{}", s.log());
+}
+
+/// The largest value of a metric family (any labels), if exported.
+fn metric(s: &Served, name: &str) -> Option<f64> {
+    let (_, body) = s.get("/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(f64::max)
+}
+
+#[test]
+fn a_partition_keeps_answers_and_objects_deleted_meanwhile_disappear() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "watch-partition";
+    let k = rt.block_on(async { Kube::new(clusters.client(2).await, ns).await });
+    rt.block_on(async {
+        k.import("a", vip("10.81.0.1")).await;
+        k.import("b", vip("10.81.0.2")).await;
+    });
+    let proxy = Proxy::start(clusters.server(2));
+    let kubeconfig = proxy.kubeconfig(&clusters.serve_kubeconfig(2), &clusters.server(2));
+    let s = serve(&kubeconfig, ns);
+    wait_ready(&s);
+    let (a, b) = (format!("a.{ns}.svc.clusterset.local"), format!("b.{ns}.svc.clusterset.local"));
+    assert_eq!(short(&s, &b, "A"), ["10.81.0.2"]);
+
+    proxy.cut();
+    rt.block_on(async {
+        k.delete_import("b").await;
+        k.import("a", vip("10.81.0.9")).await;
+    });
+    eventually("staleness reported", || {
+        metric(&s, "clusterset_dns_watch_stale_seconds").is_some_and(|v| v > 0.0)
+    });
+    assert_eq!(short(&s, &b, "A"), ["10.81.0.2"], "last known data while partitioned");
+    proxy.restore();
+    eventually("deleted while partitioned disappears", || status(&s, &b) == "NXDOMAIN");
+    eventually("changed while partitioned converges", || short(&s, &a, "A") == ["10.81.0.9"]);
+}
+
+/// A TCP forwarder to an API server that a test can cut (every connection
+/// closed, new ones refused) and restore: a network partition between the
+/// DNS server and its API server while the cluster itself keeps working.
+struct Proxy {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(server: String) -> Self {
+        let target: SocketAddr = server.trim_start_matches("https://").parse().expect("server address");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let cut = Arc::new(AtomicBool::new(false));
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (c, o) = (cut.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                if c.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(upstream) = TcpStream::connect(target) else { continue };
+                for s in [&client, &upstream] {
+                    if let Ok(s) = s.try_clone() {
+                        o.lock().expect("lock").push(s);
+                    }
+                }
+                for (mut from, mut to) in [
+                    (client.try_clone().expect("clone"), upstream.try_clone().expect("clone")),
+                    (upstream, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16384];
+                        while let Ok(n) = from.read(&mut buf) {
+                            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Self { addr, cut, open }
+    }
+
+    /// A copy of `kubeconfig` that reaches `server` through the proxy.
+    fn kubeconfig(&self, kubeconfig: &Path, server: &str) -> PathBuf {
+        let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
+        let path = kubeconfig.with_file_name(format!("proxied-{}.kubeconfig", self.addr.port()));
+        std::fs::write(&path, text.replace(server, &format!("https://{}", self.addr)))
+            .expect("write kubeconfig");
+        path
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for s in self.open.lock().expect("lock").drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
