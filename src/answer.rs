@@ -79,6 +79,8 @@ pub struct Answer<'s> {
     pub rcode: Rcode,
     /// AA: set on every answer from the zone, clear outside it.
     pub authoritative: bool,
+    /// The name is in the zone (for metrics: CoreDNS counts the rest as `dropped`).
+    pub in_zone: bool,
     /// Answer-section records.
     pub answer: Option<&'s Records>,
     /// Additional-section records.
@@ -91,7 +93,7 @@ pub struct Answer<'s> {
 impl Answer<'_> {
     /// An answer with no records and the given code.
     pub fn bare(rcode: Rcode, authoritative: bool) -> Self {
-        Self { rcode, authoritative, answer: None, additional: None, soa_owner: None }
+        Self { rcode, authoritative, in_zone: authoritative, answer: None, additional: None, soa_owner: None }
     }
 
     fn negative(rcode: Rcode, apex_offset: usize) -> Self {
@@ -126,7 +128,7 @@ pub fn lookup<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
         return Answer::bare(Rcode::Refused, false);
     }
     if q.qtype == rtype::AXFR || q.qtype == rtype::IXFR {
-        return Answer::bare(Rcode::Refused, false);
+        return Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) };
     }
     let label = |j: usize| {
         let s = starts[j] as usize;

@@ -15,6 +15,7 @@ use crate::source::files::{self, FileSource, LoadError};
 use crate::source::objects::ParseError;
 use crate::source::{SourceId, embedded, kube};
 use crate::store::{self, Reader, Update, Writer};
+use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
 
 /// Why the server could not start.
@@ -124,19 +125,23 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         .map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
     let http_addr =
         http_listener.local_addr().map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
-    tasks.push(tokio::spawn(http::serve(http_listener, reader.clone(), metrics)));
+    tasks.push(tokio::spawn(http::serve(http_listener, reader.clone(), metrics.clone())));
     info!(addr = %http_addr, "HTTP /health /ready /metrics");
 
     let mut addrs = Vec::new();
     let mut udp = Vec::new();
+    let mut servers = Vec::new();
     for &addr in &cfg.listen {
-        let (workers, listener) = bind_pair(addr, cfg, &reader).await?;
+        let stats = Arc::new(QueryStats::default());
+        let (workers, listener) = bind_pair(addr, cfg, &reader, &stats).await?;
         let bound = workers.local_addr;
-        tasks.push(tokio::spawn(tcp::serve(listener, reader.clone(), cfg.wire, cfg.tcp)));
+        servers.push((server_label(bound), stats.clone()));
+        tasks.push(tokio::spawn(tcp::serve(listener, reader.clone(), cfg.wire, cfg.tcp, stats)));
         udp.push(workers);
         addrs.push(bound);
         info!(addr = %bound, zone = %cfg.zone.origin, udp_workers = cfg.udp_workers, "listening on UDP and TCP");
     }
+    metrics.register_queries(cfg.zone.origin.to_string(), servers)?;
     Ok(Running { addrs, http_addr, reader, reload, udp, tasks })
 }
 
@@ -147,11 +152,13 @@ async fn bind_pair(
     addr: SocketAddr,
     cfg: &ServeConfig,
     reader: &Reader,
+    stats: &Arc<QueryStats>,
 ) -> Result<(udp::UdpWorkers, tokio::net::TcpListener), StartError> {
     let fail = |source| StartError::Bind { addr, source };
     let mut attempts = if addr.port() == 0 { PORT_ATTEMPTS } else { 1 };
     loop {
-        let workers = udp::start(addr, cfg.udp_workers, reader.clone(), cfg.wire).map_err(fail)?;
+        let workers =
+            udp::start(addr, cfg.udp_workers, reader.clone(), cfg.wire, stats.clone()).map_err(fail)?;
         match tcp::bind(workers.local_addr).await {
             Ok(listener) => return Ok((workers, listener)),
             Err(e) => {
@@ -163,6 +170,11 @@ async fn bind_pair(
             }
         }
     }
+}
+
+/// CoreDNS's `server` label: `dns://:53` when bound to every address.
+fn server_label(addr: SocketAddr) -> String {
+    if addr.ip().is_unspecified() { format!("dns://:{}", addr.port()) } else { format!("dns://{addr}") }
 }
 
 /// The writer task: applies updates in batches and publishes once per batch,

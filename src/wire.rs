@@ -9,6 +9,7 @@
 
 mod request;
 mod response;
+pub mod stats;
 pub mod tcp;
 pub mod udp;
 
@@ -16,6 +17,7 @@ pub use request::{ClientEdns, Request, parse};
 
 use crate::answer::{self, Answer, Question};
 use crate::store::Snapshot;
+use stats::Outcome;
 
 /// How the query arrived; decides the size limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,8 +49,8 @@ impl Default for Scratch {
 }
 
 /// Answers one DNS message. Writes the response into `out` (cleared first)
-/// and returns true, or returns false when the message gets no response at
-/// all (too short to hold a header, or itself a response).
+/// and says what it answered, or returns `None` when the message gets no
+/// response at all (too short to hold a header, or itself a response).
 pub fn respond(
     snap: &Snapshot,
     packet: &[u8],
@@ -56,11 +58,9 @@ pub fn respond(
     cfg: &WireConfig,
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
-) -> bool {
+) -> Option<Outcome> {
     out.clear();
-    let Some(req) = parse(packet, &mut scratch.slow) else {
-        return false;
-    };
+    let req = parse(packet, &mut scratch.slow)?;
     let limit = match (transport, req.edns) {
         (Transport::Tcp, _) => usize::from(u16::MAX),
         (Transport::Udp, None) => 512,
@@ -78,5 +78,10 @@ pub fn respond(
         }
     };
     response::write(out, &req, &answer, snap, cfg.max_udp_payload, limit);
-    true
+    Some(Outcome {
+        rcode: answer.rcode,
+        in_zone: answer.in_zone,
+        qtype: req.qtype,
+        dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
+    })
 }

@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     let mut scratch = Scratch::default();
     let mut out = Vec::new();
     for (transport, limit) in [(Transport::Udp, 1232), (Transport::Tcp, 65535)] {
-        if respond(&snap, data, transport, &cfg, &mut scratch, &mut out) {
+        if respond(&snap, data, transport, &cfg, &mut scratch, &mut out).is_some() {
             assert!(out.len() <= limit, "{} bytes over {transport:?}", out.len());
             let msg = Message::from_vec(&out).expect("the response decodes");
             assert_eq!(msg.metadata.id, u16::from_be_bytes([data[0], data[1]]));

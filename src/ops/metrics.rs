@@ -1,13 +1,20 @@
 //! Metrics, registered in a [`Registry`] owned by [`Metrics`] (no globals).
-//! Names follow Prometheus conventions under the `clusterset_dns_` prefix;
-//! the DNS request metrics with CoreDNS's names come with the query path's
-//! counters.
+//! Our own metrics follow Prometheus conventions under the
+//! `clusterset_dns_` prefix; the DNS request metrics keep CoreDNS's names
+//! and labels so existing dashboards work.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Bucket, Counter, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+use crate::wire::stats::{
+    self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES, ZONES,
 };
 
 use crate::source::kube::WatchHealth;
@@ -72,6 +79,16 @@ impl Metrics {
         })
     }
 
+    /// Exposes the query counters of each listener (`server` label, e.g.
+    /// `dns://:53`) under CoreDNS's metric names, for the zone `zone`.
+    pub fn register_queries(
+        &self,
+        zone: String,
+        servers: Vec<(String, Arc<QueryStats>)>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(Box::new(QueryCollector::new(zone, servers)?))
+    }
+
     /// Records a published snapshot and how long the batch took.
     pub fn published(&self, snap: &Snapshot, took: Duration) {
         self.services.set(snap.service_count() as i64);
@@ -91,5 +108,207 @@ impl Metrics {
         // Encoding into a Vec cannot fail for the text format.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// Reads [`QueryStats`] at scrape time into CoreDNS's metric families
+/// (names and labels of CoreDNS 1.14, `plugin/metrics/vars`).
+struct QueryCollector {
+    zone: String,
+    servers: Vec<(String, Arc<QueryStats>)>,
+    descs: Vec<Desc>,
+}
+
+const REQUESTS: &str = "coredns_dns_requests_total";
+const DO_REQUESTS: &str = "coredns_dns_do_requests_total";
+const RESPONSES: &str = "coredns_dns_responses_total";
+const DURATION: &str = "coredns_dns_request_duration_seconds";
+const REQUEST_SIZE: &str = "coredns_dns_request_size_bytes";
+const RESPONSE_SIZE: &str = "coredns_dns_response_size_bytes";
+
+/// (name, help, labels) of each family, as CoreDNS declares them.
+const FAMILIES_DECLARED: [(&str, &str, &[&str]); 6] = [
+    (
+        REQUESTS,
+        "Counter of DNS requests made per zone, protocol and family.",
+        &["server", "zone", "view", "proto", "family", "type"],
+    ),
+    (DO_REQUESTS, "Counter of DNS requests with DO bit set per zone.", &["server", "zone", "view"]),
+    (RESPONSES, "Counter of response status codes.", &["server", "zone", "view", "rcode", "plugin"]),
+    (DURATION, "Histogram of the time (in seconds) each request took.", &["server", "zone", "view"]),
+    (
+        REQUEST_SIZE,
+        "Size of the EDNS0 UDP buffer in bytes (64K for TCP).",
+        &["server", "zone", "view", "proto"],
+    ),
+    (RESPONSE_SIZE, "Size of the returned response in bytes.", &["server", "zone", "view", "proto"]),
+];
+
+/// The `plugin` label of responses: what wrote them.
+const PLUGIN: &str = "clusterset";
+
+impl QueryCollector {
+    fn new(zone: String, servers: Vec<(String, Arc<QueryStats>)>) -> Result<Self, prometheus::Error> {
+        let descs = FAMILIES_DECLARED
+            .iter()
+            .map(|(name, help, labels)| {
+                Desc::new(
+                    (*name).into(),
+                    (*help).into(),
+                    labels.iter().map(|l| (*l).to_owned()).collect(),
+                    Default::default(),
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { zone, servers, descs })
+    }
+
+    fn zone_label(&self, slot: usize) -> &str {
+        if slot == 0 { &self.zone } else { "dropped" }
+    }
+}
+
+/// Label pairs sorted by name, as Go's client (and so CoreDNS) writes them.
+fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
+    let mut pairs = pairs.to_vec();
+    pairs.sort_unstable_by_key(|(name, _)| *name);
+    pairs
+        .iter()
+        .map(|(n, v)| {
+            let mut l = LabelPair::default();
+            l.set_name((*n).to_owned());
+            l.set_value((*v).to_owned());
+            l
+        })
+        .collect()
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut f = MetricFamily::default();
+    f.set_name(name.to_owned());
+    f.set_help(help.to_owned());
+    f.set_field_type(kind);
+    f.set_metric(metrics);
+    f
+}
+
+fn counter(pairs: &[(&str, &str)], value: u64) -> Metric {
+    let mut c = Counter::default();
+    c.set_value(value as f64);
+    let mut m = Metric::default();
+    m.set_label(labels(pairs));
+    m.set_counter(c);
+    m
+}
+
+fn histogram(pairs: &[(&str, &str)], bounds: &[f64], counts: &[AtomicU64], sum: f64) -> Metric {
+    let mut cumulative = 0;
+    let buckets = bounds
+        .iter()
+        .zip(counts)
+        .map(|(bound, count)| {
+            cumulative += count.load(Ordering::Relaxed);
+            let mut b = Bucket::default();
+            b.set_upper_bound(*bound);
+            b.set_cumulative_count(cumulative);
+            b
+        })
+        .collect();
+    let total = cumulative + counts.last().map_or(0, |c| c.load(Ordering::Relaxed));
+    let mut h = prometheus::proto::Histogram::default();
+    h.set_bucket(buckets);
+    h.set_sample_count(total);
+    h.set_sample_sum(sum);
+    let mut m = Metric::default();
+    m.set_label(labels(pairs));
+    m.set_histogram(h);
+    m
+}
+
+impl Collector for QueryCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let (mut requests, mut dos, mut responses, mut durations, mut req_sizes, mut resp_sizes) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (server, s) in &self.servers {
+            for zone in 0..ZONES {
+                let z = self.zone_label(zone);
+                for proto in 0..PROTOS {
+                    let p = ["udp", "tcp"][proto];
+                    for fam in 0..FAMILIES {
+                        for ty in 0..TYPE_SLOTS {
+                            let n = load(&s.requests[stats::request_slot(zone, proto, fam, ty)]);
+                            if n > 0 {
+                                let t = TYPES.get(ty).map_or("other", |(_, name)| name);
+                                let f = ["1", "2"][fam];
+                                let pairs = [
+                                    ("server", server.as_str()),
+                                    ("zone", z),
+                                    ("view", ""),
+                                    ("proto", p),
+                                    ("family", f),
+                                    ("type", t),
+                                ];
+                                requests.push(counter(&pairs, n));
+                            }
+                        }
+                    }
+                    let zp = zone * PROTOS + proto;
+                    if load(&s.request_bytes[zp]) > 0 || s.request_size[zp].iter().any(|c| load(c) > 0) {
+                        let pairs = [("server", server.as_str()), ("zone", z), ("view", ""), ("proto", p)];
+                        req_sizes.push(histogram(
+                            &pairs,
+                            &SIZE_BUCKETS,
+                            &s.request_size[zp],
+                            load(&s.request_bytes[zp]) as f64,
+                        ));
+                        resp_sizes.push(histogram(
+                            &pairs,
+                            &SIZE_BUCKETS,
+                            &s.response_size[zp],
+                            load(&s.response_bytes[zp]) as f64,
+                        ));
+                    }
+                }
+                let do_count = load(&s.do_requests[zone]);
+                if do_count > 0 {
+                    dos.push(counter(&[("server", server.as_str()), ("zone", z), ("view", "")], do_count));
+                }
+                for (r, rcode) in RCODES.iter().enumerate() {
+                    let n = load(&s.responses[zone * RCODES.len() + r]);
+                    if n > 0 {
+                        let pairs = [
+                            ("server", server.as_str()),
+                            ("zone", z),
+                            ("view", ""),
+                            ("rcode", *rcode),
+                            ("plugin", PLUGIN),
+                        ];
+                        responses.push(counter(&pairs, n));
+                    }
+                }
+                if s.duration[zone].iter().any(|c| load(c) > 0) {
+                    let sum = load(&s.duration_nanos[zone]) as f64 / 1e9;
+                    let pairs = [("server", server.as_str()), ("zone", z), ("view", "")];
+                    durations.push(histogram(&pairs, &DURATION_BUCKETS, &s.duration[zone], sum));
+                }
+            }
+        }
+        let [r, d, rs, du, rq, rp] = FAMILIES_DECLARED.map(|(name, help, _)| (name, help));
+        [
+            family(r.0, r.1, MetricType::COUNTER, requests),
+            family(d.0, d.1, MetricType::COUNTER, dos),
+            family(rs.0, rs.1, MetricType::COUNTER, responses),
+            family(du.0, du.1, MetricType::HISTOGRAM, durations),
+            family(rq.0, rq.1, MetricType::HISTOGRAM, req_sizes),
+            family(rp.0, rp.1, MetricType::HISTOGRAM, resp_sizes),
+        ]
+        .into_iter()
+        .filter(|f| !f.get_metric().is_empty())
+        .collect()
     }
 }

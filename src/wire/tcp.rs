@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
+use super::stats::{Arrival, LocalStats, QueryStats};
 use super::{Scratch, Transport, WireConfig, respond};
 use crate::store::Reader;
 
@@ -34,8 +35,15 @@ pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(1024)
 }
 
-/// Serves connections from `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, reader: Reader, wire: WireConfig, cfg: TcpConfig) {
+/// Serves connections from `listener` until the task is dropped, counting
+/// what it answers into `stats`.
+pub async fn serve(
+    listener: TcpListener,
+    reader: Reader,
+    wire: WireConfig,
+    cfg: TcpConfig,
+    stats: Arc<QueryStats>,
+) {
     let permits = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -49,9 +57,10 @@ pub async fn serve(listener: TcpListener, reader: Reader, wire: WireConfig, cfg:
                 continue;
             }
         };
-        let reader = reader.clone();
+        let (reader, stats) = (reader.clone(), stats.clone());
+        let arrival = Arrival { proto: 1, family: usize::from(peer.is_ipv6()) };
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, &reader, &wire, cfg.idle_timeout).await {
+            if let Err(e) = connection(stream, &reader, &wire, cfg.idle_timeout, &stats, arrival).await {
                 debug!(error = %e, %peer, "TCP connection ended");
             }
             drop(permit);
@@ -59,7 +68,14 @@ pub async fn serve(listener: TcpListener, reader: Reader, wire: WireConfig, cfg:
     }
 }
 
-async fn connection(stream: TcpStream, reader: &Reader, wire: &WireConfig, idle: Duration) -> io::Result<()> {
+async fn connection(
+    stream: TcpStream,
+    reader: &Reader,
+    wire: &WireConfig,
+    idle: Duration,
+    stats: &QueryStats,
+    arrival: Arrival,
+) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
@@ -75,13 +91,19 @@ async fn connection(stream: TcpStream, reader: &Reader, wire: &WireConfig, idle:
         tokio::time::timeout(idle, rd.read_exact(&mut packet[..len]))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "query not completed in time"))??;
-        let answered = {
+        let started = std::time::Instant::now();
+        let outcome = {
             let snap = reader.load();
             respond(&snap, &packet[..len], Transport::Tcp, wire, &mut scratch, &mut out)
         };
-        if answered {
+        if let Some(outcome) = outcome {
             wr.write_all(&(out.len() as u16).to_be_bytes()).await?;
             wr.write_all(&out).await?;
+            // TCP carries little of the load: count every message directly.
+            let mut local = LocalStats::default();
+            local.record(&outcome, arrival, len, out.len());
+            local.record_duration(outcome.in_zone, 1, started.elapsed());
+            local.flush(stats);
         }
     }
 }

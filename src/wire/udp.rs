@@ -12,16 +12,21 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{debug, warn};
 
+use super::stats::{Arrival, LocalStats, QueryStats};
 use super::{Scratch, Transport, WireConfig, respond};
 use crate::store::Reader;
 
 /// How often an idle worker looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(200);
+/// A worker adds its counts to the shared metrics at least this often…
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// …or after this many queries, whichever comes first.
+const FLUSH_EVERY_QUERIES: usize = 4096;
 /// Kernel receive buffer per socket: absorbs bursts while a worker is busy.
 const RECV_BUFFER: usize = 4 << 20;
 
@@ -33,8 +38,15 @@ pub struct UdpWorkers {
     pub local_addr: SocketAddr,
 }
 
-/// Binds `workers` sockets on `addr` and starts one thread per socket.
-pub fn start(addr: SocketAddr, workers: usize, reader: Reader, cfg: WireConfig) -> io::Result<UdpWorkers> {
+/// Binds `workers` sockets on `addr` and starts one thread per socket; they
+/// count what they answer into `stats`.
+pub fn start(
+    addr: SocketAddr,
+    workers: usize,
+    reader: Reader,
+    cfg: WireConfig,
+    stats: Arc<QueryStats>,
+) -> io::Result<UdpWorkers> {
     let stop = Arc::new(AtomicBool::new(false));
     let first = bind(addr)?;
     // With port 0, the first socket picks the port and the rest join it.
@@ -47,10 +59,10 @@ pub fn start(addr: SocketAddr, workers: usize, reader: Reader, cfg: WireConfig) 
         .into_iter()
         .enumerate()
         .map(|(i, socket)| {
-            let (reader, stop) = (reader.clone(), stop.clone());
+            let (reader, stop, stats) = (reader.clone(), stop.clone(), stats.clone());
             std::thread::Builder::new()
                 .name(format!("udp-{i}"))
-                .spawn(move || serve(&socket, &reader, &cfg, &stop))
+                .spawn(move || serve(&socket, &reader, &cfg, &stats, &stop))
         })
         .collect::<io::Result<_>>()?;
     Ok(UdpWorkers { stop, threads, local_addr })
@@ -80,9 +92,11 @@ fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
     Ok(socket.into())
 }
 
-fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBool) {
+fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stats: &QueryStats, stop: &AtomicBool) {
     use mmsg::{BATCH, MAX_QUERY, Peer};
     let fd = socket.as_raw_fd();
+    let family = usize::from(socket.local_addr().is_ok_and(|a| a.is_ipv6()));
+    let arrival = Arrival { proto: 0, family };
     let mut queries = vec![[0u8; MAX_QUERY]; BATCH];
     let mut lens = [0usize; BATCH];
     let mut peers = [Peer::default(); BATCH];
@@ -91,6 +105,9 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBoo
     let mut responses: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(MAX_QUERY)).collect();
     let mut to = [Peer::default(); BATCH];
     let mut scratch = Scratch::default();
+    let mut local = LocalStats::default();
+    let mut last_flush = Instant::now();
+    let mut pending = 0;
     while !stop.load(Ordering::Relaxed) {
         let n = match mmsg::recv(fd, &mut queries, &mut lens, &mut peers) {
             Ok(n) => n,
@@ -100,6 +117,10 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBoo
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
                 ) =>
             {
+                if pending > 0 {
+                    local.flush(stats);
+                    pending = 0;
+                }
                 continue;
             }
             Err(e) => {
@@ -109,18 +130,18 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBoo
                 continue;
             }
         };
+        let received = Instant::now();
         let mut m = 0;
+        let mut in_zone = 0;
         {
             let snap = reader.load();
             for i in (0..n).filter(|&i| lens[i] > 0) {
-                if respond(
-                    &snap,
-                    &queries[i][..lens[i]],
-                    Transport::Udp,
-                    cfg,
-                    &mut scratch,
-                    &mut responses[m],
-                ) {
+                let query = &queries[i][..lens[i]];
+                if let Some(outcome) =
+                    respond(&snap, query, Transport::Udp, cfg, &mut scratch, &mut responses[m])
+                {
+                    local.record(&outcome, arrival, query.len(), responses[m].len());
+                    in_zone += u64::from(outcome.in_zone);
                     to[m] = peers[i];
                     m += 1;
                 }
@@ -138,7 +159,19 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stop: &AtomicBoo
                 }
             }
         }
+        // Every query of the batch waited for the whole batch.
+        let now = Instant::now();
+        let took = now - received;
+        local.record_duration(true, in_zone, took);
+        local.record_duration(false, m as u64 - in_zone, took);
+        pending += m;
+        if pending >= FLUSH_EVERY_QUERIES || now - last_flush >= FLUSH_EVERY {
+            local.flush(stats);
+            last_flush = now;
+            pending = 0;
+        }
     }
+    local.flush(stats);
     if let Ok(addr) = socket.local_addr() {
         debug!(%addr, "UDP worker stopped");
     } else {

@@ -65,7 +65,7 @@ impl Served {
 
     /// Waits until the log contains `needle`.
     pub fn wait_log(&self, needle: &str) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if self.log().contains(needle) {
                 return true;
@@ -122,13 +122,13 @@ pub fn dig(addr: SocketAddr, args: &[&str]) -> String {
 /// Polls until `f` is true (a bounded wait for asynchronous reloads).
 pub(crate) fn eventually(what: &str, mut f: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
+    while start.elapsed() < Duration::from_secs(20) {
         if f() {
             return start.elapsed();
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    panic!("{what}: not within 5 s");
+    panic!("{what}: not within 20 s");
 }
 
 const WEB: &str = "apiVersion: multicluster.x-k8s.io/v1beta1

@@ -21,8 +21,14 @@ fn names_not_found_are_servfail_until_every_source_synced() {
     });
     writer.apply(Update::Register(SourceId(1)));
     writer.publish();
-    let workers =
-        udp::start("127.0.0.1:0".parse().unwrap(), 1, reader, WireConfig { max_udp_payload: 1232 }).unwrap();
+    let workers = udp::start(
+        "127.0.0.1:0".parse().unwrap(),
+        1,
+        reader,
+        WireConfig { max_udp_payload: 1232 },
+        Default::default(),
+    )
+    .unwrap();
     let addr = workers.local_addr;
     let m = q("web.shop.svc.clusterset.local.", "A").udp(addr);
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);

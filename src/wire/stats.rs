@@ -1,0 +1,248 @@
+//! Query counters behind the CoreDNS-compatible metrics
+//! (`coredns_dns_requests_total`, `…_responses_total`,
+//! `…_request_duration_seconds`, `…_request_size_bytes`,
+//! `…_response_size_bytes`, `…_do_requests_total`), so existing dashboards
+//! work unchanged.
+//!
+//! Counting must not cost the UDP path: each worker counts into plain
+//! arrays ([`LocalStats`]) and adds them to the shared atomics
+//! ([`QueryStats`]) at most about once a second; the metrics endpoint reads
+//! the atomics at scrape time. Flat arrays indexed by small enums, no labels
+//! built and no map looked up per query.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::answer::Rcode;
+
+/// Query types CoreDNS reports by name; every other type is `other`.
+pub const TYPES: [(u16, &str); 19] = [
+    (1, "A"),
+    (28, "AAAA"),
+    (5, "CNAME"),
+    (48, "DNSKEY"),
+    (43, "DS"),
+    (15, "MX"),
+    (50, "NSEC3"),
+    (47, "NSEC"),
+    (2, "NS"),
+    (12, "PTR"),
+    (46, "RRSIG"),
+    (6, "SOA"),
+    (33, "SRV"),
+    (16, "TXT"),
+    (65, "HTTPS"),
+    (64, "SVCB"),
+    (251, "IXFR"),
+    (252, "AXFR"),
+    (255, "ANY"),
+];
+/// Type slots: the named ones and `other`.
+pub const TYPE_SLOTS: usize = TYPES.len() + 1;
+/// Response codes as CoreDNS writes them.
+pub const RCODES: [&str; 7] = ["NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "BADVERS"];
+/// `coredns_dns_request_duration_seconds` buckets: 0.25 ms doubling to 8 s.
+pub const DURATION_BUCKETS: [f64; 16] = [
+    0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048,
+    4.096, 8.192,
+];
+/// `coredns_dns_request_size_bytes` / `…_response_size_bytes` buckets.
+pub const SIZE_BUCKETS: [f64; 14] =
+    [0.0, 100.0, 200.0, 300.0, 400.0, 511.0, 1023.0, 2047.0, 4095.0, 8291.0, 16e3, 32e3, 48e3, 64e3];
+
+/// Zone label slots: the zone, or `dropped` (outside every zone, malformed).
+pub const ZONES: usize = 2;
+/// Protocol slots: `udp`, `tcp`.
+pub const PROTOS: usize = 2;
+/// Family slots: `1` (IPv4), `2` (IPv6).
+pub const FAMILIES: usize = 2;
+
+const REQUESTS: usize = ZONES * PROTOS * FAMILIES * TYPE_SLOTS;
+const RESPONSES: usize = ZONES * RCODES.len();
+const DUR: usize = DURATION_BUCKETS.len() + 1;
+const SIZE: usize = SIZE_BUCKETS.len() + 1;
+
+/// What answering one query produced, for counting.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    /// The response code sent.
+    pub rcode: Rcode,
+    /// False when the query was outside the zone or unreadable (`dropped`).
+    pub in_zone: bool,
+    /// QTYPE (0 when no question was read).
+    pub qtype: u16,
+    /// The query's EDNS DO bit.
+    pub dnssec_ok: bool,
+}
+
+/// How a query arrived, for counting.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    /// 0 = UDP, 1 = TCP.
+    pub proto: usize,
+    /// 0 = IPv4, 1 = IPv6.
+    pub family: usize,
+}
+
+macro_rules! layout {
+    ($name:ident, $t:ty) => {
+        /// Counters in one flat layout (see module docs).
+        pub struct $name {
+            pub(crate) requests: [$t; REQUESTS],
+            pub(crate) do_requests: [$t; ZONES],
+            pub(crate) responses: [$t; RESPONSES],
+            /// Per zone: non-cumulative bucket counts, the last for `+Inf`.
+            pub(crate) duration: [[$t; DUR]; ZONES],
+            pub(crate) duration_nanos: [$t; ZONES],
+            pub(crate) request_size: [[$t; SIZE]; ZONES * PROTOS],
+            pub(crate) request_bytes: [$t; ZONES * PROTOS],
+            pub(crate) response_size: [[$t; SIZE]; ZONES * PROTOS],
+            pub(crate) response_bytes: [$t; ZONES * PROTOS],
+        }
+    };
+}
+
+layout!(LocalStats, u64);
+layout!(QueryStats, AtomicU64);
+
+impl Default for LocalStats {
+    fn default() -> Self {
+        Self {
+            requests: [0; REQUESTS],
+            do_requests: [0; ZONES],
+            responses: [0; RESPONSES],
+            duration: [[0; DUR]; ZONES],
+            duration_nanos: [0; ZONES],
+            request_size: [[0; SIZE]; ZONES * PROTOS],
+            request_bytes: [0; ZONES * PROTOS],
+            response_size: [[0; SIZE]; ZONES * PROTOS],
+            response_bytes: [0; ZONES * PROTOS],
+        }
+    }
+}
+
+impl Default for QueryStats {
+    fn default() -> Self {
+        Self {
+            requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            do_requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            responses: std::array::from_fn(|_| AtomicU64::new(0)),
+            duration: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            duration_nanos: std::array::from_fn(|_| AtomicU64::new(0)),
+            request_size: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            request_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+            response_size: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            response_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// The slot of a query type.
+pub fn type_slot(qtype: u16) -> usize {
+    TYPES.iter().position(|(t, _)| *t == qtype).unwrap_or(TYPES.len())
+}
+
+/// The slot of a response code.
+pub fn rcode_slot(rcode: Rcode) -> usize {
+    match rcode {
+        Rcode::NoError => 0,
+        Rcode::FormErr => 1,
+        Rcode::ServFail => 2,
+        Rcode::NxDomain => 3,
+        Rcode::NotImp => 4,
+        Rcode::Refused => 5,
+        Rcode::BadVers => 6,
+    }
+}
+
+/// Index into `requests`.
+pub fn request_slot(zone: usize, proto: usize, family: usize, ty: usize) -> usize {
+    ((zone * PROTOS + proto) * FAMILIES + family) * TYPE_SLOTS + ty
+}
+
+fn bucket(buckets: &[f64], value: f64) -> usize {
+    buckets.iter().position(|b| value <= *b).unwrap_or(buckets.len())
+}
+
+impl LocalStats {
+    /// Counts one answered query.
+    pub fn record(&mut self, o: &Outcome, a: Arrival, request_len: usize, response_len: usize) {
+        let zone = usize::from(!o.in_zone);
+        self.requests[request_slot(zone, a.proto, a.family, type_slot(o.qtype))] += 1;
+        self.responses[zone * RCODES.len() + rcode_slot(o.rcode)] += 1;
+        if o.dnssec_ok {
+            self.do_requests[zone] += 1;
+        }
+        let zp = zone * PROTOS + a.proto;
+        self.request_size[zp][bucket(&SIZE_BUCKETS, request_len as f64)] += 1;
+        self.request_bytes[zp] += request_len as u64;
+        self.response_size[zp][bucket(&SIZE_BUCKETS, response_len as f64)] += 1;
+        self.response_bytes[zp] += response_len as u64;
+    }
+
+    /// Counts `n` queries of a zone slot that took `took` each (UDP workers
+    /// time a whole batch: every query in it waited that long).
+    pub fn record_duration(&mut self, in_zone: bool, n: u64, took: Duration) {
+        if n == 0 {
+            return;
+        }
+        let zone = usize::from(!in_zone);
+        self.duration[zone][bucket(&DURATION_BUCKETS, took.as_secs_f64())] += n;
+        self.duration_nanos[zone] += n * took.as_nanos() as u64;
+    }
+
+    /// Adds everything counted to `shared` and starts again from zero.
+    pub fn flush(&mut self, shared: &QueryStats) {
+        fn add<const N: usize>(local: &mut [u64; N], shared: &[AtomicU64; N]) {
+            for (l, s) in local.iter_mut().zip(shared) {
+                if *l != 0 {
+                    s.fetch_add(*l, Ordering::Relaxed);
+                    *l = 0;
+                }
+            }
+        }
+        add(&mut self.requests, &shared.requests);
+        add(&mut self.do_requests, &shared.do_requests);
+        add(&mut self.responses, &shared.responses);
+        add(&mut self.duration_nanos, &shared.duration_nanos);
+        add(&mut self.request_bytes, &shared.request_bytes);
+        add(&mut self.response_bytes, &shared.response_bytes);
+        for (l, s) in self.duration.iter_mut().zip(&shared.duration) {
+            add(l, s);
+        }
+        for (l, s) in self.request_size.iter_mut().zip(&shared.request_size) {
+            add(l, s);
+        }
+        for (l, s) in self.response_size.iter_mut().zip(&shared.response_size) {
+            add(l, s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_land_in_their_label_slots_after_a_flush() {
+        let shared = QueryStats::default();
+        let mut local = LocalStats::default();
+        let o = Outcome { rcode: Rcode::NxDomain, in_zone: true, qtype: 33, dnssec_ok: true };
+        local.record(&o, Arrival { proto: 0, family: 1 }, 60, 512);
+        local.record_duration(true, 1, Duration::from_micros(300));
+        assert_eq!(
+            shared.requests[request_slot(0, 0, 1, type_slot(33))].load(Ordering::Relaxed),
+            0,
+            "not before a flush"
+        );
+        local.flush(&shared);
+        assert_eq!(shared.requests[request_slot(0, 0, 1, 12)].load(Ordering::Relaxed), 1, "SRV is slot 12");
+        assert_eq!(shared.responses[3].load(Ordering::Relaxed), 1);
+        assert_eq!(shared.do_requests[0].load(Ordering::Relaxed), 1);
+        assert_eq!(shared.duration[0][1].load(Ordering::Relaxed), 1, "0.3 ms falls in the 0.5 ms bucket");
+        assert_eq!(shared.request_size[0][1].load(Ordering::Relaxed), 1, "60 bytes: the 100 bucket");
+        assert_eq!(shared.response_size[0][6].load(Ordering::Relaxed), 1, "512 bytes: the 1023 bucket");
+        assert_eq!(local.requests.iter().sum::<u64>(), 0);
+        assert_eq!(type_slot(99), TYPES.len());
+    }
+}
