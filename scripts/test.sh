@@ -43,7 +43,7 @@ command -v kubectl >/dev/null || { echo "kubectl not found: the Kubernetes tests
 go version; kubectl version --client 2>/dev/null | head -1
 
 say "real Kubernetes components (a cold build takes ~5-10 min, then cached)"
-scripts/k8s-bins.sh etcd kube-apiserver
+scripts/k8s-bins.sh etcd kube-apiserver coredns
 
 say "format and lints"
 cargo fmt --check

@@ -10,6 +10,8 @@ mod client;
 mod cluster;
 mod conformance;
 mod contract;
+mod coredns;
 mod harness_smoke;
+mod metrics;
 mod readiness;
 mod watch;
