@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// Namespace to watch (repeatable); all namespaces when none is given.
     #[arg(long = "namespace", value_name = "NS")]
     pub namespaces: Vec<String>,
+    /// Seconds to keep answering after SIGTERM while /ready fails, so load
+    /// balancers stop sending queries before the server goes (0: stop at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pub lameduck: u64,
     /// HTTP address for /health, /ready and /metrics.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9153")]
     pub http_listen: SocketAddr,

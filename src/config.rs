@@ -42,6 +42,8 @@ pub struct ServeConfig {
     pub listen: Vec<SocketAddr>,
     /// Address of the HTTP endpoints.
     pub http_listen: SocketAddr,
+    /// How long to keep answering after SIGTERM while /ready fails.
+    pub lameduck: Duration,
     /// The zone.
     pub zone: ZoneConfig,
     /// This server's cluster, when set.
@@ -111,6 +113,7 @@ impl ServeConfig {
             kube: connection.map(|connection| KubeSource { connection, namespaces: a.namespaces.clone() }),
             listen: a.listen.clone(),
             http_listen: a.http_listen,
+            lameduck: Duration::from_secs(a.lameduck),
             zone: ZoneConfig {
                 origin: origin.to_lowercase(),
                 ttl: a.ttl,

@@ -56,6 +56,8 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// Read access to the store.
     pub reader: Reader,
+    /// Set during lameduck: /ready fails while queries are still answered.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
     reload: Arc<Notify>,
     udp: Vec<udp::UdpWorkers>,
     tasks: Vec<JoinHandle<()>>,
@@ -125,7 +127,8 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         .map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
     let http_addr =
         http_listener.local_addr().map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
-    tasks.push(tokio::spawn(http::serve(http_listener, reader.clone(), metrics.clone())));
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tasks.push(tokio::spawn(http::serve(http_listener, reader.clone(), metrics.clone(), draining.clone())));
     info!(addr = %http_addr, "HTTP /health /ready /metrics");
 
     let mut addrs = Vec::new();
@@ -142,7 +145,7 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         info!(addr = %bound, zone = %cfg.zone.origin, udp_workers = cfg.udp_workers, "listening on UDP and TCP");
     }
     metrics.register_queries(cfg.zone.origin.to_string(), servers)?;
-    Ok(Running { addrs, http_addr, reader, reload, udp, tasks })
+    Ok(Running { addrs, http_addr, reader, draining, reload, udp, tasks })
 }
 
 /// Binds UDP workers and a TCP listener on the same address. With port 0,
@@ -203,25 +206,37 @@ async fn write_loop(
     }
 }
 
-/// Runs `serve` until SIGINT or SIGTERM; SIGHUP reloads the objects files.
+/// Runs `serve` until SIGTERM (after the lameduck period) or SIGINT (at
+/// once); SIGHUP reloads the objects files.
 pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let running = start(&cfg).await?;
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    loop {
+    let lameduck = loop {
         tokio::select! {
             _ = hup.recv() => {
                 if cfg.objects.is_empty() {
-                    warn!("SIGHUP: nothing to reload (serving the embedded example)");
+                    warn!("SIGHUP: nothing to reload (no --objects)");
                 } else {
                     info!("SIGHUP: reloading objects files");
                     running.reload();
                 }
             }
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = term.recv() => break cfg.lameduck,
+            _ = int.recv() => break std::time::Duration::ZERO,
+        }
+    };
+    if !lameduck.is_zero() {
+        // Kubernetes removes a Pod from its Service's endpoints some time
+        // after SIGTERM; answering until then loses no query.
+        running.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        info!(seconds = lameduck.as_secs_f64(), "lameduck: still answering while /ready fails");
+        tokio::select! {
+            _ = tokio::time::sleep(lameduck) => {}
+            _ = term.recv() => info!("second signal: stopping now"),
+            _ = int.recv() => info!("second signal: stopping now"),
         }
     }
     info!("shutting down");

@@ -2,6 +2,7 @@
 //! and `/metrics` (Prometheus text), on one HTTP listener.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -17,22 +18,26 @@ use crate::store::Reader;
 struct Ops {
     reader: Reader,
     metrics: Arc<Metrics>,
+    draining: Arc<AtomicBool>,
 }
 
-/// Serves the endpoints on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, reader: Reader, metrics: Arc<Metrics>) {
+/// Serves the endpoints on `listener` until the task is dropped. While
+/// `draining` is set (lameduck after SIGTERM), `/ready` fails.
+pub async fn serve(listener: TcpListener, reader: Reader, metrics: Arc<Metrics>, draining: Arc<AtomicBool>) {
     let app = Router::new()
         .route("/health", get(|| async { "OK\n" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
-        .with_state(Ops { reader, metrics });
+        .with_state(Ops { reader, metrics, draining });
     if let Err(e) = axum::serve(listener, app).await {
         warn!(error = %e, "HTTP endpoint stopped");
     }
 }
 
 async fn ready(State(ops): State<Ops>) -> (StatusCode, &'static str) {
-    if ops.reader.load().is_ready() {
+    if ops.draining.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    } else if ops.reader.load().is_ready() {
         (StatusCode::OK, "OK\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: waiting for the first complete list of every source\n")

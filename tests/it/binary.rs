@@ -96,6 +96,11 @@ impl Served {
         (status, body)
     }
 
+    /// True once the process has exited.
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
+    }
+
     /// `dig` with extra arguments; returns its short output.
     pub fn dig(&self, args: &[&str]) -> String {
         dig(self.addr, args)
@@ -292,4 +297,24 @@ fn dig_over_tcp_and_with_edns_sizes() {
     assert!(edns.contains("udp: 1232"), "server caps the UDP size: {edns}");
     let refused = s.dig(&["example.com", "A"]);
     assert!(refused.contains("status: REFUSED") && !refused.contains(" aa"), "{refused}");
+}
+
+#[test]
+fn sigterm_keeps_answering_during_lameduck_while_ready_fails() {
+    let mut s = Served::start(&["--lameduck", "3"]);
+    assert_eq!(s.get("/ready").0, 200);
+    s.signal("TERM");
+    eventually("/ready fails during lameduck", || s.get("/ready").0 == 503);
+    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.42.0.10");
+    assert!(!s.exited(), "still running during lameduck");
+    eventually("exits after lameduck", || s.exited());
+    assert!(s.log().contains("lameduck: still answering while /ready fails"), "{}", s.log());
+}
+
+#[test]
+fn sigint_stops_at_once() {
+    let mut s = Served::start(&["--lameduck", "30"]);
+    s.signal("INT");
+    let took = eventually("exits on SIGINT", || s.exited());
+    assert!(took < Duration::from_secs(10), "{took:?}");
 }
