@@ -90,6 +90,17 @@ impl Fixtures {
     }
 }
 
+/// The (port, target) of every SRV record in the answer.
+fn srv_records(m: &hickory_proto::op::Message) -> Vec<(u16, String)> {
+    m.answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::SRV(srv) => Some((srv.port, srv.target.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
 fn fqdn(service: &str) -> String {
     format!("{service}.{NS}.svc.clusterset.local.")
 }
@@ -121,14 +132,7 @@ fn clusterip_srv_on_the_bare_name_returns_valid_records() {
     for service in ["hello", "hello-ds"] {
         let port = f.import(service)["spec"]["ports"][0]["port"].as_u64().expect("port") as u16;
         let m = q(&fqdn(service), "SRV").udp(f.server.addr);
-        let srv: Vec<(u16, String)> = m
-            .answers
-            .iter()
-            .filter_map(|r| match &r.data {
-                RData::SRV(srv) => Some((srv.port, srv.target.to_string())),
-                _ => None,
-            })
-            .collect();
+        let srv = srv_records(&m);
         assert_eq!(srv, [(port, fqdn(service))], "{service}");
         assert!(m.authorities.is_empty(), "nothing in authority: nslookup would count it");
     }
@@ -177,15 +181,7 @@ fn headless_srv_on_the_bare_name_returns_valid_records() {
     let f = fixtures();
     for service in ["hello-headless", "hello-headless-ds", "hello-ss", "hello-ss-ds"] {
         let port = f.import(service)["spec"]["ports"][0]["port"].as_u64().expect("port") as u16;
-        let srv: Vec<(u16, String)> = q(&fqdn(service), "SRV")
-            .udp(f.server.addr)
-            .answers
-            .iter()
-            .filter_map(|r| match &r.data {
-                RData::SRV(srv) => Some((srv.port, srv.target.to_string())),
-                _ => None,
-            })
-            .collect();
+        let srv = srv_records(&q(&fqdn(service), "SRV").udp(f.server.addr));
         let eps = f.ready_endpoints(service);
         let mut names: BTreeSet<String> = BTreeSet::new();
         for (_, host, addrs) in &eps {

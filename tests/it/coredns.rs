@@ -25,15 +25,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::binary::{Served, eventually};
 use crate::cluster::shared;
+use crate::watch::{Kube, headless, runtime, vip};
 
-const MANAGER: &str = "clusterset-dns-coredns-tests";
 /// The forward target in `Corefile.example`, replaced by the server's address.
 const PLACEHOLDER: &str = "CLUSTERSET_DNS_SERVICE_IP";
 
@@ -49,7 +46,8 @@ fn answers_pass_through_coredns_unchanged() {
         k.import("web", vip(&["10.90.0.1", "fd00:90::1"])).await;
         k.import("v4only", vip(&["10.90.0.2"])).await;
         k.import("db", headless()).await;
-        k.slice("db-a", "db", "cluster-a", json!([{"addresses": ["10.91.0.1"], "hostname": "db-0"}])).await;
+        k.slice("db-a", "db", "cluster-a", json!([{"addresses": ["10.91.0.1"], "hostname": "db-0"}]), None)
+            .await;
     });
     let s = serve(0, ns);
     let c = CoreDns::start(s.addr, &[]);
@@ -93,7 +91,7 @@ fn an_answer_too_large_for_udp_reaches_the_client_in_full_over_tcp() {
     rt.block_on(async {
         let k = Kube::new(shared().client(1).await, ns).await;
         k.import("big", headless()).await;
-        k.slice("big-a", "big", "cluster-a", Value::Array(endpoints)).await;
+        k.slice("big-a", "big", "cluster-a", Value::Array(endpoints), None).await;
     });
     let s = serve(1, ns);
     let big = format!("big.{ns}.svc.clusterset.local");
@@ -586,10 +584,6 @@ impl Drop for Relay {
 // ---------------------------------------------------------------------------
 // Kubernetes objects and the server
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime")
-}
-
 /// `clusterset-dns serve` watching `ns` of shared cluster `cluster`, as the
 /// least-privilege ServiceAccount; returns once it is ready.
 fn serve(cluster: usize, ns: &str) -> Served {
@@ -597,57 +591,4 @@ fn serve(cluster: usize, ns: &str) -> Served {
     let s = Served::start(&["--kubeconfig", kubeconfig.to_str().expect("path"), "--namespace", ns]);
     eventually("ready", || s.get("/ready").0 == 200);
     s
-}
-
-fn vip(ips: &[&str]) -> Value {
-    json!({"type": "ClusterSetIP", "ips": ips, "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
-}
-
-fn headless() -> Value {
-    json!({"type": "Headless", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
-}
-
-/// Writes objects with server-side apply, in one namespace.
-struct Kube {
-    client: kube::Client,
-    ns: String,
-}
-
-impl Kube {
-    async fn new(client: kube::Client, ns: &str) -> Self {
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        namespaces.patch(ns, &PatchParams::apply(MANAGER), &Patch::Apply(&body)).await.expect("namespace");
-        Self { client, ns: ns.to_owned() }
-    }
-
-    async fn import(&self, name: &str, spec: Value) {
-        let ar = ApiResource {
-            group: "multicluster.x-k8s.io".into(),
-            version: "v1beta1".into(),
-            api_version: "multicluster.x-k8s.io/v1beta1".into(),
-            kind: "ServiceImport".into(),
-            plural: "serviceimports".into(),
-        };
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &ar);
-        let body = json!({"apiVersion": ar.api_version, "kind": "ServiceImport",
-                          "metadata": {"name": name, "namespace": self.ns}, "spec": spec});
-        api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-            .await
-            .expect("apply ServiceImport");
-    }
-
-    /// An IPv4 MCS EndpointSlice with port `http` 8080.
-    async fn slice(&self, name: &str, service: &str, cluster: &str, endpoints: Value) {
-        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
-        let body = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": name, "namespace": self.ns, "labels": {
-                "multicluster.kubernetes.io/service-name": service,
-                "multicluster.kubernetes.io/source-cluster": cluster}},
-            "addressType": "IPv4", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
-            "endpoints": endpoints});
-        api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-            .await
-            .expect("apply EndpointSlice");
-    }
 }

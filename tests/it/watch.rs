@@ -22,7 +22,7 @@ use crate::cluster::{Component, TestClusters, shared};
 
 const MANAGER: &str = "clusterset-dns-tests";
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime")
 }
 
@@ -36,25 +36,26 @@ fn import_resource(version: &str) -> ApiResource {
     }
 }
 
-/// Writes objects as a user would, with server-side apply.
-struct Kube {
+/// Writes objects as a user would, with server-side apply, in one namespace
+/// (also used by the CoreDNS end-to-end tests).
+pub(crate) struct Kube {
     client: kube::Client,
     ns: String,
 }
 
 impl Kube {
-    async fn new(client: kube::Client, ns: &str) -> Self {
+    pub(crate) async fn new(client: kube::Client, ns: &str) -> Self {
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         namespaces.patch(ns, &PatchParams::apply(MANAGER), &Patch::Apply(&body)).await.expect("namespace");
         Self { client, ns: ns.to_owned() }
     }
 
-    async fn import(&self, name: &str, spec: Value) {
+    pub(crate) async fn import(&self, name: &str, spec: Value) {
         self.import_as("v1beta1", name, spec).await;
     }
 
-    async fn import_as(&self, version: &str, name: &str, spec: Value) {
+    pub(crate) async fn import_as(&self, version: &str, name: &str, spec: Value) {
         let ar = import_resource(version);
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &ar);
         let body = json!({"apiVersion": ar.api_version, "kind": "ServiceImport",
@@ -64,14 +65,21 @@ impl Kube {
             .expect("apply ServiceImport");
     }
 
-    async fn delete_import(&self, name: &str) {
+    pub(crate) async fn delete_import(&self, name: &str) {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &self.ns, &import_resource("v1beta1"));
         api.delete(name, &DeleteParams::default()).await.expect("delete ServiceImport");
     }
 
     /// An MCS EndpointSlice; `labels` overrides the MCS labels when given.
-    async fn slice(&self, name: &str, service: &str, cluster: &str, endpoints: Value, labels: Option<Value>) {
+    pub(crate) async fn slice(
+        &self,
+        name: &str,
+        service: &str,
+        cluster: &str,
+        endpoints: Value,
+        labels: Option<Value>,
+    ) {
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
         let labels = labels.unwrap_or_else(|| {
             json!({"multicluster.kubernetes.io/service-name": service,
@@ -86,17 +94,17 @@ impl Kube {
             .expect("apply EndpointSlice");
     }
 
-    async fn delete_slice(&self, name: &str) {
+    pub(crate) async fn delete_slice(&self, name: &str) {
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
         api.delete(name, &DeleteParams::default()).await.expect("delete EndpointSlice");
     }
 }
 
-fn vip(ip: &str) -> Value {
-    json!({"type": "ClusterSetIP", "ips": [ip], "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
+pub(crate) fn vip(ips: &[&str]) -> Value {
+    json!({"type": "ClusterSetIP", "ips": ips, "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
 }
 
-fn headless() -> Value {
+pub(crate) fn headless() -> Value {
     json!({"type": "Headless", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
 }
 
@@ -127,7 +135,7 @@ fn answers_follow_creates_updates_and_deletes_under_least_privilege() {
     let ns = "watch-crud";
     let k = rt.block_on(async { Kube::new(clusters.client(0).await, ns).await });
     rt.block_on(async {
-        k.import("web", vip("10.77.0.1")).await;
+        k.import("web", vip(&["10.77.0.1"])).await;
         k.import("db", headless()).await;
         k.slice(
             "db-a",
@@ -149,7 +157,7 @@ fn answers_follow_creates_updates_and_deletes_under_least_privilege() {
     assert_eq!(short(&s, &db, "A"), ["10.78.0.1", "10.78.0.2"]);
     assert_eq!(short(&s, &format!("db-1.cluster-a.{db}"), "A"), ["10.78.0.2"]);
 
-    rt.block_on(k.import("web", vip("10.77.0.2")));
+    rt.block_on(k.import("web", vip(&["10.77.0.2"])));
     let took = eventually("VIP change served", || short(&s, &web, "A") == ["10.77.0.2"]);
     eprintln!("VIP change served after {took:?}");
     rt.block_on(k.slice(
@@ -167,7 +175,7 @@ fn answers_follow_creates_updates_and_deletes_under_least_privilege() {
     rt.block_on(k.delete_import("web"));
     eventually("deleted import is NXDOMAIN", || status(&s, &web) == "NXDOMAIN");
     // A ServiceImport written as v1alpha1 is served too.
-    rt.block_on(k.import_as("v1alpha1", "legacy", vip("10.77.0.9")));
+    rt.block_on(k.import_as("v1alpha1", "legacy", vip(&["10.77.0.9"])));
     eventually("v1alpha1 import served", || {
         short(&s, &format!("legacy.{ns}.svc.clusterset.local"), "A") == ["10.77.0.9"]
     });
@@ -180,7 +188,7 @@ fn malformed_objects_are_skipped_by_name_and_the_watch_keeps_running() {
     let ns = "watch-bad";
     let k = rt.block_on(async { Kube::new(clusters.client(1).await, ns).await });
     rt.block_on(async {
-        k.import("bad-ip", vip("10.0.0.999")).await;
+        k.import("bad-ip", vip(&["10.0.0.999"])).await;
         k.import("good", headless()).await;
         k.slice("good-a", "good", "cluster-a", json!([{"addresses": ["10.79.0.1"]}]), None).await;
         // No source-cluster label: not an MCS EndpointSlice we can name.
@@ -200,7 +208,7 @@ fn malformed_objects_are_skipped_by_name_and_the_watch_keeps_running() {
     assert_eq!(short(&s, &format!("good.{ns}.svc.clusterset.local"), "A"), ["10.79.0.1"]);
     assert_eq!(status(&s, &format!("bad-ip.{ns}.svc.clusterset.local")), "NXDOMAIN");
     // The watch is still running.
-    rt.block_on(k.import("later", vip("10.79.1.1")));
+    rt.block_on(k.import("later", vip(&["10.79.1.1"])));
     eventually("later import served", || {
         short(&s, &format!("later.{ns}.svc.clusterset.local"), "A") == ["10.79.1.1"]
     });
@@ -212,7 +220,7 @@ fn unready_until_first_list_then_survives_apiserver_and_etcd_restarts() {
     let rt = runtime();
     let ns = "watch-restart";
     let k = rt.block_on(async { Kube::new(clusters.client(0).await, ns).await });
-    rt.block_on(k.import("web", vip("10.80.0.1")));
+    rt.block_on(k.import("web", vip(&["10.80.0.1"])));
     let web = format!("web.{ns}.svc.clusterset.local");
 
     // Before the first list: not ready, and "not found" is SERVFAIL.
@@ -235,7 +243,7 @@ fn unready_until_first_list_then_survives_apiserver_and_etcd_restarts() {
     assert_eq!(short(&s, &web, "A"), ["10.80.0.1"]);
     assert_eq!(s.get("/ready").0, 200, "still ready: serving last known data");
     clusters.start_component(0, Component::ApiServer);
-    rt.block_on(k.import("web", vip("10.80.0.2")));
+    rt.block_on(k.import("web", vip(&["10.80.0.2"])));
     eventually("change after API server restart", || short(&s, &web, "A") == ["10.80.0.2"]);
     eventually("staleness cleared", || metric(&s, "clusterset_dns_watch_stale_seconds") == Some(0.0));
 
@@ -244,7 +252,7 @@ fn unready_until_first_list_then_survives_apiserver_and_etcd_restarts() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(short(&s, &web, "A"), ["10.80.0.2"]);
     clusters.start_component(0, Component::Etcd);
-    rt.block_on(k.import("api", vip("10.80.0.3")));
+    rt.block_on(k.import("api", vip(&["10.80.0.3"])));
     eventually("change after etcd restart", || {
         short(&s, &format!("api.{ns}.svc.clusterset.local"), "A") == ["10.80.0.3"]
     });
@@ -268,8 +276,8 @@ fn a_partition_keeps_answers_and_objects_deleted_meanwhile_disappear() {
     let ns = "watch-partition";
     let k = rt.block_on(async { Kube::new(clusters.client(2).await, ns).await });
     rt.block_on(async {
-        k.import("a", vip("10.81.0.1")).await;
-        k.import("b", vip("10.81.0.2")).await;
+        k.import("a", vip(&["10.81.0.1"])).await;
+        k.import("b", vip(&["10.81.0.2"])).await;
     });
     let proxy = Proxy::start(clusters.server(2));
     let kubeconfig = proxy.kubeconfig(&clusters.serve_kubeconfig(2), &clusters.server(2));
@@ -281,7 +289,7 @@ fn a_partition_keeps_answers_and_objects_deleted_meanwhile_disappear() {
     proxy.cut();
     rt.block_on(async {
         k.delete_import("b").await;
-        k.import("a", vip("10.81.0.9")).await;
+        k.import("a", vip(&["10.81.0.9"])).await;
     });
     eventually("staleness reported", || {
         metric(&s, "clusterset_dns_watch_stale_seconds").is_some_and(|v| v > 0.0)
