@@ -210,10 +210,12 @@ async fn write_loop(
 /// once); SIGHUP reloads the objects files.
 pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let running = start(&cfg).await?;
+    // Handlers first: a signal that arrives while starting must not take
+    // the default action (exit without lameduck).
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let running = start(&cfg).await?;
     let lameduck = loop {
         tokio::select! {
             _ = hup.recv() => {

@@ -190,11 +190,10 @@ pub async fn watch(mut sources: Vec<FileSource>, updates: mpsc::Sender<Update>, 
             None
         }
     };
+    // A change between the first load and the watch being armed raised no
+    // event: read once more now (unchanged files cost a digest comparison).
+    let mut force = false;
     loop {
-        let force = tokio::select! {
-            _ = changed.notified() => false,
-            _ = reload.notified() => true,
-        };
         tokio::time::sleep(SETTLE).await;
         if force {
             info!("reloading every objects file");
@@ -208,6 +207,10 @@ pub async fn watch(mut sources: Vec<FileSource>, updates: mpsc::Sender<Update>, 
                 return; // the store is gone: shutting down
             }
         }
+        force = tokio::select! {
+            _ = changed.notified() => false,
+            _ = reload.notified() => true,
+        };
     }
 }
 

@@ -26,13 +26,19 @@ pub struct TcpConfig {
 }
 
 /// Binds the TCP listener (separately from serving, so bind errors surface
-/// at start-up).
+/// at start-up). An IPv6 listener takes IPv6 only, as the UDP sockets do, so
+/// `--listen 0.0.0.0:53 --listen [::]:53` can both be bound.
 pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket =
-        if addr.is_ipv6() { tokio::net::TcpSocket::new_v6()? } else { tokio::net::TcpSocket::new_v4()? };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(1024)
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
 }
 
 /// Serves connections from `listener` until the task is dropped, counting

@@ -22,7 +22,8 @@ pub struct Served {
 impl Served {
     pub fn start(args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--udp-workers", "1"])
+            .args(["serve", "--http-listen", "127.0.0.1:0", "--udp-workers", "1"])
+            .args(if args.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -317,4 +318,30 @@ fn sigint_stops_at_once() {
     s.signal("INT");
     let took = eventually("exits on SIGINT", || s.exited());
     assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn ipv4_and_ipv6_wildcards_bind_the_same_port() {
+    // Find a port free for UDP and TCP on both families, then let the
+    // server take it twice (0.0.0.0 and [::]), as a Deployment would.
+    let port = (0..50)
+        .find_map(|_| {
+            let p = std::net::UdpSocket::bind("0.0.0.0:0").ok()?.local_addr().ok()?.port();
+            // One socket at a time (each dropped when its closure returns):
+            // std binds [::] dual-stack, which would collide with 0.0.0.0.
+            let tcp = |ip: &str| std::net::TcpListener::bind((ip, p)).is_ok();
+            let udp = |ip: &str| std::net::UdpSocket::bind((ip, p)).is_ok();
+            (tcp("0.0.0.0") && tcp("::") && udp("::")).then_some(p)
+        })
+        .expect("a free port");
+    let (v4, v6) = (format!("0.0.0.0:{port}"), format!("[::]:{port}"));
+    let s = Served::start(&["--listen", &v4, "--listen", &v6]);
+    for server in ["127.0.0.1", "::1"] {
+        for transport in ["+notcp", "+tcp"] {
+            let addr = SocketAddr::new(server.parse().expect("ip"), port);
+            let out = dig(addr, &["web.shop.svc.clusterset.local", "A", "+short", transport]);
+            assert_eq!(out.trim(), "10.42.0.10", "{server} {transport}");
+        }
+    }
+    drop(s);
 }

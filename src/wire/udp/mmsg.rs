@@ -60,7 +60,14 @@ pub(crate) fn recv(
     // address slot that are exclusively borrowed for this call and outlive
     // it; the kernel writes at most `iov_len` / `msg_namelen` bytes there.
     let got = unsafe {
-        libc::recvmmsg(fd, hdrs.as_mut_ptr(), n as libc::c_uint, libc::MSG_WAITFORONE, std::ptr::null_mut())
+        libc::recvmmsg(
+            fd,
+            hdrs.as_mut_ptr(),
+            n as libc::c_uint,
+            // c_int on glibc, c_uint on musl (the static build).
+            libc::MSG_WAITFORONE as _,
+            std::ptr::null_mut(),
+        )
     };
     if got < 0 {
         return Err(io::Error::last_os_error());
