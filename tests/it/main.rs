@@ -11,6 +11,7 @@ mod cluster;
 mod conformance;
 mod contract;
 mod coredns;
+mod deploy;
 mod harness_smoke;
 mod metrics;
 mod readiness;
