@@ -13,6 +13,8 @@ pub(crate) const HEADER: usize = 12;
 const QR: u16 = 0x8000;
 /// OPT's record type.
 const OPT: u16 = 41;
+/// Longest domain name in wire form.
+const MAX_NAME: usize = 255;
 
 /// What the client said in its OPT record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +113,9 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
             return Fast::Slow; // compression or an extended label type
         }
         i += 1 + len as usize;
-        if i - HEADER > 255 {
+        // RFC 1035 §3.1: at most 255 bytes in wire form, the root's zero
+        // byte (still to come) included.
+        if i - HEADER >= MAX_NAME {
             return Fast::FormErr;
         }
     }

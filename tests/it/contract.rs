@@ -555,6 +555,44 @@ fn malformed_queries_get_formerr_or_nothing() {
     assert_eq!(q("vip.ns1.svc.clusterset.local.", "A").udp(s.addr).answers.len(), 1);
 }
 
+/// A raw query for a name of exactly `wire_len` bytes in wire form (root
+/// included), built from 63-byte labels of `x` and one shorter label.
+fn query_of_wire_len(wire_len: usize) -> Vec<u8> {
+    let mut name = Vec::new();
+    let mut left = wire_len - 1; // the root byte
+    while left > 0 {
+        let label = (left - 1).min(63);
+        name.push(label as u8);
+        name.extend(std::iter::repeat_n(b'x', label));
+        left -= label + 1;
+    }
+    name.push(0);
+    assert_eq!(name.len(), wire_len);
+    let mut q = vec![0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    q.extend(name);
+    q.extend([0, 1, 0, 1]);
+    q
+}
+
+/// RFC 1035 §3.1: names are at most 255 bytes in wire form. Found by the
+/// fuzzer: a 256-byte name was answered and echoed, and the response could
+/// not be decoded.
+#[test]
+fn names_longer_than_255_bytes_are_formerr() {
+    let s = server();
+    let m = decode(&udp_raw(s.addr, &query_of_wire_len(255)).expect("answer"));
+    assert_eq!(
+        m.metadata.response_code,
+        hickory_proto::op::ResponseCode::Refused,
+        "255 bytes is a valid name"
+    );
+    for len in [256, 300] {
+        let m = decode(&udp_raw(s.addr, &query_of_wire_len(len)).expect("FORMERR"));
+        assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::FormErr, "{len} bytes");
+        assert!(m.queries.is_empty(), "{len} bytes: an invalid name is not echoed");
+    }
+}
+
 #[test]
 fn opcodes_other_than_query_get_notimp() {
     let s = server();
