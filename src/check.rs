@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::cli::CheckArgs;
+use crate::source::SourceId;
+use crate::source::files::FileSource;
 use crate::source::objects::{self, Object};
 
 /// Checks every file; returns the report and whether everything was usable.
@@ -11,15 +13,14 @@ pub fn run(args: &CheckArgs) -> (String, bool) {
     let mut report = String::new();
     let mut ok = true;
     for path in &args.objects {
-        let files: Vec<std::path::PathBuf> = if path.is_dir() {
-            let mut v: Vec<_> = std::fs::read_dir(path)
-                .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-                .unwrap_or_default();
-            v.retain(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")));
-            v.sort();
-            v
-        } else {
-            vec![path.clone()]
+        // The same files `serve` reads (hidden ConfigMap entries left out).
+        let files = match FileSource::new(SourceId(0), path.clone()).files() {
+            Ok(files) => files,
+            Err(e) => {
+                ok = false;
+                report += &format!("{}: {e}\n", path.display());
+                continue;
+            }
         };
         for file in files {
             let name = file.display().to_string();

@@ -62,7 +62,9 @@ impl FileSource {
         &self.path
     }
 
-    fn list(&self) -> io::Result<Vec<PathBuf>> {
+    /// The files this source reads now: the path itself, or the visible
+    /// `.yaml`/`.yml`/`.json` files directly in the directory, sorted.
+    pub fn files(&self) -> io::Result<Vec<PathBuf>> {
         if !self.path.is_dir() {
             // Reading it reports a missing file with its path.
             return Ok(vec![self.path.clone()]);
@@ -91,7 +93,7 @@ impl FileSource {
             let path = path.to_owned();
             move |source| LoadError::Io { path, source }
         };
-        let listed = match self.list() {
+        let listed = match self.files() {
             Ok(l) => l,
             Err(e) if !strict => {
                 error!(path = %self.path.display(), error = %e, "cannot list objects; serving the last good state");

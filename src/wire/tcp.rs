@@ -88,6 +88,7 @@ async fn connection(
     let mut packet = vec![0u8; 65535];
     let mut out = Vec::with_capacity(65535 + 2);
     let mut scratch = Scratch::default();
+    let mut local = LocalStats::default();
     loop {
         let len = match tokio::time::timeout(idle, rd.read_u16()).await {
             Err(_) => return Ok(()), // idle
@@ -105,8 +106,8 @@ async fn connection(
         if let Some(outcome) = outcome {
             wr.write_all(&(out.len() as u16).to_be_bytes()).await?;
             wr.write_all(&out).await?;
-            // TCP carries little of the load: count every message directly.
-            let mut local = LocalStats::default();
+            // TCP carries little of the load: add every message's counts
+            // to the shared ones at once.
             local.record(&outcome, arrival, len, out.len());
             local.record_duration(outcome.in_zone, 1, started.elapsed());
             local.flush(stats);
