@@ -9,6 +9,7 @@ pub mod answer;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod fleet;
 pub mod model;
 pub mod ops;
 pub mod serve;

@@ -55,6 +55,17 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// Reads the API value in any letter case (`TCP`, `udp`); unset or empty
+    /// means TCP, the Service API's default.
+    pub fn from_api(value: Option<&str>) -> Option<Self> {
+        match value.map(str::to_ascii_uppercase).as_deref() {
+            None | Some("") | Some("TCP") => Some(Self::Tcp),
+            Some("UDP") => Some(Self::Udp),
+            Some("SCTP") => Some(Self::Sctp),
+            Some(_) => None,
+        }
+    }
+
     /// The SRV label without its underscore: `tcp`, `udp`, `sctp`.
     pub fn srv_label(self) -> &'static str {
         match self {

@@ -188,15 +188,10 @@ fn port(
     };
     // The ServiceImport CRD has no enum for the protocol (the API server
     // accepts "tcp") and no default: the Service API's default is TCP.
-    let protocol = match protocol.map(str::to_ascii_uppercase).as_deref() {
-        None | Some("") | Some("TCP") => Protocol::Tcp,
-        Some("UDP") => Protocol::Udp,
-        Some("SCTP") => Protocol::Sctp,
-        Some(_) => {
-            let other = protocol.unwrap_or_default();
-            return Err(cx.err(format!("{field}.protocol"), format!("{other:?} is not TCP, UDP or SCTP")));
-        }
-    };
+    let protocol = Protocol::from_api(protocol).ok_or_else(|| {
+        let other = protocol.unwrap_or_default();
+        cx.err(format!("{field}.protocol"), format!("{other:?} is not TCP, UDP or SCTP"))
+    })?;
     let port = u16::try_from(number)
         .ok()
         .filter(|p| *p != 0)
