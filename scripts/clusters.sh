@@ -28,6 +28,8 @@
 # DIR after READY:
 #   DIR/kubeconfig                     every cluster, admin user; contexts cluster-1..N
 #   DIR/cluster-I/kubeconfig           cluster I, admin (group system:masters), context cluster-I
+#   DIR/cluster-I/ROLE.kubeconfig      cluster I as the ServiceAccount of deploy/ROLE/rbac.yaml
+#                                      (centralized, sync: clusterset-dns/clusterset-dns-ROLE)
 #   DIR/cluster-I/serve.kubeconfig     cluster I as ServiceAccount clusterset-dns/clusterset-dns,
 #                                      bound only to ClusterRole clusterset-dns-serve
 #                                      (deploy/serve/rbac.yaml)
@@ -294,13 +296,20 @@ install() {
     # shellcheck disable=SC2086 # one word per CRD
     "${kc[@]}" wait --for condition=established --timeout=60s $names >/dev/null ||
         die "cluster-$i: CRDs not established"
-    "${kc[@]}" apply --server-side --field-manager=clusters.sh -f "$DEPLOY/serve/rbac.yaml" >/dev/null ||
-        die "cluster-$i: applying $DEPLOY/serve/rbac.yaml failed"
-    token="$("${kc[@]}" create token "$SERVE_SA" -n "$SERVE_NS" --duration=24h)" ||
-        die "cluster-$i: kubectl create token $SERVE_SA failed"
-    admin_entry "$i"
-    kubeconfig_doc "cluster-$i" "cluster-$i" "${ENTRY[1]}" "${ENTRY[2]}" "$SERVE_NS-$SERVE_SA" "$token" \
-        >"$d/serve.kubeconfig.tmp" && mv -f "$d/serve.kubeconfig.tmp" "$d/serve.kubeconfig"
+    # One identity per component, each with exactly its deploy/<component>/rbac.yaml.
+    local role sa
+    for role in serve centralized sync; do
+        [ -f "$DEPLOY/$role/rbac.yaml" ] || continue
+        sa="$SERVE_SA"
+        [ "$role" = serve ] || sa="$SERVE_SA-$role"
+        "${kc[@]}" apply --server-side --field-manager=clusters.sh -f "$DEPLOY/$role/rbac.yaml" >/dev/null ||
+            die "cluster-$i: applying $DEPLOY/$role/rbac.yaml failed"
+        token="$("${kc[@]}" create token "$sa" -n "$SERVE_NS" --duration=24h)" ||
+            die "cluster-$i: kubectl create token $sa failed"
+        admin_entry "$i"
+        kubeconfig_doc "cluster-$i" "cluster-$i" "${ENTRY[1]}" "${ENTRY[2]}" "$SERVE_NS-$sa" "$token" \
+            >"$d/$role.kubeconfig.tmp" && mv -f "$d/$role.kubeconfig.tmp" "$d/$role.kubeconfig"
+    done
 }
 
 # --- Supervisor ------------------------------------------------------------------------

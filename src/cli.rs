@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// Namespace to watch (repeatable); all namespaces when none is given.
     #[arg(long = "namespace", value_name = "NS")]
     pub namespaces: Vec<String>,
+    /// Member clusters to answer for directly (centralized mode): their
+    /// ServiceExports, Services and EndpointSlices, no ServiceImports needed.
+    #[command(flatten)]
+    pub members: MembersArgs,
     /// Seconds to keep answering after SIGTERM while /ready fails, so load
     /// balancers stop sending queries before the server goes (0: stop at once).
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
@@ -84,6 +88,20 @@ pub struct ServeArgs {
     /// TCP connections served at once.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub tcp_max_connections: usize,
+}
+
+/// The member clusters of a fleet.
+#[derive(Debug, Args, Clone, Default)]
+pub struct MembersArgs {
+    /// A member cluster: NAME=KUBECONFIG, optionally NAME=KUBECONFIG#CONTEXT.
+    /// Repeatable. Its cluster id is its `cluster.clusterset.k8s.io`
+    /// ClusterProperty when it has one, else NAME.
+    #[arg(long = "cluster", value_name = "NAME=KUBECONFIG")]
+    pub clusters: Vec<String>,
+    /// A YAML file listing members instead:
+    /// `members: [{name: a, kubeconfig: /path, context: ctx}]`.
+    #[arg(long = "members", value_name = "FILE")]
+    pub members_file: Option<PathBuf>,
 }
 
 /// `check` options.

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::ServeArgs;
+use crate::cli::{MembersArgs, ServeArgs};
+use crate::fleet::member::MemberConfig;
 use crate::model::{ClusterId, DnsLabel};
 use crate::source::kube::{Connection, KubeSource};
 use crate::store::ZoneConfig;
@@ -38,6 +39,8 @@ pub struct ServeConfig {
     pub objects: Vec<PathBuf>,
     /// The Kubernetes API server to watch, if any.
     pub kube: Option<KubeSource>,
+    /// Member clusters watched directly (centralized mode).
+    pub members: Vec<MemberConfig>,
     /// Addresses to answer on.
     pub listen: Vec<SocketAddr>,
     /// Address of the HTTP endpoints.
@@ -111,6 +114,7 @@ impl ServeConfig {
         Ok(Self {
             objects: a.objects.clone(),
             kube: connection.map(|connection| KubeSource { connection, namespaces: a.namespaces.clone() }),
+            members: members(&a.members)?,
             listen: a.listen.clone(),
             http_listen: a.http_listen,
             lameduck: Duration::from_secs(a.lameduck),
@@ -129,6 +133,66 @@ impl ServeConfig {
             },
         })
     }
+}
+
+/// The members of `--cluster` and `--members`, checked: names are cluster
+/// ids, kubeconfig files exist, no name is given twice.
+pub fn members(a: &MembersArgs) -> Result<Vec<MemberConfig>, ConfigError> {
+    let mut members = Vec::new();
+    for spec in &a.clusters {
+        let (name, rest) = spec
+            .split_once('=')
+            .ok_or_else(|| bad("--cluster", format!("{spec:?} is not NAME=KUBECONFIG")))?;
+        let (path, context) = match rest.split_once('#') {
+            Some((p, c)) => (p, Some(c.to_owned())),
+            None => (rest, None),
+        };
+        members.push(member("--cluster", name, path, context)?);
+    }
+    if let Some(file) = &a.members_file {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| bad("--members", format!("{}: {e}", file.display())))?;
+        let parsed: MembersFile = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(&text))
+            .map_err(|e| bad("--members", format!("{}: {}: {}", file.display(), e.path(), e.inner())))?;
+        for m in parsed.members {
+            members.push(member("--members", &m.name, &m.kubeconfig, m.context)?);
+        }
+    }
+    for (i, m) in members.iter().enumerate() {
+        if members[..i].iter().any(|o| o.name == m.name) {
+            return Err(bad("--cluster", format!("member {:?} is given twice", m.name)));
+        }
+    }
+    Ok(members)
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MembersFile {
+    members: Vec<MemberEntry>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemberEntry {
+    name: String,
+    kubeconfig: String,
+    #[serde(default)]
+    context: Option<String>,
+}
+
+fn member(
+    flag: &'static str,
+    name: &str,
+    path: &str,
+    context: Option<String>,
+) -> Result<MemberConfig, ConfigError> {
+    ClusterId::parse(name).map_err(|e| bad(flag, format!("member name {name:?} {e}")))?;
+    let path = PathBuf::from(path);
+    if !path.is_file() {
+        return Err(bad(flag, format!("{name}: kubeconfig {} is not a readable file", path.display())));
+    }
+    Ok(MemberConfig { name: name.to_owned(), connection: Connection::Kubeconfig { path, context } })
 }
 
 #[cfg(test)]
@@ -163,6 +227,29 @@ mod tests {
         assert_eq!(config(&["--udp-workers", "0"]).unwrap_err().flag, "--udp-workers");
         assert_eq!(config(&["--namespace", "shop"]).unwrap_err().flag, "--namespace");
         assert_eq!(config(&["--in-cluster", "--namespace", "Not_OK"]).unwrap_err().flag, "--namespace");
+        assert_eq!(config(&["--cluster", "no-equals-sign"]).unwrap_err().flag, "--cluster");
+        assert_eq!(config(&["--cluster", "a=/does/not/exist"]).unwrap_err().flag, "--cluster");
+        assert_eq!(config(&["--members", "/does/not/exist"]).unwrap_err().flag, "--members");
+    }
+
+    #[test]
+    fn members_come_from_flags_and_a_file_and_are_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        let kc = dir.path().join("kc");
+        std::fs::write(&kc, "apiVersion: v1").unwrap();
+        let kc = kc.to_str().unwrap();
+        let file = dir.path().join("members.yaml");
+        std::fs::write(&file, format!("members:\n- {{name: b, kubeconfig: {kc}, context: ctx}}\n")).unwrap();
+        let c = config(&["--cluster", &format!("a={kc}"), "--members", file.to_str().unwrap()]).unwrap();
+        assert_eq!(c.members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        let Connection::Kubeconfig { context, .. } = &c.members[1].connection else { panic!() };
+        assert_eq!(context.as_deref(), Some("ctx"));
+        let e = config(&["--cluster", &format!("a={kc}"), "--cluster", &format!("a={kc}")]).unwrap_err();
+        assert!(e.problem.contains("twice"), "{e}");
+        std::fs::write(&file, "members:\n- {name: b, kubeconfg: x}\n").unwrap();
+        let e = config(&["--members", file.to_str().unwrap()]).unwrap_err();
+        assert!(e.problem.contains("members[0]"), "{e}");
+        assert!(config(&["--cluster", &format!("Bad_Name={kc}")]).is_err());
     }
 
     #[test]

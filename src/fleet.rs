@@ -8,5 +8,7 @@
 //! - `objects`: a member's Service, ServiceExport and EndpointSlices → the above.
 
 pub mod export;
+pub mod member;
 pub mod merge;
 pub mod objects;
+pub mod state;

@@ -13,7 +13,7 @@ use crate::config::ServeConfig;
 use crate::ops::{http, metrics::Metrics};
 use crate::source::files::{self, FileSource, LoadError};
 use crate::source::objects::ParseError;
-use crate::source::{SourceId, embedded, kube};
+use crate::source::{SourceId, embedded, fleet, kube};
 use crate::store::{self, Reader, Update, Writer};
 use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
@@ -89,7 +89,7 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
     let mut tasks = Vec::new();
 
     let mut healths = Vec::new();
-    if cfg.objects.is_empty() && cfg.kube.is_none() {
+    if cfg.objects.is_empty() && cfg.kube.is_none() && cfg.members.is_empty() {
         let parsed = embedded::parse()?;
         info!(
             objects = parsed.objects.len(),
@@ -115,6 +115,13 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
             healths.push(watch.health.clone());
             tasks.push(tokio::spawn(kube::run(watch, client.clone(), tx.clone())));
         }
+    }
+    if !cfg.members.is_empty() {
+        let members = fleet::connect(&cfg.members).await?;
+        let source = SourceId(u32::MAX - 1);
+        writer.apply(Update::Register(source));
+        healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
+        tasks.push(tokio::spawn(fleet::run(members, source, tx.clone())));
     }
     let metrics = Arc::new(Metrics::new(healths)?);
     let started = std::time::Instant::now();

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod crd;
 pub mod embedded;
 pub mod files;
+pub mod fleet;
 pub mod kube;
 pub mod objects;
 

@@ -33,9 +33,9 @@ use crate::store::{ObjectId, Update};
 /// How a failing watch is reported again while it stays down.
 const STALE_LOG_EVERY: Duration = Duration::from_secs(30);
 /// First wait after a watch error; doubled per failure up to the maximum.
-const BACKOFF_MIN: Duration = Duration::from_millis(500);
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(500);
 /// Upper bound of the wait between attempts (watch or API discovery).
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Where to reach the API server.
 #[derive(Debug, Clone)]
@@ -108,7 +108,7 @@ pub struct WatchHealth {
 }
 
 impl WatchHealth {
-    fn new(name: String) -> Self {
+    pub(crate) fn new(name: String) -> Self {
         Self { name, stale_since_ms: AtomicU64::new(0), errors: AtomicU64::new(0) }
     }
 
@@ -229,7 +229,7 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
 }
 
 /// `d` plus up to 20 %, so that many servers do not retry in lockstep.
-fn jitter(d: Duration) -> Duration {
+pub(crate) fn jitter(d: Duration) -> Duration {
     let spread = SystemTime::now().duration_since(UNIX_EPOCH).map(|t| t.subsec_nanos()).unwrap_or(0) % 200;
     d + d * spread / 1000
 }
@@ -237,41 +237,52 @@ fn jitter(d: Duration) -> Duration {
 /// Finds the newest served ServiceImport version, retrying (and reporting)
 /// until the CRD is installed.
 async fn discover_service_import(client: &Client, reporter: &mut Reporter) -> ApiResource {
+    discover_mcs(client, "ServiceImport", "serviceimports", reporter).await
+}
+
+/// Finds the newest served version of an MCS kind (`plural`), retrying (and
+/// reporting) until its CRD is installed.
+pub(crate) async fn discover_mcs(
+    client: &Client,
+    kind: &str,
+    plural: &str,
+    reporter: &mut Reporter,
+) -> ApiResource {
     let mut wait = BACKOFF_MIN;
     loop {
         let mut last_error = String::new();
         for version in MCS_VERSIONS {
             let api_version = format!("{MCS_GROUP}/{version}");
             match client.list_api_group_resources(&api_version).await {
-                Ok(list) if list.resources.iter().any(|r| r.name == "serviceimports") => {
-                    info!(%api_version, "watching ServiceImports");
+                Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
+                    info!(%api_version, watch = %reporter.health.name, "watching {kind}s");
                     reporter.ok();
                     return ApiResource {
                         group: MCS_GROUP.into(),
                         version: version.into(),
                         api_version,
-                        kind: "ServiceImport".into(),
-                        plural: "serviceimports".into(),
+                        kind: kind.into(),
+                        plural: plural.into(),
                     };
                 }
-                Ok(_) => last_error = format!("{api_version} has no serviceimports"),
+                Ok(_) => last_error = format!("{api_version} has no {plural}"),
                 Err(e) => last_error = format!("{api_version}: {e}"),
             }
         }
-        reporter.failed(&format!("ServiceImport API not found (is the CRD installed?): {last_error}"));
+        reporter.failed(&format!("{kind} API not found (is the CRD installed?): {last_error}"));
         tokio::time::sleep(jitter(wait)).await;
         wait = (wait * 2).min(BACKOFF_MAX);
     }
 }
 
 /// Logs watch failures and recoveries, and keeps the health figures.
-struct Reporter {
-    health: Arc<WatchHealth>,
-    last_log: Option<Instant>,
+pub(crate) struct Reporter {
+    pub(crate) health: Arc<WatchHealth>,
+    pub(crate) last_log: Option<Instant>,
 }
 
 impl Reporter {
-    fn ok(&mut self) {
+    pub(crate) fn ok(&mut self) {
         let since = self.health.stale_since_ms.swap(0, Ordering::Relaxed);
         if since != 0 {
             let down = now_ms().saturating_sub(since) as f64 / 1000.0;
@@ -280,7 +291,7 @@ impl Reporter {
         }
     }
 
-    fn failed(&mut self, error: &str) {
+    pub(crate) fn failed(&mut self, error: &str) {
         self.health.errors.fetch_add(1, Ordering::Relaxed);
         let first = self
             .health

@@ -146,6 +146,13 @@ impl TestClusters {
         self.cluster_dir(i).join("serve.kubeconfig")
     }
 
+    /// Kubeconfig of cluster `i` for the ServiceAccount of
+    /// `deploy/<role>/rbac.yaml` (`centralized`, `sync`), which holds only
+    /// that file's ClusterRole.
+    pub fn role_kubeconfig(&self, i: usize, role: &str) -> PathBuf {
+        self.cluster_dir(i).join(format!("{role}.kubeconfig"))
+    }
+
     /// One kubeconfig with every cluster as admin, contexts `cluster-1`..`cluster-N`.
     pub fn kubeconfig_all(&self) -> PathBuf {
         self.dir.join("kubeconfig")

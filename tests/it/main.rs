@@ -12,6 +12,7 @@ mod conformance;
 mod contract;
 mod coredns;
 mod deploy;
+mod fleet;
 mod harness_smoke;
 mod metrics;
 mod readiness;

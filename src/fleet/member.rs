@@ -1,0 +1,244 @@
+//! Member clusters: connecting to each, learning its cluster id, and
+//! watching its ServiceExports, Services and EndpointSlices into
+//! [`MemberEvent`]s.
+//!
+//! Like the ServiceImport source, every watch restarts with a complete list
+//! after any error (so deletions during an outage are seen) and reports its
+//! staleness in [`WatchHealth`].
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::objects::{self, LABEL_K8S_SERVICE_NAME};
+use super::state::{Change, Delta, MemberEvent};
+use crate::model::{ClusterId, ServiceKey, SliceKey};
+use crate::source::kube::{
+    self as kube_source, BACKOFF_MAX, BACKOFF_MIN, ClientError, Connection, Reporter, WatchHealth,
+};
+
+/// The ClusterProperty naming a cluster (KEP-2149).
+pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
+
+/// A member as configured: `--cluster NAME=KUBECONFIG`.
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    /// The member's name; its cluster id unless its ClusterProperty says otherwise.
+    pub name: String,
+    /// How to reach its API server.
+    pub connection: Connection,
+}
+
+/// A connected member.
+#[derive(Clone)]
+pub struct Member {
+    /// The configured name.
+    pub name: String,
+    /// Its cluster id.
+    pub cluster: ClusterId,
+    /// Its API client.
+    pub client: Client,
+    /// Health of its watches (exports, services, slices).
+    pub health: Vec<Arc<WatchHealth>>,
+}
+
+impl Member {
+    /// Seconds since the member's API last answered: the largest staleness
+    /// of its watches (0 while all are current).
+    pub fn stale_seconds(&self) -> f64 {
+        self.health.iter().map(|h| h.stale_seconds()).fold(0.0, f64::max)
+    }
+}
+
+/// Connects to a member and learns its cluster id: the value of its
+/// `cluster.clusterset.k8s.io` ClusterProperty when it has one, else the
+/// configured name. A member that does not answer within `timeout` keeps its
+/// configured name (it is watched, and retried, all the same).
+pub async fn connect(cfg: &MemberConfig, timeout: Duration) -> Result<Member, ClientError> {
+    let client = kube_source::client(&cfg.connection).await?;
+    let fallback = || {
+        ClusterId::parse(&cfg.name).map_err(|e| ClientError::Kubeconfig {
+            path: format!("--cluster {}", cfg.name).into(),
+            source: format!("member name: {e}").into(),
+        })
+    };
+    let cluster = match tokio::time::timeout(timeout, cluster_property(&client)).await {
+        Ok(Ok(Some(value))) => match ClusterId::parse(&value) {
+            Ok(id) => id,
+            Err(e) => {
+                warn!(member = %cfg.name, "ClusterProperty {CLUSTER_ID_PROPERTY} {value:?} is not a cluster id ({e}); using the member name");
+                fallback()?
+            }
+        },
+        Ok(Ok(None)) => fallback()?,
+        Ok(Err(e)) => {
+            warn!(member = %cfg.name, "cannot read ClusterProperty {CLUSTER_ID_PROPERTY}: {e}; using the member name");
+            fallback()?
+        }
+        Err(_) => {
+            warn!(member = %cfg.name, "API server did not answer within {timeout:?}; using the member name as cluster id");
+            fallback()?
+        }
+    };
+    info!(member = %cfg.name, cluster = %cluster, "member");
+    let health = ["ServiceExports", "Services", "EndpointSlices"]
+        .iter()
+        .map(|what| Arc::new(WatchHealth::new(format!("{what} of member {}", cfg.name))))
+        .collect();
+    Ok(Member { name: cfg.name.clone(), cluster, client, health })
+}
+
+async fn cluster_property(client: &Client) -> Result<Option<String>, kube::Error> {
+    let resource = ApiResource {
+        group: "about.k8s.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "about.k8s.io/v1alpha1".into(),
+        kind: "ClusterProperty".into(),
+        plural: "clusterproperties".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    match api.get_opt(CLUSTER_ID_PROPERTY).await {
+        Ok(obj) => Ok(obj.and_then(|o| o.data.pointer("/spec/value")?.as_str().map(str::to_owned))),
+        // No ClusterProperty CRD: the API answers 404 for the whole resource.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Starts the three watches of member `index`, sending to `events`.
+pub fn spawn_watches(index: usize, member: &Member, events: mpsc::Sender<MemberEvent>) {
+    let exports = Watcher { index, cluster: member.cluster.clone(), events: events.clone() };
+    let client = member.client.clone();
+    let health = member.health[0].clone();
+    tokio::spawn(async move {
+        let mut reporter = Reporter { health, last_log: None };
+        let resource =
+            kube_source::discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
+        let api: Api<DynamicObject> = Api::all_with(client, &resource);
+        exports.run(api, watcher::Config::default(), reporter, export_entry, Change::Exports).await;
+    });
+    let services = Watcher { index, cluster: member.cluster.clone(), events: events.clone() };
+    let (client, health) = (member.client.clone(), member.health[1].clone());
+    tokio::spawn(async move {
+        let reporter = Reporter { health, last_log: None };
+        services
+            .run(Api::all(client), watcher::Config::default(), reporter, service_entry, Change::Services)
+            .await;
+    });
+    let slices = Watcher { index, cluster: member.cluster.clone(), events };
+    let (client, health) = (member.client.clone(), member.health[2].clone());
+    tokio::spawn(async move {
+        let reporter = Reporter { health, last_log: None };
+        let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
+        slices.run(Api::all(client), cfg, reporter, slice_entry, Change::Slices).await;
+    });
+}
+
+type Entry<V> = (SliceKey, ServiceKey, V);
+
+fn object_id<K: Resource>(k: &K) -> Option<SliceKey> {
+    let m = k.meta();
+    Some(SliceKey { namespace: m.namespace.clone()?, name: m.name.clone()? })
+}
+
+fn export_entry(cluster: &ClusterId, o: &DynamicObject) -> Option<Entry<i64>> {
+    let key = objects::key_of(cluster, "ServiceExport", &o.metadata)
+        .map_err(|e| warn!("skipping object: {e}"))
+        .ok()?;
+    Some((object_id(o)?, key, objects::exported_at(&o.metadata)))
+}
+
+fn service_entry(cluster: &ClusterId, s: &Service) -> Option<Entry<super::export::Exported>> {
+    // Services whose names are not DNS labels can never be exported; they
+    // are not worth a warning each.
+    let key = objects::key_of(cluster, "Service", &s.metadata).ok()?;
+    Some((object_id(s)?, key, objects::exported(cluster, s)))
+}
+
+fn slice_entry(_: &ClusterId, s: &EndpointSlice) -> Option<Entry<Arc<EndpointSlice>>> {
+    let key = objects::slice_service(s)?;
+    Some((object_id(s)?, key, Arc::new(s.clone())))
+}
+
+struct Watcher {
+    index: usize,
+    cluster: ClusterId,
+    events: mpsc::Sender<MemberEvent>,
+}
+
+impl Watcher {
+    /// Runs one watch until the receiver goes away, restarting it with a
+    /// complete list after every error.
+    async fn run<K, V>(
+        self,
+        api: Api<K>,
+        cfg: watcher::Config,
+        mut reporter: Reporter,
+        entry: fn(&ClusterId, &K) -> Option<Entry<V>>,
+        wrap: fn(Delta<V>) -> Change,
+    ) where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let mut stream = std::pin::pin!(watcher::watcher(api.clone(), cfg.clone()));
+            let mut buffer = Vec::new();
+            let mut listed = false;
+            while let Some(event) = stream.next().await {
+                let delta = match event {
+                    Err(e) => {
+                        reporter.failed(&e.to_string());
+                        break;
+                    }
+                    Ok(Event::Init) => {
+                        buffer.clear();
+                        continue;
+                    }
+                    Ok(Event::InitApply(k)) => {
+                        buffer.extend(entry(&self.cluster, &k));
+                        continue;
+                    }
+                    Ok(Event::InitDone) => {
+                        listed = true;
+                        info!(watch = %reporter.health.name, objects = buffer.len(), "watch listed");
+                        Delta::Listed(std::mem::take(&mut buffer))
+                    }
+                    Ok(Event::Apply(k)) => match entry(&self.cluster, &k) {
+                        Some((id, key, v)) => Delta::Applied(id, key, v),
+                        // No longer relevant (a slice lost its service label).
+                        None => match object_id(&k) {
+                            Some(id) => Delta::Deleted(id),
+                            None => continue,
+                        },
+                    },
+                    Ok(Event::Delete(k)) => match object_id(&k) {
+                        Some(id) => Delta::Deleted(id),
+                        None => continue,
+                    },
+                };
+                let relisted = matches!(delta, Delta::Listed(_));
+                if self.events.send(MemberEvent { member: self.index, change: wrap(delta) }).await.is_err() {
+                    return;
+                }
+                if relisted {
+                    reporter.ok();
+                }
+            }
+            if listed {
+                backoff = BACKOFF_MIN;
+            }
+            tokio::time::sleep(kube_source::jitter(backoff)).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Centralized mode against three real clusters: `serve --cluster` watches
+//! every member's ServiceExports, Services and EndpointSlices (as the
+//! least-privilege identity of `deploy/centralized/rbac.yaml`) and answers
+//! for the whole fleet with no ServiceImport anywhere. Also the writer the
+//! sync tests use to play a user: Services, their own EndpointSlices (the
+//! test clusters run no controller-manager) and ServiceExports.
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::binary::{Served, eventually};
+use crate::cluster::{TestClusters, shared};
+use crate::watch::{Kube, runtime};
+
+const MANAGER: &str = "clusterset-dns-tests";
+
+pub(crate) fn export_resource() -> ApiResource {
+    ApiResource {
+        group: "multicluster.x-k8s.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "multicluster.x-k8s.io/v1alpha1".into(),
+        kind: "ServiceExport".into(),
+        plural: "serviceexports".into(),
+    }
+}
+
+/// A user of one member cluster, in one namespace.
+pub(crate) struct User {
+    client: kube::Client,
+    pub(crate) ns: String,
+}
+
+impl User {
+    pub(crate) async fn new(clusters: &TestClusters, i: usize, ns: &str) -> Self {
+        let client = clusters.client(i).await;
+        Kube::new(client.clone(), ns).await; // creates the namespace
+        Self { client, ns: ns.to_owned() }
+    }
+
+    /// A Service; `spec` is merged over `ports: [http 80]`. Returns its ClusterIP.
+    pub(crate) async fn service(&self, name: &str, spec: Value) -> Option<String> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+        let mut full = json!({"ports": [{"name": "http", "protocol": "TCP", "port": 80}]});
+        for (k, v) in spec.as_object().into_iter().flatten() {
+            full[k] = v.clone();
+        }
+        let body = json!({"apiVersion": "v1", "kind": "Service",
+                          "metadata": {"name": name, "namespace": self.ns}, "spec": full});
+        let svc = api
+            .patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .expect("apply Service");
+        svc.spec.and_then(|s| s.cluster_ip).filter(|ip| ip != "None")
+    }
+
+    pub(crate) async fn delete_service(&self, name: &str) {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+        api.delete(name, &DeleteParams::default()).await.expect("delete Service");
+    }
+
+    /// The Service's own EndpointSlice, as the EndpointSlice controller
+    /// would write it: `endpoints` as in the API.
+    pub(crate) async fn endpoints(&self, slice: &str, service: &str, endpoints: Value) {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        let body = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": slice, "namespace": self.ns,
+                         "labels": {"kubernetes.io/service-name": service,
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv4", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+            "endpoints": endpoints});
+        api.patch(slice, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .expect("apply EndpointSlice");
+    }
+
+    pub(crate) async fn export(&self, name: &str) {
+        let ar = export_resource();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &ar);
+        let body = json!({"apiVersion": ar.api_version, "kind": "ServiceExport",
+                          "metadata": {"name": name, "namespace": self.ns}});
+        api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .expect("apply ServiceExport");
+    }
+
+    pub(crate) async fn unexport(&self, name: &str) {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &export_resource());
+        api.delete(name, &DeleteParams::default()).await.expect("delete ServiceExport");
+    }
+}
+
+/// Sorted `dig +short` lines.
+pub(crate) fn short(s: &Served, name: &str, t: &str) -> Vec<String> {
+    let mut v: Vec<String> = s.dig(&[name, t, "+short"]).lines().map(str::to_owned).collect();
+    v.sort();
+    v
+}
+
+pub(crate) fn rcode(s: &Served, name: &str) -> String {
+    let out = s.dig(&[name, "A"]);
+    out.split("status: ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("no answer").to_owned()
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+#[test]
+fn centralized_serve_answers_for_the_fleet_from_exports_alone() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "central";
+    let users: Vec<User> = rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..3 {
+            v.push(User::new(clusters, i, ns).await);
+        }
+        v
+    });
+    let (a, b, c) = (&users[0], &users[1], &users[2]);
+    // Exported before the server starts: the first list carries it.
+    let ip_a = rt.block_on(async {
+        let ip = a.service("web", json!({})).await.expect("cluster IP");
+        a.export("web").await;
+        ip
+    });
+    let members: Vec<String> = (0..3)
+        .map(|i| format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "centralized").display()))
+        .collect();
+    let mut args = Vec::new();
+    for m in &members {
+        args.extend(["--cluster", m.as_str()]);
+    }
+    let s = Served::start(&args);
+    eventually("ready", || s.get("/ready").0 == 200);
+    let web = format!("web.{ns}.svc.clusterset.local");
+    assert_eq!(short(&s, &web, "A"), std::slice::from_ref(&ip_a));
+
+    // Exported in a second cluster later: both clusters' ClusterIPs.
+    let ip_c = rt.block_on(async {
+        let ip = c.service("web", json!({})).await.expect("cluster IP");
+        c.export("web").await;
+        ip
+    });
+    eventually("web in A and C", || short(&s, &web, "A") == sorted(vec![ip_a.clone(), ip_c.clone()]));
+    assert_eq!(short(&s, &format!("_http._tcp.{web}"), "SRV"), [format!("0 100 80 {web}.")]);
+
+    // Headless across two clusters, with hostnames.
+    rt.block_on(async {
+        for (u, ip) in [(a, "10.1.0.1"), (b, "10.2.0.1")] {
+            u.service("db", json!({"clusterIP": "None"})).await;
+            u.endpoints("db-x", "db", json!([{"addresses": [ip], "hostname": "db-0"},
+                                               {"addresses": [ip.replace(".1", ".9")], "conditions": {"ready": false}}]))
+                .await;
+            u.export("db").await;
+        }
+    });
+    let db = format!("db.{ns}.svc.clusterset.local");
+    eventually("db in A and B", || short(&s, &db, "A") == ["10.1.0.1", "10.2.0.1"]);
+    assert_eq!(short(&s, &format!("db-0.{}.{db}", clusters.name(1)), "A"), ["10.2.0.1"]);
+
+    // An ExternalName export is not valid: no name.
+    rt.block_on(async {
+        b.service("ext", json!({"type": "ExternalName", "externalName": "example.com", "ports": []})).await;
+        b.export("ext").await;
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(rcode(&s, &format!("ext.{ns}.svc.clusterset.local")), "NXDOMAIN");
+
+    // Endpoints follow the source slices.
+    rt.block_on(a.endpoints("db-x", "db", json!([{"addresses": ["10.1.0.2"], "hostname": "db-0"}])));
+    eventually("db endpoint moved", || short(&s, &db, "A") == ["10.1.0.2", "10.2.0.1"]);
+
+    // Unexport in A; delete the Service in C: web goes.
+    rt.block_on(a.unexport("web"));
+    eventually("web only in C", || short(&s, &web, "A") == [ip_c.clone()]);
+    rt.block_on(c.delete_service("web"));
+    eventually("web gone", || rcode(&s, &web) == "NXDOMAIN");
+    assert!(s.log().contains("cluster=cluster-1"), "members are logged with their ids:\n{}", s.log());
+}
