@@ -22,6 +22,9 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Read objects files and report what would be served, without serving.
     Check(CheckArgs),
+    /// Run the MCS sync controller: every member's ServiceExports become a
+    /// ServiceImport, MCS EndpointSlices and a clusterset VIP in every member.
+    Sync(Box<SyncArgs>),
 }
 
 /// `serve` options.
@@ -102,6 +105,47 @@ pub struct MembersArgs {
     /// `members: [{name: a, kubeconfig: /path, context: ctx}]`.
     #[arg(long = "members", value_name = "FILE")]
     pub members_file: Option<PathBuf>,
+}
+
+/// `sync` options.
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    /// The member clusters to sync.
+    #[command(flatten)]
+    pub members: MembersArgs,
+    /// HTTP address for /health, /ready (200 while leading or standing by
+    /// healthy) and /metrics.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9154")]
+    pub http_listen: SocketAddr,
+    /// Leader election and the rest of the controller's behaviour.
+    #[command(flatten)]
+    pub options: SyncOptions,
+}
+
+/// What the sync controller does, besides whom it syncs.
+#[derive(Debug, Args, Clone)]
+pub struct SyncOptions {
+    /// Kubeconfig of the cluster holding the leader-election Lease (default:
+    /// the first member's).
+    #[arg(long, value_name = "PATH")]
+    pub lease_kubeconfig: Option<PathBuf>,
+    /// Namespace of the Lease.
+    #[arg(long, value_name = "NS", default_value = "clusterset-dns")]
+    pub lease_namespace: String,
+    /// Name of the Lease.
+    #[arg(long, value_name = "NAME", default_value = "clusterset-dns-sync")]
+    pub lease_name: String,
+    /// Seconds a leader holds the Lease without renewing it; a standby takes
+    /// over within this time after the leader dies.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    pub lease_duration: u64,
+    /// This replica's identity in the Lease (default: $POD_NAME, else the
+    /// host name and process id).
+    #[arg(long, value_name = "ID")]
+    pub identity: Option<String>,
+    /// Run without leader election (one replica only).
+    #[arg(long)]
+    pub no_leader_election: bool,
 }
 
 /// `check` options.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::{MembersArgs, ServeArgs};
+use crate::cli::{MembersArgs, ServeArgs, SyncArgs, SyncOptions};
 use crate::fleet::member::MemberConfig;
 use crate::model::{ClusterId, DnsLabel};
 use crate::source::kube::{Connection, KubeSource};
@@ -133,6 +133,81 @@ impl ServeConfig {
             },
         })
     }
+}
+
+/// Everything `sync` needs.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// The members.
+    pub members: Vec<MemberConfig>,
+    /// Address of the HTTP endpoints.
+    pub http_listen: SocketAddr,
+    /// Leader election, unless disabled.
+    pub lease: Option<LeaseConfig>,
+}
+
+/// Where and how replicas elect the one that writes.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// The cluster holding the Lease.
+    pub connection: Connection,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// This replica's identity.
+    pub identity: String,
+    /// Lease duration.
+    pub duration: Duration,
+}
+
+impl SyncConfig {
+    /// Validates command-line values.
+    pub fn from_args(a: &SyncArgs) -> Result<Self, ConfigError> {
+        let members = members(&a.members)?;
+        if members.is_empty() {
+            return Err(bad("--cluster", "sync needs at least one member (--cluster or --members)"));
+        }
+        Ok(Self { lease: lease(&a.options, &members)?, members, http_listen: a.http_listen })
+    }
+}
+
+/// The leader-election settings of `sync` options.
+pub fn lease(o: &SyncOptions, members: &[MemberConfig]) -> Result<Option<LeaseConfig>, ConfigError> {
+    if o.no_leader_election {
+        return Ok(None);
+    }
+    DnsLabel::parse(&o.lease_namespace)
+        .map_err(|e| bad("--lease-namespace", format!("{:?} {e}", o.lease_namespace)))?;
+    ClusterId::parse(&o.lease_name).map_err(|e| bad("--lease-name", format!("{:?} {e}", o.lease_name)))?;
+    if !(5..=3600).contains(&o.lease_duration) {
+        return Err(bad("--lease-duration", format!("{} is outside 5-3600 seconds", o.lease_duration)));
+    }
+    let connection = match (&o.lease_kubeconfig, members.first()) {
+        (Some(path), _) => {
+            if !path.is_file() {
+                return Err(bad("--lease-kubeconfig", format!("{} is not a readable file", path.display())));
+            }
+            Connection::Kubeconfig { path: path.clone(), context: None }
+        }
+        (None, Some(first)) => first.connection.clone(),
+        (None, None) => return Err(bad("--lease-kubeconfig", "needed when there are no members")),
+    };
+    let identity = match &o.identity {
+        Some(id) if id.is_empty() => return Err(bad("--identity", "is empty")),
+        Some(id) => id.clone(),
+        None => std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        }),
+    };
+    Ok(Some(LeaseConfig {
+        connection,
+        namespace: o.lease_namespace.clone(),
+        name: o.lease_name.clone(),
+        identity,
+        duration: Duration::from_secs(o.lease_duration),
+    }))
 }
 
 /// The members of `--cluster` and `--members`, checked: names are cluster

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clusterset_dns::cli::{Cli, Command};
-use clusterset_dns::config::ServeConfig;
+use clusterset_dns::config::{ServeConfig, SyncConfig};
 use tracing_subscriber::EnvFilter;
 
 /// BSD sysexits: a bad command line or configuration.
@@ -19,35 +19,43 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     match cli.command {
-        Command::Serve(args) => {
-            let cfg = match ServeConfig::from_args(&args) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("error: invalid configuration: {e}");
-                    return ExitCode::from(EX_USAGE);
-                }
-            };
-            let runtime =
-                match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        eprintln!("error: cannot start the async runtime: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                };
-            match runtime.block_on(clusterset_dns::serve::run(cfg)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::Serve(args) => match ServeConfig::from_args(&args) {
+            Ok(cfg) => block_on(clusterset_dns::serve::run(cfg)),
+            Err(e) => usage(&e),
+        },
+        Command::Sync(args) => match SyncConfig::from_args(&args) {
+            Ok(cfg) => block_on(clusterset_dns::sync::run(cfg)),
+            Err(e) => usage(&e),
+        },
         Command::Check(args) => {
             let (report, ok) = clusterset_dns::check::run(&args);
             // The report is the command's output.
             let _ = std::io::stdout().write_all(report.as_bytes());
             if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+    }
+}
+
+fn usage(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: invalid configuration: {e}");
+    ExitCode::from(EX_USAGE)
+}
+
+/// Runs a command on a two-thread runtime (the answering threads are our
+/// own; the runtime only drives sources, TCP and HTTP).
+fn block_on<E: std::fmt::Display>(command: impl std::future::Future<Output = Result<(), E>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

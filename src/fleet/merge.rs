@@ -128,13 +128,42 @@ pub fn merge(exports: &[ClusterExport]) -> Merged {
         };
         global("type", "TypeConflict", &|s| kind_name(s.kind).to_owned());
         global("sessionAffinity", "SessionAffinityConflict", &|s| s.session_affinity.as_str().to_owned());
-        global("sessionAffinityConfig", "SessionAffinityConfigConflict", &|s| {
-            s.affinity_timeout.map_or_else(|| "none".to_owned(), |t| format!("timeoutSeconds={t}"))
-        });
-        global("ipFamilies", "IPFamilyConflict", &|s| families(&s.ip_families));
         global("trafficDistribution", "TrafficDistributionConflict", &|s| {
             s.traffic_distribution.clone().unwrap_or_else(|| "unset".to_owned())
         });
+        // The config only means something between exports that agree on
+        // affinity (the API server fills in a timeout for every ClientIP).
+        let same_affinity: Vec<&ExportedService> = valid
+            .iter()
+            .map(|(_, s)| *s)
+            .filter(|s| s.session_affinity == valid[0].1.session_affinity)
+            .collect();
+        let timeout = |s: &ExportedService| {
+            s.affinity_timeout.map_or_else(|| "none".to_owned(), |t| format!("timeoutSeconds={t}"))
+        };
+        let winner = timeout(valid[0].1);
+        let disagree = same_affinity.iter().filter(|s| timeout(s) != winner).count();
+        if disagree > 0 {
+            conflicts.push(Conflict {
+                reason: "SessionAffinityConfigConflict",
+                message: message("sessionAffinityConfig", &winner, valid[0].0, disagree, same_affinity.len()),
+            });
+        }
+        // Families decide which VIPs exist; a headless Service has none
+        // (selector-less ones even get both families), so only exports
+        // with a cluster IP take part.
+        let vips: Vec<(&ClusterId, &ExportedService)> =
+            valid.iter().copied().filter(|(_, s)| s.kind == ImportType::ClusterSetIp).collect();
+        if valid[0].1.kind == ImportType::ClusterSetIp {
+            let winner = families(&valid[0].1.ip_families);
+            let disagree = vips.iter().filter(|(_, s)| families(&s.ip_families) != winner).count();
+            if disagree > 0 {
+                conflicts.push(Conflict {
+                    reason: "IPFamilyConflict",
+                    message: message("ipFamilies", &winner, valid[0].0, disagree, vips.len()),
+                });
+            }
+        }
         let ports = merge_ports(&valid, &mut conflicts);
         let first = valid[0].1;
         ImportSpec {
@@ -368,14 +397,49 @@ mod tests {
         newer.session_affinity = SessionAffinity::ClientIp;
         newer.affinity_timeout = Some(60);
         newer.ip_families = vec![AddressFamily::V6];
+        newer.traffic_distribution = Some("PreferClose".into());
         let m = merge(&[export("a", 1, service(ImportType::ClusterSetIp, vec![])), export("b", 2, newer)]);
         assert_eq!(
             conflict_of(&m, "a").unwrap().reason,
-            "TypeConflict,SessionAffinityConflict,SessionAffinityConfigConflict,IPFamilyConflict"
+            "TypeConflict,SessionAffinityConflict,TrafficDistributionConflict"
         );
         let spec = m.spec.as_ref().unwrap();
         assert_eq!(spec.session_affinity, SessionAffinity::None);
         assert_eq!(spec.ip_families, vec![AddressFamily::V4]);
+    }
+
+    #[test]
+    fn affinity_config_conflicts_only_between_equal_affinities() {
+        let client_ip = |t| {
+            let mut s = service(ImportType::ClusterSetIp, vec![]);
+            s.session_affinity = SessionAffinity::ClientIp;
+            s.affinity_timeout = Some(t);
+            s
+        };
+        let m = merge(&[export("a", 1, client_ip(60)), export("b", 2, client_ip(90))]);
+        assert_eq!(conflict_of(&m, "b").unwrap().reason, "SessionAffinityConfigConflict");
+        assert_eq!(m.spec.as_ref().unwrap().affinity_timeout, Some(60));
+    }
+
+    #[test]
+    fn ip_families_conflict_only_between_services_with_cluster_ips() {
+        let mut v6 = service(ImportType::ClusterSetIp, vec![]);
+        v6.ip_families = vec![AddressFamily::V6];
+        let mut headless = service(ImportType::Headless, vec![]);
+        headless.ip_families = vec![AddressFamily::V4, AddressFamily::V6];
+        let m = merge(&[
+            export("a", 1, service(ImportType::ClusterSetIp, vec![])),
+            export("b", 2, v6),
+            export("c", 3, headless),
+        ]);
+        let cond = conflict_of(&m, "c").unwrap();
+        assert_eq!(cond.reason, "TypeConflict,IPFamilyConflict");
+        assert!(
+            cond.message
+                .ends_with("Using \"IPv4\" from oldest service export in \"a\". 1/2 clusters disagree."),
+            "{}",
+            cond.message
+        );
     }
 
     #[test]

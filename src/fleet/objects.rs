@@ -20,7 +20,7 @@ pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
 pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 /// Our value of [`LABEL_MANAGED_BY`]: slices we write are never read back as
 /// a Service's own endpoints.
-pub const MANAGED_BY: &str = "clusterset-dns.io/sync";
+pub const MANAGED_BY: &str = "sync.clusterset-dns.io";
 
 /// Why an object of a member was skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -255,7 +255,7 @@ endpoints:
         assert_eq!(set.slice.name, "cluster-a/web-abcde");
         assert_eq!(set.endpoints[0].zone.as_deref(), Some("z1"));
         let ours: EndpointSlice = serde_yaml::from_str(
-            &yaml.replace("{kubernetes.io/service-name: web}", "{kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: clusterset-dns.io/sync}"),
+            &yaml.replace("{kubernetes.io/service-name: web}", "{kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: sync.clusterset-dns.io}"),
         )
         .unwrap();
         assert_eq!(slice_service(&ours), None);

@@ -16,4 +16,5 @@ mod fleet;
 mod harness_smoke;
 mod metrics;
 mod readiness;
+mod sync;
 mod watch;

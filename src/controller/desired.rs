@@ -1,0 +1,204 @@
+//! The objects the controller keeps in every member, as server-side-apply
+//! bodies: pure functions of the merged import and the source slices, so a
+//! reconcile after a crash at any point writes exactly the same objects.
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::{Value, json};
+
+use crate::fleet::export::{ServicePortSpec, SessionAffinity};
+use crate::fleet::merge::{Condition, ImportSpec};
+use crate::fleet::objects::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
+use crate::source::crd::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
+
+/// Field manager of every write (server-side apply).
+pub const FIELD_MANAGER: &str = "clusterset-dns-sync";
+/// Label on every object the controller owns.
+pub const LABEL_APP_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// A stable 8-hex-digit digest (FNV-1a over the parts, each followed by a
+/// 0 byte): the same in every process and version, unlike `std`'s hashers.
+fn digest(parts: &[&str]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.bytes().chain([0]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    format!("{:08x}", h as u32)
+}
+
+fn truncated(name: &str, max: usize) -> &str {
+    let cut = &name[..name.len().min(max)];
+    cut.trim_end_matches('-')
+}
+
+/// The clusterset VIP Service's name: internal (DNS never shows it), unique
+/// per service, at most 63 characters.
+pub fn vip_name(key: &ServiceKey) -> String {
+    format!("{}-clusterset-{}", truncated(key.name.as_str(), 40), digest(&[key.name.as_str()]))
+}
+
+/// The name of the MCS EndpointSlice mirroring `source` of `cluster`.
+pub fn slice_name(key: &ServiceKey, cluster: &ClusterId, source: &str) -> String {
+    format!("{}-{}", truncated(key.name.as_str(), 40), digest(&[cluster.as_str(), source]))
+}
+
+fn labels(key: &ServiceKey) -> Value {
+    json!({ LABEL_APP_MANAGED_BY: FIELD_MANAGER, LABEL_SERVICE_NAME: key.name.as_str() })
+}
+
+fn ports(ports: &[ServicePortSpec]) -> Vec<Value> {
+    ports
+        .iter()
+        .map(|p| {
+            let mut v = json!({"protocol": p.protocol.srv_label().to_ascii_uppercase(), "port": p.port});
+            if let Some(n) = &p.name {
+                v["name"] = json!(n.as_str());
+            }
+            if let Some(a) = &p.app_protocol {
+                v["appProtocol"] = json!(a);
+            }
+            v
+        })
+        .collect()
+}
+
+fn families(f: &[AddressFamily]) -> Vec<&'static str> {
+    f.iter().map(|f| if *f == AddressFamily::V4 { "IPv4" } else { "IPv6" }).collect()
+}
+
+/// The ServiceImport's metadata and spec.
+pub fn import(api_version: &str, key: &ServiceKey, spec: &ImportSpec, ips: &[String]) -> Value {
+    let mut s = json!({
+        "type": if spec.kind == ImportType::Headless { "Headless" } else { "ClusterSetIP" },
+        "ports": ports(&spec.ports),
+        "sessionAffinity": spec.session_affinity.as_str(),
+        "ipFamilies": families(&spec.ip_families),
+    });
+    if spec.kind == ImportType::ClusterSetIp {
+        s["ips"] = json!(ips);
+    }
+    if let (SessionAffinity::ClientIp, Some(t)) = (spec.session_affinity, spec.affinity_timeout) {
+        s["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": t}});
+    }
+    if let Some(t) = &spec.traffic_distribution {
+        s["trafficDistribution"] = json!(t);
+    }
+    json!({
+        "apiVersion": api_version, "kind": "ServiceImport",
+        "metadata": {"name": key.name.as_str(), "namespace": key.namespace.as_str(), "labels": labels(key)},
+        "spec": s,
+    })
+}
+
+/// The ServiceImport's status: the exporting clusters.
+pub fn import_status(api_version: &str, key: &ServiceKey, clusters: &[ClusterId]) -> Value {
+    let clusters: Vec<Value> = clusters.iter().map(|c| json!({"cluster": c.as_str()})).collect();
+    json!({
+        "apiVersion": api_version, "kind": "ServiceImport",
+        "metadata": {"name": key.name.as_str(), "namespace": key.namespace.as_str()},
+        "status": {"clusters": clusters},
+    })
+}
+
+/// The clusterset VIP: a selector-less ClusterIP Service with the merged
+/// ports, one ClusterIP per family; kube-proxy routes it through the
+/// EndpointSlices labelled with its name.
+pub fn vip_service(key: &ServiceKey, spec: &ImportSpec) -> Value {
+    let policy = if spec.ip_families.len() > 1 { "PreferDualStack" } else { "SingleStack" };
+    let mut s = json!({
+        "type": "ClusterIP",
+        "ports": ports(&spec.ports),
+        "ipFamilyPolicy": policy,
+        "ipFamilies": families(&spec.ip_families),
+        "sessionAffinity": spec.session_affinity.as_str(),
+    });
+    if let (SessionAffinity::ClientIp, Some(t)) = (spec.session_affinity, spec.affinity_timeout) {
+        s["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": t}});
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": vip_name(key), "namespace": key.namespace.as_str(), "labels": labels(key)},
+        "spec": s,
+    })
+}
+
+/// The MCS EndpointSlice mirroring one source slice of `cluster`: its
+/// addresses, readiness, hostname and zone. For ClusterSetIP services it is
+/// also the VIP Service's slice (`kubernetes.io/service-name`).
+pub fn slice(key: &ServiceKey, cluster: &ClusterId, source: &EndpointSlice, vip: bool) -> Value {
+    let source_name = source.metadata.name.as_deref().unwrap_or("");
+    let mut l = labels(key);
+    l[LABEL_SOURCE_CLUSTER] = json!(cluster.as_str());
+    l[LABEL_MANAGED_BY] = json!(MANAGED_BY);
+    if vip {
+        l[LABEL_K8S_SERVICE_NAME] = json!(vip_name(key));
+    }
+    let endpoints: Vec<Value> = source
+        .endpoints
+        .iter()
+        .map(|e| {
+            let mut v = json!({"addresses": e.addresses});
+            if let Some(r) = e.conditions.as_ref().and_then(|c| c.ready) {
+                v["conditions"] = json!({"ready": r});
+            }
+            if let Some(h) = &e.hostname {
+                v["hostname"] = json!(h);
+            }
+            if let Some(z) = &e.zone {
+                v["zone"] = json!(z);
+            }
+            v
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": slice_name(key, cluster, source_name), "namespace": key.namespace.as_str(), "labels": l},
+        "addressType": source.address_type,
+        "ports": source.ports.clone().unwrap_or_default(),
+        "endpoints": endpoints,
+    })
+}
+
+/// A ServiceExport's status conditions; `times` gives each condition's
+/// lastTransitionTime (kept while its status does not change).
+pub fn export_status(api_version: &str, key: &ServiceKey, conditions: &[(Condition, String)]) -> Value {
+    let c: Vec<Value> = conditions
+        .iter()
+        .map(|(c, t)| {
+            json!({"type": c.kind, "status": c.status.as_str(), "reason": c.reason,
+                   "message": c.message, "lastTransitionTime": t})
+        })
+        .collect();
+    json!({
+        "apiVersion": api_version, "kind": "ServiceExport",
+        "metadata": {"name": key.name.as_str(), "namespace": key.namespace.as_str()},
+        "status": {"conditions": c},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::DnsLabel;
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse(name).unwrap() }
+    }
+
+    #[test]
+    fn derived_names_are_stable_short_and_distinct() {
+        let long = "a".repeat(63);
+        assert!(vip_name(&key(&long)).len() <= 63);
+        assert_eq!(vip_name(&key("web")), vip_name(&key("web")));
+        assert_ne!(vip_name(&key("web")), vip_name(&key("api")));
+        assert!(!vip_name(&key("web")).starts_with("derived-"));
+        let c = ClusterId::parse("cluster-a").unwrap();
+        let d = ClusterId::parse("cluster-b").unwrap();
+        assert_ne!(slice_name(&key("web"), &c, "web-x"), slice_name(&key("web"), &d, "web-x"));
+        assert!(slice_name(&key(&long), &c, "x").len() <= 63);
+        // Pinned: a changed digest would orphan every object after an upgrade.
+        assert_eq!(vip_name(&key("web")), "web-clusterset-PIN");
+    }
+}

@@ -1,0 +1,415 @@
+//! The controller's event loop. Member watches feed a [`FleetState`]; each
+//! event names the services it touched, and only those are reconciled.
+//! Startup work (every exported service, and objects of ours left by a
+//! previous run) waits in a backlog that live changes always overtake, so a
+//! restart never delays a change behind a full reconcile.
+//!
+//! Every write is a server-side apply of a body computed from the current
+//! state ([`super::desired`]): idempotent, so a crash at any point is
+//! repaired by the next run. A body equal to the last one applied is not
+//! sent again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::desired::{self, FIELD_MANAGER, LABEL_APP_MANAGED_BY};
+use crate::fleet::member::{self, Member};
+use crate::fleet::merge::{Condition, Status, condition, merge};
+use crate::fleet::state::{FleetState, MemberEvent};
+use crate::model::{ImportType, ServiceKey};
+use crate::source::crd::LABEL_SERVICE_NAME;
+use crate::source::kube::{Reporter, WatchHealth, discover_mcs};
+
+/// Wait before retrying a service whose reconcile failed.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// API requests the controller made, for the benchmark and `/metrics`.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    /// Writes (apply, delete).
+    pub writes: AtomicU64,
+    /// Reads (list).
+    pub reads: AtomicU64,
+    /// Writes skipped because the body equalled the last one applied.
+    pub unchanged: AtomicU64,
+    /// Services reconciled.
+    pub reconciles: AtomicU64,
+}
+
+/// Which object of which member.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct ObjectRef {
+    member: usize,
+    kind: &'static str,
+    namespace: String,
+    name: String,
+}
+
+struct MemberApis {
+    import: ApiResource,
+    export: ApiResource,
+}
+
+/// The controller.
+pub struct Syncer {
+    members: Vec<Member>,
+    apis: Vec<MemberApis>,
+    state: FleetState,
+    /// Last body applied per object (its JSON text).
+    applied: HashMap<ObjectRef, String>,
+    /// The ClusterIPs of each VIP Service written.
+    vips: HashMap<ObjectRef, Vec<String>>,
+    /// Objects of ours that exist, per service.
+    owned: BTreeMap<ServiceKey, BTreeSet<ObjectRef>>,
+    /// lastTransitionTime per (member, export, condition type, status).
+    transitions: HashMap<(usize, ServiceKey, &'static str), (Status, String)>,
+    stats: Arc<SyncStats>,
+}
+
+impl Syncer {
+    /// A controller for these members (API versions discovered now).
+    pub async fn new(members: Vec<Member>, stats: Arc<SyncStats>) -> Self {
+        let mut apis = Vec::new();
+        for m in &members {
+            let health = Arc::new(WatchHealth::new(format!("API discovery of member {}", m.name)));
+            let mut reporter = Reporter { health, last_log: None };
+            let import = discover_mcs(&m.client, "ServiceImport", "serviceimports", &mut reporter).await;
+            let export = discover_mcs(&m.client, "ServiceExport", "serviceexports", &mut reporter).await;
+            apis.push(MemberApis { import, export });
+        }
+        let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect());
+        Self {
+            members,
+            apis,
+            state,
+            applied: HashMap::new(),
+            vips: HashMap::new(),
+            owned: BTreeMap::new(),
+            transitions: HashMap::new(),
+            stats,
+        }
+    }
+
+    /// Runs until the watches end.
+    pub async fn run(mut self) {
+        let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
+        for (i, m) in self.members.iter().enumerate() {
+            member::spawn_watches(i, m, tx.clone());
+        }
+        drop(tx);
+        let mut backlog: BTreeSet<ServiceKey> = BTreeSet::new();
+        let mut live: BTreeSet<ServiceKey> = BTreeSet::new();
+        let mut retry: BTreeMap<ServiceKey, Instant> = BTreeMap::new();
+        // First: every member's complete lists, so nothing is deleted for
+        // lack of knowledge.
+        while !self.state.synced() {
+            let Some(e) = rx.recv().await else { return };
+            self.state.apply(e, &mut backlog);
+        }
+        self.adopt(&mut backlog).await;
+        info!(services = backlog.len(), "sync: members listed; reconciling");
+        loop {
+            while let Ok(e) = rx.try_recv() {
+                self.state.apply(e, &mut live);
+            }
+            let now = Instant::now();
+            let due: Vec<ServiceKey> =
+                retry.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k.clone()).collect();
+            for k in due {
+                retry.remove(&k);
+                live.insert(k);
+            }
+            let next = live.pop_first().or_else(|| backlog.pop_first());
+            let Some(key) = next else {
+                let wake = retry.values().min().copied();
+                // None: a retry is due before anything arrived.
+                let received = match wake {
+                    Some(t) => tokio::time::timeout_at(t, rx.recv()).await.ok(),
+                    None => Some(rx.recv().await),
+                };
+                match received {
+                    Some(Some(e)) => self.state.apply(e, &mut live),
+                    Some(None) => return, // every watch ended: shutting down
+                    None => {}
+                }
+                continue;
+            };
+            backlog.remove(&key);
+            if let Err(e) = self.reconcile(&key).await {
+                warn!(service = %key, "sync failed, retrying in {RETRY:?}: {e}");
+                retry.insert(key, Instant::now() + RETRY);
+            }
+        }
+    }
+
+    /// Finds objects of ours in every member (left by an earlier run, maybe
+    /// for services no longer exported) and queues their services.
+    async fn adopt(&mut self, backlog: &mut BTreeSet<ServiceKey>) {
+        let lp = ListParams::default().labels(&format!("{LABEL_APP_MANAGED_BY}={FIELD_MANAGER}"));
+        for (i, m) in self.members.iter().enumerate() {
+            let mut found: Vec<(&'static str, kube::api::ObjectMeta)> = Vec::new();
+            let imports: Api<DynamicObject> = Api::all_with(m.client.clone(), &self.apis[i].import);
+            let services: Api<Service> = Api::all(m.client.clone());
+            let slices: Api<EndpointSlice> = Api::all(m.client.clone());
+            self.stats.reads.fetch_add(3, Ordering::Relaxed);
+            match imports.list_metadata(&lp).await {
+                Ok(l) => found.extend(l.items.into_iter().map(|o| ("ServiceImport", o.metadata))),
+                Err(e) => warn!(member = %m.name, "cannot list our ServiceImports: {e}"),
+            }
+            match services.list_metadata(&lp).await {
+                Ok(l) => found.extend(l.items.into_iter().map(|o| ("Service", o.metadata))),
+                Err(e) => warn!(member = %m.name, "cannot list our Services: {e}"),
+            }
+            match slices.list_metadata(&lp).await {
+                Ok(l) => found.extend(l.items.into_iter().map(|o| ("EndpointSlice", o.metadata))),
+                Err(e) => warn!(member = %m.name, "cannot list our EndpointSlices: {e}"),
+            }
+            for (kind, meta) in found {
+                let service = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
+                let (Some(ns), Some(name), Some(service)) = (meta.namespace, meta.name, service) else {
+                    continue;
+                };
+                let Ok(key) = crate::fleet::objects::key_of(
+                    &m.cluster,
+                    kind,
+                    &kube::api::ObjectMeta {
+                        namespace: Some(ns.clone()),
+                        name: Some(service),
+                        ..Default::default()
+                    },
+                ) else {
+                    continue;
+                };
+                let r = ObjectRef { member: i, kind, namespace: ns, name };
+                self.owned.entry(key.clone()).or_default().insert(r);
+                backlog.insert(key);
+            }
+        }
+    }
+
+    /// Brings every member in line with the exports of `key`.
+    async fn reconcile(&mut self, key: &ServiceKey) -> Result<(), kube::Error> {
+        self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
+        let exports = self.state.exports(key);
+        let merged = merge(&exports);
+        let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
+        let mut failed: Option<kube::Error> = None;
+        if let Some(spec) = &merged.spec {
+            for i in 0..self.members.len() {
+                match self.member_objects(i, key, spec, &merged.clusters, &mut want).await {
+                    Ok(()) => {}
+                    // No such namespace in this member: namespace sameness
+                    // means the service is not imported there.
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        debug!(member = %self.members[i].name, service = %key, "namespace absent; not imported");
+                    }
+                    Err(e) => {
+                        warn!(member = %self.members[i].name, service = %key, "cannot write: {e}");
+                        failed = Some(e);
+                    }
+                }
+            }
+        }
+        // Whatever we own for this service and no longer want goes.
+        let owned = self.owned.remove(key).unwrap_or_default();
+        let written_everywhere = failed.is_none();
+        let mut kept = BTreeSet::new();
+        for r in owned.difference(&want) {
+            if let Err(e) = self.delete(r).await {
+                kept.insert(r.clone());
+                failed = Some(e);
+            }
+        }
+        kept.extend(want);
+        if !kept.is_empty() {
+            self.owned.insert(key.clone(), kept);
+        }
+        self.conditions(key, &merged.conditions, merged.spec.is_some() && written_everywhere).await?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The import, VIP and slices of `key` in member `i`.
+    async fn member_objects(
+        &mut self,
+        i: usize,
+        key: &ServiceKey,
+        spec: &crate::fleet::merge::ImportSpec,
+        clusters: &[crate::model::ClusterId],
+        want: &mut BTreeSet<ObjectRef>,
+    ) -> Result<(), kube::Error> {
+        let ns = key.namespace.as_str();
+        let vip = spec.kind == ImportType::ClusterSetIp;
+        let mut ips: Vec<String> = Vec::new();
+        if vip {
+            let body = desired::vip_service(key, spec);
+            let r = self.object(i, "Service", key, desired::vip_name(key));
+            want.insert(r.clone());
+            let api: Api<Service> = Api::namespaced(self.members[i].client.clone(), ns);
+            if let Some(svc) = self.apply(&r, &api, &body).await? {
+                let allocated = svc.spec.and_then(|s| s.cluster_ips).unwrap_or_default();
+                self.vips.insert(r.clone(), allocated);
+            }
+            // Applied unchanged earlier in this run: its addresses are known.
+            ips = self.vips.get(&r).cloned().unwrap_or_default();
+        }
+        for cluster in clusters {
+            for (name, source) in self.state.source_slices(cluster, key) {
+                let body = desired::slice(key, cluster, &source, vip);
+                let r = self.object(i, "EndpointSlice", key, desired::slice_name(key, cluster, &name));
+                want.insert(r.clone());
+                let api: Api<EndpointSlice> = Api::namespaced(self.members[i].client.clone(), ns);
+                self.apply(&r, &api, &body).await?;
+            }
+        }
+        let ar = self.apis[i].import.clone();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.members[i].client.clone(), ns, &ar);
+        let r = self.object(i, "ServiceImport", key, key.name.to_string());
+        want.insert(r.clone());
+        self.apply(&r, &api, &desired::import(&ar.api_version, key, spec, &ips)).await?;
+        let status = desired::import_status(&ar.api_version, key, clusters);
+        let sr = ObjectRef { kind: "ServiceImport/status", ..r };
+        if self.applied.get(&sr).map(String::as_str) != Some(status.to_string().as_str()) {
+            self.stats.writes.fetch_add(1, Ordering::Relaxed);
+            api.patch_status(&sr.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&status))
+                .await?;
+            self.applied.insert(sr, status.to_string());
+        }
+        Ok(())
+    }
+
+    fn object(&self, member: usize, kind: &'static str, key: &ServiceKey, name: String) -> ObjectRef {
+        ObjectRef { member, kind, namespace: key.namespace.to_string(), name }
+    }
+
+    /// Server-side applies `body` unless it equals the last body applied.
+    /// Returns the object when it was written.
+    async fn apply<K>(&mut self, r: &ObjectRef, api: &Api<K>, body: &Value) -> Result<Option<K>, kube::Error>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let text = body.to_string();
+        if self.applied.get(r) == Some(&text) {
+            self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        let obj = api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
+        self.applied.insert(r.clone(), text);
+        Ok(Some(obj))
+    }
+
+    async fn delete(&mut self, r: &ObjectRef) -> Result<(), kube::Error> {
+        let client = self.members[r.member].client.clone();
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        let dp = DeleteParams::default();
+        let result = match r.kind {
+            "Service" => {
+                Api::<Service>::namespaced(client, &r.namespace).delete(&r.name, &dp).await.map(|_| ())
+            }
+            "EndpointSlice" => {
+                Api::<EndpointSlice>::namespaced(client, &r.namespace).delete(&r.name, &dp).await.map(|_| ())
+            }
+            _ => Api::<DynamicObject>::namespaced_with(client, &r.namespace, &self.apis[r.member].import)
+                .delete(&r.name, &dp)
+                .await
+                .map(|_| ()),
+        };
+        self.applied.remove(r);
+        self.vips.remove(r);
+        self.applied.remove(&ObjectRef { kind: "ServiceImport/status", ..r.clone() });
+        match result {
+            Ok(()) => {
+                info!(member = %self.members[r.member].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "deleted");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes Valid, Ready and Conflict on every export of `key`.
+    async fn conditions(
+        &mut self,
+        key: &ServiceKey,
+        conditions: &[(crate::model::ClusterId, Vec<Condition>)],
+        ready: bool,
+    ) -> Result<(), kube::Error> {
+        for (cluster, conds) in conditions {
+            let Some(i) = self.members.iter().position(|m| &m.cluster == cluster) else { continue };
+            let mut all = conds.clone();
+            let valid = conds.iter().any(|c| c.kind == condition::VALID && c.status == Status::True);
+            all.push(if valid && ready {
+                Condition {
+                    kind: condition::READY,
+                    status: Status::True,
+                    reason: "Exported".into(),
+                    message: "Imported into every member cluster that has the namespace.".into(),
+                }
+            } else {
+                Condition {
+                    kind: condition::READY,
+                    status: Status::False,
+                    reason: if valid { "Pending".into() } else { "Failed".into() },
+                    message: if valid {
+                        "Not yet written to every member cluster.".into()
+                    } else {
+                        "The export is not valid.".into()
+                    },
+                }
+            });
+            let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            let timed: Vec<(Condition, String)> = all
+                .into_iter()
+                .map(|c| {
+                    let slot =
+                        self.transitions.entry((i, key.clone(), c.kind)).or_insert((c.status, now.clone()));
+                    if slot.0 != c.status {
+                        *slot = (c.status, now.clone());
+                    }
+                    let t = slot.1.clone();
+                    (c, t)
+                })
+                .collect();
+            let ar = self.apis[i].export.clone();
+            let body = desired::export_status(&ar.api_version, key, &timed);
+            let r = ObjectRef {
+                member: i,
+                kind: "ServiceExport/status",
+                namespace: key.namespace.to_string(),
+                name: key.name.to_string(),
+            };
+            let text = body.to_string();
+            if self.applied.get(&r) == Some(&text) {
+                continue;
+            }
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.members[i].client.clone(), key.namespace.as_str(), &ar);
+            self.stats.writes.fetch_add(1, Ordering::Relaxed);
+            match api
+                .patch_status(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+                .await
+            {
+                Ok(_) => {
+                    self.applied.insert(r, text);
+                }
+                // The export went meanwhile.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}

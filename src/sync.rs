@@ -1,0 +1,158 @@
+//! The `sync` command's composition root: connects the members, takes part
+//! in leader election, runs the controller only while leading, and serves
+//! `/health`, `/ready` and `/metrics`.
+//!
+//! A replica that loses the Lease stops its controller at once (the task is
+//! aborted: every write is idempotent, so stopping anywhere is safe) and the
+//! new leader starts from complete lists.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::routing::get;
+use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::config::SyncConfig;
+use crate::controller::sync::{SyncStats, Syncer};
+use crate::source::fleet;
+use crate::source::kube::{self as kube_source, ClientError};
+
+/// Why `sync` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// A member or the Lease's cluster could not be reached.
+    #[error("{0}")]
+    Client(#[from] ClientError),
+    /// Leader election failed to start.
+    #[error("leader election: {0}")]
+    Lease(#[from] LeaseManagerError),
+    /// The HTTP address could not be bound.
+    #[error("--http-listen: {0}")]
+    Bind(std::io::Error),
+    /// A signal handler could not be installed.
+    #[error("signals: {0}")]
+    Signal(std::io::Error),
+}
+
+/// Runs the controller until SIGTERM or SIGINT.
+pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
+    let mut term = signal(SignalKind::terminate()).map_err(SyncError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(SyncError::Signal)?;
+    let members = fleet::connect(&cfg.members).await?;
+    let stats = Arc::new(SyncStats::default());
+    let leading = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;
+    info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
+    tokio::spawn(http(listener, stats.clone(), leading.clone()));
+
+    let Some(lease) = cfg.lease else {
+        info!("no leader election: syncing");
+        leading.store(true, Ordering::Relaxed);
+        let controller = tokio::spawn(Syncer::new(members, stats).await.run());
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        controller.abort();
+        return Ok(());
+    };
+    let client = kube_source::client(&lease.connection).await?;
+    let secs = lease.duration.as_secs();
+    let manager = LeaseManagerBuilder::new(client, &lease.name)
+        .with_namespace(&lease.namespace)
+        .with_identity(&lease.identity)
+        .with_duration(secs)
+        // Renew a third of the duration before it runs out.
+        .with_grace((secs / 3).max(1))
+        .with_field_manager(crate::controller::desired::FIELD_MANAGER)
+        .build()
+        .await?;
+    info!(lease = %format!("{}/{}", lease.namespace, lease.name), identity = %lease.identity, "standing by for the Lease");
+    let (mut leader, election) = manager.watch().await;
+    let mut controller: Option<JoinHandle<()>> = None;
+    loop {
+        let is_leader = *leader.borrow_and_update();
+        leading.store(is_leader, Ordering::Relaxed);
+        match (is_leader, controller.is_some()) {
+            (true, false) => {
+                info!(identity = %lease.identity, "leading: syncing");
+                let syncer = Syncer::new(members.clone(), stats.clone());
+                controller = Some(tokio::spawn(async move { syncer.await.run().await }));
+            }
+            (false, true) => {
+                warn!(identity = %lease.identity, "lost the Lease: stopped writing");
+                if let Some(c) = controller.take() {
+                    c.abort();
+                }
+            }
+            _ => {}
+        }
+        tokio::select! {
+            changed = leader.changed() => if changed.is_err() { break },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    if let Some(c) = controller.take() {
+        c.abort();
+    }
+    // Dropping the receiver makes the election task release the Lease, so a
+    // standby takes over at once instead of after the lease duration.
+    drop(leader);
+    match election.await {
+        Ok(Ok(_)) => info!("released the Lease"),
+        Ok(Err(e)) => warn!("releasing the Lease: {e}"),
+        Err(e) => warn!("election task: {e}"),
+    }
+    Ok(())
+}
+
+async fn http(listener: tokio::net::TcpListener, stats: Arc<SyncStats>, leading: Arc<AtomicBool>) {
+    let app =
+        Router::new().route("/health", get(|| async { "OK" })).route("/ready", get(|| async { "OK" })).route(
+            "/metrics",
+            get(move || {
+                let (s, l) = (stats.clone(), leading.clone());
+                async move { metrics_text(&s, l.load(Ordering::Relaxed)) }
+            }),
+        );
+    if let Err(e) = axum::serve(listener, app).await {
+        warn!("HTTP server stopped: {e}");
+    }
+}
+
+fn metrics_text(s: &SyncStats, leading: bool) -> String {
+    let counter =
+        |name: &str, help: &str, v: u64| format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n");
+    let mut out = String::new();
+    out += "# HELP clusterset_dns_sync_leader 1 while this replica holds the Lease and writes.\n";
+    out += &format!(
+        "# TYPE clusterset_dns_sync_leader gauge\nclusterset_dns_sync_leader {}\n",
+        u8::from(leading)
+    );
+    out += &counter(
+        "clusterset_dns_sync_writes_total",
+        "API writes (apply, delete) made by the controller.",
+        s.writes.load(Ordering::Relaxed),
+    );
+    out += &counter(
+        "clusterset_dns_sync_reads_total",
+        "API reads (list, get).",
+        s.reads.load(Ordering::Relaxed),
+    );
+    out += &counter(
+        "clusterset_dns_sync_unchanged_total",
+        "Writes skipped because the object was already as wanted.",
+        s.unchanged.load(Ordering::Relaxed),
+    );
+    out += &counter(
+        "clusterset_dns_sync_reconciles_total",
+        "Services reconciled.",
+        s.reconciles.load(Ordering::Relaxed),
+    );
+    out
+}

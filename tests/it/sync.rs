@@ -1,0 +1,386 @@
+//! The sync controller (`clusterset-dns sync`, the real binary, as the
+//! identity of `deploy/sync/rbac.yaml`) on three real clusters: exports
+//! become ServiceImports, MCS EndpointSlices and a clusterset VIP in every
+//! member, `serve` in each cluster resolves them from that cluster's own
+//! API, conflicts show the KEP's conditions, and leader failover and a
+//! crash mid-reconcile converge with no orphans.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use serde_json::json;
+
+use crate::binary::{Served, eventually};
+use crate::cluster::{TestClusters, shared};
+use crate::fleet::{User, export_resource, rcode, short};
+use crate::watch::runtime;
+
+const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
+const OURS: &str = "app.kubernetes.io/managed-by=clusterset-dns-sync";
+
+/// A running `clusterset-dns sync`; killed on drop.
+struct Syncing {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Syncing {
+    fn start(clusters: &TestClusters, extra: &[&str]) -> Self {
+        let mut args: Vec<String> = vec!["sync".into(), "--http-listen".into(), "127.0.0.1:0".into()];
+        for i in 0..clusters.len() {
+            args.push("--cluster".into());
+            args.push(format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "sync").display()));
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .env("RUST_LOG", std::env::var("SYNC_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start clusterset-dns sync");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("log").push_str(&(line + "\n"));
+            }
+        });
+        Self { child, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().expect("log").clone()
+    }
+
+    fn leading(&self) -> bool {
+        self.log().contains("leading: syncing") && !self.log().contains("lost the Lease")
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Syncing {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- clusterset-dns sync log ---\n{}", self.log());
+        }
+    }
+}
+
+fn import_resource() -> ApiResource {
+    ApiResource {
+        group: "multicluster.x-k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "multicluster.x-k8s.io/v1beta1".into(),
+        kind: "ServiceImport".into(),
+        plural: "serviceimports".into(),
+    }
+}
+
+/// Reads one member's objects in one namespace.
+struct Reader {
+    client: kube::Client,
+    ns: String,
+}
+
+impl Reader {
+    async fn new(clusters: &TestClusters, i: usize, ns: &str) -> Self {
+        Self { client: clusters.client(i).await, ns: ns.into() }
+    }
+
+    async fn import(&self, name: &str) -> Option<serde_json::Value> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &import_resource());
+        api.get_opt(name).await.expect("get ServiceImport").map(|o| o.data)
+    }
+
+    /// (ServiceImports, Services, EndpointSlices) of ours in the namespace.
+    async fn ours(&self) -> (usize, usize, usize) {
+        let lp = ListParams::default().labels(OURS);
+        let i: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &import_resource());
+        let s: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+        let e: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        (
+            i.list(&lp).await.expect("list").items.len(),
+            s.list(&lp).await.expect("list").items.len(),
+            e.list(&lp).await.expect("list").items.len(),
+        )
+    }
+
+    /// The export's conditions as `type=status reason: message`.
+    async fn conditions(&self, name: &str) -> Vec<String> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &export_resource());
+        let Some(o) = api.get_opt(name).await.expect("get ServiceExport") else { return vec![] };
+        let conds =
+            o.data.pointer("/status/conditions").and_then(|c| c.as_array()).cloned().unwrap_or_default();
+        conds
+            .iter()
+            .map(|c| {
+                let f = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+                format!("{}={} {}: {}", f("type"), f("status"), f("reason"), f("message"))
+            })
+            .collect()
+    }
+}
+
+/// Clients belong to the runtime they were made in: use them in `rt` only.
+fn users(rt: &tokio::runtime::Runtime, clusters: &TestClusters, ns: &str) -> Vec<User> {
+    rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..clusters.len() {
+            v.push(User::new(clusters, i, ns).await);
+        }
+        v
+    })
+}
+
+fn readers(rt: &tokio::runtime::Runtime, clusters: &TestClusters, ns: &str) -> Vec<Reader> {
+    rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..clusters.len() {
+            v.push(Reader::new(clusters, i, ns).await);
+        }
+        v
+    })
+}
+
+fn serve_in(clusters: &TestClusters, i: usize, ns: &str) -> Served {
+    let kc = clusters.serve_kubeconfig(i);
+    let s = Served::start(&["--kubeconfig", kc.to_str().expect("path"), "--namespace", ns]);
+    eventually("serve ready", || s.get("/ready").0 == 200);
+    s
+}
+
+#[test]
+fn an_export_resolves_by_the_same_name_in_every_cluster() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-basic";
+    let u = users(&rt, clusters, ns);
+    let r = readers(&rt, clusters, ns);
+    let _sync = Syncing::start(clusters, &["--lease-duration", "5"]);
+    rt.block_on(async {
+        u[0].service("web", json!({})).await;
+        u[0].endpoints("web-a", "web", json!([{"addresses": ["10.1.0.1"]}])).await;
+        u[0].export("web").await;
+    });
+    // A ServiceImport with a VIP in every member, the VIP allocated by each.
+    let mut vips = Vec::new();
+    for (i, reader) in r.iter().enumerate() {
+        eventually(&format!("import in {}", clusters.name(i)), || {
+            rt.block_on(reader.import("web")).is_some_and(|o| o.pointer("/spec/ips/0").is_some())
+        });
+        let o = rt.block_on(reader.import("web")).expect("import");
+        assert_eq!(o["spec"]["type"], "ClusterSetIP");
+        assert_eq!(o["spec"]["ports"], json!([{"name": "http", "protocol": "TCP", "port": 80}]));
+        assert_eq!(o["status"]["clusters"], json!([{"cluster": clusters.name(0)}]));
+        vips.push(o["spec"]["ips"][0].as_str().expect("ip").to_owned());
+        // One VIP Service and one MCS slice per member, nothing derived in DNS.
+        assert_eq!(rt.block_on(reader.ours()), (1, 1, 1), "{}", clusters.name(i));
+    }
+    // serve in B and C, each fed by its own API server, answers the VIP of its cluster.
+    let web = format!("web.{ns}.svc.clusterset.local");
+    for i in [1, 2] {
+        let s = serve_in(clusters, i, ns);
+        eventually("web answered", || short(&s, &web, "A") == [vips[i].clone()]);
+    }
+    let conds = rt.block_on(r[0].conditions("web"));
+    assert!(conds.iter().any(|c| c.starts_with("Valid=True Valid")), "{conds:?}");
+    assert!(conds.iter().any(|c| c.starts_with("Ready=True Exported")), "{conds:?}");
+    assert!(conds.iter().any(|c| c.starts_with("Conflict=False NoConflicts")), "{conds:?}");
+
+    // Headless across two clusters, with hostnames: answered in C.
+    rt.block_on(async {
+        for (user, ip) in [(&u[0], "10.1.0.5"), (&u[1], "10.2.0.5")] {
+            user.service("db", json!({"clusterIP": "None"})).await;
+            user.endpoints("db-x", "db", json!([{"addresses": [ip], "hostname": "db-0"}])).await;
+            user.export("db").await;
+        }
+    });
+    let s = serve_in(clusters, 2, ns);
+    let db = format!("db.{ns}.svc.clusterset.local");
+    eventually("db from A and B", || short(&s, &db, "A") == ["10.1.0.5", "10.2.0.5"]);
+    assert_eq!(short(&s, &format!("db-0.{}.{db}", clusters.name(1)), "A"), ["10.2.0.5"]);
+    let o = rt.block_on(r[2].import("db")).expect("db import");
+    assert!(o.pointer("/spec/ips").is_none(), "headless has no IP: {o}");
+
+    // Endpoint changes follow; the Service deleted removes its cluster.
+    rt.block_on(u[1].endpoints("db-x", "db", json!([{"addresses": ["10.2.0.6"], "hostname": "db-0"}])));
+    eventually("db endpoint moved", || short(&s, &db, "A") == ["10.1.0.5", "10.2.0.6"]);
+    rt.block_on(u[1].delete_service("db"));
+    eventually("db only from A", || short(&s, &db, "A") == ["10.1.0.5"]);
+    eventually("Valid=False NoService in B", || {
+        rt.block_on(r[1].conditions("db")).iter().any(|c| c.starts_with("Valid=False NoService"))
+    });
+
+    // Unexport everything: every object of ours goes from every member.
+    rt.block_on(async {
+        u[0].unexport("web").await;
+        u[0].unexport("db").await;
+        u[1].unexport("db").await;
+    });
+    for (i, reader) in r.iter().enumerate() {
+        eventually(&format!("nothing left in {}", clusters.name(i)), || {
+            rt.block_on(reader.ours()) == (0, 0, 0)
+        });
+    }
+    eventually("web gone", || rcode(&s, &web) == "NXDOMAIN");
+}
+
+#[test]
+fn conflicts_show_the_kep_conditions_and_the_oldest_export_wins() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-conflict";
+    let u = users(&rt, clusters, ns);
+    let r = readers(&rt, clusters, ns);
+    let _sync = Syncing::start(clusters, &["--no-leader-election"]);
+    // The oldest export is A's: creation timestamps have one-second
+    // resolution, so B's comes a second later.
+    let cases = [
+        (
+            "porty",
+            json!({}),
+            json!({"ports": [{"name": "http", "protocol": "TCP", "port": 81}]}),
+            "PortConflict",
+        ),
+        ("typey", json!({}), json!({"clusterIP": "None"}), "TypeConflict"),
+        ("affy", json!({}), json!({"sessionAffinity": "ClientIP"}), "SessionAffinityConflict"),
+        (
+            "affcfg",
+            json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}),
+            json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 90}}}),
+            "SessionAffinityConfigConflict",
+        ),
+    ];
+    rt.block_on(async {
+        for (name, a, _, _) in &cases {
+            u[0].service(name, a.clone()).await;
+            u[0].export(name).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        for (name, _, b, _) in &cases {
+            u[1].service(name, b.clone()).await;
+            u[1].export(name).await;
+        }
+        u[2].service("ext", json!({"type": "ExternalName", "externalName": "example.com", "ports": []}))
+            .await;
+        u[2].export("ext").await;
+        u[2].export("nosvc").await;
+    });
+    for (name, _, _, reason) in &cases {
+        for i in [0, 1] {
+            let mut seen = Vec::new();
+            let what = format!("{reason} on {name} in {}", clusters.name(i));
+            let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                eventually(&what, || {
+                    seen = rt.block_on(r[i].conditions(name));
+                    seen.iter().any(|c| c.starts_with(&format!("Conflict=True {reason}:")))
+                })
+            }));
+            assert!(found.is_ok(), "{what}: conditions are {seen:#?}");
+        }
+        let conds = rt.block_on(r[1].conditions(name));
+        let conflict = conds.iter().find(|c| c.starts_with("Conflict=True")).expect("conflict");
+        assert!(
+            conflict.contains(&format!(
+                "from oldest service export in \"{}\". 1/2 clusters disagree.",
+                clusters.name(0)
+            )),
+            "{conflict}"
+        );
+    }
+    // The oldest wins: the import keeps A's values in every member.
+    let porty = rt.block_on(r[2].import("porty")).expect("porty import");
+    assert_eq!(porty["spec"]["ports"], json!([{"name": "http", "protocol": "TCP", "port": 80}]));
+    let typey = rt.block_on(r[2].import("typey")).expect("typey import");
+    assert_eq!(typey["spec"]["type"], "ClusterSetIP");
+    let affcfg = rt.block_on(r[2].import("affcfg")).expect("affcfg import");
+    assert_eq!(affcfg["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"], 60);
+    // Invalid exports: conditions, and no import.
+    eventually("ExternalName is not valid", || {
+        rt.block_on(r[2].conditions("ext")).iter().any(|c| c.starts_with("Valid=False InvalidServiceType"))
+    });
+    eventually("no Service is not valid", || {
+        rt.block_on(r[2].conditions("nosvc")).iter().any(|c| c.starts_with("Valid=False NoService"))
+    });
+    assert!(rt.block_on(r[0].import("ext")).is_none());
+    assert!(rt.block_on(r[0].import("nosvc")).is_none());
+
+    // The conflict clears when B agrees; the import did not change meanwhile.
+    let before = rt.block_on(r[2].import("porty")).expect("porty")["spec"].clone();
+    rt.block_on(u[1].service("porty", json!({})));
+    eventually("conflict cleared", || {
+        rt.block_on(r[1].conditions("porty")).iter().any(|c| c.starts_with("Conflict=False NoConflicts"))
+    });
+    assert_eq!(rt.block_on(r[2].import("porty")).expect("porty")["spec"], before);
+}
+
+#[test]
+fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-ha";
+    let u = users(&rt, clusters, ns);
+    let r = readers(&rt, clusters, ns);
+    let mut first = Syncing::start(clusters, &["--lease-duration", "5", "--identity", "first"]);
+    eventually("first leads", || first.leading());
+    let second = Syncing::start(clusters, &["--lease-duration", "5", "--identity", "second"]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!second.leading(), "two leaders:\n{}", second.log());
+
+    // Many exports; the leader is killed (no Lease release) mid-reconcile.
+    const N: usize = 30;
+    rt.block_on(async {
+        for i in 0..N {
+            let name = format!("svc-{i}");
+            u[0].service(&name, json!({})).await;
+            u[0].endpoints(
+                &format!("{name}-a"),
+                &name,
+                json!([{"addresses": [format!("10.9.0.{}", i + 1)]}]),
+            )
+            .await;
+            u[0].export(&name).await;
+        }
+    });
+    eventually("some imports written", || rt.block_on(r[2].ours()).0 > 0);
+    first.kill();
+    let killed = Instant::now();
+    eventually("second leads", || second.leading());
+    let failover = killed.elapsed();
+    assert!(failover < Duration::from_secs(15), "failover took {failover:?}");
+    // Meanwhile one export goes; the new leader must remove its objects.
+    rt.block_on(u[0].unexport("svc-0"));
+    for (i, reader) in r.iter().enumerate() {
+        eventually(&format!("{} converged", clusters.name(i)), || {
+            rt.block_on(reader.ours()) == (N - 1, N - 1, N - 1)
+        });
+    }
+    // A restarted replica stands by; nothing is duplicated.
+    let third = Syncing::start(clusters, &["--lease-duration", "5", "--identity", "third"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!third.leading());
+    for reader in &r {
+        assert_eq!(rt.block_on(reader.ours()), (N - 1, N - 1, N - 1));
+    }
+    rt.block_on(async {
+        for i in 1..N {
+            u[0].unexport(&format!("svc-{i}")).await;
+        }
+    });
+    for reader in &r {
+        eventually("all gone", || rt.block_on(reader.ours()) == (0, 0, 0));
+    }
+    eprintln!("failover in {failover:?}");
+}
