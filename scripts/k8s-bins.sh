@@ -17,10 +17,9 @@
 #   COREDNS_VERSION        github.com/coredns/coredns tag for the stock coredns
 #   MC_COREDNS_VERSION     coredns version paired with the multicluster plugin
 #   MULTICLUSTER_VERSION   github.com/coredns/multicluster pseudo-version
-#   MULTICLUSTER_SRC       optional local source of the multicluster plugin: a
-#                          module directory or a git repository (bare or not)
-#                          containing the pinned commit. Used when the module
-#                          proxy does not serve github.com/coredns/multicluster.
+#                          (coredns-multicluster is built only from the module
+#                          proxy; while the proxy refuses that module the target
+#                          fails, and `all` skips it with a warning)
 #   K8S_BINS_JOBS          go build -p value (default 2)
 #
 # Go builds run under `nice -n 19` so that they do not starve other work.
@@ -33,7 +32,6 @@ COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
 # The multicluster plugin's own go.mod requires coredns v1.11.4; keep that pairing.
 MC_COREDNS_VERSION="${MC_COREDNS_VERSION:-v1.11.4}"
 MULTICLUSTER_VERSION="${MULTICLUSTER_VERSION:-v0.0.0-20250326123025-edbcb64886f6}"
-MULTICLUSTER_SRC="${MULTICLUSTER_SRC:-}"
 
 CACHE="${CLUSTERSET_DNS_CACHE:-$HOME/.cache/clusterset-dns}"
 BIN="$CACHE/bin"
@@ -182,24 +180,6 @@ build_coredns() {
     "$BIN/coredns" -version >&2
 }
 
-# Fetch the multicluster plugin source for a local replace (proxy fallback).
-multicluster_local_src() {
-    local dest="$1" commit="${MULTICLUSTER_VERSION##*-}"
-    [ -n "$MULTICLUSTER_SRC" ] || return 1
-    rm -rf "$dest"; mkdir -p "$dest"
-    if git --git-dir="$MULTICLUSTER_SRC" rev-parse --git-dir >/dev/null 2>&1; then
-        git --git-dir="$MULTICLUSTER_SRC" archive "$commit" | tar -x -C "$dest"
-    elif git -C "$MULTICLUSTER_SRC" rev-parse --git-dir >/dev/null 2>&1; then
-        git -C "$MULTICLUSTER_SRC" archive "$commit" | tar -x -C "$dest"
-    elif [ -f "$MULTICLUSTER_SRC/go.mod" ]; then
-        cp -a "$MULTICLUSTER_SRC/." "$dest/"
-    else
-        die "MULTICLUSTER_SRC=$MULTICLUSTER_SRC is neither a git repository nor a module directory"
-    fi
-    grep -q '^module github.com/coredns/multicluster$' "$dest/go.mod" \
-        || die "$MULTICLUSTER_SRC does not hold github.com/coredns/multicluster"
-}
-
 build_coredns_multicluster() {
     local short="${MULTICLUSTER_VERSION##*-}"
     local v="$MC_COREDNS_VERSION" name="coredns-multicluster-$MC_COREDNS_VERSION-${short:0:12}"
@@ -207,17 +187,9 @@ build_coredns_multicluster() {
     local dir="$SRC/coredns-multicluster-$v-${short:0:12}"
     mkdir -p "$dir"
     rm -f "$dir/go.mod" "$dir/go.sum"
-    # Prefer the module proxy; fall back to a local source tree.
-    local replace=""
     if ! "$GO" mod download "github.com/coredns/multicluster@$MULTICLUSTER_VERSION" 2>/dev/null; then
-        if multicluster_local_src "$dir/multicluster-src"; then
-            replace="./multicluster-src"
-            log "coredns-multicluster: proxy lacks github.com/coredns/multicluster@$MULTICLUSTER_VERSION; using $MULTICLUSTER_SRC"
-        else
-            log "coredns-multicluster: the module proxy does not serve github.com/coredns/multicluster@$MULTICLUSTER_VERSION"
-            log "coredns-multicluster: set MULTICLUSTER_SRC to a git clone or source directory of the plugin"
-            return 2
-        fi
+        log "coredns-multicluster: the module proxy does not serve github.com/coredns/multicluster@$MULTICLUSTER_VERSION"
+        return 2
     fi
     log "building coredns-multicluster (coredns $v + multicluster ${short:0:12}) (cold build takes ~1.5-2 min on 2 cores)..."
     cat >"$dir/main.go" <<'EOF'
@@ -267,9 +239,6 @@ EOF
         "$GO" mod edit -go=1.23.0 \
             -require="github.com/coredns/coredns@$v" \
             -require="github.com/coredns/multicluster@$MULTICLUSTER_VERSION"
-        if [ -n "$replace" ]; then
-            "$GO" mod edit -replace="github.com/coredns/multicluster=$replace"
-        fi
         run_timed "coredns-multicluster $v+${short:0:12}" "$GO" build -mod=mod -trimpath \
             -ldflags "-s -w" -o "$BIN/.$name.tmp" .
     )
@@ -304,7 +273,7 @@ main() {
         rc=$?
         set -e
         if [ "$rc" -ne 0 ]; then
-            # Default "all": a missing multicluster source is a warning, not a failure.
+            # Default "all": the multicluster module missing from the proxy is a warning.
             if [ "$t" = coredns-multicluster ] && [ "$rc" -eq 2 ] && [ "$explicit" -eq 0 ]; then
                 log "WARNING: skipped coredns-multicluster"
             else

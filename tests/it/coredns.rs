@@ -386,7 +386,7 @@ impl Drop for CoreDns {
 }
 
 /// A port free for both UDP and TCP on 127.0.0.1 (at the time of asking).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     for _ in 0..50 {
         let tcp = TcpListener::bind("127.0.0.1:0").expect("bind TCP");
         let port = tcp.local_addr().expect("local addr").port();

@@ -14,6 +14,7 @@ mod coredns;
 mod deploy;
 mod fleet;
 mod harness_smoke;
+mod incumbent;
 mod metrics;
 mod readiness;
 mod sync;
