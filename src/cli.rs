@@ -146,6 +146,25 @@ pub struct SyncOptions {
     /// Run without leader election (one replica only).
     #[arg(long)]
     pub no_leader_election: bool,
+    /// What happens to the endpoints of a member whose API stays
+    /// unreachable: `keep` them everywhere, marked on the imports (a
+    /// partition does not take working endpoints away), or `remove` them
+    /// after --member-lost-after (a dead cluster stops getting traffic).
+    #[arg(long, value_name = "keep|remove", default_value = "keep")]
+    pub on_member_lost: String,
+    /// Seconds a member must stay unreachable before --on-member-lost=remove
+    /// removes its endpoints.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub member_lost_after: u64,
+    /// Export every Service in namespaces whose name starts with this
+    /// (repeatable). Services annotated `clusterset-dns.io/export: "true"`
+    /// (or Kosmos's `kosmos.io/auto-create-mcs: "true"`) are exported
+    /// wherever they are.
+    #[arg(long = "auto-export-namespace-prefix", value_name = "PREFIX")]
+    pub auto_export_namespace_prefixes: Vec<String>,
+    /// Namespace to sync (repeatable); all namespaces when none is given.
+    #[arg(long = "namespace", value_name = "NS")]
+    pub namespaces: Vec<String>,
 }
 
 /// `check` options.

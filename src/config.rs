@@ -8,6 +8,7 @@ use std::time::Duration;
 use hickory_proto::rr::Name;
 
 use crate::cli::{MembersArgs, ServeArgs, SyncArgs, SyncOptions};
+use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::fleet::member::MemberConfig;
 use crate::model::{ClusterId, DnsLabel};
 use crate::source::kube::{Connection, KubeSource};
@@ -144,6 +145,8 @@ pub struct SyncConfig {
     pub http_listen: SocketAddr,
     /// Leader election, unless disabled.
     pub lease: Option<LeaseConfig>,
+    /// The controller's behaviour.
+    pub behaviour: SyncBehaviour,
 }
 
 /// Where and how replicas elect the one that writes.
@@ -168,8 +171,42 @@ impl SyncConfig {
         if members.is_empty() {
             return Err(bad("--cluster", "sync needs at least one member (--cluster or --members)"));
         }
-        Ok(Self { lease: lease(&a.options, &members)?, members, http_listen: a.http_listen })
+        Ok(Self {
+            lease: lease(&a.options, &members)?,
+            behaviour: behaviour(&a.options)?,
+            members,
+            http_listen: a.http_listen,
+        })
     }
+}
+
+/// The controller behaviour of `sync` options.
+pub fn behaviour(o: &SyncOptions) -> Result<SyncBehaviour, ConfigError> {
+    let on_member_lost = match o.on_member_lost.as_str() {
+        "keep" => MemberLost::Keep,
+        "remove" => MemberLost::Remove,
+        other => return Err(bad("--on-member-lost", format!("{other:?} is not keep or remove"))),
+    };
+    if o.member_lost_after == 0 {
+        return Err(bad("--member-lost-after", "must be at least 1 second"));
+    }
+    for p in &o.auto_export_namespace_prefixes {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+            return Err(bad(
+                "--auto-export-namespace-prefix",
+                format!("{p:?} cannot start a namespace name"),
+            ));
+        }
+    }
+    for ns in &o.namespaces {
+        DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
+    }
+    Ok(SyncBehaviour {
+        namespaces: o.namespaces.clone(),
+        on_member_lost,
+        lost_after: Duration::from_secs(o.member_lost_after),
+        auto_export_prefixes: o.auto_export_namespace_prefixes.clone(),
+    })
 }
 
 /// The leader-election settings of `sync` options.

@@ -117,7 +117,7 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         }
     }
     if !cfg.members.is_empty() {
-        let members = fleet::connect(&cfg.members).await?;
+        let members = fleet::connect(&cfg.members, &[]).await?;
         let source = SourceId(u32::MAX - 1);
         writer.apply(Update::Register(source));
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use crate::config::SyncConfig;
 use crate::controller::sync::{SyncStats, Syncer};
 use crate::source::fleet;
-use crate::source::kube::{self as kube_source, ClientError};
+use crate::source::kube::{self as kube_source, ClientError, WatchHealth};
 
 /// Why `sync` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -42,17 +42,19 @@ pub enum SyncError {
 pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
     let mut term = signal(SignalKind::terminate()).map_err(SyncError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SyncError::Signal)?;
-    let members = fleet::connect(&cfg.members).await?;
+    let members = fleet::connect(&cfg.members, &cfg.behaviour.namespaces).await?;
     let stats = Arc::new(SyncStats::default());
     let leading = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
-    tokio::spawn(http(listener, stats.clone(), leading.clone()));
+    let healths: Vec<(String, Vec<Arc<WatchHealth>>)> =
+        members.iter().map(|m| (m.name.clone(), m.health.clone())).collect();
+    tokio::spawn(http(listener, stats.clone(), leading.clone(), healths));
 
     let Some(lease) = cfg.lease else {
         info!("no leader election: syncing");
         leading.store(true, Ordering::Relaxed);
-        let controller = tokio::spawn(Syncer::new(members, stats).await.run());
+        let controller = tokio::spawn(Syncer::new(members, cfg.behaviour.clone(), stats).await.run());
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
@@ -80,7 +82,7 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
         match (is_leader, controller.is_some()) {
             (true, false) => {
                 info!(identity = %lease.identity, "leading: syncing");
-                let syncer = Syncer::new(members.clone(), stats.clone());
+                let syncer = Syncer::new(members.clone(), cfg.behaviour.clone(), stats.clone());
                 controller = Some(tokio::spawn(async move { syncer.await.run().await }));
             }
             (false, true) => {
@@ -111,13 +113,21 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
     Ok(())
 }
 
-async fn http(listener: tokio::net::TcpListener, stats: Arc<SyncStats>, leading: Arc<AtomicBool>) {
+type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>)>;
+
+async fn http(
+    listener: tokio::net::TcpListener,
+    stats: Arc<SyncStats>,
+    leading: Arc<AtomicBool>,
+    members: MemberHealth,
+) {
+    let members = Arc::new(members);
     let app =
         Router::new().route("/health", get(|| async { "OK" })).route("/ready", get(|| async { "OK" })).route(
             "/metrics",
             get(move || {
-                let (s, l) = (stats.clone(), leading.clone());
-                async move { metrics_text(&s, l.load(Ordering::Relaxed)) }
+                let (s, l, m) = (stats.clone(), leading.clone(), members.clone());
+                async move { metrics_text(&s, l.load(Ordering::Relaxed), &m) }
             }),
         );
     if let Err(e) = axum::serve(listener, app).await {
@@ -125,7 +135,7 @@ async fn http(listener: tokio::net::TcpListener, stats: Arc<SyncStats>, leading:
     }
 }
 
-fn metrics_text(s: &SyncStats, leading: bool) -> String {
+fn metrics_text(s: &SyncStats, leading: bool, members: &MemberHealth) -> String {
     let counter =
         |name: &str, help: &str, v: u64| format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n");
     let mut out = String::new();
@@ -154,5 +164,11 @@ fn metrics_text(s: &SyncStats, leading: bool) -> String {
         "Services reconciled.",
         s.reconciles.load(Ordering::Relaxed),
     );
+    out += "# HELP clusterset_dns_sync_member_stale_seconds Seconds since a member's API last answered its watches (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.\n";
+    out += "# TYPE clusterset_dns_sync_member_stale_seconds gauge\n";
+    for (name, health) in members {
+        let stale = health.iter().map(|h| h.stale_seconds()).fold(0.0, f64::max);
+        out += &format!("clusterset_dns_sync_member_stale_seconds{{member=\"{name}\"}} {stale}\n");
+    }
     out
 }

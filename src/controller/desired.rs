@@ -11,10 +11,7 @@ use crate::fleet::objects::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY
 use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
 use crate::source::crd::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 
-/// Field manager of every write (server-side apply).
-pub const FIELD_MANAGER: &str = "clusterset-dns-sync";
-/// Label on every object the controller owns.
-pub const LABEL_APP_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub use crate::fleet::objects::{LABEL_APP_MANAGED_BY, SYNC_MANAGER as FIELD_MANAGER};
 
 /// A stable 8-hex-digit digest (FNV-1a over the parts, each followed by a
 /// 0 byte): the same in every process and version, unlike `std`'s hashers.
@@ -92,13 +89,44 @@ pub fn import(api_version: &str, key: &ServiceKey, spec: &ImportSpec, ips: &[Str
     })
 }
 
-/// The ServiceImport's status: the exporting clusters.
-pub fn import_status(api_version: &str, key: &ServiceKey, clusters: &[ClusterId]) -> Value {
-    let clusters: Vec<Value> = clusters.iter().map(|c| json!({"cluster": c.as_str()})).collect();
+/// Condition on ServiceImports saying whether every exporting cluster's
+/// API answers (endpoints of one that does not are kept, but may be stale).
+pub const CONDITION_SOURCES_REACHABLE: &str = "clusterset-dns.io/SourcesReachable";
+
+/// The ServiceImport's status: the exporting clusters, and which of them
+/// are unreachable (with the time they became so).
+pub fn import_status(
+    api_version: &str,
+    key: &ServiceKey,
+    clusters: &[ClusterId],
+    unreachable: &[(ClusterId, String)],
+) -> Value {
+    let list: Vec<Value> = clusters.iter().map(|c| json!({"cluster": c.as_str()})).collect();
+    let condition = match unreachable.iter().map(|(_, t)| t).max() {
+        None => json!({"type": CONDITION_SOURCES_REACHABLE, "status": "True", "reason": "AllReachable",
+                       "message": "Every exporting cluster's API answers.",
+                       // Constant while true: a status write only when it changes.
+                       "lastTransitionTime": "1970-01-01T00:00:00Z"}),
+        Some(since) => {
+            let names: Vec<&str> = unreachable.iter().map(|(c, _)| c.as_str()).collect();
+            json!({"type": CONDITION_SOURCES_REACHABLE, "status": "False", "reason": "ClusterUnreachable",
+                   "message": format!("API of {} unreachable; their endpoints are kept as last seen.", names.join(", ")),
+                   "lastTransitionTime": since})
+        }
+    };
     json!({
         "apiVersion": api_version, "kind": "ServiceImport",
         "metadata": {"name": key.name.as_str(), "namespace": key.namespace.as_str()},
-        "status": {"clusters": clusters},
+        "status": {"clusters": list, "conditions": [condition]},
+    })
+}
+
+/// A ServiceExport created for a Service that asks to be exported.
+pub fn export(api_version: &str, key: &ServiceKey) -> Value {
+    json!({
+        "apiVersion": api_version, "kind": "ServiceExport",
+        "metadata": {"name": key.name.as_str(), "namespace": key.namespace.as_str(),
+                     "labels": {LABEL_APP_MANAGED_BY: FIELD_MANAGER}},
     })
 }
 
@@ -199,6 +227,6 @@ mod tests {
         assert_ne!(slice_name(&key("web"), &c, "web-x"), slice_name(&key("web"), &d, "web-x"));
         assert!(slice_name(&key(&long), &c, "x").len() <= 63);
         // Pinned: a changed digest would orphan every object after an upgrade.
-        assert_eq!(vip_name(&key("web")), "web-clusterset-PIN");
+        assert_eq!(vip_name(&key("web")), "web-clusterset-19ea9383");
     }
 }

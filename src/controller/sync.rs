@@ -33,6 +33,41 @@ use crate::source::kube::{Reporter, WatchHealth, discover_mcs};
 /// Wait before retrying a service whose reconcile failed.
 const RETRY: Duration = Duration::from_secs(2);
 
+/// What to do about a member whose API stays unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberLost {
+    /// Keep its endpoints everywhere, marked on the imports (the default:
+    /// a partition must not take working endpoints away).
+    Keep,
+    /// Remove its endpoints everywhere once it has been unreachable for the
+    /// window (a powered-off cluster stops receiving traffic).
+    Remove,
+}
+
+/// How the controller behaves, besides whom it syncs.
+#[derive(Debug, Clone)]
+pub struct SyncBehaviour {
+    /// What to do about an unreachable member.
+    pub on_member_lost: MemberLost,
+    /// How long a member must be unreachable before `Remove` applies.
+    pub lost_after: Duration,
+    /// Services in namespaces starting with one of these are exported
+    /// automatically.
+    pub auto_export_prefixes: Vec<String>,
+    /// Namespaces synced; all when empty.
+    pub namespaces: Vec<String>,
+}
+
+/// How long API discovery of a member is waited for at a time.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the first lists of every member are waited for.
+const FIRST_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+/// A member is considered unreachable (skipped, and marked on imports) once
+/// its watches have failed for this long.
+const UNREACHABLE_AFTER: f64 = 5.0;
+/// How often members' reachability is checked.
+const TICK: Duration = Duration::from_secs(1);
+
 /// API requests the controller made, for the benchmark and `/metrics`.
 #[derive(Debug, Default)]
 pub struct SyncStats {
@@ -71,6 +106,13 @@ pub struct Syncer {
     vips: HashMap<ObjectRef, Vec<String>>,
     /// Objects of ours that exist, per service.
     owned: BTreeMap<ServiceKey, BTreeSet<ObjectRef>>,
+    behaviour: SyncBehaviour,
+    /// Members currently unreachable, and since when (RFC 3339).
+    unreachable: Vec<Option<String>>,
+    /// Members whose MCS API versions are known (writes wait for it).
+    discovered: Vec<bool>,
+    /// Members whose endpoints are removed (`MemberLost::Remove`).
+    removed: Vec<bool>,
     /// lastTransitionTime per (member, export, condition type, status).
     transitions: HashMap<(usize, ServiceKey, &'static str), (Status, String)>,
     stats: Arc<SyncStats>,
@@ -78,16 +120,22 @@ pub struct Syncer {
 
 impl Syncer {
     /// A controller for these members (API versions discovered now).
-    pub async fn new(members: Vec<Member>, stats: Arc<SyncStats>) -> Self {
+    pub async fn new(members: Vec<Member>, behaviour: SyncBehaviour, stats: Arc<SyncStats>) -> Self {
+        // Until a member's API versions are known it is not written to; a
+        // member down at start must not hold the others up.
         let mut apis = Vec::new();
+        let mut discovered = Vec::new();
         for m in &members {
-            let health = Arc::new(WatchHealth::new(format!("API discovery of member {}", m.name)));
-            let mut reporter = Reporter { health, last_log: None };
-            let import = discover_mcs(&m.client, "ServiceImport", "serviceimports", &mut reporter).await;
-            let export = discover_mcs(&m.client, "ServiceExport", "serviceexports", &mut reporter).await;
-            apis.push(MemberApis { import, export });
+            let found = tokio::time::timeout(DISCOVERY_TIMEOUT, discover(m)).await;
+            discovered.push(found.is_ok());
+            apis.push(found.unwrap_or_else(|_| {
+                warn!(member = %m.name, "API discovery did not answer within {DISCOVERY_TIMEOUT:?}; retrying while syncing the others");
+                fallback_apis()
+            }));
         }
-        let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect());
+        let scopes = member::scopes(&behaviour.namespaces).len();
+        let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), scopes);
+        let n = members.len();
         Self {
             members,
             apis,
@@ -96,6 +144,10 @@ impl Syncer {
             vips: HashMap::new(),
             owned: BTreeMap::new(),
             transitions: HashMap::new(),
+            unreachable: vec![None; n],
+            discovered,
+            removed: vec![false; n],
+            behaviour,
             stats,
         }
     }
@@ -104,21 +156,55 @@ impl Syncer {
     pub async fn run(mut self) {
         let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
         for (i, m) in self.members.iter().enumerate() {
-            member::spawn_watches(i, m, tx.clone());
+            member::spawn_watches(i, m, &self.behaviour.namespaces, tx.clone());
         }
         drop(tx);
         let mut backlog: BTreeSet<ServiceKey> = BTreeSet::new();
         let mut live: BTreeSet<ServiceKey> = BTreeSet::new();
         let mut retry: BTreeMap<ServiceKey, Instant> = BTreeMap::new();
         // First: every member's complete lists, so nothing is deleted for
-        // lack of knowledge.
-        while !self.state.synced() {
-            let Some(e) = rx.recv().await else { return };
-            self.state.apply(e, &mut backlog);
-        }
-        self.adopt(&mut backlog).await;
-        info!(services = backlog.len(), "sync: members listed; reconciling");
+        // lack of knowledge. A member still silent after FIRST_SYNC_TIMEOUT
+        // does not hold the others up: until it lists, nothing is deleted
+        // anywhere (see `reconcile`).
+        let deadline = Instant::now() + FIRST_SYNC_TIMEOUT;
         loop {
+            self.mark_removed(&mut backlog);
+            if self.state.synced_except(&self.removed) {
+                break;
+            }
+            let wake = (Instant::now() + TICK).min(deadline);
+            match tokio::time::timeout_at(wake, rx.recv()).await {
+                Ok(Some(e)) => self.state.apply(e, &mut backlog),
+                Ok(None) => return,
+                Err(_) if Instant::now() < deadline => {}
+                Err(_) => {
+                    let silent: Vec<&str> = self
+                        .members
+                        .iter()
+                        .zip(self.state.members())
+                        .filter(|(_, s)| !s.synced())
+                        .map(|(m, _)| m.name.as_str())
+                        .collect();
+                    warn!(members = ?silent, "members not listed within {FIRST_SYNC_TIMEOUT:?}: syncing the others, deleting nothing until they list");
+                    break;
+                }
+            }
+        }
+        let mut complete = self.state.synced_except(&self.removed);
+        self.adopt(None, &mut backlog).await;
+        info!(services = backlog.len(), "sync: members listed; reconciling");
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            if Instant::now() >= next_tick {
+                self.check_members(&mut live).await;
+                if !complete && self.state.synced_except(&self.removed) {
+                    info!("every member listed: reconciling everything, deletions included");
+                    complete = true;
+                    live.extend(self.state.keys());
+                    live.extend(self.owned.keys().cloned());
+                }
+                next_tick = Instant::now() + TICK;
+            }
             while let Ok(e) = rx.try_recv() {
                 self.state.apply(e, &mut live);
             }
@@ -131,16 +217,12 @@ impl Syncer {
             }
             let next = live.pop_first().or_else(|| backlog.pop_first());
             let Some(key) = next else {
-                let wake = retry.values().min().copied();
-                // None: a retry is due before anything arrived.
-                let received = match wake {
-                    Some(t) => tokio::time::timeout_at(t, rx.recv()).await.ok(),
-                    None => Some(rx.recv().await),
-                };
-                match received {
-                    Some(Some(e)) => self.state.apply(e, &mut live),
-                    Some(None) => return, // every watch ended: shutting down
-                    None => {}
+                let wake = retry.values().min().copied().map_or(next_tick, |t| t.min(next_tick));
+                // Err: a retry or a member check is due before anything arrived.
+                match tokio::time::timeout_at(wake, rx.recv()).await {
+                    Ok(Some(e)) => self.state.apply(e, &mut live),
+                    Ok(None) => return, // every watch ended: shutting down
+                    Err(_) => {}
                 }
                 continue;
             };
@@ -152,27 +234,142 @@ impl Syncer {
         }
     }
 
+    /// Notices members becoming unreachable or reachable again, and queues
+    /// every service they take part in.
+    async fn check_members(&mut self, live: &mut BTreeSet<ServiceKey>) {
+        for i in 0..self.members.len() {
+            if !self.discovered[i]
+                && self.members[i].stale_seconds() == 0.0
+                && let Ok(apis) = tokio::time::timeout(DISCOVERY_TIMEOUT, discover(&self.members[i])).await
+            {
+                info!(member = %self.members[i].name, "API discovered: reconciling everything");
+                self.apis[i] = apis;
+                self.discovered[i] = true;
+                self.adopt(Some(i), live).await;
+                live.extend(self.state.keys());
+                live.extend(self.owned.keys().cloned());
+            }
+        }
+        for i in 0..self.members.len() {
+            let stale = self.members[i].stale_seconds();
+            let unreachable = stale >= UNREACHABLE_AFTER;
+            let name = &self.members[i].name;
+            match (unreachable, self.unreachable[i].is_some()) {
+                (true, false) => {
+                    warn!(member = %name, stale_seconds = stale, "member unreachable: its endpoints are kept and marked; writes to it wait");
+                    self.unreachable[i] = Some(now_rfc3339());
+                }
+                (false, true) => {
+                    info!(member = %name, "member reachable again: reconciling everything it takes part in");
+                    self.unreachable[i] = None;
+                }
+                _ => continue,
+            }
+            // Writes to it were skipped, or its endpoints are marked: every
+            // service may need a write.
+            live.extend(self.state.keys());
+            live.extend(self.owned.keys().cloned());
+        }
+        self.mark_removed(live);
+    }
+
+    /// Applies `--on-member-lost=remove`: members unreachable for the window
+    /// stop counting; their services are queued when that changes.
+    fn mark_removed(&mut self, live: &mut BTreeSet<ServiceKey>) {
+        for i in 0..self.members.len() {
+            let removed = self.behaviour.on_member_lost == MemberLost::Remove
+                && self.members[i].stale_seconds() >= self.behaviour.lost_after.as_secs_f64();
+            if removed != self.removed[i] {
+                if removed {
+                    warn!(member = %self.members[i].name, "member lost for {:?}: removing its endpoints everywhere (--on-member-lost=remove)", self.behaviour.lost_after);
+                } else {
+                    info!(member = %self.members[i].name, "lost member is back: its endpoints return");
+                }
+                self.removed[i] = removed;
+                live.extend(self.state.exported_by(i));
+            }
+        }
+    }
+
+    /// True while member `i` can be written to: reachable, versions known.
+    fn writable(&self, i: usize) -> bool {
+        self.unreachable[i].is_none() && self.discovered[i]
+    }
+
+    /// Creates or removes the ServiceExport of `key` in member `i` for
+    /// Services that ask to be exported (annotation or namespace prefix).
+    /// Only exports the controller created are ever removed.
+    async fn auto_export(&mut self, i: usize, key: &ServiceKey) -> Result<(), kube::Error> {
+        let prefixed = self
+            .behaviour
+            .auto_export_prefixes
+            .iter()
+            .any(|p| key.namespace.as_str().starts_with(p.as_str()));
+        let wants = self.state.service_of(i, key).is_some_and(|s| s.auto_export || prefixed);
+        let has = self.state.export_of(i, key);
+        let ar = self.apis[i].export.clone();
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.members[i].client.clone(), key.namespace.as_str(), &ar);
+        match (wants, has) {
+            (true, None) => {
+                self.stats.writes.fetch_add(1, Ordering::Relaxed);
+                api.patch(
+                    key.name.as_str(),
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(&desired::export(&ar.api_version, key)),
+                )
+                .await?;
+                info!(member = %self.members[i].name, service = %key, "auto-exported");
+            }
+            (false, Some(e)) if e.ours => {
+                self.stats.writes.fetch_add(1, Ordering::Relaxed);
+                match api.delete(key.name.as_str(), &DeleteParams::default()).await {
+                    Ok(_) => info!(member = %self.members[i].name, service = %key, "auto-export removed"),
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Finds objects of ours in every member (left by an earlier run, maybe
     /// for services no longer exported) and queues their services.
-    async fn adopt(&mut self, backlog: &mut BTreeSet<ServiceKey>) {
+    async fn adopt(&mut self, only: Option<usize>, backlog: &mut BTreeSet<ServiceKey>) {
         let lp = ListParams::default().labels(&format!("{LABEL_APP_MANAGED_BY}={FIELD_MANAGER}"));
         for (i, m) in self.members.iter().enumerate() {
+            if only.is_some_and(|o| o != i) || !self.discovered[i] {
+                continue;
+            }
             let mut found: Vec<(&'static str, kube::api::ObjectMeta)> = Vec::new();
-            let imports: Api<DynamicObject> = Api::all_with(m.client.clone(), &self.apis[i].import);
-            let services: Api<Service> = Api::all(m.client.clone());
-            let slices: Api<EndpointSlice> = Api::all(m.client.clone());
-            self.stats.reads.fetch_add(3, Ordering::Relaxed);
-            match imports.list_metadata(&lp).await {
-                Ok(l) => found.extend(l.items.into_iter().map(|o| ("ServiceImport", o.metadata))),
-                Err(e) => warn!(member = %m.name, "cannot list our ServiceImports: {e}"),
-            }
-            match services.list_metadata(&lp).await {
-                Ok(l) => found.extend(l.items.into_iter().map(|o| ("Service", o.metadata))),
-                Err(e) => warn!(member = %m.name, "cannot list our Services: {e}"),
-            }
-            match slices.list_metadata(&lp).await {
-                Ok(l) => found.extend(l.items.into_iter().map(|o| ("EndpointSlice", o.metadata))),
-                Err(e) => warn!(member = %m.name, "cannot list our EndpointSlices: {e}"),
+            for scope in member::scopes(&self.behaviour.namespaces) {
+                let (imports, services, slices): (Api<DynamicObject>, Api<Service>, Api<EndpointSlice>) =
+                    match &scope {
+                        Some(ns) => (
+                            Api::namespaced_with(m.client.clone(), ns, &self.apis[i].import),
+                            Api::namespaced(m.client.clone(), ns),
+                            Api::namespaced(m.client.clone(), ns),
+                        ),
+                        None => (
+                            Api::all_with(m.client.clone(), &self.apis[i].import),
+                            Api::all(m.client.clone()),
+                            Api::all(m.client.clone()),
+                        ),
+                    };
+                self.stats.reads.fetch_add(3, Ordering::Relaxed);
+                match imports.list_metadata(&lp).await {
+                    Ok(l) => found.extend(l.items.into_iter().map(|o| ("ServiceImport", o.metadata))),
+                    Err(e) => warn!(member = %m.name, "cannot list our ServiceImports: {e}"),
+                }
+                match services.list_metadata(&lp).await {
+                    Ok(l) => found.extend(l.items.into_iter().map(|o| ("Service", o.metadata))),
+                    Err(e) => warn!(member = %m.name, "cannot list our Services: {e}"),
+                }
+                match slices.list_metadata(&lp).await {
+                    Ok(l) => found.extend(l.items.into_iter().map(|o| ("EndpointSlice", o.metadata))),
+                    Err(e) => warn!(member = %m.name, "cannot list our EndpointSlices: {e}"),
+                }
             }
             for (kind, meta) in found {
                 let service = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
@@ -200,13 +397,35 @@ impl Syncer {
     /// Brings every member in line with the exports of `key`.
     async fn reconcile(&mut self, key: &ServiceKey) -> Result<(), kube::Error> {
         self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
-        let exports = self.state.exports(key);
-        let merged = merge(&exports);
-        let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
         let mut failed: Option<kube::Error> = None;
+        for i in 0..self.members.len() {
+            if self.writable(i)
+                && let Err(e) = self.auto_export(i, key).await
+            {
+                warn!(member = %self.members[i].name, service = %key, "cannot auto-export: {e}");
+                failed = Some(e);
+            }
+        }
+        let removed: Vec<&crate::model::ClusterId> =
+            (0..self.members.len()).filter(|i| self.removed[*i]).map(|i| &self.members[i].cluster).collect();
+        let exports: Vec<_> =
+            self.state.exports(key).into_iter().filter(|e| !removed.contains(&&e.cluster)).collect();
+        let merged = merge(&exports);
+        let unreachable: Vec<(crate::model::ClusterId, String)> = (0..self.members.len())
+            .filter_map(|i| Some((self.members[i].cluster.clone(), self.unreachable[i].clone()?)))
+            .filter(|(c, _)| merged.clusters.contains(c))
+            .collect();
+        let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
+        // What we own in unreachable members stays until they answer again.
+        if let Some(refs) = self.owned.get(key) {
+            want.extend(refs.iter().filter(|r| !self.writable(r.member)).cloned());
+        }
         if let Some(spec) = &merged.spec {
             for i in 0..self.members.len() {
-                match self.member_objects(i, key, spec, &merged.clusters, &mut want).await {
+                if !self.writable(i) {
+                    continue;
+                }
+                match self.member_objects(i, key, spec, &merged.clusters, &unreachable, &mut want).await {
                     Ok(()) => {}
                     // No such namespace in this member: namespace sameness
                     // means the service is not imported there.
@@ -220,7 +439,14 @@ impl Syncer {
                 }
             }
         }
-        // Whatever we own for this service and no longer want goes.
+        // Whatever we own for this service and no longer want goes, once
+        // every member has listed (before, "not wanted" may mean "not known").
+        // A member removed after --member-lost-after no longer counts.
+        if !self.state.synced_except(&self.removed)
+            && let Some(refs) = self.owned.get(key)
+        {
+            want.extend(refs.iter().cloned());
+        }
         let owned = self.owned.remove(key).unwrap_or_default();
         let written_everywhere = failed.is_none();
         let mut kept = BTreeSet::new();
@@ -248,6 +474,7 @@ impl Syncer {
         key: &ServiceKey,
         spec: &crate::fleet::merge::ImportSpec,
         clusters: &[crate::model::ClusterId],
+        unreachable: &[(crate::model::ClusterId, String)],
         want: &mut BTreeSet<ObjectRef>,
     ) -> Result<(), kube::Error> {
         let ns = key.namespace.as_str();
@@ -279,7 +506,7 @@ impl Syncer {
         let r = self.object(i, "ServiceImport", key, key.name.to_string());
         want.insert(r.clone());
         self.apply(&r, &api, &desired::import(&ar.api_version, key, spec, &ips)).await?;
-        let status = desired::import_status(&ar.api_version, key, clusters);
+        let status = desired::import_status(&ar.api_version, key, clusters, unreachable);
         let sr = ObjectRef { kind: "ServiceImport/status", ..r };
         if self.applied.get(&sr).map(String::as_str) != Some(status.to_string().as_str()) {
             self.stats.writes.fetch_add(1, Ordering::Relaxed);
@@ -349,6 +576,9 @@ impl Syncer {
     ) -> Result<(), kube::Error> {
         for (cluster, conds) in conditions {
             let Some(i) = self.members.iter().position(|m| &m.cluster == cluster) else { continue };
+            if !self.writable(i) {
+                continue;
+            }
             let mut all = conds.clone();
             let valid = conds.iter().any(|c| c.kind == condition::VALID && c.status == Status::True);
             all.push(if valid && ready {
@@ -370,7 +600,7 @@ impl Syncer {
                     },
                 }
             });
-            let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            let now = now_rfc3339();
             let timed: Vec<(Condition, String)> = all
                 .into_iter()
                 .map(|c| {
@@ -412,4 +642,31 @@ impl Syncer {
         }
         Ok(())
     }
+}
+
+async fn discover(m: &Member) -> MemberApis {
+    let health = Arc::new(WatchHealth::new(format!("API discovery of member {}", m.name)));
+    let mut reporter = Reporter { health, last_log: None };
+    let import = discover_mcs(&m.client, "ServiceImport", "serviceimports", &mut reporter).await;
+    let export = discover_mcs(&m.client, "ServiceExport", "serviceexports", &mut reporter).await;
+    MemberApis { import, export }
+}
+
+/// Placeholder versions for a member not discovered yet (never written to).
+fn fallback_apis() -> MemberApis {
+    let resource = |kind: &str, plural: &str| ApiResource {
+        group: crate::source::crd::MCS_GROUP.into(),
+        version: "v1beta1".into(),
+        api_version: format!("{}/v1beta1", crate::source::crd::MCS_GROUP),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    MemberApis {
+        import: resource("ServiceImport", "serviceimports"),
+        export: resource("ServiceExport", "serviceexports"),
+    }
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }

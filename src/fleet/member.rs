@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::objects::{self, LABEL_K8S_SERVICE_NAME};
-use super::state::{Change, Delta, MemberEvent};
+use super::state::{Change, Delta, ExportInfo, MemberEvent, ServiceInfo};
 use crate::model::{ClusterId, ServiceKey, SliceKey};
 use crate::source::kube::{
     self as kube_source, BACKOFF_MAX, BACKOFF_MIN, ClientError, Connection, Reporter, WatchHealth,
@@ -48,7 +48,7 @@ pub struct Member {
     pub cluster: ClusterId,
     /// Its API client.
     pub client: Client,
-    /// Health of its watches (exports, services, slices).
+    /// Health of its watches (exports, services, slices; per scope).
     pub health: Vec<Arc<WatchHealth>>,
 }
 
@@ -64,7 +64,11 @@ impl Member {
 /// `cluster.clusterset.k8s.io` ClusterProperty when it has one, else the
 /// configured name. A member that does not answer within `timeout` keeps its
 /// configured name (it is watched, and retried, all the same).
-pub async fn connect(cfg: &MemberConfig, timeout: Duration) -> Result<Member, ClientError> {
+pub async fn connect(
+    cfg: &MemberConfig,
+    timeout: Duration,
+    namespaces: &[String],
+) -> Result<Member, ClientError> {
     let client = kube_source::client(&cfg.connection).await?;
     let fallback = || {
         ClusterId::parse(&cfg.name).map_err(|e| ClientError::Kubeconfig {
@@ -91,10 +95,13 @@ pub async fn connect(cfg: &MemberConfig, timeout: Duration) -> Result<Member, Cl
         }
     };
     info!(member = %cfg.name, cluster = %cluster, "member");
-    let health = ["ServiceExports", "Services", "EndpointSlices"]
-        .iter()
-        .map(|what| Arc::new(WatchHealth::new(format!("{what} of member {}", cfg.name))))
-        .collect();
+    let mut health = Vec::new();
+    for scope in scopes(namespaces) {
+        let within = scope.map_or_else(String::new, |ns| format!(" in {ns}"));
+        for what in ["ServiceExports", "Services", "EndpointSlices"] {
+            health.push(Arc::new(WatchHealth::new(format!("{what}{within} of member {}", cfg.name))));
+        }
+    }
     Ok(Member { name: cfg.name.clone(), cluster, client, health })
 }
 
@@ -115,33 +122,65 @@ async fn cluster_property(client: &Client) -> Result<Option<String>, kube::Error
     }
 }
 
-/// Starts the three watches of member `index`, sending to `events`.
-pub fn spawn_watches(index: usize, member: &Member, events: mpsc::Sender<MemberEvent>) {
-    let exports = Watcher { index, cluster: member.cluster.clone(), events: events.clone() };
-    let client = member.client.clone();
-    let health = member.health[0].clone();
-    tokio::spawn(async move {
-        let mut reporter = Reporter { health, last_log: None };
-        let resource =
-            kube_source::discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
-        let api: Api<DynamicObject> = Api::all_with(client, &resource);
-        exports.run(api, watcher::Config::default(), reporter, export_entry, Change::Exports).await;
-    });
-    let services = Watcher { index, cluster: member.cluster.clone(), events: events.clone() };
-    let (client, health) = (member.client.clone(), member.health[1].clone());
-    tokio::spawn(async move {
-        let reporter = Reporter { health, last_log: None };
-        services
-            .run(Api::all(client), watcher::Config::default(), reporter, service_entry, Change::Services)
-            .await;
-    });
-    let slices = Watcher { index, cluster: member.cluster.clone(), events };
-    let (client, health) = (member.client.clone(), member.health[2].clone());
-    tokio::spawn(async move {
-        let reporter = Reporter { health, last_log: None };
-        let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
-        slices.run(Api::all(client), cfg, reporter, slice_entry, Change::Slices).await;
-    });
+/// The scopes watches run in: each namespace, or all namespaces at once.
+pub fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
+    if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() }
+}
+
+/// Starts the three watches of member `index` in every scope (see
+/// [`scopes`]), sending to `events`. The member's health list has three
+/// entries per scope, in that order.
+pub fn spawn_watches(
+    index: usize,
+    member: &Member,
+    namespaces: &[String],
+    events: mpsc::Sender<MemberEvent>,
+) {
+    for (s, scope) in scopes(namespaces).into_iter().enumerate() {
+        let health =
+            |k: usize| member.health.get(s * 3 + k).cloned().unwrap_or_else(|| member.health[k].clone());
+        let watcher = || Watcher {
+            index,
+            cluster: member.cluster.clone(),
+            scope: scope.clone(),
+            events: events.clone(),
+        };
+        let (exports, client, h) = (watcher(), member.client.clone(), health(0));
+        tokio::spawn(async move {
+            let mut reporter = Reporter { health: h, last_log: None };
+            let resource =
+                kube_source::discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
+            let api: Api<DynamicObject> = match &exports.scope {
+                Some(ns) => Api::namespaced_with(client, ns, &resource),
+                None => Api::all_with(client, &resource),
+            };
+            exports.run(api, watcher::Config::default(), reporter, export_entry, Change::Exports).await;
+        });
+        let (services, client, h) = (watcher(), member.client.clone(), health(1));
+        tokio::spawn(async move {
+            let reporter = Reporter { health: h, last_log: None };
+            let api = scoped(client, &services.scope);
+            services.run(api, watcher::Config::default(), reporter, service_entry, Change::Services).await;
+        });
+        let (slices, client, h) = (watcher(), member.client.clone(), health(2));
+        tokio::spawn(async move {
+            let reporter = Reporter { health: h, last_log: None };
+            let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
+            let api = scoped(client, &slices.scope);
+            slices.run(api, cfg, reporter, slice_entry, Change::Slices).await;
+        });
+    }
+}
+
+fn scoped<K>(client: Client, scope: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match scope {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    }
 }
 
 type Entry<V> = (SliceKey, ServiceKey, V);
@@ -151,18 +190,24 @@ fn object_id<K: Resource>(k: &K) -> Option<SliceKey> {
     Some(SliceKey { namespace: m.namespace.clone()?, name: m.name.clone()? })
 }
 
-fn export_entry(cluster: &ClusterId, o: &DynamicObject) -> Option<Entry<i64>> {
+fn export_entry(cluster: &ClusterId, o: &DynamicObject) -> Option<Entry<ExportInfo>> {
     let key = objects::key_of(cluster, "ServiceExport", &o.metadata)
         .map_err(|e| warn!("skipping object: {e}"))
         .ok()?;
-    Some((object_id(o)?, key, objects::exported_at(&o.metadata)))
+    let info =
+        ExportInfo { exported_at: objects::exported_at(&o.metadata), ours: objects::is_ours(&o.metadata) };
+    Some((object_id(o)?, key, info))
 }
 
-fn service_entry(cluster: &ClusterId, s: &Service) -> Option<Entry<super::export::Exported>> {
+fn service_entry(cluster: &ClusterId, s: &Service) -> Option<Entry<ServiceInfo>> {
     // Services whose names are not DNS labels can never be exported; they
     // are not worth a warning each.
     let key = objects::key_of(cluster, "Service", &s.metadata).ok()?;
-    Some((object_id(s)?, key, objects::exported(cluster, s)))
+    let info = ServiceInfo {
+        exported: objects::exported(cluster, s),
+        auto_export: objects::asks_export(&s.metadata),
+    };
+    Some((object_id(s)?, key, info))
 }
 
 fn slice_entry(_: &ClusterId, s: &EndpointSlice) -> Option<Entry<Arc<EndpointSlice>>> {
@@ -173,6 +218,7 @@ fn slice_entry(_: &ClusterId, s: &EndpointSlice) -> Option<Entry<Arc<EndpointSli
 struct Watcher {
     index: usize,
     cluster: ClusterId,
+    scope: Option<String>,
     events: mpsc::Sender<MemberEvent>,
 }
 
@@ -211,7 +257,7 @@ impl Watcher {
                     Ok(Event::InitDone) => {
                         listed = true;
                         info!(watch = %reporter.health.name, objects = buffer.len(), "watch listed");
-                        Delta::Listed(std::mem::take(&mut buffer))
+                        Delta::Listed(self.scope.clone(), std::mem::take(&mut buffer))
                     }
                     Ok(Event::Apply(k)) => match entry(&self.cluster, &k) {
                         Some((id, key, v)) => Delta::Applied(id, key, v),
@@ -226,7 +272,7 @@ impl Watcher {
                         None => continue,
                     },
                 };
-                let relisted = matches!(delta, Delta::Listed(_));
+                let relisted = matches!(delta, Delta::Listed(..));
                 if self.events.send(MemberEvent { member: self.index, change: wrap(delta) }).await.is_err() {
                     return;
                 }

@@ -22,6 +22,28 @@ pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 /// a Service's own endpoints.
 pub const MANAGED_BY: &str = "sync.clusterset-dns.io";
 
+/// Annotation asking for a Service to be exported (`"true"`).
+pub const ANNOTATION_EXPORT: &str = "clusterset-dns.io/export";
+/// Kosmos's annotation with the same meaning, honoured for users moving over.
+pub const ANNOTATION_KOSMOS_EXPORT: &str = "kosmos.io/auto-create-mcs";
+/// Label on every object the sync controller owns.
+pub const LABEL_APP_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Our value of [`LABEL_APP_MANAGED_BY`] (also the field manager).
+pub const SYNC_MANAGER: &str = "clusterset-dns-sync";
+
+/// True when the Service asks to be exported by annotation.
+pub fn asks_export(meta: &ObjectMeta) -> bool {
+    let a = meta.annotations.as_ref();
+    [ANNOTATION_EXPORT, ANNOTATION_KOSMOS_EXPORT]
+        .iter()
+        .any(|k| a.and_then(|a| a.get(*k)).is_some_and(|v| v.eq_ignore_ascii_case("true")))
+}
+
+/// True for objects the sync controller created.
+pub fn is_ours(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().and_then(|l| l.get(LABEL_APP_MANAGED_BY)).is_some_and(|v| v == SYNC_MANAGER)
+}
+
 /// Why an object of a member was skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{cluster}: {kind} {namespace}/{name}: {problem}")]

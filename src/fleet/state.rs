@@ -9,15 +9,35 @@ use std::sync::Arc;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::export::{ClusterExport, Exported};
+
+/// A ServiceExport as the fleet keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Its creation time (Unix seconds).
+    pub exported_at: i64,
+    /// Created by the controller (auto-export), so the controller may remove it.
+    pub ours: bool,
+}
+
+/// A Service as the fleet keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceInfo {
+    /// What it offers for export.
+    pub exported: Exported,
+    /// It asks to be exported (annotation `clusterset-dns.io/export` or
+    /// `kosmos.io/auto-create-mcs`).
+    pub auto_export: bool,
+}
 use super::objects;
 use crate::model::{ClusterId, EndpointSet, ServiceKey, SliceKey};
 
 /// A change to one kind of object of one member.
 #[derive(Debug)]
 pub enum Delta<V> {
-    /// The complete current list (a watch's first list or relist): entries
+    /// The complete current list of one scope (a namespace, or all when
+    /// `None`), from a watch's first list or relist: entries of that scope
     /// not in it are gone.
-    Listed(Vec<(SliceKey, ServiceKey, V)>),
+    Listed(Option<String>, Vec<(SliceKey, ServiceKey, V)>),
     /// One object added or changed.
     Applied(SliceKey, ServiceKey, V),
     /// One object removed (or no longer relevant).
@@ -27,10 +47,10 @@ pub enum Delta<V> {
 /// Which kind of object changed.
 #[derive(Debug)]
 pub enum Change {
-    /// ServiceExports: their creation time.
-    Exports(Delta<i64>),
-    /// Services: what they offer for export.
-    Services(Delta<Exported>),
+    /// ServiceExports.
+    Exports(Delta<ExportInfo>),
+    /// Services.
+    Services(Delta<ServiceInfo>),
     /// A Service's own EndpointSlices.
     Slices(Delta<Arc<EndpointSlice>>),
 }
@@ -49,12 +69,13 @@ pub struct MemberEvent {
 struct Index<V> {
     objects: HashMap<SliceKey, (ServiceKey, V)>,
     by_service: HashMap<ServiceKey, BTreeSet<SliceKey>>,
-    listed: bool,
+    /// Scopes listed at least once.
+    listed: BTreeSet<Option<String>>,
 }
 
 impl<V> Default for Index<V> {
     fn default() -> Self {
-        Self { objects: HashMap::new(), by_service: HashMap::new(), listed: false }
+        Self { objects: HashMap::new(), by_service: HashMap::new(), listed: BTreeSet::new() }
     }
 }
 
@@ -63,8 +84,10 @@ impl<V: PartialEq> Index<V> {
         match delta {
             Delta::Applied(id, key, v) => self.upsert(id, key, v, dirty),
             Delta::Deleted(id) => self.remove(&id, dirty),
-            Delta::Listed(items) => {
-                let mut gone: BTreeSet<SliceKey> = self.objects.keys().cloned().collect();
+            Delta::Listed(scope, items) => {
+                let in_scope = |id: &SliceKey| scope.as_ref().is_none_or(|ns| *ns == id.namespace);
+                let mut gone: BTreeSet<SliceKey> =
+                    self.objects.keys().filter(|id| in_scope(id)).cloned().collect();
                 for (id, key, v) in items {
                     gone.remove(&id);
                     self.upsert(id, key, v, dirty);
@@ -72,7 +95,7 @@ impl<V: PartialEq> Index<V> {
                 for id in gone {
                     self.remove(&id, dirty);
                 }
-                self.listed = true;
+                self.listed.insert(scope);
             }
         }
     }
@@ -113,15 +136,19 @@ impl<V: PartialEq> Index<V> {
 pub struct Member {
     /// Its cluster id.
     pub cluster: ClusterId,
-    exports: Index<i64>,
-    services: Index<Exported>,
+    /// Scopes (namespaces, or one for all) each kind is watched in.
+    scopes: usize,
+    exports: Index<ExportInfo>,
+    services: Index<ServiceInfo>,
     slices: Index<Arc<EndpointSlice>>,
 }
 
 impl Member {
-    /// True once every kind has been listed.
+    /// True once every kind has been listed in every scope.
     pub fn synced(&self) -> bool {
-        self.exports.listed && self.services.listed && self.slices.listed
+        [self.exports.listed.len(), self.services.listed.len(), self.slices.listed.len()]
+            .iter()
+            .all(|n| *n >= self.scopes)
     }
 }
 
@@ -132,12 +159,14 @@ pub struct FleetState {
 }
 
 impl FleetState {
-    /// An empty state for these members (index = member number).
-    pub fn new(clusters: Vec<ClusterId>) -> Self {
+    /// An empty state for these members (index = member number), each
+    /// watched in `scopes` scopes.
+    pub fn new(clusters: Vec<ClusterId>, scopes: usize) -> Self {
         let members = clusters
             .into_iter()
             .map(|cluster| Member {
                 cluster,
+                scopes: scopes.max(1),
                 exports: Index::default(),
                 services: Index::default(),
                 slices: Index::default(),
@@ -156,6 +185,11 @@ impl FleetState {
         self.members.iter().all(Member::synced)
     }
 
+    /// True once every member not `ignored` has listed everything.
+    pub fn synced_except(&self, ignored: &[bool]) -> bool {
+        self.members.iter().enumerate().all(|(i, m)| ignored.get(i).copied().unwrap_or(false) || m.synced())
+    }
+
     /// Applies an event; returns the services it touched.
     pub fn apply(&mut self, event: MemberEvent, dirty: &mut BTreeSet<ServiceKey>) {
         let Some(m) = self.members.get_mut(event.member) else { return };
@@ -171,11 +205,36 @@ impl FleetState {
         self.members
             .iter()
             .filter_map(|m| {
-                let exported_at = *m.exports.of(key).next()?;
-                let service = m.services.of(key).next().cloned().unwrap_or(Exported::NoService);
+                let exported_at = m.exports.of(key).next()?.exported_at;
+                let service = m.services.of(key).next().map_or(Exported::NoService, |s| s.exported.clone());
                 Some(ClusterExport { cluster: m.cluster.clone(), exported_at, service })
             })
             .collect()
+    }
+
+    /// Member `member`'s ServiceExport of `key`, if any.
+    pub fn export_of(&self, member: usize, key: &ServiceKey) -> Option<ExportInfo> {
+        self.members.get(member)?.exports.of(key).next().copied()
+    }
+
+    /// Member `member`'s Service `key`, if any.
+    pub fn service_of(&self, member: usize, key: &ServiceKey) -> Option<&ServiceInfo> {
+        self.members.get(member)?.services.of(key).next()
+    }
+
+    /// Every service some member has a Service, ServiceExport or slice of.
+    pub fn keys(&self) -> BTreeSet<ServiceKey> {
+        let mut keys = BTreeSet::new();
+        for m in &self.members {
+            keys.extend(m.exports.by_service.keys().cloned());
+            keys.extend(m.services.by_service.keys().cloned());
+        }
+        keys
+    }
+
+    /// The services member `member` exports.
+    pub fn exported_by(&self, member: usize) -> Vec<ServiceKey> {
+        self.members.get(member).map(|m| m.exports.by_service.keys().cloned().collect()).unwrap_or_default()
     }
 
     /// The Service's own EndpointSlices in `cluster`, by name.
@@ -223,11 +282,22 @@ mod tests {
     }
 
     fn state() -> FleetState {
-        FleetState::new(vec![ClusterId::parse("a").unwrap(), ClusterId::parse("b").unwrap()])
+        FleetState::new(vec![ClusterId::parse("a").unwrap(), ClusterId::parse("b").unwrap()], 1)
     }
 
     fn export(member: usize, d: Delta<i64>) -> MemberEvent {
+        let d = match d {
+            Delta::Listed(s, v) => {
+                Delta::Listed(s, v.into_iter().map(|(i, k, at)| (i, k, info(at))).collect())
+            }
+            Delta::Applied(i, k, at) => Delta::Applied(i, k, info(at)),
+            Delta::Deleted(i) => Delta::Deleted(i),
+        };
         MemberEvent { member, change: Change::Exports(d) }
+    }
+
+    fn info(exported_at: i64) -> ExportInfo {
+        ExportInfo { exported_at, ours: false }
     }
 
     #[test]
@@ -235,17 +305,33 @@ mod tests {
         let mut s = state();
         let mut dirty = BTreeSet::new();
         s.apply(
-            export(0, Delta::Listed(vec![(id("web"), key("web"), 1), (id("db"), key("db"), 2)])),
+            export(0, Delta::Listed(None, vec![(id("web"), key("web"), 1), (id("db"), key("db"), 2)])),
             &mut dirty,
         );
         assert_eq!(dirty.len(), 2);
         dirty.clear();
-        s.apply(export(0, Delta::Listed(vec![(id("web"), key("web"), 1)])), &mut dirty);
+        s.apply(export(0, Delta::Listed(None, vec![(id("web"), key("web"), 1)])), &mut dirty);
         assert_eq!(dirty.into_iter().collect::<Vec<_>>(), [key("db")]);
         assert!(s.exports(&key("db")).is_empty());
         let web = s.exports(&key("web"));
         assert_eq!(web.len(), 1);
         assert_eq!(web[0].service, Exported::NoService);
+    }
+
+    #[test]
+    fn a_namespace_relist_leaves_other_namespaces_alone() {
+        let mut s = FleetState::new(vec![ClusterId::parse("a").unwrap()], 2);
+        let mut dirty = BTreeSet::new();
+        let other = SliceKey { namespace: "other".into(), name: "x".into() };
+        let other_key =
+            ServiceKey { namespace: DnsLabel::parse("other").unwrap(), name: DnsLabel::parse("x").unwrap() };
+        s.apply(
+            export(0, Delta::Listed(Some("other".into()), vec![(other, other_key.clone(), 1)])),
+            &mut dirty,
+        );
+        s.apply(export(0, Delta::Listed(Some("shop".into()), vec![])), &mut dirty);
+        assert_eq!(s.exports(&other_key).len(), 1);
+        assert!(!s.synced(), "services and slices not listed yet");
     }
 
     #[test]

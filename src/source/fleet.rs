@@ -29,11 +29,12 @@ pub const FIRST_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to wait for a member's ClusterProperty at start.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connects to every member (learning cluster ids).
-pub async fn connect(members: &[MemberConfig]) -> Result<Vec<Member>, ClientError> {
+/// Connects to every member (learning cluster ids), for watches in
+/// `namespaces` (all when empty).
+pub async fn connect(members: &[MemberConfig], namespaces: &[String]) -> Result<Vec<Member>, ClientError> {
     let mut connected = Vec::with_capacity(members.len());
     for m in members {
-        connected.push(member::connect(m, CONNECT_TIMEOUT).await?);
+        connected.push(member::connect(m, CONNECT_TIMEOUT, namespaces).await?);
     }
     Ok(connected)
 }
@@ -43,10 +44,10 @@ pub async fn connect(members: &[MemberConfig]) -> Result<Vec<Member>, ClientErro
 pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<Update>) {
     let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
     for (i, m) in members.iter().enumerate() {
-        member::spawn_watches(i, m, tx.clone());
+        member::spawn_watches(i, m, &[], tx.clone());
     }
     drop(tx);
-    let mut state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect());
+    let mut state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), 1);
     let mut sent: HashMap<ServiceKey, BTreeSet<ObjectId>> = HashMap::new();
     let mut dirty = BTreeSet::new();
     let deadline = tokio::time::Instant::now() + FIRST_SYNC_TIMEOUT;

@@ -41,13 +41,24 @@ impl User {
 
     /// A Service; `spec` is merged over `ports: [http 80]`. Returns its ClusterIP.
     pub(crate) async fn service(&self, name: &str, spec: Value) -> Option<String> {
+        self.annotated_service(name, spec, json!({})).await
+    }
+
+    /// A Service with annotations (applying without one removes it).
+    pub(crate) async fn annotated_service(
+        &self,
+        name: &str,
+        spec: Value,
+        annotations: Value,
+    ) -> Option<String> {
         let api: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
         let mut full = json!({"ports": [{"name": "http", "protocol": "TCP", "port": 80}]});
         for (k, v) in spec.as_object().into_iter().flatten() {
             full[k] = v.clone();
         }
         let body = json!({"apiVersion": "v1", "kind": "Service",
-                          "metadata": {"name": name, "namespace": self.ns}, "spec": full});
+                          "metadata": {"name": name, "namespace": self.ns, "annotations": annotations},
+                          "spec": full});
         let svc = api
             .patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
             .await

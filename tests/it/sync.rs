@@ -30,8 +30,11 @@ struct Syncing {
 }
 
 impl Syncing {
-    fn start(clusters: &TestClusters, extra: &[&str]) -> Self {
+    /// Syncs namespace `ns` only, with a Lease of its own, so the tests of
+    /// this binary (which share the clusters) never see each other.
+    fn start(clusters: &TestClusters, ns: &str, extra: &[&str]) -> Self {
         let mut args: Vec<String> = vec!["sync".into(), "--http-listen".into(), "127.0.0.1:0".into()];
+        args.extend(["--namespace".into(), ns.into(), "--lease-name".into(), format!("sync-{ns}")]);
         for i in 0..clusters.len() {
             args.push("--cluster".into());
             args.push(format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "sync").display()));
@@ -57,6 +60,24 @@ impl Syncing {
 
     fn log(&self) -> String {
         self.log.lock().expect("log").clone()
+    }
+
+    /// `GET path` on its HTTP endpoint (address from its log).
+    fn get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let log = self.log();
+        let addr = log
+            .lines()
+            .find(|l| l.contains("HTTP /health"))
+            .and_then(|l| l.split("addr=").nth(1))
+            .and_then(|a| a.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no HTTP address logged:\n{log}"))
+            .to_owned();
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect HTTP");
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text
     }
 
     fn leading(&self) -> bool {
@@ -168,7 +189,7 @@ fn an_export_resolves_by_the_same_name_in_every_cluster() {
     let ns = "sync-basic";
     let u = users(&rt, clusters, ns);
     let r = readers(&rt, clusters, ns);
-    let _sync = Syncing::start(clusters, &["--lease-duration", "5"]);
+    let _sync = Syncing::start(clusters, ns, &["--lease-duration", "5"]);
     rt.block_on(async {
         u[0].service("web", json!({})).await;
         u[0].endpoints("web-a", "web", json!([{"addresses": ["10.1.0.1"]}])).await;
@@ -244,7 +265,7 @@ fn conflicts_show_the_kep_conditions_and_the_oldest_export_wins() {
     let ns = "sync-conflict";
     let u = users(&rt, clusters, ns);
     let r = readers(&rt, clusters, ns);
-    let _sync = Syncing::start(clusters, &["--no-leader-election"]);
+    let _sync = Syncing::start(clusters, ns, &["--no-leader-election"]);
     // The oldest export is A's: creation timestamps have one-second
     // resolution, so B's comes a second later.
     let cases = [
@@ -333,9 +354,9 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
     let ns = "sync-ha";
     let u = users(&rt, clusters, ns);
     let r = readers(&rt, clusters, ns);
-    let mut first = Syncing::start(clusters, &["--lease-duration", "5", "--identity", "first"]);
+    let mut first = Syncing::start(clusters, ns, &["--lease-duration", "5", "--identity", "first"]);
     eventually("first leads", || first.leading());
-    let second = Syncing::start(clusters, &["--lease-duration", "5", "--identity", "second"]);
+    let second = Syncing::start(clusters, ns, &["--lease-duration", "5", "--identity", "second"]);
     std::thread::sleep(Duration::from_secs(1));
     assert!(!second.leading(), "two leaders:\n{}", second.log());
 
@@ -368,7 +389,7 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
         });
     }
     // A restarted replica stands by; nothing is duplicated.
-    let third = Syncing::start(clusters, &["--lease-duration", "5", "--identity", "third"]);
+    let third = Syncing::start(clusters, ns, &["--lease-duration", "5", "--identity", "third"]);
     std::thread::sleep(Duration::from_secs(2));
     assert!(!third.leading());
     for reader in &r {
@@ -383,4 +404,115 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
         eventually("all gone", || rt.block_on(reader.ours()) == (0, 0, 0));
     }
     eprintln!("failover in {failover:?}");
+}
+
+#[test]
+fn services_asking_for_it_are_exported_and_unexported() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-auto";
+    let team = "autoexp-team";
+    let u = users(&rt, clusters, ns);
+    let r = readers(&rt, clusters, ns);
+    let t = rt.block_on(User::new(clusters, 0, team));
+    let rt_team = rt.block_on(Reader::new(clusters, 0, team));
+    let _sync = Syncing::start(
+        clusters,
+        ns,
+        &["--no-leader-election", "--namespace", team, "--auto-export-namespace-prefix", "autoexp-"],
+    );
+    let yes = json!({"clusterset-dns.io/export": "true"});
+    rt.block_on(async {
+        u[0].annotated_service("annotated", json!({}), yes.clone()).await;
+        u[0].annotated_service("kosmos", json!({}), json!({"kosmos.io/auto-create-mcs": "true"})).await;
+        u[0].service("manual", json!({})).await;
+        u[0].export("manual").await;
+        u[0].service("plain", json!({})).await;
+        t.service("teamsvc", json!({"ports": [{"name": "grpc", "protocol": "TCP", "port": 9090}]})).await;
+    });
+    for name in ["annotated", "kosmos", "manual"] {
+        eventually(&format!("{name} imported"), || rt.block_on(r[2].import(name)).is_some());
+    }
+    eventually("prefix namespace exported", || rt.block_on(rt_team.import("teamsvc")).is_some());
+    // Ports come from the Service.
+    let team_import = rt.block_on(rt_team.import("teamsvc")).expect("teamsvc");
+    assert_eq!(team_import["spec"]["ports"], json!([{"name": "grpc", "protocol": "TCP", "port": 9090}]));
+    assert!(rt.block_on(r[2].import("plain")).is_none(), "a Service not asking is not exported");
+
+    // Removing the annotation removes the export the controller made, and
+    // the import with it; a user's own export is never touched.
+    rt.block_on(async {
+        u[0].annotated_service("annotated", json!({}), json!({})).await;
+        u[0].annotated_service("manual", json!({}), json!({})).await;
+    });
+    eventually("annotated unexported", || rt.block_on(r[2].import("annotated")).is_none());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(rt.block_on(r[2].import("manual")).is_some(), "the user's export was removed");
+}
+
+#[test]
+fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
+    // Its own clusters: this test stops an API server.
+    let clusters = TestClusters::start(2);
+    let rt = runtime();
+    let ns = "sync-lost";
+    let u = users(&rt, &clusters, ns);
+    let r = readers(&rt, &clusters, ns);
+    rt.block_on(async {
+        for (user, ip) in [(&u[0], "10.1.0.1"), (&u[1], "10.2.0.1")] {
+            user.service("web", json!({"clusterIP": "None"})).await;
+            user.endpoints("web-x", "web", json!([{"addresses": [ip]}])).await;
+            user.export("web").await;
+        }
+    });
+    let reachable = |r: &Reader| {
+        let o = rt.block_on(r.import("web")).unwrap_or_default();
+        let conds = o.pointer("/status/conditions").cloned().unwrap_or_default();
+        conds
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "clusterset-dns.io/SourcesReachable")
+            .map(|c| c["status"].as_str().unwrap_or("").to_owned())
+    };
+    // Keep (the default): B's endpoints stay in A, marked, and the metric says how stale.
+    {
+        let sync = Syncing::start(&clusters, ns, &["--no-leader-election"]);
+        eventually("both clusters' slices in A", || rt.block_on(r[0].ours()) == (1, 0, 2));
+        assert_eq!(reachable(&r[0]).as_deref(), Some("True"));
+        clusters.stop(1, crate::cluster::Component::ApiServer);
+        eventually("marked unreachable", || reachable(&r[0]).as_deref() == Some("False"));
+        assert_eq!(rt.block_on(r[0].ours()), (1, 0, 2), "endpoints of the unreachable member were removed");
+        let metrics = sync.get("/metrics");
+        let stale: f64 = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "clusterset_dns_sync_member_stale_seconds{{member=\"{}\"}}",
+                    clusters.name(1)
+                ))
+            })
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no staleness for {}:\n{metrics}", clusters.name(1)));
+        assert!(stale > 0.0, "{metrics}");
+        clusters.start_component(1, crate::cluster::Component::ApiServer);
+        eventually("reachable again", || reachable(&r[0]).as_deref() == Some("True"));
+    }
+    // Remove after the window: B's endpoints leave A, and come back with B.
+    eventually("B's API answers", || rt.block_on(r[1].import("web")).is_some());
+    let _sync = Syncing::start(
+        &clusters,
+        ns,
+        &["--no-leader-election", "--on-member-lost", "remove", "--member-lost-after", "3"],
+    );
+    eventually("both again", || rt.block_on(r[0].ours()) == (1, 0, 2));
+    clusters.stop(1, crate::cluster::Component::ApiServer);
+    let stopped = Instant::now();
+    eventually("B's endpoints removed from A", || rt.block_on(r[0].ours()) == (1, 0, 1));
+    assert!(stopped.elapsed() >= Duration::from_secs(3), "removed before the window");
+    let o = rt.block_on(r[0].import("web")).expect("import");
+    assert_eq!(o["status"]["clusters"], json!([{"cluster": clusters.name(0)}]));
+    clusters.start_component(1, crate::cluster::Component::ApiServer);
+    eventually("B's endpoints back", || rt.block_on(r[0].ours()) == (1, 0, 2));
 }
