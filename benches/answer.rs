@@ -17,7 +17,7 @@ use clusterset_dns::model::{
 use clusterset_dns::source::SourceId;
 use clusterset_dns::source::objects::Object;
 use clusterset_dns::store::{self, Reader, Update, Writer, ZoneConfig};
-use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond};
+use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond, respond_from};
 use criterion::{Criterion, criterion_group, criterion_main};
 use hickory_proto::op::{Edns, Message, Query};
 use hickory_proto::rr::rdata::A;
@@ -46,6 +46,7 @@ fn objects(ip_offset: u32) -> Vec<Object> {
             kind: if headless { ImportType::Headless } else { ImportType::ClusterSetIp },
             ips: if headless { vec![] } else { vec![ip] },
             ports: vec![port.clone()],
+            answers: Default::default(),
         }));
         if headless {
             for c in 0..3u32 {
@@ -57,6 +58,7 @@ fn objects(ip_offset: u32) -> Vec<Object> {
                         hostname: None,
                         ready: true,
                         zone: None,
+                        target: None,
                     })
                     .collect();
                 out.push(Object::Slice(EndpointSet {
@@ -74,11 +76,16 @@ fn objects(ip_offset: u32) -> Vec<Object> {
 }
 
 fn store() -> (Reader, Writer) {
+    store_with(store::AnswerConfig::standard())
+}
+
+fn store_with(answers: store::AnswerConfig) -> (Reader, Writer) {
     let (reader, mut writer) = store::new(ZoneConfig {
         origin: Name::from_ascii("clusterset.local.").expect("zone"),
         ttl: 5,
         negative_ttl: 5,
         advertise: vec![],
+        answers,
     });
     writer.apply(Update::Replace { source: SourceId(1), objects: objects(0) });
     writer.publish();
@@ -181,5 +188,48 @@ fn counting(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, answer_path, publish, counting);
+/// Each answer policy's cost per query against plain answers (`all`: the
+/// stored order, what every query cost before policies), on the headless
+/// service with 12 endpoints in 3 clusters, from a client of `cluster0`.
+fn policies(c: &mut Criterion) {
+    use clusterset_dns::model::{ClusterId, PolicyKind};
+    let packet = query("svc10.ns0.svc.clusterset.local.", RecordType::A, true);
+    let cfg = WireConfig { max_udp_payload: 1232 };
+    let peer = Some("127.0.0.1".parse().expect("ip"));
+    let mut g = c.benchmark_group("policy");
+    for max_answers in [0u16, 2] {
+        for policy in PolicyKind::ALL {
+            let mut answers = store::AnswerConfig::standard();
+            answers.policy = policy;
+            answers.max_answers = max_answers;
+            answers.clients.push(store::ClientNet {
+                addr: "127.0.0.0".parse().expect("ip"),
+                prefix: 8,
+                cluster: ClusterId::parse("cluster0").expect("id"),
+                zone: None,
+            });
+            let (reader, _writer) = store_with(answers);
+            let snap = reader.load_full();
+            let mut scratch = Scratch::default();
+            let mut out = Vec::with_capacity(65535);
+            g.bench_function(format!("{policy}/max{max_answers}"), |b| {
+                b.iter(|| {
+                    respond_from(
+                        &snap,
+                        black_box(&packet),
+                        peer,
+                        Transport::Udp,
+                        &cfg,
+                        &mut scratch,
+                        &mut out,
+                    );
+                    black_box(out.len())
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, answer_path, publish, counting, policies);
 criterion_main!(benches);

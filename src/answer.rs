@@ -5,7 +5,11 @@
 //! The rules are those of `../shared/docs/dns-behaviour.md` (the MCS DNS
 //! specification plus RFC 8020 and RFC 8482 where it is silent).
 
-use crate::store::{NameNode, Records, Snapshot};
+pub mod select;
+
+pub use select::{Decision, MAX_PICKS, Pick, Picks};
+
+use crate::store::{Balance, Client, NameNode, Records, Snapshot};
 
 /// Record and query types the answer path treats specially.
 pub mod rtype {
@@ -17,6 +21,10 @@ pub mod rtype {
     pub const AXFR: u16 = 252;
     /// ANY (`*`).
     pub const ANY: u16 = 255;
+    /// A.
+    pub const A: u16 = 1;
+    /// AAAA.
+    pub const AAAA: u16 = 28;
 }
 
 /// Query classes.
@@ -88,12 +96,28 @@ pub struct Answer<'s> {
     /// For NXDOMAIN and NODATA: the SOA goes into the authority section, its
     /// owner being the apex, which starts at this offset of the QNAME.
     pub soa_owner: Option<u16>,
+    /// Which answer records, in which order (answer policies).
+    pub pick: Pick,
+    /// The answer was chosen by a policy that looks at who asks (ECS scope).
+    pub client_dependent: bool,
+    /// The balanced service whose endpoints were chosen, for metrics.
+    pub balance: Option<&'s Balance>,
 }
 
 impl Answer<'_> {
     /// An answer with no records and the given code.
     pub fn bare(rcode: Rcode, authoritative: bool) -> Self {
-        Self { rcode, authoritative, in_zone: authoritative, answer: None, additional: None, soa_owner: None }
+        Self {
+            rcode,
+            authoritative,
+            in_zone: authoritative,
+            answer: None,
+            additional: None,
+            soa_owner: None,
+            pick: Pick::All,
+            client_dependent: false,
+            balance: None,
+        }
     }
 
     fn negative(rcode: Rcode, apex_offset: usize) -> Self {
@@ -104,8 +128,21 @@ impl Answer<'_> {
 /// Most labels a 255-byte name can have.
 const MAX_LABELS: usize = 128;
 
-/// Finds the answer to `q` in `snap`.
-pub fn lookup<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
+/// Finds the answer to `q` in `snap` for a client nothing is known about.
+/// Balanced answers list their records in `picks`.
+pub fn lookup<'s>(snap: &'s Snapshot, q: &Question<'_>, picks: &mut Picks) -> Answer<'s> {
+    lookup_for(snap, q, &Client::default(), picks)
+}
+
+/// Finds the answer to `q` from `client` in `snap`: the answer policy of a
+/// balanced service chooses its endpoints, listing them in `picks` when
+/// `Answer::pick` is [`Pick::Listed`].
+pub fn lookup_for<'s>(
+    snap: &'s Snapshot,
+    q: &Question<'_>,
+    client: &Client,
+    picks: &mut Picks,
+) -> Answer<'s> {
     let name = q.name;
     if q.qclass != class::IN && q.qclass != class::ANY {
         return Answer::bare(Rcode::Refused, false);
@@ -134,10 +171,15 @@ pub fn lookup<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
         let s = starts[j] as usize;
         &name[s..s + 1 + name[s] as usize]
     };
+    let mut balance = None;
     let node: Option<&NameNode> = if k >= 3 && label(k - 1) == b"\x03svc" {
         // <prefix>.<svc>.<ns>.svc.<zone>
         let svc = starts[k - 3] as usize;
-        snap.service(&name[svc..starts[k - 1] as usize]).and_then(|s| s.get(&name[..svc]))
+        let service = snap.service(&name[svc..starts[k - 1] as usize]);
+        if svc == 0 {
+            balance = service.and_then(|s| s.balance());
+        }
+        service.and_then(|s| s.get(&name[..svc]))
     } else {
         snap.zone_name(&name[..apex])
     };
@@ -155,6 +197,25 @@ pub fn lookup<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
             return Answer::negative(Rcode::NoError, apex);
         }
         return Answer { answer: Some(&snap.any_hinfo), ..Answer::bare(Rcode::NoError, true) };
+    }
+    let family = match q.qtype {
+        rtype::A => Some(0),
+        rtype::AAAA => Some(1),
+        _ => None,
+    };
+    if let (Some(b), Some(fam), Some(set)) = (balance, family, node.get(q.qtype)) {
+        let Some((pick, _)) = select::choose(b, fam, client, b.next_seq(fam), set.answer.len(), picks) else {
+            // Every endpoint is down and fail-open is off: the name
+            // exists, nothing is answered.
+            return Answer::negative(Rcode::NoError, apex);
+        };
+        return Answer {
+            answer: Some(&set.answer),
+            pick,
+            client_dependent: select::depends_on_client(b),
+            balance: Some(b),
+            ..Answer::bare(Rcode::NoError, true)
+        };
     }
     match node.get(q.qtype) {
         Some(set) => Answer {

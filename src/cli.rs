@@ -25,6 +25,9 @@ pub enum Command {
     /// Run the MCS sync controller: every member's ServiceExports become a
     /// ServiceImport, MCS EndpointSlices and a clusterset VIP in every member.
     Sync(Box<SyncArgs>),
+    /// Ask a running server how it would answer a name: the candidates,
+    /// their health, the policy's decision and the exact answer.
+    Explain(ExplainArgs),
 }
 
 /// `serve` options.
@@ -91,6 +94,51 @@ pub struct ServeArgs {
     /// TCP connections served at once.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub tcp_max_connections: usize,
+    /// How the endpoints of a headless service (or of a ClusterSetIP service
+    /// answered with endpoints) are chosen: rotation, random, weighted,
+    /// local-first, topology or all. The annotation
+    /// clusterset-dns.io/answer-policy overrides it per service.
+    #[arg(long, value_name = "POLICY", default_value = "rotation")]
+    pub answer_policy: String,
+    /// Most endpoints in one A/AAAA answer (0: every one).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_answers: u16,
+    /// Healthy endpoints the client's locality needs before local-first and
+    /// topology answers stop spilling over to the next locality.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub local_min_healthy: u16,
+    /// When every endpoint of a service is unhealthy, answer them all (true)
+    /// or none (false).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fail_open: bool,
+    /// Answer every ClusterSetIP service with its ready endpoints instead of
+    /// its VIP (fleets without a cross-cluster VIP data path). Per service:
+    /// the annotation clusterset-dns.io/endpoint-answers.
+    #[arg(long)]
+    pub endpoint_answers: bool,
+    /// Queries from (or with an EDNS Client Subnet inside) CIDR come from
+    /// cluster NAME, optionally in ZONE. Repeatable; the longest prefix wins.
+    #[arg(long = "client-cluster", value_name = "CIDR=NAME[/ZONE]")]
+    pub client_clusters: Vec<String>,
+    /// The region of a cluster, for the topology policy. Repeatable.
+    #[arg(long = "cluster-region", value_name = "CLUSTER=REGION")]
+    pub cluster_regions: Vec<String>,
+}
+
+/// `explain` options.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The name to explain, e.g. web.shop.svc.clusterset.local.
+    pub name: String,
+    /// The query type.
+    #[arg(long = "type", value_name = "TYPE", default_value = "A")]
+    pub qtype: String,
+    /// Explain the answer for a client in this cluster.
+    #[arg(long, value_name = "CLUSTER")]
+    pub from_cluster: Option<String>,
+    /// The running server's --http-listen address.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9153")]
+    pub server: SocketAddr,
 }
 
 /// The member clusters of a fleet.

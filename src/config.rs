@@ -1,7 +1,7 @@
 //! Validated configuration. Every check names the flag it concerns, and runs
 //! once at start: a bad value stops the server before it answers anything.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,9 +10,9 @@ use hickory_proto::rr::Name;
 use crate::cli::{MembersArgs, ServeArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::fleet::member::MemberConfig;
-use crate::model::{ClusterId, DnsLabel};
+use crate::model::{ClusterId, DnsLabel, PolicyKind};
 use crate::source::kube::{Connection, KubeSource};
-use crate::store::ZoneConfig;
+use crate::store::{AnswerConfig, ClientNet, ZoneConfig};
 use crate::wire::WireConfig;
 use crate::wire::tcp::TcpConfig;
 
@@ -112,6 +112,7 @@ impl ServeConfig {
         for ns in &a.namespaces {
             DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
         }
+        let answers = answer_config(a, cluster_id.clone())?;
         Ok(Self {
             objects: a.objects.clone(),
             kube: connection.map(|connection| KubeSource { connection, namespaces: a.namespaces.clone() }),
@@ -124,6 +125,7 @@ impl ServeConfig {
                 ttl: a.ttl,
                 negative_ttl: a.negative_ttl.unwrap_or(a.ttl),
                 advertise: a.advertise_address.clone(),
+                answers,
             },
             cluster_id,
             udp_workers,
@@ -307,6 +309,71 @@ fn member(
     Ok(MemberConfig { name: name.to_owned(), connection: Connection::Kubeconfig { path, context } })
 }
 
+fn answer_config(a: &ServeArgs, default_cluster: Option<ClusterId>) -> Result<AnswerConfig, ConfigError> {
+    let policy: PolicyKind = a.answer_policy.parse().map_err(|e: String| bad("--answer-policy", e))?;
+    let clients = a.client_clusters.iter().map(|v| client_net(v)).collect::<Result<_, _>>()?;
+    let regions = a
+        .cluster_regions
+        .iter()
+        .map(|v| {
+            let (cluster, region) = v
+                .split_once('=')
+                .ok_or_else(|| bad("--cluster-region", format!("{v:?} is not CLUSTER=REGION")))?;
+            let cluster =
+                ClusterId::parse(cluster).map_err(|e| bad("--cluster-region", format!("{cluster:?} {e}")))?;
+            if region.is_empty() {
+                return Err(bad("--cluster-region", format!("{v:?} has no region")));
+            }
+            Ok((cluster, region.to_owned()))
+        })
+        .collect::<Result<_, _>>()?;
+    if a.local_min_healthy == 0 {
+        return Err(bad("--local-min-healthy", "must be at least 1"));
+    }
+    Ok(AnswerConfig {
+        policy,
+        max_answers: a.max_answers,
+        local_min_healthy: a.local_min_healthy,
+        fail_open: a.fail_open,
+        endpoint_answers: a.endpoint_answers,
+        clients,
+        regions,
+        default_cluster,
+    })
+}
+
+/// `CIDR=NAME[/ZONE]`, the network in canonical form (host bits zero).
+fn client_net(v: &str) -> Result<ClientNet, ConfigError> {
+    const FLAG: &str = "--client-cluster";
+    let (cidr, who) = v.split_once('=').ok_or_else(|| bad(FLAG, format!("{v:?} is not CIDR=NAME")))?;
+    let (addr, prefix) = cidr.split_once('/').unwrap_or((cidr, ""));
+    let addr: IpAddr = addr.parse().map_err(|_| bad(FLAG, format!("{cidr:?} is not an IP network")))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix: u8 = match prefix {
+        "" => max,
+        p => p
+            .parse()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| bad(FLAG, format!("{cidr:?}: bad prefix length")))?,
+    };
+    let addr = match addr {
+        IpAddr::V4(a) => IpAddr::from(std::net::Ipv4Addr::from(
+            u32::from(a) & u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0),
+        )),
+        IpAddr::V6(a) => IpAddr::from(std::net::Ipv6Addr::from(
+            u128::from(a) & u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0),
+        )),
+    };
+    let (cluster, zone) = match who.split_once('/') {
+        Some((c, z)) if !z.is_empty() => (c, Some(z.to_owned())),
+        Some((c, _)) => (c, None),
+        None => (who, None),
+    };
+    let cluster = ClusterId::parse(cluster).map_err(|e| bad(FLAG, format!("{cluster:?} {e}")))?;
+    Ok(ClientNet { addr, prefix, cluster, zone })
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -362,6 +429,33 @@ mod tests {
         let e = config(&["--members", file.to_str().unwrap()]).unwrap_err();
         assert!(e.problem.contains("members[0]"), "{e}");
         assert!(config(&["--cluster", &format!("Bad_Name={kc}")]).is_err());
+    }
+
+    #[test]
+    fn policy_flags_are_checked() {
+        assert_eq!(config(&["--answer-policy", "fastest"]).unwrap_err().flag, "--answer-policy");
+        assert_eq!(config(&["--client-cluster", "10.0.0.0/8"]).unwrap_err().flag, "--client-cluster");
+        assert_eq!(config(&["--client-cluster", "10.0.0.0/33=a"]).unwrap_err().flag, "--client-cluster");
+        assert_eq!(config(&["--client-cluster", "nonsense=a"]).unwrap_err().flag, "--client-cluster");
+        assert_eq!(
+            config(&["--client-cluster", "10.0.0.0/8=Bad_Name"]).unwrap_err().flag,
+            "--client-cluster"
+        );
+        assert_eq!(config(&["--cluster-region", "a"]).unwrap_err().flag, "--cluster-region");
+        assert_eq!(config(&["--local-min-healthy", "0"]).unwrap_err().flag, "--local-min-healthy");
+    }
+
+    #[test]
+    fn client_networks_are_canonical_and_may_name_a_zone() {
+        let c =
+            config(&["--client-cluster", "10.1.2.3/16=cluster-a/zone-1", "--client-cluster", "fd00::1/64=b"])
+                .unwrap();
+        let nets = &c.zone.answers.clients;
+        assert_eq!(nets[0].addr, "10.1.0.0".parse::<IpAddr>().unwrap());
+        assert_eq!((nets[0].prefix, nets[0].zone.as_deref()), (16, Some("zone-1")));
+        assert_eq!(nets[1].addr, "fd00::".parse::<IpAddr>().unwrap());
+        assert_eq!(c.zone.answers.policy, PolicyKind::Rotation);
+        assert!(c.zone.answers.fail_open);
     }
 
     #[test]

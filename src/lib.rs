@@ -10,6 +10,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod explain;
 pub mod fleet;
 pub mod model;
 pub mod ops;

@@ -27,6 +27,17 @@ fn main() -> ExitCode {
             Ok(cfg) => block_on(clusterset_dns::sync::run(cfg)),
             Err(e) => usage(&e),
         },
+        Command::Explain(args) => match clusterset_dns::explain::run(&args) {
+            Ok(report) => {
+                // The report is the command's output.
+                let _ = std::io::stdout().write_all(report.as_bytes());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Check(args) => {
             let (report, ok) = clusterset_dns::check::run(&args);
             // The report is the command's output.

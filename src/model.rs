@@ -7,9 +7,14 @@
 //! every port is in range.
 
 mod label;
+mod policy;
 mod service;
 
 pub use label::{ClusterId, DnsLabel, LabelError};
+pub use policy::{
+    ANNOTATION_ENDPOINT_ANSWERS, ANNOTATION_LOCAL_MIN_HEALTHY, ANNOTATION_MAX_ANSWERS, ANNOTATION_POLICY,
+    ANNOTATION_WEIGHTS, AnnotationError, AnswerOverrides, ClusterWeight, PolicyKind, parse_weights,
+};
 pub use service::{
     AddressFamily, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport, ServiceKey, SliceKey,
 };

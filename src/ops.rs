@@ -2,5 +2,6 @@
 //! metrics themselves. Reads the store and the sources' health; never
 //! touches the answer path.
 
+pub mod explain;
 pub mod http;
 pub mod metrics;

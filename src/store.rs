@@ -8,17 +8,24 @@
 //! **Invariant:** a snapshot is never modified after it is published; a
 //! change builds a new one that shares every untouched service with the old.
 
+mod balance;
 mod encode;
 mod names;
 mod snapshot;
 mod writer;
 
+pub use balance::{AnswerConfig, Balance, BalanceCluster, Client, ClientNet, EndpointMeta, Localities};
 pub use snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone, ZoneConfig};
 pub use writer::{ObjectId, Update, Writer};
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+
+/// The snapshot's key of a service: the wire bytes of `<name>.<namespace>`.
+pub fn names_key(namespace: &str, name: &str) -> Vec<u8> {
+    names::prefix_key(&[name, namespace])
+}
 
 /// Read access to the current snapshot; cheap to clone, shared by every
 /// answering thread.

@@ -13,10 +13,12 @@ pub mod stats;
 pub mod tcp;
 pub mod udp;
 
-pub use request::{ClientEdns, Request, parse};
+pub use request::{ClientEdns, ClientSubnet, Request, parse};
 
-use crate::answer::{self, Answer, Question};
-use crate::store::Snapshot;
+use std::net::IpAddr;
+
+use crate::answer::{self, Answer, Picks, Question};
+use crate::store::{Client, Snapshot};
 use stats::Outcome;
 
 /// How the query arrived; decides the size limit.
@@ -40,11 +42,27 @@ pub struct WireConfig {
 pub struct Scratch {
     lower: [u8; 256],
     slow: Vec<u8>,
+    picks: Box<Picks>,
 }
 
 impl Default for Scratch {
     fn default() -> Self {
-        Self { lower: [0; 256], slow: Vec::with_capacity(512) }
+        Self { lower: [0; 256], slow: Vec::with_capacity(512), picks: Box::default() }
+    }
+}
+
+/// Who sent a query, for the answer policies: its EDNS Client Subnet when it
+/// has one (RFC 7871: the resolver speaks for its client), else the
+/// packet's source address, else (`peer` unknown) `--cluster-id`.
+fn client_of(snap: &Snapshot, ecs: Option<ClientSubnet>, peer: Option<IpAddr>) -> (Client, u8) {
+    let l = &snap.zone().localities;
+    match (ecs, peer) {
+        // A /0 subnet reveals nothing: the resolver's own address still does.
+        (Some(e), _) if e.source_prefix > 0 => {
+            (l.client(e.address(), e.family == 2, e.source_prefix), e.source_prefix)
+        }
+        (_, Some(addr)) => (l.client_at(addr), 0),
+        (_, None) => (l.client(&[], false, 0), 0),
     }
 }
 
@@ -59,6 +77,46 @@ pub fn respond(
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
 ) -> Option<Outcome> {
+    respond_from(snap, packet, None, transport, cfg, scratch, out)
+}
+
+/// [`respond`] to a query that came from `peer`: the answer policies see
+/// its cluster (`--client-cluster`), or its EDNS Client Subnet's.
+pub fn respond_from(
+    snap: &Snapshot,
+    packet: &[u8],
+    peer: Option<IpAddr>,
+    transport: Transport,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> Option<Outcome> {
+    let ecs_peer = |snap: &Snapshot, req: &Request<'_>| client_of(snap, req.edns.and_then(|e| e.ecs), peer);
+    answer_as(snap, packet, &ecs_peer, transport, cfg, scratch, out)
+}
+
+/// [`respond`] as if the query came from `client` (`explain --from-cluster`).
+pub fn respond_as(
+    snap: &Snapshot,
+    packet: &[u8],
+    client: Client,
+    transport: Transport,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> Option<Outcome> {
+    answer_as(snap, packet, &|_: &Snapshot, _: &Request<'_>| (client, 0), transport, cfg, scratch, out)
+}
+
+fn answer_as(
+    snap: &Snapshot,
+    packet: &[u8],
+    who: &dyn Fn(&Snapshot, &Request<'_>) -> (Client, u8),
+    transport: Transport,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> Option<Outcome> {
     out.clear();
     let req = parse(packet, &mut scratch.slow)?;
     let limit = match (transport, req.edns) {
@@ -66,6 +124,7 @@ pub fn respond(
         (Transport::Udp, None) => 512,
         (Transport::Udp, Some(e)) => usize::from(e.payload.clamp(512, cfg.max_udp_payload.max(512))),
     };
+    let (client, ecs_bits) = who(snap, &req);
     let answer = match (req.error, req.question) {
         (Some(rcode), _) => Answer::bare(rcode, false),
         (None, None) => Answer::bare(answer::Rcode::FormErr, false),
@@ -74,10 +133,20 @@ pub fn respond(
             let lower = &mut scratch.lower[..name.len()];
             lower.copy_from_slice(name);
             lower.make_ascii_lowercase(); // length bytes are < 64, never letters
-            answer::lookup(snap, &Question { name: lower, qtype: req.qtype, qclass: req.qclass })
+            let q = Question { name: lower, qtype: req.qtype, qclass: req.qclass };
+            answer::lookup_for(snap, &q, &client, &mut scratch.picks)
         }
     };
-    response::write(out, &req, &answer, snap, cfg.max_udp_payload, limit);
+    // RFC 7871 §7.2.1: the scope says for which addresses the answer holds:
+    // the client network that decided it, else the whole given subnet; 0
+    // when the answer is the same for everyone.
+    let scope = match (answer.client_dependent, client.prefix) {
+        (false, _) => 0,
+        (true, 0) => ecs_bits,
+        (true, p) => p.min(ecs_bits),
+    };
+    let written = response::Written { picks: scratch.picks.as_slice(), ecs_scope: scope };
+    response::write(out, &req, &answer, snap, cfg.max_udp_payload, limit, &written);
     Some(Outcome {
         rcode: answer.rcode,
         in_zone: answer.in_zone,

@@ -8,10 +8,12 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+use clusterset_dns::model::{ClusterId, PolicyKind};
 use clusterset_dns::source::{SourceId, embedded};
 use clusterset_dns::store::{self, Update, ZoneConfig};
-use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond};
+use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond, respond_from};
 use hickory_proto::op::{Edns, Message, Query};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
 use hickory_proto::rr::{Name, RecordType};
 
 struct Counting;
@@ -58,6 +60,7 @@ fn answering_common_queries_allocates_nothing() {
         ttl: 5,
         negative_ttl: 5,
         advertise: vec![],
+        answers: store::AnswerConfig::standard(),
     });
     writer.apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
     writer.publish();
@@ -89,6 +92,72 @@ fn answering_common_queries_allocates_nothing() {
             }
             let allocated = ALLOCATIONS.with(Cell::get) - before;
             assert_eq!(allocated, 0, "{transport:?} {:?}", Message::from_vec(q).unwrap().queries);
+        }
+    }
+}
+
+/// Every answer policy, with a subset size, client networks and queries
+/// with and without an EDNS Client Subnet: still nothing allocated.
+#[test]
+fn answering_with_every_policy_allocates_nothing() {
+    let mut ecs = Message::query();
+    ecs.add_query(Query::query(Name::from_ascii("db.shop.svc.clusterset.local.").unwrap(), RecordType::A));
+    let mut edns = Edns::new();
+    edns.options_mut().insert(EdnsOption::Subnet(ClientSubnet::new("10.2.0.0".parse().unwrap(), 16, 0)));
+    ecs.set_edns(edns);
+    let queries = [
+        query("db.shop.svc.clusterset.local.", RecordType::A, true),
+        query("db.shop.svc.clusterset.local.", RecordType::AAAA, false),
+        query("api.shop.svc.clusterset.local.", RecordType::A, true),
+        ecs.to_vec().unwrap(),
+    ];
+    for policy in PolicyKind::ALL {
+        for max_answers in [0, 2] {
+            let mut answers = store::AnswerConfig::standard();
+            answers.policy = policy;
+            answers.max_answers = max_answers;
+            answers.endpoint_answers = true;
+            for (net, cluster) in [("127.0.0.0", "cluster-a"), ("10.2.0.0", "cluster-b")] {
+                answers.clients.push(store::ClientNet {
+                    addr: net.parse().unwrap(),
+                    prefix: 16,
+                    cluster: ClusterId::parse(cluster).unwrap(),
+                    zone: None,
+                });
+            }
+            let (reader, mut writer) = store::new(ZoneConfig {
+                origin: Name::from_ascii("clusterset.local.").unwrap(),
+                ttl: 5,
+                negative_ttl: 5,
+                advertise: vec![],
+                answers,
+            });
+            writer
+                .apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
+            writer.publish();
+            let cfg = WireConfig { max_udp_payload: 1232 };
+            let mut scratch = Scratch::default();
+            let mut out = Vec::with_capacity(65535);
+            let peer = Some("127.0.0.1".parse().unwrap());
+            for transport in [Transport::Udp, Transport::Tcp] {
+                for q in &queries {
+                    let snap = reader.load();
+                    assert!(respond_from(&snap, q, peer, transport, &cfg, &mut scratch, &mut out).is_some());
+                    drop(snap);
+                    let before = ALLOCATIONS.with(Cell::get);
+                    for _ in 0..100 {
+                        let snap = reader.load();
+                        respond_from(&snap, q, peer, transport, &cfg, &mut scratch, &mut out);
+                    }
+                    let allocated = ALLOCATIONS.with(Cell::get) - before;
+                    assert_eq!(
+                        allocated,
+                        0,
+                        "{policy} {max_answers} {transport:?} {:?}",
+                        Message::from_vec(q).unwrap().queries
+                    );
+                }
+            }
         }
     }
 }

@@ -153,7 +153,7 @@ pub fn vip_service(key: &ServiceKey, spec: &ImportSpec) -> Value {
 }
 
 /// The MCS EndpointSlice mirroring one source slice of `cluster`: its
-/// addresses, readiness, hostname and zone. For ClusterSetIP services it is
+/// addresses, readiness, hostname, zone and targetRef. For ClusterSetIP services it is
 /// also the VIP Service's slice (`kubernetes.io/service-name`).
 pub fn slice(key: &ServiceKey, cluster: &ClusterId, source: &EndpointSlice, vip: bool) -> Value {
     let source_name = source.metadata.name.as_deref().unwrap_or("");
@@ -176,6 +176,10 @@ pub fn slice(key: &ServiceKey, cluster: &ClusterId, source: &EndpointSlice, vip:
             }
             if let Some(z) = &e.zone {
                 v["zone"] = json!(z);
+            }
+            // Pairs an endpoint's IPv4 and IPv6 slices for answer policies.
+            if let Some(t) = &e.target_ref {
+                v["targetRef"] = json!({"kind": t.kind, "namespace": t.namespace, "name": t.name});
             }
             v
         })

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use super::{ClusterId, DnsLabel};
+use super::{AnswerOverrides, ClusterId, DnsLabel};
 
 /// A service across the clusterset: `<name>.<namespace>.svc.<zone>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -98,6 +98,9 @@ pub struct ServiceImport {
     pub ips: Vec<IpAddr>,
     /// The merged ports.
     pub ports: Vec<Port>,
+    /// What its `clusterset-dns.io/…` annotations (and
+    /// `spec.trafficDistribution`) change about its answers.
+    pub answers: AnswerOverrides,
 }
 
 /// The IP family of an EndpointSlice (`addressType`).
@@ -120,6 +123,9 @@ pub struct Endpoint {
     pub ready: bool,
     /// `zone`, for locality-aware answers.
     pub zone: Option<String>,
+    /// `targetRef` as `kind/namespace/name`: the same Pod's endpoints in the
+    /// IPv4 and the IPv6 slice share it, which pairs their A and AAAA answers.
+    pub target: Option<String>,
 }
 
 /// The content of one MCS EndpointSlice: one cluster's endpoints of one

@@ -28,6 +28,7 @@ pub async fn serve(listener: TcpListener, reader: Reader, metrics: Arc<Metrics>,
         .route("/health", get(|| async { "OK\n" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
+        .route("/debug/explain", get(explain))
         .with_state(Ops { reader, metrics, draining });
     if let Err(e) = axum::serve(listener, app).await {
         warn!(error = %e, "HTTP endpoint stopped");
@@ -46,4 +47,54 @@ async fn ready(State(ops): State<Ops>) -> (StatusCode, &'static str) {
 
 async fn metrics_text(State(ops): State<Ops>) -> ([(header::HeaderName, &'static str); 1], String) {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], ops.metrics.render())
+}
+
+/// Decodes a `%XX`-encoded query parameter value.
+fn unescape(v: &str) -> String {
+    let mut out = Vec::with_capacity(v.len());
+    let b = v.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match (
+            b[i],
+            b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()),
+        ) {
+            (b'%', Some(x)) => {
+                out.push(x);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn explain(State(ops): State<Ops>, uri: axum::http::Uri) -> (StatusCode, String) {
+    let mut name = None;
+    let mut qtype = "A".to_owned();
+    let mut cluster = None;
+    for pair in uri.query().unwrap_or("").split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "name" => name = Some(unescape(v)),
+            "type" => qtype = unescape(v),
+            "cluster" if !v.is_empty() => cluster = Some(unescape(v)),
+            _ => {}
+        }
+    }
+    let Some(name) = name else {
+        return (StatusCode::BAD_REQUEST, "name= is required\n".into());
+    };
+    let snap = ops.reader.load_full();
+    match super::explain::report(&snap, &name, &qtype, cluster.as_deref()) {
+        Ok(text) => (StatusCode::OK, text),
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
+    }
 }

@@ -6,11 +6,12 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::discovery::v1 as discovery;
+use tracing::warn;
 
 use super::crd::{self, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{
-    AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, LabelError, Port, Protocol,
-    ServiceImport, ServiceKey, SliceKey,
+    AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, LabelError, Port,
+    Protocol, ServiceImport, ServiceKey, SliceKey,
 };
 
 /// Why an object was skipped.
@@ -102,7 +103,23 @@ pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, Convert
             port(&cx, &format!("spec.ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), p.port)
         })
         .collect::<Result<_, _>>()?;
-    Ok(ServiceImport { key, kind, ips, ports })
+    let (answers, problems) = answer_overrides(obj);
+    for problem in problems {
+        // A bad annotation must not take the service away: it is served
+        // with the global settings for what the annotation would change.
+        warn!(service = %key, "ServiceImport {key}: {problem}; using the default");
+    }
+    Ok(ServiceImport { key, kind, ips, ports, answers })
+}
+
+/// The `clusterset-dns.io/…` annotations and `spec.trafficDistribution`,
+/// with the annotations that could not be used.
+pub fn answer_overrides(obj: &crd::ServiceImport) -> (AnswerOverrides, Vec<crate::model::AnnotationError>) {
+    let annotations = obj.metadata.annotations.iter().flatten().map(|(k, v)| (k.as_str(), v.as_str()));
+    let (mut o, problems) = AnswerOverrides::from_annotations(annotations);
+    o.prefer_close =
+        matches!(obj.spec.traffic_distribution.as_deref(), Some("PreferClose" | "PreferSameZone"));
+    (o, problems)
 }
 
 /// Converts an MCS EndpointSlice.
@@ -163,7 +180,18 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
         // EndpointSlice API: "ready" unset means ready; `false` is not ready,
         // also while serving or terminating.
         let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-        endpoints.push(Endpoint { addresses, hostname, ready, zone: ep.zone.clone() });
+        // The same Pod appears in the IPv4 and the IPv6 slice with the same
+        // targetRef; that pairs its A and AAAA answers.
+        let target = ep.target_ref.as_ref().and_then(|t| {
+            let name = t.name.as_deref().filter(|n| !n.is_empty())?;
+            Some(format!(
+                "{}/{}/{}",
+                t.kind.as_deref().unwrap_or(""),
+                t.namespace.as_deref().unwrap_or(namespace),
+                name
+            ))
+        });
+        endpoints.push(Endpoint { addresses, hostname, ready, zone: ep.zone.clone(), target });
     }
     Ok(SliceOutcome::Endpoints(EndpointSet {
         slice: SliceKey { namespace: namespace.to_owned(), name: cx.name.to_owned() },
@@ -289,6 +317,26 @@ endpoints:
     fn slice_without_mcs_labels_is_rejected() {
         let e = slice(&SLICE.replace("multicluster.kubernetes.io/source-cluster", "x")).unwrap_err();
         assert_eq!(e.field, "metadata.labels[multicluster.kubernetes.io/source-cluster]");
+    }
+
+    #[test]
+    fn slice_target_refs_identify_endpoints() {
+        let yaml =
+            SLICE.replace("  hostname: db-0", "  hostname: db-0\n  targetRef: {kind: Pod, name: db-0}");
+        let SliceOutcome::Endpoints(s) = slice(&yaml).unwrap() else { panic!("not endpoints") };
+        assert_eq!(s.endpoints[0].target.as_deref(), Some("Pod/shop/db-0"));
+        assert_eq!(s.endpoints[1].target, None);
+    }
+
+    #[test]
+    fn bad_annotations_keep_the_import_and_leave_the_default() {
+        let i = import(
+            "metadata:\n  name: web\n  namespace: shop\n  annotations:\n    clusterset-dns.io/answer-policy: fastest\n    clusterset-dns.io/max-answers: \"3\"\nspec: {type: Headless, trafficDistribution: PreferClose}",
+        )
+        .unwrap();
+        assert_eq!(i.answers.policy, None);
+        assert_eq!(i.answers.max_answers, Some(3));
+        assert!(i.answers.prefer_close);
     }
 
     #[test]

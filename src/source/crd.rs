@@ -38,6 +38,10 @@ pub struct ServiceImportSpec {
     /// Ports.
     #[serde(default)]
     pub ports: Vec<ServicePort>,
+    /// Routing preference hint as for a Service (`PreferClose`,
+    /// `PreferSameZone`): selects the topology answer policy.
+    #[serde(default)]
+    pub traffic_distribution: Option<String>,
 }
 
 /// A ServiceImport port.

@@ -138,7 +138,12 @@ fn service_objects(state: &FleetState, key: &ServiceKey) -> Vec<Object> {
         .iter()
         .map(|p| Port { name: p.name.clone(), protocol: p.protocol, port: p.port })
         .collect();
-    let import = ServiceImport { key: key.clone(), kind: spec.kind, ips, ports };
+    // trafficDistribution is merged like every global property; the
+    // `clusterset-dns.io/…` annotations live on ServiceImports, which
+    // centralized mode does not have.
+    let prefer_close = matches!(spec.traffic_distribution.as_deref(), Some("PreferClose" | "PreferSameZone"));
+    let answers = crate::model::AnswerOverrides { prefer_close, ..Default::default() };
+    let import = ServiceImport { key: key.clone(), kind: spec.kind, ips, ports, answers };
     let mut objects = vec![Object::Import(import)];
     objects.extend(state.endpoint_sets(key, &merged.clusters).into_iter().map(Object::Slice));
     objects

@@ -3,16 +3,37 @@
 //! model values and encoded once per change.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
+use super::balance::{Balance, BalanceCluster, EndpointMeta, Interner, set_weights};
 use super::encode;
 use super::snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone};
-use crate::model::{DnsLabel, EndpointSet, ImportType, Port, ServiceImport};
+use crate::model::{ClusterId, DnsLabel, EndpointSet, ImportType, PolicyKind, Port, ServiceImport};
+
+/// What building a service needs besides its objects: the writer's
+/// interned localities and its health overlay.
+pub(crate) struct BuildCtx<'a> {
+    /// Cluster and zone ids.
+    pub(crate) interner: &'a mut Interner,
+    /// False when an endpoint (its cluster and addresses) is marked down.
+    pub(crate) healthy: &'a dyn Fn(&ClusterId, &[IpAddr]) -> bool,
+}
+
+/// One endpoint of the service name's answer while it is assembled: the
+/// IPv4 and IPv6 slices' entries for the same Pod merged.
+struct Candidate {
+    cluster: ClusterId,
+    zone: Option<String>,
+    name: String,
+    addrs: [Vec<IpAddr>; 2],
+}
 
 /// MCS DNS schema version answered at `dns-version.<zone>` (spec §2.2).
 pub(crate) const SCHEMA_VERSION: &str = "1.0.0";
@@ -63,15 +84,31 @@ pub(crate) fn service_names(
     zone: &Zone,
     import: &ServiceImport,
     slices: &[&EndpointSet],
+    cx: &mut BuildCtx<'_>,
 ) -> Option<ServiceNames> {
     let base = child(&[import.key.name.as_str(), import.key.namespace.as_str(), "svc"], &zone.config.origin)?;
     let mut d = Drafts { base: base.clone(), nodes: BTreeMap::new(), targets: FxHashMap::default() };
     d.node(&[])?;
+    let cfg = &zone.config.answers;
+    let mut candidates = Vec::new();
     match import.kind {
         ImportType::ClusterSetIp => {
-            d.targets.insert(base.clone(), import.ips.clone());
+            // Opt-in (annotation or flag): the endpoints instead of the VIP,
+            // for fleets without a cross-cluster VIP data path. Without a
+            // ready endpoint the VIP is still answered.
+            if import.answers.endpoint_answers.unwrap_or(cfg.endpoint_answers) {
+                candidates = collect_candidates(slices);
+            }
+            let answered: Vec<IpAddr> = if candidates.is_empty() {
+                import.ips.clone()
+            } else {
+                candidates.iter().flat_map(|c| c.addrs.iter().flatten().copied()).collect()
+            };
+            d.targets.insert(base.clone(), answered);
             let service = d.node(&[])?;
-            service.a.extend(&import.ips);
+            if candidates.is_empty() {
+                service.a.extend(&import.ips);
+            }
             for port in &import.ports {
                 // The bare name answers every port; `_<port>._<proto>` only named ones.
                 service_srv(&mut d, port, port.port, &base)?;
@@ -81,10 +118,11 @@ pub(crate) fn service_names(
             if !headless(&mut d, import, slices) {
                 return None;
             }
+            candidates = collect_candidates(slices);
         }
     }
     let ttl = zone.config.ttl;
-    let names = d
+    let mut names: FxHashMap<Box<[u8]>, NameNode> = d
         .nodes
         .iter()
         .filter_map(|(key, (owner, draft))| {
@@ -95,7 +133,120 @@ pub(crate) fn service_names(
             Some((key.clone().into_boxed_slice(), node?))
         })
         .collect();
-    Some(ServiceNames { names })
+    let mut balance = None;
+    if !candidates.is_empty() {
+        let (sets, b) = balanced(zone, import, &base, &candidates, cx)?;
+        if let Some(node) = names.get_mut(&[][..]) {
+            let mut all = node.sets.to_vec();
+            all.extend(sets);
+            node.sets = all.into();
+        }
+        balance = Some(Arc::new(b));
+    }
+    Some(ServiceNames { names: Arc::new(names), balance })
+}
+
+/// The ready endpoints with an address, merged across a cluster's IPv4 and
+/// IPv6 slices by identity (`targetRef`, else hostname; an endpoint with
+/// neither is one per address), grouped by cluster.
+fn collect_candidates(slices: &[&EndpointSet]) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = Vec::new();
+    let mut index: FxHashMap<(ClusterId, String), usize> = FxHashMap::default();
+    for slice in slices {
+        let fam = usize::from(slice.family == crate::model::AddressFamily::V6);
+        for ep in slice.endpoints.iter().filter(|e| e.ready && !e.addresses.is_empty()) {
+            let ids: Vec<(String, Vec<IpAddr>)> = match (&ep.target, &ep.hostname) {
+                (Some(t), _) => vec![(t.clone(), ep.addresses.clone())],
+                (None, Some(h)) => vec![(h.to_string(), ep.addresses.clone())],
+                (None, None) => ep.addresses.iter().map(|a| (a.to_string(), vec![*a])).collect(),
+            };
+            for (id, addrs) in ids {
+                let i = *index.entry((slice.cluster.clone(), id.clone())).or_insert_with(|| {
+                    out.push(Candidate {
+                        cluster: slice.cluster.clone(),
+                        zone: ep.zone.clone(),
+                        name: id,
+                        addrs: [Vec::new(), Vec::new()],
+                    });
+                    out.len() - 1
+                });
+                out[i].addrs[fam].extend(addrs);
+            }
+        }
+    }
+    // Grouped by cluster (stable: slice order within one), so a cluster's
+    // endpoints are neighbours in the records.
+    out.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    out
+}
+
+/// The service name's A and AAAA RRsets, records in endpoint order, and
+/// the [`Balance`] that says per query which of them to answer.
+fn balanced(
+    zone: &Zone,
+    import: &ServiceImport,
+    owner: &Name,
+    candidates: &[Candidate],
+    cx: &mut BuildCtx<'_>,
+) -> Option<(Vec<RRset>, Balance)> {
+    let cfg = &zone.config.answers;
+    let o = &import.answers;
+    let policy = o.policy.unwrap_or(if o.prefer_close { PolicyKind::Topology } else { cfg.policy });
+    let mut sets = Vec::new();
+    let mut ranges = vec![[(0u32, 0u16); 2]; candidates.len()];
+    for (f, rtype) in [RecordType::A, RecordType::AAAA].into_iter().enumerate() {
+        let mut seen: Vec<IpAddr> = Vec::new();
+        let mut records = Vec::new();
+        for (c, range) in candidates.iter().zip(ranges.iter_mut()) {
+            let first = records.len() as u32;
+            for ip in &c.addrs[f] {
+                // The same address twice would be the same record twice.
+                if !seen.contains(ip) {
+                    seen.push(*ip);
+                    records.push(address_record(owner, zone.config.ttl, *ip));
+                }
+            }
+            range[f] = (first, (records.len() as u32 - first) as u16);
+        }
+        if !records.is_empty() {
+            sets.push(RRset {
+                rtype: u16::from(rtype),
+                answer: encode::records(owner, rtype, &records)?,
+                additional: Records::default(),
+            });
+        }
+    }
+    let mut clusters: Vec<BalanceCluster> = Vec::new();
+    let mut endpoints = Vec::with_capacity(candidates.len());
+    let mut healthy = Vec::with_capacity(candidates.len());
+    for (c, range) in candidates.iter().zip(ranges) {
+        if clusters.last().is_none_or(|l| l.name != c.cluster) {
+            let id = cx.interner.cluster(&c.cluster);
+            let region = zone.localities.region_of(id);
+            clusters.push(BalanceCluster { id, name: c.cluster.clone(), region, weight: 0 });
+        }
+        let addresses: Vec<IpAddr> = c.addrs.iter().flatten().copied().collect();
+        healthy.push((cx.healthy)(&c.cluster, &addresses));
+        endpoints.push(EndpointMeta {
+            cluster: (clusters.len() - 1) as u16,
+            zone: c.zone.as_deref().map(|z| cx.interner.zone(z)),
+            records: range,
+            name: c.name.as_str().into(),
+            zone_name: c.zone.as_deref().map(Into::into),
+            addresses: addresses.into(),
+        });
+    }
+    set_weights(&mut clusters, &endpoints, &healthy, o.weights.as_deref());
+    let mut h = rustc_hash::FxHasher::default();
+    import.key.hash(&mut h);
+    let limits = (
+        o.max_answers.unwrap_or(cfg.max_answers),
+        o.local_min_healthy.unwrap_or(cfg.local_min_healthy),
+        cfg.fail_open,
+    );
+    let b =
+        Balance::new(policy, limits, clusters.into(), endpoints.into(), healthy.into(), h.finish() as u32);
+    Some((sets, b))
 }
 
 /// Adds the SRV records one port gives: on the bare service name always, on
@@ -130,9 +281,7 @@ fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> 
                     warn!(service = %import.key, slice = %slice.slice, host = %host, "endpoint name too long; leaving it out");
                     continue;
                 };
-                if let Some(service) = d.node(&[]) {
-                    service.a.extend(&addrs);
-                }
+                // The service name's A/AAAA are built apart (`balanced`).
                 if let Some(node) = d.node(&labels) {
                     node.a.extend(&addrs);
                 }

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use hickory_proto::rr::Name;
 use rustc_hash::FxHashMap;
 
+use super::balance::{AnswerConfig, Balance, Localities};
+
 /// What the operator configures about the zone.
 #[derive(Debug, Clone)]
 pub struct ZoneConfig {
@@ -24,6 +26,8 @@ pub struct ZoneConfig {
     pub negative_ttl: u32,
     /// Addresses of `ns.dns.<zone>`, given as glue with the apex NS.
     pub advertise: Vec<IpAddr>,
+    /// How A/AAAA answers of endpoints are chosen (policies, client networks).
+    pub answers: AnswerConfig,
 }
 
 /// The zone as the answer path needs it.
@@ -35,6 +39,8 @@ pub struct Zone {
     pub wire: Box<[u8]>,
     /// Number of labels of the apex, root excluded.
     pub labels: usize,
+    /// Client networks and localities of `config.answers`, interned.
+    pub localities: Localities,
 }
 
 impl Zone {
@@ -49,7 +55,8 @@ impl Zone {
         }
         wire.push(0);
         let labels = config.origin.num_labels() as usize;
-        Self { config, wire: wire.into(), labels }
+        let localities = Localities::new(&config.answers);
+        Self { config, wire: wire.into(), labels, localities }
     }
 }
 
@@ -73,6 +80,11 @@ impl Records {
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
+    }
+
+    /// Where record `i` starts in [`Records::bytes`].
+    pub fn start(&self, i: usize) -> usize {
+        if i == 0 { 0 } else { self.ends[i - 1] as usize }
     }
 
     /// The wire bytes of record `i`.
@@ -114,16 +126,25 @@ impl NameNode {
 
 /// Every name at and below one service, keyed by the lower-case wire bytes
 /// of the labels in front of `<svc>.<ns>.svc.<zone>` (empty for the service
-/// name itself).
-#[derive(Debug, Default, PartialEq, Eq)]
+/// name itself), and the answer policy of the service name's A/AAAA records.
+#[derive(Debug, Default)]
 pub struct ServiceNames {
-    pub(crate) names: FxHashMap<Box<[u8]>, NameNode>,
+    /// Shared with the next snapshot when only the health overlay changes.
+    pub(crate) names: Arc<FxHashMap<Box<[u8]>, NameNode>>,
+    /// Present when the service name answers endpoints: which records are
+    /// answered, in which order, is chosen per query from this.
+    pub(crate) balance: Option<Arc<Balance>>,
 }
 
 impl ServiceNames {
     /// The node for a prefix.
     pub fn get(&self, prefix: &[u8]) -> Option<&NameNode> {
         self.names.get(prefix)
+    }
+
+    /// The answer policy and endpoint metadata of the service name's A/AAAA.
+    pub fn balance(&self) -> Option<&Balance> {
+        self.balance.as_deref()
     }
 
     /// Number of names.

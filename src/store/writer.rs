@@ -2,6 +2,7 @@
 //! snapshots, re-encoding only the services an update touched.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -9,9 +10,10 @@ use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use tracing::debug;
 
-use super::names;
-use super::snapshot::{Snapshot, Zone};
-use crate::model::{DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey};
+use super::balance::Interner;
+use super::names::{self, BuildCtx};
+use super::snapshot::{ServiceNames, Snapshot, Zone};
+use crate::model::{ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey};
 use crate::source::SourceId;
 use crate::source::objects::Object;
 
@@ -69,6 +71,26 @@ pub enum Update {
         /// The object.
         id: ObjectId,
     },
+    /// An active probe's verdict on one address of a service's endpoint:
+    /// an endpoint with an address marked down is unhealthy, and answer
+    /// policies leave it out while others are healthy. Re-encodes nothing.
+    EndpointHealth {
+        /// The service whose endpoint was probed.
+        service: ServiceKey,
+        /// The probed address.
+        address: IpAddr,
+        /// The verdict.
+        healthy: bool,
+    },
+    /// A member cluster is reachable or not (its API server, its
+    /// connectivity): every endpoint of a cluster that is not alive is
+    /// unhealthy in every service. Re-encodes nothing.
+    ClusterLiveness {
+        /// The cluster.
+        cluster: ClusterId,
+        /// Whether it is alive.
+        alive: bool,
+    },
 }
 
 #[derive(Default)]
@@ -97,11 +119,22 @@ pub struct Writer {
     dirty: BTreeSet<ServiceKey>,
     zone_dirty: bool,
     serial: u32,
+    interner: Interner,
+    /// Addresses marked down per service (health overlay).
+    down: HashMap<ServiceKey, BTreeSet<IpAddr>>,
+    /// Clusters marked not alive.
+    dead_clusters: BTreeSet<ClusterId>,
+    /// Services whose health overlay changed since the last publish.
+    health_dirty: BTreeSet<ServiceKey>,
 }
 
 impl Writer {
     pub(crate) fn new(zone: Arc<Zone>, current: Arc<ArcSwap<Snapshot>>) -> Self {
         Self {
+            interner: Interner::new(&zone.localities),
+            down: HashMap::new(),
+            dead_clusters: BTreeSet::new(),
+            health_dirty: BTreeSet::new(),
             zone,
             current,
             sources: BTreeMap::new(),
@@ -139,7 +172,61 @@ impl Writer {
             }
             Update::Upsert { source, object } => self.upsert(source, object),
             Update::Remove { source, id } => self.remove(source, &id),
+            Update::EndpointHealth { service, address, healthy } => {
+                let down = self.down.entry(service.clone()).or_default();
+                let changed = if healthy { down.remove(&address) } else { down.insert(address) };
+                if down.is_empty() {
+                    self.down.remove(&service);
+                }
+                if changed {
+                    self.health_dirty.insert(service);
+                }
+            }
+            Update::ClusterLiveness { cluster, alive } => {
+                let changed = if alive {
+                    self.dead_clusters.remove(&cluster)
+                } else {
+                    self.dead_clusters.insert(cluster.clone())
+                };
+                if changed {
+                    for (key, state) in &self.services {
+                        if state.slices.values().any(|s| s.cluster == cluster) {
+                            self.health_dirty.insert(key.clone());
+                        }
+                    }
+                }
+            }
         }
+    }
+
+    /// The health overlay: false when the endpoint's cluster is not alive
+    /// or one of its addresses was probed down.
+    fn healthy(&self, key: &ServiceKey, cluster: &ClusterId, addresses: &[IpAddr]) -> bool {
+        !self.dead_clusters.contains(cluster)
+            && self.down.get(key).is_none_or(|down| !addresses.iter().any(|a| down.contains(a)))
+    }
+
+    /// A service's names with the current health overlay, sharing every
+    /// record with `old`; `None` when its health did not change.
+    fn rehealth(&self, key: &ServiceKey, old: &ServiceNames) -> Option<ServiceNames> {
+        let b = old.balance.as_ref()?;
+        let healthy: Box<[bool]> = b
+            .endpoints
+            .iter()
+            .map(|e| self.healthy(key, &b.clusters[usize::from(e.cluster)].name, &e.addresses))
+            .collect();
+        if healthy == b.healthy {
+            return None;
+        }
+        let weights = self
+            .services
+            .get(key)
+            .and_then(|s| s.imports.values().next())
+            .and_then(|i| i.answers.weights.as_deref());
+        Some(ServiceNames {
+            names: old.names.clone(),
+            balance: Some(Arc::new(b.with_health(healthy, weights))),
+        })
     }
 
     fn upsert(&mut self, source: SourceId, object: Object) {
@@ -221,20 +308,30 @@ impl Writer {
     /// Publishes a new snapshot if anything changed since the last one, and
     /// returns how many services were re-encoded.
     pub fn publish(&mut self) -> usize {
-        if self.dirty.is_empty() && !self.zone_dirty {
+        if self.dirty.is_empty() && !self.zone_dirty && self.health_dirty.is_empty() {
             return 0;
         }
         let old = self.current.load_full();
         let mut services = FxHashMap::clone(&old.services);
         let dirty = std::mem::take(&mut self.dirty);
         let rebuilt = dirty.len();
+        for key in std::mem::take(&mut self.health_dirty).difference(&dirty) {
+            let wire = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]);
+            if let Some(names) = services.get(&wire[..]).and_then(|old| self.rehealth(key, old)) {
+                services.insert(wire.into(), Arc::new(names));
+            }
+        }
         for key in dirty {
             let wire: Arc<[u8]> = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]).into();
+            let mut interner = std::mem::take(&mut self.interner);
             let built = self.services.get(&key).and_then(|state| {
                 let import = state.imports.values().next()?;
                 let slices: Vec<&EndpointSet> = state.slices.values().collect();
-                names::service_names(&self.zone, import, &slices)
+                let healthy = |c: &ClusterId, a: &[IpAddr]| self.healthy(&key, c, a);
+                let mut cx = BuildCtx { interner: &mut interner, healthy: &healthy };
+                names::service_names(&self.zone, import, &slices, &mut cx)
             });
+            self.interner = interner;
             match built {
                 Some(names) => {
                     services.insert(wire, Arc::new(names));
@@ -291,6 +388,7 @@ mod tests {
             ttl: 5,
             negative_ttl: 5,
             advertise: vec![],
+            answers: store::AnswerConfig::standard(),
         })
     }
 
@@ -300,6 +398,7 @@ mod tests {
             kind: ImportType::ClusterSetIp,
             ips: vec![IpAddr::from_str(ip).unwrap()],
             ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 80 }],
+            answers: Default::default(),
         })
     }
 

@@ -16,6 +16,9 @@ const OPT: u16 = 41;
 /// Longest domain name in wire form.
 const MAX_NAME: usize = 255;
 
+/// EDNS option code of Client Subnet (RFC 7871).
+const ECS: u16 = 8;
+
 /// What the client said in its OPT record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientEdns {
@@ -25,6 +28,50 @@ pub struct ClientEdns {
     pub version: u8,
     /// The DO bit, which RFC 3225 says to copy into the response.
     pub dnssec_ok: bool,
+    /// Its EDNS Client Subnet option, when it sent one.
+    pub ecs: Option<ClientSubnet>,
+}
+
+/// An EDNS Client Subnet option (RFC 7871 §6) as the query carried it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientSubnet {
+    /// FAMILY: 1 = IPv4, 2 = IPv6.
+    pub family: u16,
+    /// SOURCE PREFIX-LENGTH: how many leading bits of the address are given.
+    pub source_prefix: u8,
+    /// ADDRESS, `ceil(source_prefix / 8)` bytes of it used.
+    pub addr: [u8; 16],
+}
+
+impl ClientSubnet {
+    /// The address bytes the option carries.
+    pub fn address(&self) -> &[u8] {
+        &self.addr[..usize::from(self.source_prefix).div_ceil(8)]
+    }
+
+    /// Reads an option's data; `None` when RFC 7871 §6 says FORMERR: an
+    /// unknown family, a prefix longer than the family's addresses, more or
+    /// fewer address bytes than the prefix needs, bits set beyond it.
+    fn read(data: &[u8]) -> Option<Self> {
+        let family = u16_at(data, 0)?;
+        let source_prefix = *data.get(2)?;
+        let max = match family {
+            1 => 32,
+            2 => 128,
+            _ => return None,
+        };
+        let addr_bytes = &data[4..];
+        if source_prefix > max || addr_bytes.len() != usize::from(source_prefix).div_ceil(8) {
+            return None;
+        }
+        let rest = source_prefix % 8;
+        if rest != 0 && addr_bytes[addr_bytes.len() - 1] & (0xFF >> rest) != 0 {
+            return None;
+        }
+        let mut addr = [0; 16];
+        addr[..addr_bytes.len()].copy_from_slice(addr_bytes);
+        Some(Self { family, source_prefix, addr })
+    }
 }
 
 /// A query as the response needs it.
@@ -140,11 +187,31 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
         return Fast::FormErr;
     }
     let dnssec_ok = u16_at(p, o + 7).is_some_and(|f| f & 0x8000 != 0);
+    let Ok(ecs) = options(&p[o + 11..o + 11 + rdlen as usize]) else {
+        return Fast::FormErr;
+    };
     Fast::Done {
         qname_len,
         end,
-        edns: Some(ClientEdns { payload, version: (ttl_hi & 0xFF) as u8, dnssec_ok }),
+        edns: Some(ClientEdns { payload, version: (ttl_hi & 0xFF) as u8, dnssec_ok, ecs }),
     }
+}
+
+/// Walks an OPT record's options in place; returns the Client Subnet
+/// option, or `Err` when an option overruns the data or ECS is malformed.
+fn options(mut rdata: &[u8]) -> Result<Option<ClientSubnet>, ()> {
+    let mut ecs = None;
+    while !rdata.is_empty() {
+        let (Some(code), Some(len)) = (u16_at(rdata, 0), u16_at(rdata, 2)) else {
+            return Err(());
+        };
+        let data = rdata.get(4..4 + usize::from(len)).ok_or(())?;
+        if code == ECS && ecs.is_none() {
+            ecs = Some(ClientSubnet::read(data).ok_or(())?);
+        }
+        rdata = &rdata[4 + usize::from(len)..];
+    }
+    Ok(ecs)
 }
 
 /// hickory-proto reads what the fast path does not; its question is
@@ -158,6 +225,24 @@ fn slow_path<'p>(packet: &[u8], slow: &'p mut Vec<u8>, req: &mut Request<'p>) {
         payload: e.max_payload(),
         version: e.version(),
         dnssec_ok: e.flags().dnssec_ok,
+        ecs: match e.option(hickory_proto::rr::rdata::opt::EdnsCode::Subnet) {
+            Some(hickory_proto::rr::rdata::opt::EdnsOption::Subnet(s)) => {
+                let (family, bytes) = match s.addr() {
+                    std::net::IpAddr::V4(a) => (1, a.octets().to_vec()),
+                    std::net::IpAddr::V6(a) => (2, a.octets().to_vec()),
+                };
+                let mut addr = [0; 16];
+                addr[..bytes.len()].copy_from_slice(&bytes);
+                let source_prefix = s.source_prefix().min(if family == 1 { 32 } else { 128 });
+                // Only the prefix's bits count; the echo carries no others.
+                for (i, b) in addr.iter_mut().enumerate() {
+                    let keep = (usize::from(source_prefix) as isize - 8 * i as isize).clamp(0, 8) as u32;
+                    *b &= (0xFF00u16 >> keep) as u8;
+                }
+                Some(ClientSubnet { family, source_prefix, addr })
+            }
+            _ => None,
+        },
     });
     let [query] = msg.queries.as_slice() else {
         req.error = Some(Rcode::FormErr);

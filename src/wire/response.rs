@@ -2,7 +2,7 @@
 //! size limit, OPT last with its space reserved up front.
 
 use super::request::{HEADER, Request};
-use crate::answer::Answer;
+use crate::answer::{Answer, Pick};
 use crate::store::{Records, Snapshot};
 
 const QR: u16 = 0x8000;
@@ -12,6 +12,15 @@ const TC: u16 = 0x0200;
 const ECHOED: u16 = 0x7800 | 0x0100 | 0x0010;
 /// Size of our OPT record (root name, no options).
 const OPT_LEN: usize = 11;
+/// Option code and length, family, source and scope prefix of an ECS option.
+const ECS_FIXED: usize = 8;
+
+/// What the response needs besides the answer: the records a policy
+/// listed, and the ECS scope to echo.
+pub(crate) struct Written<'a> {
+    pub(crate) picks: &'a [u32],
+    pub(crate) ecs_scope: u8,
+}
 
 /// Writes the response to `req` into `out`, never longer than `limit`.
 pub(crate) fn write(
@@ -21,19 +30,30 @@ pub(crate) fn write(
     snap: &Snapshot,
     max_udp_payload: u16,
     limit: usize,
+    extra: &Written<'_>,
 ) {
     out.extend_from_slice(&[0; HEADER]);
     let mut flags = QR | (req.flags & ECHOED) | (ans.rcode.code() & 0xF);
     if ans.authoritative {
         flags |= AA;
     }
-    let budget = limit - if req.edns.is_some() { OPT_LEN } else { 0 };
+    let ecs = req.edns.and_then(|e| e.ecs);
+    let opt_len = match (req.edns, ecs) {
+        (None, _) => 0,
+        (Some(_), None) => OPT_LEN,
+        (Some(_), Some(e)) => OPT_LEN + ECS_FIXED + e.address().len(),
+    };
+    let budget = limit - opt_len;
     let mut qd = 0;
     if let Some(q) = req.question.filter(|q| HEADER + q.len() <= budget) {
         out.extend_from_slice(q);
         qd = 1;
     }
-    let (an, complete) = copy(out, ans.answer, budget);
+    let (an, complete) = match ans.pick {
+        Pick::All => copy(out, ans.answer, budget),
+        Pick::Rotate(first) => rotate(out, ans.answer, first as usize, budget),
+        Pick::Listed => listed(out, ans.answer, extra.picks, budget),
+    };
     let mut ns = 0;
     let mut ar = 0;
     if !complete {
@@ -61,7 +81,21 @@ pub(crate) fn write(
         out.push((ans.rcode.code() >> 4) as u8); // extended RCODE
         out.push(0); // version 0
         out.extend_from_slice(&(if edns.dnssec_ok { 0x8000u16 } else { 0 }).to_be_bytes());
-        out.extend_from_slice(&0u16.to_be_bytes());
+        match ecs {
+            None => out.extend_from_slice(&0u16.to_be_bytes()),
+            Some(e) => {
+                // RFC 7871 §7.2.1: echo FAMILY, SOURCE PREFIX-LENGTH and
+                // ADDRESS; SCOPE PREFIX-LENGTH says how far the answer holds.
+                let addr = e.address();
+                out.extend_from_slice(&((ECS_FIXED + addr.len()) as u16).to_be_bytes());
+                out.extend_from_slice(&8u16.to_be_bytes());
+                out.extend_from_slice(&((4 + addr.len()) as u16).to_be_bytes());
+                out.extend_from_slice(&e.family.to_be_bytes());
+                out.push(e.source_prefix);
+                out.push(extra.ecs_scope);
+                out.extend_from_slice(addr);
+            }
+        }
         ar += 1;
     }
     out[0..2].copy_from_slice(&req.id.to_be_bytes());
@@ -69,6 +103,49 @@ pub(crate) fn write(
     for (i, count) in [qd, an, ns, ar].into_iter().enumerate() {
         out[4 + 2 * i..6 + 2 * i].copy_from_slice(&count.to_be_bytes());
     }
+}
+
+/// Copies every record starting at `first` and wrapping around, as many
+/// whole records as fit; returns (count, all fitted).
+fn rotate(out: &mut Vec<u8>, records: Option<&Records>, first: usize, budget: usize) -> (u16, bool) {
+    let Some(records) = records else {
+        return (0, true);
+    };
+    let n = records.len();
+    if first == 0 || first >= n {
+        return copy(out, Some(records), budget);
+    }
+    let bytes = records.bytes();
+    let split = records.start(first);
+    if out.len() + bytes.len() <= budget {
+        // Two copies: the tail from `first`, then the head.
+        out.extend_from_slice(&bytes[split..]);
+        out.extend_from_slice(&bytes[..split]);
+        return (n as u16, true);
+    }
+    for j in 0..n {
+        let r = records.get((first + j) % n);
+        if out.len() + r.len() > budget {
+            return (j as u16, false);
+        }
+        out.extend_from_slice(r);
+    }
+    (n as u16, true)
+}
+
+/// Copies the listed records, as many whole ones as fit.
+fn listed(out: &mut Vec<u8>, records: Option<&Records>, picks: &[u32], budget: usize) -> (u16, bool) {
+    let Some(records) = records else {
+        return (0, true);
+    };
+    for (j, &i) in picks.iter().enumerate() {
+        let r = records.get(i as usize);
+        if out.len() + r.len() > budget {
+            return (j as u16, false);
+        }
+        out.extend_from_slice(r);
+    }
+    (picks.len() as u16, true)
 }
 
 /// Copies as many whole records as fit; returns (count, all fitted).

@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 use super::stats::{Arrival, LocalStats, QueryStats};
-use super::{Scratch, Transport, WireConfig, respond};
+use super::{Scratch, Transport, WireConfig, respond_from};
 use crate::store::Reader;
 
 /// TCP settings.
@@ -66,7 +66,8 @@ pub async fn serve(
         let (reader, stats) = (reader.clone(), stats.clone());
         let arrival = Arrival { proto: 1, family: usize::from(peer.is_ipv6()) };
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, &reader, &wire, cfg.idle_timeout, &stats, arrival).await {
+            if let Err(e) = connection(stream, peer, &reader, &wire, cfg.idle_timeout, &stats, arrival).await
+            {
                 debug!(error = %e, %peer, "TCP connection ended");
             }
             drop(permit);
@@ -76,6 +77,7 @@ pub async fn serve(
 
 async fn connection(
     stream: TcpStream,
+    peer: SocketAddr,
     reader: &Reader,
     wire: &WireConfig,
     idle: Duration,
@@ -101,7 +103,7 @@ async fn connection(
         let started = std::time::Instant::now();
         let outcome = {
             let snap = reader.load();
-            respond(&snap, &packet[..len], Transport::Tcp, wire, &mut scratch, &mut out)
+            respond_from(&snap, &packet[..len], Some(peer.ip()), Transport::Tcp, wire, &mut scratch, &mut out)
         };
         if let Some(outcome) = outcome {
             wr.write_all(&(out.len() as u16).to_be_bytes()).await?;

@@ -18,7 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{debug, warn};
 
 use super::stats::{Arrival, LocalStats, QueryStats};
-use super::{Scratch, Transport, WireConfig, respond};
+use super::{Scratch, Transport, WireConfig, respond_from};
 use crate::store::Reader;
 
 /// How often an idle worker looks at the stop flag.
@@ -137,8 +137,9 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stats: &QuerySta
             let snap = reader.load();
             for i in (0..n).filter(|&i| lens[i] > 0) {
                 let query = &queries[i][..lens[i]];
+                let peer = peers[i].ip();
                 if let Some(outcome) =
-                    respond(&snap, query, Transport::Udp, cfg, &mut scratch, &mut responses[m])
+                    respond_from(&snap, query, peer, Transport::Udp, cfg, &mut scratch, &mut responses[m])
                 {
                     local.record(&outcome, arrival, query.len(), responses[m].len());
                     in_zone += u64::from(outcome.in_zone);

@@ -1,7 +1,7 @@
 //! Every rule of `../shared/docs/dns-behaviour.md`, over UDP and TCP. Each
 //! test names the rule it guards; the expected answers are zone-file text.
 
-use crate::support::{TestServer, check, decode, q, tcp_raw, udp_raw};
+use crate::support::{TestServer, check, check_unordered, decode, q, tcp_raw, udp_raw};
 
 const FIXTURE: &str = include_str!("../data/contract.yaml");
 
@@ -9,11 +9,13 @@ fn server() -> TestServer {
     TestServer::start(&[("contract.yaml", FIXTURE)], &["--advertise-address", "192.0.2.53"])
 }
 
-/// Checks the same query over UDP and TCP.
+/// Checks the same query over UDP and TCP. Record order within a section
+/// is not compared: the contract leaves it open and the answer policies
+/// (rotation by default for headless services) use that room.
 #[track_caller]
 fn both(s: &TestServer, query: crate::support::Q, expected: &str) {
-    check(&query.udp(s.addr), expected);
-    check(&query.tcp(s.addr), expected);
+    check_unordered(&query.udp(s.addr), expected);
+    check_unordered(&query.tcp(s.addr), expected);
 }
 
 #[test]
@@ -635,4 +637,115 @@ fn tcp_connections_answer_pipelined_queries_in_order() {
         assert_eq!(m.metadata.id, i);
     }
     let _ = tcp_raw; // single-shot helper used elsewhere
+}
+
+/// The policies, as `--answer-policy` names them.
+const POLICIES: [&str; 6] = ["all", "rotation", "random", "weighted", "local-first", "topology"];
+
+/// The contract's rules that concern balanced answers, under every policy:
+/// with no client cluster known and no --max-answers, every policy answers
+/// every ready endpoint (only the order differs); negative answers, NODATA,
+/// ClusterSetIP VIPs, SRV and truncation are untouched.
+#[test]
+fn every_answer_policy_keeps_the_contract() {
+    for policy in POLICIES {
+        let s = TestServer::start(
+            &[("contract.yaml", FIXTURE), ("big.yaml", &big_headless(200))],
+            &["--answer-policy", policy],
+        );
+        if policy == "all" {
+            // The one policy with a fixed order: clusters, then endpoints.
+            check(
+                &q("hl.ns1.svc.clusterset.local.", "A").udp(s.addr),
+                "
+                NoError aa rd
+                ;; ANSWER
+                hl.ns1.svc.clusterset.local. 5 IN A 10.1.0.1
+                hl.ns1.svc.clusterset.local. 5 IN A 10.1.0.2
+                hl.ns1.svc.clusterset.local. 5 IN A 10.2.0.1
+            ",
+            );
+        }
+        for _ in 0..3 {
+            both(
+                &s,
+                q("hl.ns1.svc.clusterset.local.", "A"),
+                "
+                NoError aa rd
+                ;; ANSWER
+                hl.ns1.svc.clusterset.local. 5 IN A 10.1.0.1
+                hl.ns1.svc.clusterset.local. 5 IN A 10.1.0.2
+                hl.ns1.svc.clusterset.local. 5 IN A 10.2.0.1
+            ",
+            );
+            both(
+                &s,
+                q("hl.ns1.svc.clusterset.local.", "AAAA"),
+                "
+                NoError aa rd
+                ;; ANSWER
+                hl.ns1.svc.clusterset.local. 5 IN AAAA fd00:2::10
+            ",
+            );
+        }
+        both(
+            &s,
+            q("vip.ns1.svc.clusterset.local.", "A"),
+            "
+            NoError aa rd
+            ;; ANSWER
+            vip.ns1.svc.clusterset.local. 5 IN A 10.0.0.1
+        ",
+        );
+        let m = q("hl-down.ns2.svc.clusterset.local.", "A").udp(s.addr);
+        assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::NXDomain, "{policy}");
+        let m = q("hl.ns1.svc.clusterset.local.", "MX").udp(s.addr);
+        assert_eq!((m.answers.len(), m.authorities.len()), (0, 1), "{policy}: NODATA");
+        let m = q("web-0.east.hl.ns1.svc.clusterset.local.", "A").udp(s.addr);
+        assert_eq!(m.answers.len(), 1, "{policy}: endpoint names are not balanced");
+        // Truncation: whole records, TC, the OPT kept; TCP has them all.
+        let name = "big.ns1.svc.clusterset.local.";
+        for _ in 0..3 {
+            let raw = udp_raw(s.addr, &q(name, "A").no_edns().bytes()).expect("response");
+            assert!(raw.len() <= 512, "{policy}");
+            let m = decode(&raw);
+            assert!(m.metadata.truncation, "{policy}");
+            assert_eq!(m.answers.len(), (512 - 12 - (name.len() + 1) - 4) / 16, "{policy}");
+            let m = q(name, "A").tcp(s.addr);
+            assert!(!m.metadata.truncation, "{policy}");
+            assert_eq!(m.answers.len(), 200, "{policy}");
+        }
+    }
+}
+
+/// With a client cluster and a subset size, every policy still answers
+/// only ready endpoints, at least one, never more than asked.
+#[test]
+fn every_answer_policy_answers_a_subset_of_ready_endpoints() {
+    let ready: [&str; 3] = ["10.1.0.1", "10.1.0.2", "10.2.0.1"];
+    for policy in POLICIES {
+        let s = TestServer::start(
+            &[("contract.yaml", FIXTURE)],
+            &["--answer-policy", policy, "--max-answers", "2", "--client-cluster", "127.0.0.0/8=east"],
+        );
+        for _ in 0..12 {
+            for m in [
+                q("hl.ns1.svc.clusterset.local.", "A").udp(s.addr),
+                q("hl.ns1.svc.clusterset.local.", "A").tcp(s.addr),
+            ] {
+                assert!(m.metadata.authoritative && !m.metadata.truncation, "{policy}");
+                assert!((1..=2).contains(&m.answers.len()), "{policy}: {} answers", m.answers.len());
+                for r in &m.answers {
+                    let ip = r.data.to_string();
+                    assert!(ready.contains(&ip.as_str()), "{policy}: {ip} is not a ready endpoint");
+                }
+                if policy == "local-first" || policy == "topology" {
+                    assert!(
+                        m.answers.iter().all(|r| r.data.to_string().starts_with("10.1.")),
+                        "{policy}: east is local"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -16,6 +16,7 @@ mod fleet;
 mod harness_smoke;
 mod incumbent;
 mod metrics;
+mod policy;
 mod readiness;
 mod sync;
 mod watch;

@@ -228,3 +228,33 @@ pub fn check(m: &Message, expected: &str) {
     let want = want.join("\n");
     assert_eq!(got, want, "\n--- got ---\n{got}\n--- want ---\n{want}\n");
 }
+
+/// Sorts the records within each section of a rendered response (the
+/// status line and the `;;` section headers stay in place).
+fn sort_sections(lines: &[&str]) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let mut section: Vec<&str> = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if i == 0 || line.starts_with(";;") {
+            section.sort_unstable();
+            out.append(&mut section);
+            out.push(line);
+        } else {
+            section.push(line);
+        }
+    }
+    section.sort_unstable();
+    out.append(&mut section);
+    out.join("\n")
+}
+
+/// [`check`] ignoring the order of records within each section: for
+/// answers whose order a policy chooses (the contract leaves it open).
+#[track_caller]
+pub fn check_unordered(m: &Message, expected: &str) {
+    let rendered = render(m);
+    let got = sort_sections(&rendered.lines().collect::<Vec<_>>());
+    let want: Vec<&str> = expected.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let want = sort_sections(&want);
+    assert_eq!(got, want, "\n--- got ---\n{got}\n--- want ---\n{want}\n");
+}

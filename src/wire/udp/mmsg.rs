@@ -32,6 +32,27 @@ impl Default for Peer {
     }
 }
 
+impl Peer {
+    /// The peer's IP address (the answer policies' client), when it is an
+    /// IPv4 or IPv6 address.
+    pub(crate) fn ip(&self) -> Option<std::net::IpAddr> {
+        match i32::from(self.addr.ss_family) {
+            libc::AF_INET => {
+                // SAFETY: the family says the storage holds a sockaddr_in,
+                // which is smaller than sockaddr_storage and less aligned.
+                let a = unsafe { &*(&raw const self.addr).cast::<libc::sockaddr_in>() };
+                Some(std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)).into())
+            }
+            libc::AF_INET6 => {
+                // SAFETY: as above, for sockaddr_in6.
+                let a = unsafe { &*(&raw const self.addr).cast::<libc::sockaddr_in6>() };
+                Some(std::net::Ipv6Addr::from(a.sin6_addr.s6_addr).into())
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Receives up to `bufs.len()` datagrams (at most [`BATCH`]), blocking for
 /// the first one (the socket's receive timeout applies) and taking the rest
 /// only if already queued. Fills `lens` (0 for an oversized datagram) and

@@ -1,0 +1,614 @@
+//! Answer policies on the read path: which of a balanced service's
+//! endpoints answer one query, in which order.
+//!
+//! Every policy is the same three steps over the service's [`Balance`]:
+//! 1. each eligible endpoint (records of the queried family; healthy, or
+//!    every one when none is and fail-open is on) gets a *tier*: 0 is most
+//!    preferred (the client's cluster, its zone, the weighted draw's cluster);
+//! 2. the policy decides how many tiers answer: one, or (local-first,
+//!    topology) as many as it takes to reach `min_healthy` endpoints
+//!    (spill-over), or (weighted) all of them, preferred first;
+//! 3. each tier is emitted rotated (or permuted, for random) by the query's
+//!    sequence number, up to `max_answers` endpoints.
+//!
+//! The outcome is a list of record indices in a fixed-size buffer the
+//! caller owns: no allocation, no lock, one relaxed atomic increment. The
+//! sequence number is per service and family, so the n-th A and the n-th
+//! AAAA query choose the same endpoints and each family rotates evenly.
+
+use crate::model::PolicyKind;
+use crate::store::{Balance, Client};
+
+/// Most records a chosen answer lists. Larger answers than this are only
+/// possible over TCP; a policy answers at most this many records.
+pub const MAX_PICKS: usize = 1024;
+/// Tiers of the topology ladder: zone, region (or cluster), any.
+const TIERS: usize = 3;
+/// Tiers bigger than this are rotated from a random start instead of shuffled.
+const MAX_PERMUTED: usize = 256;
+
+/// Record indices chosen for one answer, reused across queries.
+pub struct Picks {
+    pub(crate) idx: [u32; MAX_PICKS],
+    pub(crate) len: usize,
+}
+
+impl Default for Picks {
+    fn default() -> Self {
+        Self { idx: [0; MAX_PICKS], len: 0 }
+    }
+}
+
+impl Picks {
+    /// The chosen record indices, in answer order.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.idx[..self.len]
+    }
+}
+
+/// Which records of the RRset an answer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// Every record in stored order.
+    All,
+    /// Every record, starting at this index and wrapping around.
+    Rotate(u32),
+    /// The records listed in the [`Picks`] buffer.
+    Listed,
+}
+
+/// What a policy decided, for `explain`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// The query's sequence number within its service and family.
+    pub seq: u32,
+    /// Eligible endpoints per tier.
+    pub tiers: [u32; TIERS],
+    /// Tiers answered (1 = only the preferred one).
+    pub answered_tiers: u8,
+    /// Index into `Balance::clusters` of the weighted draw.
+    pub drawn: Option<u16>,
+    /// No endpoint was healthy and every one was answered (fail-open).
+    pub failed_open: bool,
+    /// Endpoints answered.
+    pub endpoints: u32,
+}
+
+/// A 32-bit mix (the lowbias32 finalizer): the random policy's and the
+/// weighted draw's randomness, a pure function of the sequence number so
+/// that A and AAAA queries with the same number agree.
+fn mix(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
+}
+
+/// Chooses the records of family `fam` (0 = A, 1 = AAAA) for one query with
+/// sequence number `seq`. `None`: nothing may be answered (every endpoint
+/// unhealthy and fail-open off).
+pub fn choose(
+    b: &Balance,
+    fam: usize,
+    client: &Client,
+    seq: u32,
+    records: usize,
+    picks: &mut Picks,
+) -> Option<(Pick, Decision)> {
+    let mut d = Decision { seq, answered_tiers: 1, ..Decision::default() };
+    let healthy = b.healthy_count[fam];
+    if healthy == 0 && !b.fail_open {
+        return None;
+    }
+    d.failed_open = healthy == 0;
+    let open = d.failed_open;
+    let every = healthy == b.present[fam] || d.failed_open;
+    let cap = if b.max_answers == 0 { u32::MAX } else { u32::from(b.max_answers) };
+    if every && cap >= b.present[fam] && records > 0 {
+        // The common case needs no list: the whole RRset, maybe rotated.
+        match b.policy {
+            PolicyKind::All => {
+                d.tiers[0] = b.present[fam];
+                d.endpoints = b.present[fam];
+                return Some((Pick::All, d));
+            }
+            PolicyKind::Rotation => {
+                d.tiers[0] = b.present[fam];
+                d.endpoints = b.present[fam];
+                return Some((Pick::Rotate(seq % records as u32), d));
+            }
+            _ => {}
+        }
+    }
+    // Endpoints are ordered over both families, so that an A and an AAAA
+    // query with the same sequence number put a dual-stack Pod in the same
+    // place; each answer then keeps those with records of its family.
+    let candidate = |i: usize| {
+        let r = &b.endpoints[i].records;
+        (r[0].1 > 0 || r[1].1 > 0) && (open || b.healthy[i])
+    };
+    let has = |i: usize| b.endpoints[i].records[fam].1 > 0;
+    if b.policy == PolicyKind::Weighted {
+        d.drawn = draw(b, mix(seq ^ b.salt));
+    }
+    let drawn = d.drawn;
+    let tier = |i: usize| tier(b, i, client, drawn);
+    let mut union = [0usize; TIERS];
+    for i in (0..b.endpoints.len()).filter(|&i| candidate(i)) {
+        let t = tier(i);
+        union[t] += 1;
+        d.tiers[t] += u32::from(has(i));
+    }
+    let last = match b.policy {
+        PolicyKind::LocalFirst | PolicyKind::Topology => {
+            // Spill over to the next locality until enough are healthy.
+            let mut sum = 0;
+            let mut last = TIERS - 1;
+            for (t, n) in d.tiers.iter().enumerate() {
+                sum += n;
+                if sum >= u32::from(b.min_healthy) {
+                    last = t;
+                    break;
+                }
+            }
+            last
+        }
+        PolicyKind::Weighted => TIERS - 1,
+        _ => 0,
+    };
+    d.answered_tiers = last as u8 + 1;
+    picks.len = 0;
+    for (t, &c) in union.iter().enumerate().take(last + 1) {
+        if d.tiers[t] == 0 {
+            continue;
+        }
+        let member = |i: usize| candidate(i) && tier(i) == t;
+        let done = if b.policy == PolicyKind::Random && c <= MAX_PERMUTED {
+            // A partial Fisher-Yates shuffle: only as many places as answered.
+            let mut members = [0u16; MAX_PERMUTED];
+            let mut n = 0;
+            for i in (0..b.endpoints.len()).filter(|&i| member(i)) {
+                members[n] = i as u16;
+                n += 1;
+            }
+            let mut state = mix(seq ^ b.salt ^ ((t as u32) << 24)) | 1;
+            let mut done = false;
+            for j in 0..n {
+                // xorshift32: cheap, and a pure function of the sequence number.
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                let k = j + state as usize % (n - j);
+                members.swap(j, k);
+                let i = usize::from(members[j]);
+                if has(i) && push(b, i, fam, picks, &mut d, cap) {
+                    done = true;
+                    break;
+                }
+            }
+            done
+        } else {
+            // Rotation: members from rank `start` on, then those before it.
+            let start = match b.policy {
+                PolicyKind::All => 0,
+                PolicyKind::Random => mix(seq ^ b.salt) as usize % c,
+                _ => seq as usize % c,
+            };
+            let mut done = false;
+            'passes: for pass in 0..2 {
+                for (rank, i) in (0..b.endpoints.len()).filter(|&i| member(i)).enumerate() {
+                    let take = if pass == 0 { rank >= start } else { rank < start };
+                    if take && has(i) && push(b, i, fam, picks, &mut d, cap) {
+                        done = true;
+                        break 'passes;
+                    }
+                }
+            }
+            done
+        };
+        if done {
+            break;
+        }
+    }
+    if picks.len == 0 {
+        return None;
+    }
+    Some((Pick::Listed, d))
+}
+
+/// Adds endpoint `i`'s records; true when the answer is complete (the
+/// endpoint cap or the buffer reached).
+fn push(b: &Balance, i: usize, fam: usize, picks: &mut Picks, d: &mut Decision, cap: u32) -> bool {
+    let (first, count) = b.endpoints[i].records[fam];
+    for r in first..first + u32::from(count) {
+        if picks.len == MAX_PICKS {
+            return true;
+        }
+        picks.idx[picks.len] = r;
+        picks.len += 1;
+    }
+    d.endpoints += 1;
+    d.endpoints >= cap
+}
+
+/// The weighted draw: a cluster with probability weight / total.
+fn draw(b: &Balance, r: u32) -> Option<u16> {
+    let total: u64 = b.clusters.iter().map(|c| u64::from(c.weight)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut x = u64::from(r) % total;
+    for (i, c) in b.clusters.iter().enumerate() {
+        if x < u64::from(c.weight) {
+            return Some(i as u16);
+        }
+        x -= u64::from(c.weight);
+    }
+    None
+}
+
+/// Endpoint `i`'s tier under the service's policy for this client.
+pub fn tier(b: &Balance, i: usize, client: &Client, drawn: Option<u16>) -> usize {
+    let e = &b.endpoints[i];
+    let cluster = &b.clusters[usize::from(e.cluster)];
+    match b.policy {
+        PolicyKind::All | PolicyKind::Rotation | PolicyKind::Random => 0,
+        PolicyKind::Weighted => usize::from(drawn.is_some_and(|c| c != e.cluster)),
+        PolicyKind::LocalFirst => match client.cluster {
+            Some(c) if c != cluster.id => 1,
+            _ => 0, // the client's cluster, or nobody is local to an unknown client
+        },
+        PolicyKind::Topology => {
+            let unknown = client.cluster.is_none() && client.zone.is_none();
+            // An unknown client is near everyone; else its zone comes first.
+            if unknown || (client.zone.is_some() && e.zone == client.zone) {
+                0
+            } else if client.cluster == Some(cluster.id)
+                || (client.region.is_some() && cluster.region == client.region)
+            {
+                1
+            } else {
+                2
+            }
+        }
+    }
+}
+
+/// True when the answer a policy gives depends on who asks.
+pub fn depends_on_client(b: &Balance) -> bool {
+    b.policy.depends_on_client()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::net::IpAddr;
+
+    use hickory_proto::rr::Name;
+
+    use super::*;
+    use crate::answer::{Question, lookup_for};
+    use crate::model::{
+        AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType,
+        ServiceImport, ServiceKey, SliceKey,
+    };
+    use crate::source::SourceId;
+    use crate::source::objects::Object;
+    use crate::store::{self, AnswerConfig, ClientNet, Reader, Update, Writer, ZoneConfig};
+
+    const NAME: &[u8] = b"\x02hl\x02ns\x03svc\x0aclusterset\x05local\x00";
+
+    fn key() -> ServiceKey {
+        ServiceKey { namespace: DnsLabel::parse("ns").unwrap(), name: DnsLabel::parse("hl").unwrap() }
+    }
+
+    /// Clients in 10.<n>.0.0/16 are in cluster `c<n>`, zone `z<n>`.
+    fn answers(policy: PolicyKind) -> AnswerConfig {
+        let mut a = AnswerConfig::standard();
+        a.policy = policy;
+        a.clients = (1..=3)
+            .map(|n| ClientNet {
+                addr: format!("10.{n}.0.0").parse().unwrap(),
+                prefix: 16,
+                cluster: ClusterId::parse(&format!("c{n}")).unwrap(),
+                zone: Some(format!("z{n}")),
+            })
+            .collect();
+        a
+    }
+
+    /// A headless service with `per` endpoints in each of clusters c1..c3
+    /// (addresses 10.<c>.1.<e>, zone z<c>), dual-stack for c1 (pods paired
+    /// by targetRef).
+    fn service(answers: AnswerConfig, per: usize, overrides: AnswerOverrides) -> (Reader, Writer) {
+        let (reader, mut w) = store::new(ZoneConfig {
+            origin: Name::from_ascii("clusterset.local.").unwrap(),
+            ttl: 5,
+            negative_ttl: 5,
+            advertise: vec![],
+            answers,
+        });
+        let mut objects = vec![Object::Import(ServiceImport {
+            key: key(),
+            kind: ImportType::Headless,
+            ips: vec![],
+            ports: vec![],
+            answers: overrides,
+        })];
+        for c in 1..=3 {
+            let families: &[AddressFamily] =
+                if c == 1 { &[AddressFamily::V4, AddressFamily::V6] } else { &[AddressFamily::V4] };
+            for &family in families {
+                let endpoints = (1..=per)
+                    .map(|e| Endpoint {
+                        addresses: vec![match family {
+                            AddressFamily::V4 => format!("10.{c}.1.{e}").parse().unwrap(),
+                            AddressFamily::V6 => format!("fd00:{c}::{e}").parse().unwrap(),
+                        }],
+                        hostname: None,
+                        ready: true,
+                        zone: Some(format!("z{c}")),
+                        target: Some(format!("Pod/ns/p{c}-{e}")),
+                    })
+                    .collect();
+                objects.push(Object::Slice(EndpointSet {
+                    slice: SliceKey { namespace: "ns".into(), name: format!("hl-c{c}-{family:?}") },
+                    service: key(),
+                    cluster: ClusterId::parse(&format!("c{c}")).unwrap(),
+                    family,
+                    ports: vec![],
+                    endpoints,
+                }));
+            }
+        }
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.publish();
+        (reader, w)
+    }
+
+    /// The addresses one query answers, in order.
+    fn ask(reader: &Reader, qtype: u16, from: Option<&str>) -> Vec<IpAddr> {
+        let snap = reader.load();
+        let client = match from {
+            Some(ip) => snap.zone().localities.client_at(ip.parse().unwrap()),
+            None => Client::default(),
+        };
+        let mut picks = Picks::default();
+        let a = lookup_for(&snap, &Question { name: NAME, qtype, qclass: 1 }, &client, &mut picks);
+        let Some(records) = a.answer else { return vec![] };
+        let indices: Vec<usize> = match a.pick {
+            Pick::All => (0..records.len()).collect(),
+            Pick::Rotate(f) => (0..records.len()).map(|j| (f as usize + j) % records.len()).collect(),
+            Pick::Listed => picks.as_slice().iter().map(|&i| i as usize).collect(),
+        };
+        indices
+            .into_iter()
+            .map(|i| {
+                let r = records.get(i);
+                let data = &r[12..];
+                match data.len() {
+                    4 => IpAddr::from(<[u8; 4]>::try_from(data).unwrap()),
+                    _ => IpAddr::from(<[u8; 16]>::try_from(data).unwrap()),
+                }
+            })
+            .collect()
+    }
+
+    fn cluster_of(ip: &IpAddr) -> u8 {
+        match ip {
+            IpAddr::V4(a) => a.octets()[1],
+            IpAddr::V6(a) => a.octets()[3],
+        }
+    }
+
+    fn down(w: &mut Writer, ip: &str) {
+        w.apply(Update::EndpointHealth { service: key(), address: ip.parse().unwrap(), healthy: false });
+        w.publish();
+    }
+
+    #[test]
+    fn rotation_answers_every_endpoint_and_spreads_the_first_evenly() {
+        let (reader, _w) = service(answers(PolicyKind::Rotation), 4, AnswerOverrides::default());
+        let mut first: BTreeMap<IpAddr, u32> = BTreeMap::new();
+        for _ in 0..1200 {
+            let got = ask(&reader, 1, None);
+            assert_eq!(got.len(), 12, "every ready endpoint, only the order changes");
+            *first.entry(got[0]).or_default() += 1;
+        }
+        assert_eq!(first.len(), 12);
+        assert!(first.values().all(|&n| (95..=105).contains(&n)), "{first:?}");
+    }
+
+    #[test]
+    fn max_answers_cuts_each_answer_and_rotation_still_covers_everyone() {
+        let mut a = answers(PolicyKind::Rotation);
+        a.max_answers = 2;
+        let (reader, _w) = service(a, 4, AnswerOverrides::default());
+        let mut seen: BTreeMap<IpAddr, u32> = BTreeMap::new();
+        for _ in 0..1200 {
+            let got = ask(&reader, 1, None);
+            assert_eq!(got.len(), 2);
+            for ip in got {
+                *seen.entry(ip).or_default() += 1;
+            }
+        }
+        assert_eq!(seen.len(), 12);
+        assert!(seen.values().all(|&n| (190..=210).contains(&n)), "{seen:?}");
+    }
+
+    #[test]
+    fn random_answers_every_endpoint_in_varying_orders() {
+        let (reader, _w) = service(answers(PolicyKind::Random), 4, AnswerOverrides::default());
+        let mut orders = std::collections::BTreeSet::new();
+        let mut first: BTreeMap<IpAddr, u32> = BTreeMap::new();
+        for _ in 0..2400 {
+            let got = ask(&reader, 1, None);
+            let mut sorted = got.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), 12);
+            *first.entry(got[0]).or_default() += 1;
+            orders.insert(got);
+        }
+        assert!(orders.len() > 50, "only {} orders", orders.len());
+        assert!(first.values().all(|&n| (120..=280).contains(&n)), "{first:?}");
+    }
+
+    #[test]
+    fn local_first_never_leaves_the_client_cluster_while_enough_are_healthy() {
+        let (reader, mut w) = service(answers(PolicyKind::LocalFirst), 3, AnswerOverrides::default());
+        for _ in 0..300 {
+            let got = ask(&reader, 1, Some("10.2.7.7"));
+            assert_eq!(got.len(), 3);
+            assert!(got.iter().all(|ip| cluster_of(ip) == 2), "{got:?}");
+        }
+        // Unknown clients get everyone.
+        assert_eq!(ask(&reader, 1, Some("192.0.2.1")).len(), 9);
+        // Two of c2's three down: one still healthy (K = 1) keeps it local.
+        down(&mut w, "10.2.1.1");
+        down(&mut w, "10.2.1.2");
+        for _ in 0..50 {
+            assert_eq!(ask(&reader, 1, Some("10.2.7.7")), vec!["10.2.1.3".parse::<IpAddr>().unwrap()]);
+        }
+        // All down: spill over to the other clusters, never the dead ones.
+        down(&mut w, "10.2.1.3");
+        for _ in 0..50 {
+            let got = ask(&reader, 1, Some("10.2.7.7"));
+            assert_eq!(got.len(), 6);
+            assert!(got.iter().all(|ip| cluster_of(ip) != 2), "{got:?}");
+        }
+    }
+
+    #[test]
+    fn local_first_spills_over_below_the_minimum_and_keeps_local_first() {
+        let o = AnswerOverrides { local_min_healthy: Some(3), ..Default::default() };
+        let (reader, mut w) = service(answers(PolicyKind::LocalFirst), 3, o);
+        assert!(ask(&reader, 1, Some("10.3.0.1")).iter().all(|ip| cluster_of(ip) == 3));
+        down(&mut w, "10.3.1.1");
+        for _ in 0..50 {
+            let got = ask(&reader, 1, Some("10.3.0.1"));
+            assert_eq!(got.len(), 8);
+            assert!(got[..2].iter().all(|ip| cluster_of(ip) == 3), "local ones first: {got:?}");
+        }
+    }
+
+    #[test]
+    fn weights_decide_which_cluster_comes_first() {
+        let o = AnswerOverrides {
+            policy: Some(PolicyKind::Weighted),
+            weights: Some(crate::model::parse_weights("c1=6,c2=3,c3=1").unwrap()),
+            ..Default::default()
+        };
+        let (reader, _w) = service(answers(PolicyKind::Rotation), 2, o);
+        let mut first = [0u32; 4];
+        for _ in 0..5000 {
+            let got = ask(&reader, 1, None);
+            assert_eq!(got.len(), 6, "weighted orders, it does not drop");
+            first[usize::from(cluster_of(&got[0]))] += 1;
+        }
+        let share = |c: usize| f64::from(first[c]) / 5000.0;
+        assert!(
+            (share(1) - 0.6).abs() < 0.04 && (share(2) - 0.3).abs() < 0.04 && (share(3) - 0.1).abs() < 0.03,
+            "{first:?}"
+        );
+    }
+
+    #[test]
+    fn weights_default_to_ready_endpoints() {
+        let mut a = answers(PolicyKind::Weighted);
+        a.max_answers = 1;
+        let (reader, mut w) = service(a, 2, AnswerOverrides::default());
+        down(&mut w, "10.3.1.1");
+        down(&mut w, "10.3.1.2");
+        let mut first = [0u32; 4];
+        for _ in 0..3000 {
+            first[usize::from(cluster_of(&ask(&reader, 1, None)[0]))] += 1;
+        }
+        assert_eq!(first[3], 0, "no healthy endpoint, no weight");
+        assert!((1300..1700).contains(&first[1]), "{first:?}");
+    }
+
+    #[test]
+    fn topology_prefers_zone_then_region_then_anything() {
+        let mut a = answers(PolicyKind::Topology);
+        a.regions = vec![
+            (ClusterId::parse("c1").unwrap(), "eu".into()),
+            (ClusterId::parse("c2").unwrap(), "eu".into()),
+            (ClusterId::parse("c3").unwrap(), "us".into()),
+        ];
+        let (reader, mut w) = service(a, 2, AnswerOverrides::default());
+        assert!(ask(&reader, 1, Some("10.1.0.1")).iter().all(|ip| cluster_of(ip) == 1));
+        down(&mut w, "10.1.1.1");
+        down(&mut w, "10.1.1.2");
+        // c1's zone is down (its IPv6 addresses too: the pods are down).
+        let got = ask(&reader, 1, Some("10.1.0.1"));
+        assert!(got.iter().all(|ip| cluster_of(ip) == 2), "same region next: {got:?}");
+        down(&mut w, "10.2.1.1");
+        down(&mut w, "10.2.1.2");
+        assert!(ask(&reader, 1, Some("10.1.0.1")).iter().all(|ip| cluster_of(ip) == 3));
+    }
+
+    #[test]
+    fn a_and_aaaa_of_the_same_sequence_number_come_from_the_same_endpoints() {
+        let mut a = answers(PolicyKind::Random);
+        a.max_answers = 2;
+        let (reader, _w) = service(a, 4, AnswerOverrides::default());
+        for _ in 0..100 {
+            let v4 = ask(&reader, 1, Some("10.1.0.9"));
+            let v6 = ask(&reader, 28, Some("10.1.0.9"));
+            assert_eq!(v6.len(), 2);
+            // Only c1 is dual-stack: the AAAA answer's pods are among the A answer's when the A
+            // answer is in c1, and the pods pair by targetRef (p1-<e> has 10.1.1.<e> and fd00:1::<e>).
+            for ip6 in &v6 {
+                let IpAddr::V6(a6) = ip6 else { panic!() };
+                let e = a6.octets()[15];
+                let twin: IpAddr = format!("10.1.1.{e}").parse().unwrap();
+                if v4.iter().all(|ip| cluster_of(ip) == 1) {
+                    assert!(v4.contains(&twin), "A {v4:?} AAAA {v6:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fail_open_answers_everyone_when_all_are_down_and_fail_closed_nobody() {
+        for fail_open in [true, false] {
+            let mut a = answers(PolicyKind::Rotation);
+            a.fail_open = fail_open;
+            let (reader, mut w) = service(a, 1, AnswerOverrides::default());
+            for c in 1..=3 {
+                w.apply(Update::ClusterLiveness {
+                    cluster: ClusterId::parse(&format!("c{c}")).unwrap(),
+                    alive: false,
+                });
+            }
+            w.publish();
+            assert_eq!(ask(&reader, 1, None).len(), if fail_open { 3 } else { 0 });
+            w.apply(Update::ClusterLiveness { cluster: ClusterId::parse("c2").unwrap(), alive: true });
+            w.publish();
+            assert_eq!(ask(&reader, 1, None), vec!["10.2.1.1".parse::<IpAddr>().unwrap()]);
+        }
+    }
+
+    #[test]
+    fn health_updates_share_the_encoded_records() {
+        let (reader, mut w) = service(answers(PolicyKind::Rotation), 2, AnswerOverrides::default());
+        let wire = crate::store::names_key("ns", "hl");
+        let before = reader.load_full();
+        down(&mut w, "10.1.1.1");
+        let after = reader.load_full();
+        let (b, a) = (before.service(&wire).unwrap(), after.service(&wire).unwrap());
+        assert!(std::sync::Arc::ptr_eq(&b.names, &a.names), "records are not re-encoded");
+        assert_eq!(a.balance().unwrap().healthy_count[0], 5);
+        assert!(!ask(&reader, 1, None).contains(&"10.1.1.1".parse().unwrap()));
+        // Marking it up again restores it.
+        w.apply(Update::EndpointHealth {
+            service: key(),
+            address: "10.1.1.1".parse().unwrap(),
+            healthy: true,
+        });
+        w.publish();
+        assert_eq!(ask(&reader, 1, None).len(), 6);
+    }
+}

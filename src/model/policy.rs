@@ -1,0 +1,221 @@
+//! Answer policies: how the endpoints of a service's A/AAAA answer are
+//! chosen and ordered (issue 6). The values here are the validated form of
+//! the global flags and of a ServiceImport's `clusterset-dns.io/…`
+//! annotations; choosing happens in `answer::select`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::ClusterId;
+
+/// Annotation: the policy (`rotation`, `random`, `weighted`, `local-first`,
+/// `topology`, `all`).
+pub const ANNOTATION_POLICY: &str = "clusterset-dns.io/answer-policy";
+/// Annotation: cluster weights for `weighted`, `cluster-a=3,cluster-b=1`.
+pub const ANNOTATION_WEIGHTS: &str = "clusterset-dns.io/cluster-weights";
+/// Annotation: healthy endpoints the preferred locality needs before
+/// answers stop spilling over to the next one (`local-first`, `topology`).
+pub const ANNOTATION_LOCAL_MIN_HEALTHY: &str = "clusterset-dns.io/local-min-healthy";
+/// Annotation: `"true"` answers a ClusterSetIP service's endpoints instead of its VIP.
+pub const ANNOTATION_ENDPOINT_ANSWERS: &str = "clusterset-dns.io/endpoint-answers";
+/// Annotation: most endpoints in one answer (`0`: all).
+pub const ANNOTATION_MAX_ANSWERS: &str = "clusterset-dns.io/max-answers";
+
+/// How a service's endpoints are chosen and ordered for one query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    /// Every endpoint in the store's order (cluster, then endpoint): no load spreading.
+    All,
+    /// Every endpoint, the order rotated by one per query (the default).
+    Rotation,
+    /// Every endpoint in a pseudo-random order per query.
+    Random,
+    /// One cluster first, chosen per query by weight; the others after it.
+    Weighted,
+    /// The client's cluster's endpoints while enough are healthy, then the rest.
+    LocalFirst,
+    /// Same zone, then same region (or cluster), then any.
+    Topology,
+}
+
+impl PolicyKind {
+    /// Every policy, for tests and documentation.
+    pub const ALL: [Self; 6] =
+        [Self::All, Self::Rotation, Self::Random, Self::Weighted, Self::LocalFirst, Self::Topology];
+
+    /// The name used by flags and annotations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Rotation => "rotation",
+            Self::Random => "random",
+            Self::Weighted => "weighted",
+            Self::LocalFirst => "local-first",
+            Self::Topology => "topology",
+        }
+    }
+
+    /// True when the answer depends on who asks (EDNS Client Subnet scope).
+    pub fn depends_on_client(self) -> bool {
+        matches!(self, Self::LocalFirst | Self::Topology)
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s).ok_or_else(|| {
+            format!("{s:?} is not one of all, rotation, random, weighted, local-first, topology")
+        })
+    }
+}
+
+/// A cluster's weight for [`PolicyKind::Weighted`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterWeight {
+    /// The cluster.
+    pub cluster: ClusterId,
+    /// Its weight (relative; 0 never comes first).
+    pub weight: u32,
+}
+
+/// What a ServiceImport's annotations override; `None` keeps the global
+/// setting. Built from valid annotations only: a bad value is reported and
+/// left out, so the service is still served.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AnswerOverrides {
+    /// `clusterset-dns.io/answer-policy`.
+    pub policy: Option<PolicyKind>,
+    /// `clusterset-dns.io/cluster-weights`.
+    pub weights: Option<Vec<ClusterWeight>>,
+    /// `clusterset-dns.io/local-min-healthy`.
+    pub local_min_healthy: Option<u16>,
+    /// `clusterset-dns.io/endpoint-answers`.
+    pub endpoint_answers: Option<bool>,
+    /// `clusterset-dns.io/max-answers` (0: all).
+    pub max_answers: Option<u16>,
+    /// `spec.trafficDistribution` is `PreferClose` or `PreferSameZone`: the
+    /// topology ladder unless the policy annotation says otherwise.
+    pub prefer_close: bool,
+}
+
+/// An annotation whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("annotation {annotation}: {problem}")]
+pub struct AnnotationError {
+    /// The annotation key.
+    pub annotation: &'static str,
+    /// What is wrong with its value.
+    pub problem: String,
+}
+
+impl AnswerOverrides {
+    /// Reads the `clusterset-dns.io/…` annotations; every bad one is
+    /// returned as an error and left out, the others still apply.
+    pub fn from_annotations<'a>(
+        annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> (Self, Vec<AnnotationError>) {
+        let mut o = Self::default();
+        let mut errors = Vec::new();
+        for (key, value) in annotations {
+            let value = value.trim();
+            let result = match key {
+                ANNOTATION_POLICY => {
+                    value.parse().map(|p| o.policy = Some(p)).map_err(|e| (ANNOTATION_POLICY, e))
+                }
+                ANNOTATION_WEIGHTS => {
+                    parse_weights(value).map(|w| o.weights = Some(w)).map_err(|e| (ANNOTATION_WEIGHTS, e))
+                }
+                ANNOTATION_LOCAL_MIN_HEALTHY => parse_count(value)
+                    .map(|n| o.local_min_healthy = Some(n))
+                    .map_err(|e| (ANNOTATION_LOCAL_MIN_HEALTHY, e)),
+                ANNOTATION_MAX_ANSWERS => parse_count(value)
+                    .map(|n| o.max_answers = Some(n))
+                    .map_err(|e| (ANNOTATION_MAX_ANSWERS, e)),
+                ANNOTATION_ENDPOINT_ANSWERS => match value {
+                    "true" | "false" => {
+                        o.endpoint_answers = Some(value == "true");
+                        Ok(())
+                    }
+                    other => Err((ANNOTATION_ENDPOINT_ANSWERS, format!("{other:?} is not true or false"))),
+                },
+                _ => Ok(()),
+            };
+            if let Err((annotation, problem)) = result {
+                errors.push(AnnotationError { annotation, problem });
+            }
+        }
+        (o, errors)
+    }
+}
+
+fn parse_count(s: &str) -> Result<u16, String> {
+    s.parse::<u16>().map_err(|_| format!("{s:?} is not a number from 0 to 65535"))
+}
+
+/// `cluster-a=3,cluster-b=1` (spaces allowed around items).
+pub fn parse_weights(s: &str) -> Result<Vec<ClusterWeight>, String> {
+    let mut out: Vec<ClusterWeight> = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (cluster, weight) =
+            item.split_once('=').ok_or_else(|| format!("{item:?} is not CLUSTER=WEIGHT"))?;
+        let cluster = ClusterId::parse(cluster.trim()).map_err(|e| format!("{cluster:?} {e}"))?;
+        let weight = weight.trim().parse::<u32>().map_err(|_| format!("{weight:?} is not a weight"))?;
+        if out.iter().any(|w| w.cluster == cluster) {
+            return Err(format!("{cluster} is given twice"));
+        }
+        out.push(ClusterWeight { cluster, weight });
+    }
+    if out.is_empty() {
+        return Err("no CLUSTER=WEIGHT given".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotations_are_read_and_bad_ones_reported_by_key() {
+        let (o, errors) = AnswerOverrides::from_annotations([
+            (ANNOTATION_POLICY, "local-first"),
+            (ANNOTATION_WEIGHTS, "cluster-a=3, cluster-b=1"),
+            (ANNOTATION_LOCAL_MIN_HEALTHY, "2"),
+            (ANNOTATION_ENDPOINT_ANSWERS, "true"),
+            (ANNOTATION_MAX_ANSWERS, "x"),
+            ("other.io/key", "ignored"),
+        ]);
+        assert_eq!(o.policy, Some(PolicyKind::LocalFirst));
+        assert_eq!(o.weights.as_ref().map(Vec::len), Some(2));
+        assert_eq!(o.local_min_healthy, Some(2));
+        assert_eq!(o.endpoint_answers, Some(true));
+        assert_eq!(o.max_answers, None);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].annotation, ANNOTATION_MAX_ANSWERS);
+    }
+
+    #[test]
+    fn weights_reject_duplicates_and_garbage() {
+        assert!(parse_weights("a=1,a=2").is_err());
+        assert!(parse_weights("a").is_err());
+        assert!(parse_weights("a=-1").is_err());
+        assert!(parse_weights("").is_err());
+        assert_eq!(parse_weights("a=0").unwrap()[0].weight, 0);
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for p in PolicyKind::ALL {
+            assert_eq!(p.as_str().parse::<PolicyKind>(), Ok(p));
+        }
+        assert!("round-robin".parse::<PolicyKind>().is_err());
+    }
+}

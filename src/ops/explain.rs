@@ -1,0 +1,146 @@
+//! `GET /debug/explain?name=..&type=..&cluster=..`: how the server would
+//! answer a query, from the snapshot it answers with: the candidates, their
+//! cluster, zone and health, the policy's decision, and the exact answer
+//! (the wire path runs on a real query; it counts as one query).
+
+use std::fmt::Write;
+use std::str::FromStr;
+
+use hickory_proto::op::{Edns, Message, Query};
+use hickory_proto::rr::{Name, RecordType};
+
+use crate::answer::select::{self, Picks};
+use crate::store::{Balance, Client, Snapshot};
+use crate::wire::{Scratch, Transport, WireConfig, respond_as};
+
+/// Builds the report; `Err` explains a bad request.
+pub fn report(snap: &Snapshot, name: &str, qtype: &str, cluster: Option<&str>) -> Result<String, String> {
+    let qname = Name::from_ascii(name).map_err(|e| format!("name {name:?}: {e}"))?.to_lowercase();
+    let mut qname = qname;
+    qname.set_fqdn(true);
+    let rtype =
+        RecordType::from_str(&qtype.to_ascii_uppercase()).map_err(|e| format!("type {qtype:?}: {e}"))?;
+    let mut out = String::new();
+    let l = &snap.zone().localities;
+    let service = service_of(snap, &qname);
+    let balance = service.filter(|(_, is_service_name)| *is_service_name).and_then(|(s, _)| s);
+    let client = match cluster {
+        None => Client::default(),
+        Some(c) => l
+            .cluster_id(c)
+            .or_else(|| {
+                balance.and_then(|b| b.clusters.iter().find(|bc| bc.name.as_str() == c)).map(|bc| bc.id)
+            })
+            .map(|id| l.client_in(id))
+            .ok_or_else(|| {
+                format!("cluster {c:?} is neither a --client-cluster nor one of this service's")
+            })?,
+    };
+    let _ = writeln!(out, "query: {qname} {rtype} from cluster {}", cluster.unwrap_or("(unknown)"));
+    let family = match rtype {
+        RecordType::A => Some(0),
+        RecordType::AAAA => Some(1),
+        _ => None,
+    };
+    match (balance, family) {
+        (Some(b), Some(fam)) => explain_balance(&mut out, b, fam, &client),
+        (Some(_), None) => {
+            let _ = writeln!(out, "policy: none for {rtype} (policies choose A and AAAA answers)");
+        }
+        (None, _) => {
+            let _ = writeln!(out, "policy: none (not a balanced service name: the answer is fixed)");
+        }
+    }
+    // The exact answer: the wire path on a real query.
+    let mut m = Message::query();
+    m.metadata.id = 1;
+    m.add_query(Query::query(qname.clone(), rtype));
+    let mut edns = Edns::new();
+    edns.set_max_payload(1232);
+    m.set_edns(edns);
+    let packet = m.to_vec().map_err(|e| e.to_string())?;
+    let mut scratch = Scratch::default();
+    let mut response = Vec::new();
+    let cfg = WireConfig { max_udp_payload: 1232 };
+    respond_as(snap, &packet, client, Transport::Tcp, &cfg, &mut scratch, &mut response)
+        .ok_or("no response")?;
+    let r = Message::from_vec(&response).map_err(|e| e.to_string())?;
+    let _ = writeln!(
+        out,
+        "answer: {:?}{}",
+        r.metadata.response_code,
+        if r.answers.is_empty() { " (no records)" } else { "" }
+    );
+    for rec in r.answers.iter().chain(&r.authorities) {
+        let _ = writeln!(out, "  {}", rec.to_string().trim_end());
+    }
+    Ok(out)
+}
+
+/// The service a name belongs to, and whether it is the service name itself.
+fn service_of<'s>(snap: &'s Snapshot, name: &Name) -> Option<(Option<&'s Balance>, bool)> {
+    let origin = &snap.zone().config.origin;
+    if !origin.zone_of(name) {
+        return None;
+    }
+    let labels: Vec<String> = name.iter().map(|l| String::from_utf8_lossy(l).into_owned()).collect();
+    let k = labels.len().checked_sub(origin.num_labels() as usize)?;
+    if k < 3 || labels[k - 1] != "svc" {
+        return None;
+    }
+    let key = crate::store::names_key(&labels[k - 2], &labels[k - 3]);
+    let s = snap.service(&key)?;
+    Some((s.balance(), k == 3))
+}
+
+fn explain_balance(out: &mut String, b: &Balance, fam: usize, client: &Client) {
+    let seq = b.peek_seq(fam);
+    let records = b.endpoints.iter().map(|e| usize::from(e.records[fam].1)).sum();
+    let mut picks = Picks::default();
+    let decision = select::choose(b, fam, client, seq, records, &mut picks);
+    let _ = writeln!(
+        out,
+        "policy: {} (max-answers {}, local-min-healthy {}, fail-open {})",
+        b.policy,
+        if b.max_answers == 0 { "all".to_owned() } else { b.max_answers.to_string() },
+        b.min_healthy,
+        b.fail_open
+    );
+    let drawn = decision.as_ref().and_then(|(_, d)| d.drawn);
+    let _ = writeln!(out, "candidates ({}):", b.endpoints.len());
+    for (i, e) in b.endpoints.iter().enumerate() {
+        let c = &b.clusters[usize::from(e.cluster)];
+        let addrs: Vec<String> = e.addresses.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "  {:<28} cluster {:<12} zone {:<12} {:<9} tier {} weight {} [{}]",
+            e.name,
+            c.name.as_str(),
+            e.zone_name.as_deref().unwrap_or("-"),
+            if b.healthy[i] { "healthy" } else { "UNHEALTHY" },
+            select::tier(b, i, client, drawn),
+            c.weight,
+            addrs.join(" ")
+        );
+    }
+    match decision {
+        None => {
+            let _ = writeln!(out, "decision: nothing healthy and fail-open off: NODATA");
+        }
+        Some((pick, d)) => {
+            let _ = writeln!(
+                out,
+                "decision: query #{} of this family; eligible per tier {:?}; answering {} tier(s), {} endpoint(s){}{}; {:?}",
+                d.seq,
+                d.tiers,
+                d.answered_tiers,
+                d.endpoints,
+                drawn
+                    .map(|c| format!("; weighted draw: {}", b.clusters[usize::from(c)].name))
+                    .unwrap_or_default(),
+                if d.failed_open { "; none healthy: fail-open answers all" } else { "" },
+                pick
+            );
+        }
+    }
+}
