@@ -199,7 +199,9 @@ fn an_export_resolves_by_the_same_name_in_every_cluster() {
     let mut vips = Vec::new();
     for (i, reader) in r.iter().enumerate() {
         eventually(&format!("import in {}", clusters.name(i)), || {
-            rt.block_on(reader.import("web")).is_some_and(|o| o.pointer("/spec/ips/0").is_some())
+            rt.block_on(reader.import("web")).is_some_and(|o| {
+                o.pointer("/spec/ips/0").is_some() && o.pointer("/status/clusters").is_some()
+            })
         });
         let o = rt.block_on(reader.import("web")).expect("import");
         assert_eq!(o["spec"]["type"], "ClusterSetIP");
