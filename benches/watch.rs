@@ -12,6 +12,13 @@
 //!   30,000 EndpointSlices: creation time, server start to `/ready` and to
 //!   the first correct answer, resident memory.
 //!
+//! - `sync`: three clusters, `clusterset-dns sync` (leader election on) and
+//!   `serve` on the third cluster's own API: ServiceExport created in the
+//!   first → answer served by the third, 50 times; 1,000 exports across the
+//!   three clusters → every member holds 1,000 ServiceImports with a VIP;
+//!   API writes per export, and writes when Services change in ways that do
+//!   not matter (none expected).
+//!
 //! `cargo bench --bench watch [-- FILTER...]` runs the parts whose name
 //! contains a filter (all without one). Without `--bench` (how `cargo test
 //! --all-targets` runs bench targets) it prints one line and exits.
@@ -47,7 +54,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Parts, in the order they run.
-const PARTS: [&str; 3] = ["propagation", "update", "scale"];
+const PARTS: [&str; 4] = ["propagation", "update", "scale", "sync"];
 
 /// API writes in flight while creating objects.
 const CREATE_CONCURRENCY: usize = 32;
@@ -132,6 +139,9 @@ fn run(parts: &[&str]) -> Result<()> {
     }
     if parts.contains(&"scale") {
         scale(&rt)?;
+    }
+    if parts.contains(&"sync") {
+        sync_bench(&rt)?;
     }
     Ok(())
 }
@@ -1012,6 +1022,262 @@ impl Dns {
     }
 }
 
+// --- Part 4: the sync controller ------------------------------------------------------
+
+/// Exports timed one by one from cluster A to an answer in cluster C.
+const SYNC_CHANGES: usize = 50;
+/// Exports created at once across the three clusters.
+const SYNC_SCALE: usize = 1000;
+/// How long `SYNC_SCALE` exports may take to converge before the bench fails.
+const SYNC_CONVERGE_TIMEOUT: Duration = Duration::from_secs(300);
+
+fn sync_bench(rt: &tokio::runtime::Runtime) -> Result<()> {
+    println!("\n## sync controller on 3 clusters");
+    let clusters = Clusters::start_n(3)?;
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        clients.push(rt.block_on(client_from(&clusters.kubeconfig_of(i, "kubeconfig")))?);
+    }
+    for c in &clients {
+        for ns in ["sync-p", "sync-s"] {
+            let api: Api<Namespace> = Api::all(c.clone());
+            let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            rt.block_on(timed_call(api.patch(ns, &PatchParams::apply("bench"), &Patch::Apply(&body))))?;
+        }
+    }
+    let mut sync = SyncProcess::start(&clusters)?;
+    let mut server = Server::start(&clusters.kubeconfig_of(2, "serve"))?;
+    server.wait_ready(SERVER_READY_TIMEOUT)?;
+    let mut dns = Dns::new(server.dns)?;
+    let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
+    let slices = slice_resource();
+    let exports = ApiResource {
+        group: "multicluster.x-k8s.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "multicluster.x-k8s.io/v1alpha1".into(),
+        kind: "ServiceExport".into(),
+        plural: "serviceexports".into(),
+    };
+    let service = |ns: &str, name: &str| {
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+               "spec": {"ports": [{"name": "http", "protocol": "TCP", "port": 80}]}})
+    };
+    let own_slice = |ns: &str, name: &str, c: usize, i: usize| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": format!("{name}-own"), "namespace": ns,
+                            "labels": {"kubernetes.io/service-name": name}},
+               "addressType": "IPv4", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+               "endpoints": [{"addresses": [Ipv4Addr::new(10, 100 + c as u8, (i >> 8) as u8, (i & 255) as u8).to_string()]}]})
+    };
+    let export = |ns: &str, name: &str| {
+        json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+               "metadata": {"name": name, "namespace": ns}})
+    };
+
+    // Propagation: the Service exists; the clock starts when the export's
+    // create returns and stops when the third cluster's server answers.
+    let mut times = Vec::new();
+    for i in 0..SYNC_CHANGES {
+        let name = format!("p-{i}");
+        rt.block_on(create_all(
+            &clients[0],
+            &services,
+            vec![("sync-p".into(), service("sync-p", &name))],
+            "service",
+        ))?;
+        rt.block_on(create_all(
+            &clients[0],
+            &slices,
+            vec![("sync-p".into(), own_slice("sync-p", &name, 0, i))],
+            "slice",
+        ))?;
+        rt.block_on(create_all(
+            &clients[0],
+            &exports,
+            vec![("sync-p".into(), export("sync-p", &name))],
+            "export",
+        ))?;
+        let returned = Instant::now();
+        let fqdn = Name::from_ascii(format!("{name}.sync-p.svc.clusterset.local."))?;
+        match dns.poll_until(&fqdn, returned, Duration::from_secs(10), |a| !a.ips.is_empty()) {
+            Some(at) => times.push(at - returned),
+            None => bail!("{name} not answered in cluster C within 10 s; sync log:\n{}", sync.log_text()),
+        }
+    }
+    println!("\n| what | n | p50 | p90 | p99 | max | goal |\n|---|---|---|---|---|---|---|");
+    row("ServiceExport in A → answer in C", &mut times, "p99 ≤ 1 s");
+
+    // Scale: 1,000 Services (a third per cluster), then all their exports.
+    let writes0 = sync.metric("clusterset_dns_sync_writes_total")?;
+    for (c, client) in clients.iter().enumerate() {
+        let mine: Vec<usize> = (0..SYNC_SCALE).filter(|i| i % 3 == c).collect();
+        let svc: Vec<(String, Value)> =
+            mine.iter().map(|i| ("sync-s".into(), service("sync-s", &format!("s-{i}")))).collect();
+        let sl: Vec<(String, Value)> =
+            mine.iter().map(|i| ("sync-s".into(), own_slice("sync-s", &format!("s-{i}"), c, *i))).collect();
+        rt.block_on(create_all(client, &services, svc, "services"))?;
+        rt.block_on(create_all(client, &slices, sl, "slices"))?;
+    }
+    let started = Instant::now();
+    let created = std::thread::scope(|scope| -> Result<Duration> {
+        let handles: Vec<_> = (0..3)
+            .map(|c| {
+                let client = clients[c].clone();
+                let exports = exports.clone();
+                let objects: Vec<(String, Value)> = (0..SYNC_SCALE)
+                    .filter(|i| i % 3 == c)
+                    .map(|i| ("sync-s".into(), export("sync-s", &format!("s-{i}"))))
+                    .collect();
+                scope.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                    rt.block_on(create_all(&client, &exports, objects, "exports"))
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| anyhow!("export creator panicked"))??;
+        }
+        Ok(started.elapsed())
+    })?;
+    let imports = import_resource();
+    let converged = loop {
+        let mut done = true;
+        for c in &clients {
+            let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), "sync-s", &imports);
+            let list = rt.block_on(timed_call(api.list(&ListParams::default())))?;
+            let with_vip = list.items.iter().filter(|o| o.data.pointer("/spec/ips/0").is_some()).count();
+            done &= with_vip == SYNC_SCALE;
+        }
+        if done {
+            break started.elapsed();
+        }
+        if started.elapsed() > SYNC_CONVERGE_TIMEOUT {
+            bail!("{SYNC_SCALE} exports not converged within {} s", SYNC_CONVERGE_TIMEOUT.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let writes = sync.metric("clusterset_dns_sync_writes_total")? - writes0;
+    println!(
+        "\n{SYNC_SCALE} exports across 3 clusters: created in {:.1} s; every member holds {SYNC_SCALE} imports with a VIP {:.1} s after the first create (goal ≤ 30 s)",
+        secs(created),
+        secs(converged)
+    );
+    println!(
+        "API writes: {writes} for {SYNC_SCALE} exports = {:.1} per export (per member: VIP Service, MCS slice, ServiceImport, its status; plus the export's status)",
+        writes / SYNC_SCALE as f64
+    );
+
+    // Changes that do not matter: an annotation on 300 Services.
+    std::thread::sleep(Duration::from_secs(2));
+    let (writes1, unchanged1) = (
+        sync.metric("clusterset_dns_sync_writes_total")?,
+        sync.metric("clusterset_dns_sync_unchanged_total")?,
+    );
+    for i in 0..300 {
+        let api: Api<DynamicObject> = Api::namespaced_with(clients[i % 3].clone(), "sync-s", &services);
+        let patch = json!({"metadata": {"annotations": {"bench/touched": "yes"}}});
+        rt.block_on(timed_call(api.patch(
+            &format!("s-{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )))?;
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let writes = sync.metric("clusterset_dns_sync_writes_total")? - writes1;
+    let skipped = sync.metric("clusterset_dns_sync_unchanged_total")? - unchanged1;
+    println!(
+        "300 Services changed in ways that do not matter: {writes} API writes, {skipped} writes skipped as unchanged"
+    );
+    println!("sync CPU: {:.1} s in all", sync.cpu_seconds()?);
+    server.stop();
+    sync.stop();
+    Ok(())
+}
+
+/// `clusterset-dns sync` over the bench clusters (sync identities).
+struct SyncProcess {
+    child: Child,
+    http: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl SyncProcess {
+    fn start(clusters: &Clusters) -> Result<Self> {
+        let mut args = vec!["sync".to_owned(), "--http-listen".into(), "127.0.0.1:0".into()];
+        for i in 0..3 {
+            args.push("--cluster".into());
+            args.push(format!("cluster-{}={}", i + 1, clusters.kubeconfig_of(i, "sync").display()));
+        }
+        let mut child = Command::new("setpriv")
+            .args(["--pdeathsig", "TERM", "--", BIN])
+            .args(&args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting sync")?;
+        let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = log.clone();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let line = strip_ansi(&line);
+                if line.contains("HTTP /health") {
+                    let addr =
+                        line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next()?.parse().ok());
+                    let _ = tx.send(addr);
+                }
+                if let Ok(mut l) = sink.lock() {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            }
+        });
+        let http = rx
+            .recv_timeout(Duration::from_secs(60))
+            .ok()
+            .flatten()
+            .ok_or_else(|| anyhow!("sync did not start"))?;
+        Ok(Self { child, http, log })
+    }
+
+    fn log_text(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// A counter or gauge without labels from /metrics.
+    fn metric(&self, name: &str) -> Result<f64> {
+        let text = http_get(self.http, "/metrics").ok_or_else(|| anyhow!("no /metrics"))?;
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .ok_or_else(|| anyhow!("no {name}"))?;
+        Ok(line.split_whitespace().nth(1).ok_or_else(|| anyhow!("bad {name}"))?.parse()?)
+    }
+
+    fn cpu_seconds(&self) -> Result<f64> {
+        cpu_seconds(self.child.id())
+    }
+
+    fn stop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SyncProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 // --- Processes ----------------------------------------------------------------------
 
 /// One cluster of `scripts/clusters.sh up 1 DIR`; stopped (SIGTERM to the
@@ -1025,12 +1291,16 @@ struct Clusters {
 
 impl Clusters {
     fn start() -> Result<Self> {
+        Self::start_n(1)
+    }
+
+    fn start_n(n: usize) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("clusterset-dns-bench-clusters.").tempdir()?.keep();
         let started = Instant::now();
         let script = Path::new(ROOT).join("scripts/clusters.sh");
         let mut child = Command::new(&script)
             .arg("up")
-            .arg("1")
+            .arg(n.to_string())
             .arg(&dir)
             .env("CLUSTERS_PARENT_PID", std::process::id().to_string())
             .env("CLUSTERS_REMOVE_DIR", "1")
@@ -1081,6 +1351,13 @@ impl Clusters {
 
     fn serve_kubeconfig(&self) -> PathBuf {
         self.dir.join("cluster-1/serve.kubeconfig")
+    }
+
+    /// Cluster `i`'s (0-based) kubeconfig for `role`: `kubeconfig` (admin),
+    /// `serve`, `sync`, `centralized`.
+    fn kubeconfig_of(&self, i: usize, role: &str) -> PathBuf {
+        let file = if role == "kubeconfig" { "kubeconfig".to_owned() } else { format!("{role}.kubeconfig") };
+        self.dir.join(format!("cluster-{}", i + 1)).join(file)
     }
 
     /// The pids of kube-apiserver and etcd, from DIR/state.
@@ -1277,12 +1554,17 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 
 /// `GET path` over HTTP/1.0; the status code, `None` when unreachable.
 fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    http_get(addr, path)?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The whole HTTP/1.0 response to `GET path`.
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
-    text.split_whitespace().nth(1)?.parse().ok()
+    Some(text)
 }
 
 // --- Small helpers ------------------------------------------------------------------

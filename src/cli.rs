@@ -25,6 +25,10 @@ pub enum Command {
     /// Run the MCS sync controller: every member's ServiceExports become a
     /// ServiceImport, MCS EndpointSlices and a clusterset VIP in every member.
     Sync(Box<SyncArgs>),
+    /// Serve DNS and run the sync controller in one process: `--cluster`
+    /// names the members synced; DNS answers from this cluster's
+    /// ServiceImports (--kubeconfig or --in-cluster).
+    Run(Box<RunArgs>),
     /// Ask a running server how it would answer a name: the candidates,
     /// their health, the policy's decision and the exact answer.
     Explain(ExplainArgs),
@@ -165,9 +169,27 @@ pub struct SyncArgs {
     /// healthy) and /metrics.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9154")]
     pub http_listen: SocketAddr,
+    /// Namespace to sync (repeatable); all namespaces when none is given.
+    #[arg(long = "namespace", value_name = "NS")]
+    pub namespaces: Vec<String>,
     /// Leader election and the rest of the controller's behaviour.
     #[command(flatten)]
     pub options: SyncOptions,
+}
+
+/// `run` options: `serve`'s, with `--cluster`/`--members` and `--namespace`
+/// also scoping the controller, plus the controller's own.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// DNS.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// HTTP address of the controller's /health, /ready and /metrics.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9154")]
+    pub sync_http_listen: SocketAddr,
+    /// The controller.
+    #[command(flatten)]
+    pub sync: SyncOptions,
 }
 
 /// What the sync controller does, besides whom it syncs.
@@ -210,9 +232,6 @@ pub struct SyncOptions {
     /// wherever they are.
     #[arg(long = "auto-export-namespace-prefix", value_name = "PREFIX")]
     pub auto_export_namespace_prefixes: Vec<String>,
-    /// Namespace to sync (repeatable); all namespaces when none is given.
-    #[arg(long = "namespace", value_name = "NS")]
-    pub namespaces: Vec<String>,
 }
 
 /// `check` options.

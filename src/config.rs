@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::{MembersArgs, ServeArgs, SyncArgs, SyncOptions};
+use crate::cli::{MembersArgs, RunArgs, ServeArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::fleet::member::MemberConfig;
 use crate::model::{ClusterId, DnsLabel, PolicyKind};
@@ -175,15 +175,48 @@ impl SyncConfig {
         }
         Ok(Self {
             lease: lease(&a.options, &members)?,
-            behaviour: behaviour(&a.options)?,
+            behaviour: behaviour(&a.options, &a.namespaces)?,
             members,
             http_listen: a.http_listen,
         })
     }
 }
 
+/// Everything `run` needs: DNS from this cluster, the controller over the members.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// DNS (never centralized: the members are the controller's).
+    pub serve: ServeConfig,
+    /// The controller.
+    pub sync: SyncConfig,
+}
+
+impl RunConfig {
+    /// Validates command-line values.
+    pub fn from_args(a: &RunArgs) -> Result<Self, ConfigError> {
+        let mut serve = ServeConfig::from_args(&a.serve)?;
+        let members = std::mem::take(&mut serve.members);
+        if members.is_empty() {
+            return Err(bad("--cluster", "run needs the members to sync (--cluster or --members)"));
+        }
+        if serve.kube.is_none() {
+            return Err(bad(
+                "--kubeconfig",
+                "run answers from this cluster's ServiceImports: give --kubeconfig or --in-cluster",
+            ));
+        }
+        let sync = SyncConfig {
+            lease: lease(&a.sync, &members)?,
+            behaviour: behaviour(&a.sync, &a.serve.namespaces)?,
+            members,
+            http_listen: a.sync_http_listen,
+        };
+        Ok(Self { serve, sync })
+    }
+}
+
 /// The controller behaviour of `sync` options.
-pub fn behaviour(o: &SyncOptions) -> Result<SyncBehaviour, ConfigError> {
+pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour, ConfigError> {
     let on_member_lost = match o.on_member_lost.as_str() {
         "keep" => MemberLost::Keep,
         "remove" => MemberLost::Remove,
@@ -200,11 +233,11 @@ pub fn behaviour(o: &SyncOptions) -> Result<SyncBehaviour, ConfigError> {
             ));
         }
     }
-    for ns in &o.namespaces {
+    for ns in namespaces {
         DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
     }
     Ok(SyncBehaviour {
-        namespaces: o.namespaces.clone(),
+        namespaces: namespaces.to_vec(),
         on_member_lost,
         lost_after: Duration::from_secs(o.member_lost_after),
         auto_export_prefixes: o.auto_export_namespace_prefixes.clone(),

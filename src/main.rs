@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clusterset_dns::cli::{Cli, Command};
-use clusterset_dns::config::{ServeConfig, SyncConfig};
+use clusterset_dns::config::{RunConfig, ServeConfig, SyncConfig};
 use tracing_subscriber::EnvFilter;
 
 /// BSD sysexits: a bad command line or configuration.
@@ -25,6 +25,10 @@ fn main() -> ExitCode {
         },
         Command::Sync(args) => match SyncConfig::from_args(&args) {
             Ok(cfg) => block_on(clusterset_dns::sync::run(cfg)),
+            Err(e) => usage(&e),
+        },
+        Command::Run(args) => match RunConfig::from_args(&args) {
+            Ok(cfg) => block_on(clusterset_dns::sync::run_with_dns(cfg)),
             Err(e) => usage(&e),
         },
         Command::Explain(args) => match clusterset_dns::explain::run(&args) {

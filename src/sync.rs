@@ -115,6 +115,16 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
 
 type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>)>;
 
+/// `run`: DNS and the controller in one process. Each handles SIGTERM and
+/// SIGINT itself (lameduck for DNS, Lease release for the controller);
+/// the process ends when both have stopped, or when either fails.
+pub async fn run_with_dns(cfg: crate::config::RunConfig) -> anyhow::Result<()> {
+    let dns = crate::serve::run(cfg.serve);
+    let controller = async { run(cfg.sync).await.map_err(anyhow::Error::from) };
+    tokio::try_join!(dns, controller)?;
+    Ok(())
+}
+
 async fn http(
     listener: tokio::net::TcpListener,
     stats: Arc<SyncStats>,

@@ -21,8 +21,13 @@ pub struct Served {
 
 impl Served {
     pub fn start(args: &[&str]) -> Self {
+        Self::start_as("serve", args)
+    }
+
+    /// `clusterset-dns COMMAND` with serve's options (`serve` or `run`).
+    pub fn start_as(command: &str, args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
-            .args(["serve", "--http-listen", "127.0.0.1:0", "--udp-workers", "1"])
+            .args([command, "--http-listen", "127.0.0.1:0", "--udp-workers", "1"])
             .args(if args.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
             .args(args)
             .env("RUST_LOG", "info")

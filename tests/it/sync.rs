@@ -518,3 +518,42 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
     clusters.start_component(1, crate::cluster::Component::ApiServer);
     eventually("B's endpoints back", || rt.block_on(r[0].ours()) == (1, 0, 2));
 }
+
+#[test]
+fn run_serves_dns_and_syncs_in_one_process() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-run";
+    let u = users(&rt, clusters, ns);
+    let r = readers(&rt, clusters, ns);
+    let mut args: Vec<String> = vec![
+        "--kubeconfig".into(),
+        clusters.serve_kubeconfig(2).display().to_string(),
+        "--namespace".into(),
+        ns.into(),
+        "--lease-name".into(),
+        format!("sync-{ns}"),
+        "--sync-http-listen".into(),
+        "127.0.0.1:0".into(),
+    ];
+    for i in 0..clusters.len() {
+        args.push("--cluster".into());
+        args.push(format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "sync").display()));
+    }
+    let s = Served::start_as("run", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    eventually("ready", || s.get("/ready").0 == 200);
+    rt.block_on(async {
+        u[0].service("web", json!({})).await;
+        u[0].export("web").await;
+    });
+    let web = format!("web.{ns}.svc.clusterset.local");
+    let mut vip = String::new();
+    eventually("import in C", || {
+        let o = rt.block_on(r[2].import("web"));
+        vip = o.and_then(|o| o["spec"]["ips"][0].as_str().map(str::to_owned)).unwrap_or_default();
+        !vip.is_empty()
+    });
+    eventually("answered by the same process", || short(&s, &web, "A") == [vip.clone()]);
+    rt.block_on(u[0].unexport("web"));
+    eventually("gone", || rcode(&s, &web) == "NXDOMAIN");
+}
