@@ -192,3 +192,41 @@ fn centralized_serve_answers_for_the_fleet_from_exports_alone() {
     eventually("web gone", || rcode(&s, &web) == "NXDOMAIN");
     assert!(s.log().contains("cluster=cluster-1"), "members are logged with their ids:\n{}", s.log());
 }
+
+#[test]
+fn a_members_cluster_property_names_it() {
+    // Its own cluster: a ClusterProperty is cluster-wide.
+    let clusters = TestClusters::start(1);
+    let rt = runtime();
+    let ns = "named";
+    let user = rt.block_on(async {
+        let client = clusters.client(0).await;
+        let ar = ApiResource {
+            group: "about.k8s.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "about.k8s.io/v1alpha1".into(),
+            kind: "ClusterProperty".into(),
+            plural: "clusterproperties".into(),
+        };
+        let api: Api<DynamicObject> = Api::all_with(client, &ar);
+        let body = json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+                          "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "East.EU"}});
+        api.patch("cluster.clusterset.k8s.io", &PatchParams::apply(MANAGER), &Patch::Apply(&body))
+            .await
+            .expect("apply ClusterProperty");
+        let user = User::new(&clusters, 0, ns).await;
+        user.service("db", json!({"clusterIP": "None"})).await;
+        user.endpoints("db-x", "db", json!([{"addresses": ["10.5.0.1"], "hostname": "db-0"}])).await;
+        user.export("db").await;
+        user
+    });
+    let member = format!("member={}", clusters.role_kubeconfig(0, "centralized").display());
+    let s = Served::start(&["--cluster", &member]);
+    eventually("ready", || s.get("/ready").0 == 200);
+    // The id from the property (folded to lower case), not the member name.
+    eventually("named by its ClusterProperty", || {
+        short(&s, &format!("db-0.east.eu.db.{ns}.svc.clusterset.local"), "A") == ["10.5.0.1"]
+    });
+    assert_eq!(rcode(&s, &format!("db-0.member.db.{ns}.svc.clusterset.local")), "NXDOMAIN");
+    drop(user);
+}

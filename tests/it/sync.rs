@@ -330,6 +330,28 @@ fn conflicts_show_the_kep_conditions_and_the_oldest_export_wins() {
     assert_eq!(typey["spec"]["type"], "ClusterSetIP");
     let affcfg = rt.block_on(r[2].import("affcfg")).expect("affcfg import");
     assert_eq!(affcfg["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"], 60);
+    // Different ports under different names merge into their union, without conflict.
+    rt.block_on(async {
+        u[0].service("union", json!({})).await;
+        u[0].export("union").await;
+        u[1].service(
+            "union",
+            json!({"ports": [{"name": "http", "protocol": "TCP", "port": 80},
+                                                 {"name": "stcp", "protocol": "SCTP", "port": 142}]}),
+        )
+        .await;
+        u[1].export("union").await;
+    });
+    eventually("ports union", || {
+        rt.block_on(r[2].import("union")).is_some_and(|o| {
+            o["spec"]["ports"]
+                == json!([{"name": "http", "protocol": "TCP", "port": 80},
+                          {"name": "stcp", "protocol": "SCTP", "port": 142}])
+        })
+    });
+    eventually("no conflict for a union", || {
+        rt.block_on(r[1].conditions("union")).iter().any(|c| c.starts_with("Conflict=False"))
+    });
     // Invalid exports: conditions, and no import.
     eventually("ExternalName is not valid", || {
         rt.block_on(r[2].conditions("ext")).iter().any(|c| c.starts_with("Valid=False InvalidServiceType"))
