@@ -127,6 +127,34 @@ pub struct ServeArgs {
     /// The region of a cluster, for the topology policy. Repeatable.
     #[arg(long = "cluster-region", value_name = "CLUSTER=REGION")]
     pub cluster_regions: Vec<String>,
+    /// Seconds a member cluster (--cluster) may fail to answer (its watches
+    /// failing or its API not responding) before its endpoints are demoted
+    /// in every answer; they return once it answers and has relisted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    pub cluster_dead_after: u64,
+    /// Probe every ready endpoint actively (TCP connect to its port) and
+    /// leave endpoints that fail out of answers while others are healthy.
+    #[arg(long)]
+    pub probe: bool,
+    /// Seconds between two probes of one endpoint (each jittered by ±20 %).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub probe_interval: f64,
+    /// Seconds a probe's TCP connect may take before it counts as failed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub probe_timeout: f64,
+    /// Consecutive failed probes that mark an endpoint down.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub probe_fall: u32,
+    /// Consecutive successful probes that mark a down endpoint up again.
+    #[arg(long, value_name = "M", default_value_t = 2)]
+    pub probe_rise: u32,
+    /// Probes in flight at once.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub probe_concurrency: usize,
+    /// Most probes started per second (a token bucket; bursts up to one
+    /// second's worth).
+    #[arg(long, value_name = "PER_SECOND", default_value_t = 200)]
+    pub probe_rate: u32,
 }
 
 /// `explain` options.

@@ -10,6 +10,7 @@ use hickory_proto::rr::Name;
 use crate::cli::{MembersArgs, RunArgs, ServeArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::fleet::member::MemberConfig;
+use crate::health::probe::ProbeConfig;
 use crate::model::{ClusterId, DnsLabel, PolicyKind};
 use crate::source::kube::{Connection, KubeSource};
 use crate::store::{AnswerConfig, ClientNet, ZoneConfig};
@@ -58,6 +59,10 @@ pub struct ServeConfig {
     pub wire: WireConfig,
     /// TCP settings.
     pub tcp: TcpConfig,
+    /// How long a member may fail to answer before its endpoints are demoted.
+    pub cluster_dead_after: Duration,
+    /// Active probes of endpoints, when `--probe` is given.
+    pub probe: Option<ProbeConfig>,
 }
 
 impl ServeConfig {
@@ -113,6 +118,13 @@ impl ServeConfig {
             DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
         }
         let answers = answer_config(a, cluster_id.clone())?;
+        if !(1..=3600).contains(&a.cluster_dead_after) {
+            return Err(bad(
+                "--cluster-dead-after",
+                format!("{} is outside 1-3600 seconds", a.cluster_dead_after),
+            ));
+        }
+        let probe = probe_config(a)?;
         Ok(Self {
             objects: a.objects.clone(),
             kube: connection.map(|connection| KubeSource { connection, namespaces: a.namespaces.clone() }),
@@ -134,8 +146,42 @@ impl ServeConfig {
                 idle_timeout: Duration::from_secs(a.tcp_idle_timeout),
                 max_connections: a.tcp_max_connections,
             },
+            cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
+            probe,
         })
     }
+}
+
+/// The `--probe-…` flags, checked even without `--probe` (a typo there
+/// should not wait until probes are turned on to be found).
+fn probe_config(a: &ServeArgs) -> Result<Option<ProbeConfig>, ConfigError> {
+    let seconds = |flag: &'static str, v: f64| {
+        if v.is_finite() && (0.01..=3600.0).contains(&v) {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(bad(flag, format!("{v} is outside 0.01-3600 seconds")))
+        }
+    };
+    let interval = seconds("--probe-interval", a.probe_interval)?;
+    let timeout = seconds("--probe-timeout", a.probe_timeout)?;
+    for (flag, n) in
+        [("--probe-fall", a.probe_fall), ("--probe-rise", a.probe_rise), ("--probe-rate", a.probe_rate)]
+    {
+        if n == 0 {
+            return Err(bad(flag, "must be at least 1"));
+        }
+    }
+    if a.probe_concurrency == 0 {
+        return Err(bad("--probe-concurrency", "must be at least 1"));
+    }
+    Ok(a.probe.then_some(ProbeConfig {
+        interval,
+        timeout,
+        fall: a.probe_fall,
+        rise: a.probe_rise,
+        concurrency: a.probe_concurrency,
+        rate: a.probe_rate,
+    }))
 }
 
 /// Everything `sync` needs.
@@ -476,6 +522,22 @@ mod tests {
         );
         assert_eq!(config(&["--cluster-region", "a"]).unwrap_err().flag, "--cluster-region");
         assert_eq!(config(&["--local-min-healthy", "0"]).unwrap_err().flag, "--local-min-healthy");
+    }
+
+    #[test]
+    fn health_flags_are_checked() {
+        assert_eq!(config(&["--cluster-dead-after", "0"]).unwrap_err().flag, "--cluster-dead-after");
+        assert_eq!(config(&[]).unwrap().cluster_dead_after, Duration::from_secs(15));
+        assert!(config(&[]).unwrap().probe.is_none(), "probes are off by default");
+        assert_eq!(config(&["--probe-interval", "0"]).unwrap_err().flag, "--probe-interval");
+        assert_eq!(config(&["--probe-timeout", "NaN"]).unwrap_err().flag, "--probe-timeout");
+        assert_eq!(config(&["--probe-fall", "0"]).unwrap_err().flag, "--probe-fall");
+        assert_eq!(config(&["--probe-rise", "0"]).unwrap_err().flag, "--probe-rise");
+        assert_eq!(config(&["--probe-concurrency", "0"]).unwrap_err().flag, "--probe-concurrency");
+        assert_eq!(config(&["--probe-rate", "0"]).unwrap_err().flag, "--probe-rate");
+        let p = config(&["--probe", "--probe-interval", "0.5"]).unwrap().probe.unwrap();
+        assert_eq!((p.interval, p.timeout), (Duration::from_millis(500), Duration::from_secs(1)));
+        assert_eq!((p.fall, p.rise, p.concurrency, p.rate), (3, 2, 64, 200));
     }
 
     #[test]

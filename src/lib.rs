@@ -12,6 +12,7 @@ pub mod config;
 pub mod controller;
 pub mod explain;
 pub mod fleet;
+pub mod health;
 pub mod model;
 pub mod ops;
 pub mod serve;

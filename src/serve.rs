@@ -89,6 +89,7 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
     let mut tasks = Vec::new();
 
     let mut healths = Vec::new();
+    let mut liveness = None;
     if cfg.objects.is_empty() && cfg.kube.is_none() && cfg.members.is_empty() {
         let parsed = embedded::parse()?;
         info!(
@@ -121,9 +122,16 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         let source = SourceId(u32::MAX - 1);
         writer.apply(Update::Register(source));
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
+        let state = fleet::Liveness::new(&members);
+        liveness = Some(state.clone());
+        tasks.push(tokio::spawn(fleet::liveness(members.clone(), cfg.cluster_dead_after, state, tx.clone())));
         tasks.push(tokio::spawn(fleet::run(members, source, tx.clone())));
     }
+    if let Some(probe) = cfg.probe {
+        tasks.push(tokio::spawn(crate::health::probe::run(reader.clone(), probe, tx.clone())));
+    }
     let metrics = Arc::new(Metrics::new(healths)?);
+    metrics.register_health(reader.clone(), liveness)?;
     let started = std::time::Instant::now();
     writer.publish();
     metrics.published(&reader.load(), started.elapsed());

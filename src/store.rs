@@ -14,7 +14,10 @@ mod names;
 mod snapshot;
 mod writer;
 
-pub use balance::{AnswerConfig, Balance, BalanceCluster, Client, ClientNet, EndpointMeta, Localities};
+pub use balance::{
+    ANSWER_SLOTS, AnswerConfig, AnswerStats, Balance, BalanceCluster, Client, ClientNet, EndpointMeta,
+    Localities,
+};
 pub use snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone, ZoneConfig};
 pub use writer::{ObjectId, Update, Writer};
 

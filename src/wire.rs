@@ -43,11 +43,22 @@ pub struct Scratch {
     lower: [u8; 256],
     slow: Vec<u8>,
     picks: Box<Picks>,
+    /// Answers per (service, cluster), counted here and flushed with the
+    /// query counters ([`Scratch::flush_answers`]).
+    hits: Box<stats::AnswerHits>,
 }
 
 impl Default for Scratch {
     fn default() -> Self {
-        Self { lower: [0; 256], slow: Vec::with_capacity(512), picks: Box::default() }
+        Self { lower: [0; 256], slow: Vec::with_capacity(512), picks: Box::default(), hits: Box::default() }
+    }
+}
+
+impl Scratch {
+    /// Adds the answers counted since the last call to `shared` (the
+    /// zone's [`crate::store::AnswerStats`]).
+    pub fn flush_answers(&mut self, shared: &crate::store::AnswerStats) {
+        self.hits.flush(shared);
     }
 }
 
@@ -145,6 +156,10 @@ fn answer_as(
         (true, 0) => ecs_bits,
         (true, p) => p.min(ecs_bits),
     };
+    if let (Some(b), Some(_)) = (answer.balance, answer.answer) {
+        let fam = usize::from(req.qtype == 28);
+        scratch.hits.count(&snap.zone().answer_stats, b, fam, answer.pick, scratch.picks.as_slice());
+    }
     let written = response::Written { picks: scratch.picks.as_slice(), ecs_scope: scope };
     response::write(out, &req, &answer, snap, cfg.max_udp_payload, limit, &written);
     Some(Outcome {

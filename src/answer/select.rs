@@ -592,6 +592,45 @@ mod tests {
     }
 
     #[test]
+    fn unreachable_clusters_of_an_import_are_demoted_for_that_service_without_re_encoding() {
+        let (reader, mut w) = service(answers(PolicyKind::Rotation), 2, AnswerOverrides::default());
+        let wire = crate::store::names_key("ns", "hl");
+        let before = reader.load_full();
+        let import = |unreachable: &[&str]| {
+            Object::Import(ServiceImport {
+                key: key(),
+                kind: ImportType::Headless,
+                ips: vec![],
+                ports: vec![],
+                answers: AnswerOverrides {
+                    unreachable: unreachable.iter().map(|c| ClusterId::parse(c).unwrap()).collect(),
+                    ..Default::default()
+                },
+            })
+        };
+        w.apply(Update::Upsert { source: SourceId(1), object: import(&["c2", "c3"]) });
+        assert_eq!(w.publish(), 0, "nothing re-encoded");
+        let after = reader.load_full();
+        let (b, a) = (before.service(&wire).unwrap(), after.service(&wire).unwrap());
+        assert!(std::sync::Arc::ptr_eq(&b.names, &a.names), "records shared");
+        for _ in 0..20 {
+            let got = ask(&reader, 1, None);
+            assert_eq!(got.len(), 2, "{got:?}");
+            assert!(got.iter().all(|ip| cluster_of(ip) == 1), "{got:?}");
+        }
+        // Every cluster unreachable: fail-open answers them all.
+        w.apply(Update::Upsert { source: SourceId(1), object: import(&["c1", "c2", "c3"]) });
+        w.publish();
+        assert_eq!(ask(&reader, 1, None).len(), 6);
+        // The annotation removed: everyone is back.
+        w.apply(Update::Upsert { source: SourceId(1), object: import(&[]) });
+        w.publish();
+        let got = ask(&reader, 1, None);
+        assert_eq!(got.len(), 6);
+        assert!((1..=3).all(|c| got.iter().any(|ip| cluster_of(ip) == c)), "{got:?}");
+    }
+
+    #[test]
     fn health_updates_share_the_encoded_records() {
         let (reader, mut w) = service(answers(PolicyKind::Rotation), 2, AnswerOverrides::default());
         let wire = crate::store::names_key("ns", "hl");

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::fleet::export::{ServicePortSpec, SessionAffinity};
 use crate::fleet::merge::{Condition, ImportSpec};
 use crate::fleet::objects::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY};
-use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
+use crate::model::{ANNOTATION_UNREACHABLE_CLUSTERS, AddressFamily, ClusterId, ImportType, ServiceKey};
 use crate::source::crd::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 
 pub use crate::fleet::objects::{LABEL_APP_MANAGED_BY, SYNC_MANAGER as FIELD_MANAGER};
@@ -65,8 +65,18 @@ fn families(f: &[AddressFamily]) -> Vec<&'static str> {
     f.iter().map(|f| if *f == AddressFamily::V4 { "IPv4" } else { "IPv6" }).collect()
 }
 
-/// The ServiceImport's metadata and spec.
-pub fn import(api_version: &str, key: &ServiceKey, spec: &ImportSpec, ips: &[String]) -> Value {
+/// The ServiceImport's metadata and spec. `unreachable` (exporting
+/// clusters whose API does not answer) becomes the annotation
+/// `clusterset-dns.io/unreachable-clusters`, which `serve` reads to demote
+/// their endpoints; without any, the annotation is absent (server-side
+/// apply then removes it).
+pub fn import(
+    api_version: &str,
+    key: &ServiceKey,
+    spec: &ImportSpec,
+    ips: &[String],
+    unreachable: &[ClusterId],
+) -> Value {
     let mut s = json!({
         "type": if spec.kind == ImportType::Headless { "Headless" } else { "ClusterSetIP" },
         "ports": ports(&spec.ports),
@@ -82,9 +92,18 @@ pub fn import(api_version: &str, key: &ServiceKey, spec: &ImportSpec, ips: &[Str
     if let Some(t) = &spec.traffic_distribution {
         s["trafficDistribution"] = json!(t);
     }
+    let mut metadata =
+        json!({"name": key.name.as_str(), "namespace": key.namespace.as_str(), "labels": labels(key)});
+    if !unreachable.is_empty() {
+        let mut names: Vec<&str> = unreachable.iter().map(ClusterId::as_str).collect();
+        // Sorted: the same set is the same body, so no write.
+        names.sort_unstable();
+        names.dedup();
+        metadata["annotations"] = json!({ ANNOTATION_UNREACHABLE_CLUSTERS: names.join(",") });
+    }
     json!({
         "apiVersion": api_version, "kind": "ServiceImport",
-        "metadata": {"name": key.name.as_str(), "namespace": key.namespace.as_str(), "labels": labels(key)},
+        "metadata": metadata,
         "spec": s,
     })
 }
@@ -217,6 +236,33 @@ mod tests {
 
     fn key(name: &str) -> ServiceKey {
         ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse(name).unwrap() }
+    }
+
+    #[test]
+    fn unreachable_clusters_become_an_annotation_serve_reads() {
+        let spec = ImportSpec {
+            kind: ImportType::Headless,
+            ports: vec![],
+            session_affinity: SessionAffinity::None,
+            affinity_timeout: None,
+            ip_families: vec![AddressFamily::V4],
+            traffic_distribution: None,
+        };
+        let all = import("multicluster.x-k8s.io/v1alpha1", &key("db"), &spec, &[], &[]);
+        assert!(all["metadata"].get("annotations").is_none(), "absent while all are reachable: {all}");
+        let c = |n: &str| ClusterId::parse(n).unwrap();
+        let body = import(
+            "multicluster.x-k8s.io/v1alpha1",
+            &key("db"),
+            &spec,
+            &[],
+            &[c("cluster-3"), c("cluster-2")],
+        );
+        assert_eq!(body["metadata"]["annotations"][ANNOTATION_UNREACHABLE_CLUSTERS], "cluster-2,cluster-3");
+        // What serve makes of that object.
+        let obj: crate::source::crd::ServiceImport = serde_json::from_value(body).unwrap();
+        let converted = crate::source::convert::service_import(&obj).unwrap();
+        assert_eq!(converted.answers.unreachable, [c("cluster-2"), c("cluster-3")]);
     }
 
     #[test]

@@ -505,7 +505,8 @@ impl Syncer {
         let api: Api<DynamicObject> = Api::namespaced_with(self.members[i].client.clone(), ns, &ar);
         let r = self.object(i, "ServiceImport", key, key.name.to_string());
         want.insert(r.clone());
-        self.apply(&r, &api, &desired::import(&ar.api_version, key, spec, &ips)).await?;
+        let down: Vec<crate::model::ClusterId> = unreachable.iter().map(|(c, _)| c.clone()).collect();
+        self.apply(&r, &api, &desired::import(&ar.api_version, key, spec, &ips, &down)).await?;
         let status = desired::import_status(&ar.api_version, key, clusters, unreachable);
         let sr = ObjectRef { kind: "ServiceImport/status", ..r };
         if self.applied.get(&sr).map(String::as_str) != Some(status.to_string().as_str()) {

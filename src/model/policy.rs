@@ -20,6 +20,13 @@ pub const ANNOTATION_LOCAL_MIN_HEALTHY: &str = "clusterset-dns.io/local-min-heal
 pub const ANNOTATION_ENDPOINT_ANSWERS: &str = "clusterset-dns.io/endpoint-answers";
 /// Annotation: most endpoints in one answer (`0`: all).
 pub const ANNOTATION_MAX_ANSWERS: &str = "clusterset-dns.io/max-answers";
+/// Annotation: the TCP port active probes connect to (default: the first
+/// TCP port of the endpoints).
+pub const ANNOTATION_PROBE_PORT: &str = "clusterset-dns.io/probe-port";
+/// Annotation written by the sync controller: the exporting clusters whose
+/// API is unreachable (`cluster-2,cluster-3`); their endpoints are demoted
+/// in this service's answers. Absent while every cluster is reachable.
+pub const ANNOTATION_UNREACHABLE_CLUSTERS: &str = "clusterset-dns.io/unreachable-clusters";
 
 /// How a service's endpoints are chosen and ordered for one query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -104,6 +111,19 @@ pub struct AnswerOverrides {
     /// `spec.trafficDistribution` is `PreferClose` or `PreferSameZone`: the
     /// topology ladder unless the policy annotation says otherwise.
     pub prefer_close: bool,
+    /// `clusterset-dns.io/probe-port`.
+    pub probe_port: Option<u16>,
+    /// `clusterset-dns.io/unreachable-clusters`, sorted: health, not
+    /// records, so a change of it re-encodes nothing.
+    pub unreachable: Vec<ClusterId>,
+}
+
+impl AnswerOverrides {
+    /// True when `self` and `other` differ at most in what only the health
+    /// overlay reads (the unreachable clusters).
+    pub fn same_records(&self, other: &Self) -> bool {
+        Self { unreachable: Vec::new(), ..self.clone() } == Self { unreachable: Vec::new(), ..other.clone() }
+    }
 }
 
 /// An annotation whose value cannot be used.
@@ -146,6 +166,16 @@ impl AnswerOverrides {
                     }
                     other => Err((ANNOTATION_ENDPOINT_ANSWERS, format!("{other:?} is not true or false"))),
                 },
+                ANNOTATION_PROBE_PORT => match value.parse::<u16>() {
+                    Ok(p) if p > 0 => {
+                        o.probe_port = Some(p);
+                        Ok(())
+                    }
+                    _ => Err((ANNOTATION_PROBE_PORT, format!("{value:?} is not a port from 1 to 65535"))),
+                },
+                ANNOTATION_UNREACHABLE_CLUSTERS => parse_clusters(value)
+                    .map(|c| o.unreachable = c)
+                    .map_err(|e| (ANNOTATION_UNREACHABLE_CLUSTERS, e)),
                 _ => Ok(()),
             };
             if let Err((annotation, problem)) = result {
@@ -158,6 +188,17 @@ impl AnswerOverrides {
 
 fn parse_count(s: &str) -> Result<u16, String> {
     s.parse::<u16>().map_err(|_| format!("{s:?} is not a number from 0 to 65535"))
+}
+
+/// `cluster-a,cluster-b` (spaces allowed; empty is none), sorted.
+fn parse_clusters(s: &str) -> Result<Vec<ClusterId>, String> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        out.push(ClusterId::parse(item).map_err(|e| format!("{item:?} {e}"))?);
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// `cluster-a=3,cluster-b=1` (spaces allowed around items).
@@ -200,6 +241,25 @@ mod tests {
         assert_eq!(o.max_answers, None);
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].annotation, ANNOTATION_MAX_ANSWERS);
+    }
+
+    #[test]
+    fn health_annotations_are_read_and_only_health_differs() {
+        let (o, errors) = AnswerOverrides::from_annotations([
+            (ANNOTATION_PROBE_PORT, "8080"),
+            (ANNOTATION_UNREACHABLE_CLUSTERS, " cluster-3, cluster-2 ,cluster-3"),
+        ]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(o.probe_port, Some(8080));
+        let names: Vec<&str> = o.unreachable.iter().map(ClusterId::as_str).collect();
+        assert_eq!(names, ["cluster-2", "cluster-3"], "sorted, without duplicates");
+        assert!(o.same_records(&AnswerOverrides { probe_port: Some(8080), ..Default::default() }));
+        assert!(!o.same_records(&AnswerOverrides::default()), "the probe port is not health-only");
+        let (_, errors) = AnswerOverrides::from_annotations([
+            (ANNOTATION_PROBE_PORT, "0"),
+            (ANNOTATION_UNREACHABLE_CLUSTERS, "Bad_Name"),
+        ]);
+        assert_eq!(errors.len(), 2);
     }
 
     #[test]

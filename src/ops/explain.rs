@@ -64,6 +64,8 @@ pub fn report(snap: &Snapshot, name: &str, qtype: &str, cluster: Option<&str>) -
     let cfg = WireConfig { max_udp_payload: 1232 };
     respond_as(snap, &packet, client, Transport::Tcp, &cfg, &mut scratch, &mut response)
         .ok_or("no response")?;
+    // It went through the answer path: it counts as an answer.
+    scratch.flush_answers(&snap.zone().answer_stats);
     let r = Message::from_vec(&response).map_err(|e| e.to_string())?;
     let _ = writeln!(
         out,

@@ -17,8 +17,9 @@ use crate::wire::stats::{
     self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES, ZONES,
 };
 
+use crate::source::fleet::Liveness;
 use crate::source::kube::WatchHealth;
-use crate::store::Snapshot;
+use crate::store::{Reader, Snapshot};
 
 /// The server's metrics.
 pub struct Metrics {
@@ -87,6 +88,17 @@ impl Metrics {
         servers: Vec<(String, Arc<QueryStats>)>,
     ) -> Result<(), prometheus::Error> {
         self.registry.register(Box::new(QueryCollector::new(zone, servers)?))
+    }
+
+    /// Exposes the health overlay, read from the current snapshot at scrape
+    /// time: `clusterset_dns_endpoints{service,cluster,state}` and, with
+    /// members, `clusterset_dns_cluster_alive{cluster}`. Never per address.
+    pub fn register_health(
+        &self,
+        reader: Reader,
+        liveness: Option<Arc<Liveness>>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(Box::new(HealthCollector::new(reader, liveness)?))
     }
 
     /// Records a published snapshot and how long the batch took.
@@ -306,6 +318,100 @@ impl Collector for QueryCollector {
             family(du.0, du.1, MetricType::HISTOGRAM, durations),
             family(rq.0, rq.1, MetricType::HISTOGRAM, req_sizes),
             family(rp.0, rp.1, MetricType::HISTOGRAM, resp_sizes),
+        ]
+        .into_iter()
+        .filter(|f| !f.get_metric().is_empty())
+        .collect()
+    }
+}
+
+const ENDPOINTS: &str = "clusterset_dns_endpoints";
+const ENDPOINTS_HELP: &str =
+    "Ready endpoints of a service answered by endpoints, per cluster and health (probes, cluster liveness).";
+const ANSWERS: &str = "clusterset_dns_answers_total";
+const ANSWERS_HELP: &str =
+    "Answers of a service that held endpoints of a cluster (answer policies' choices).";
+const CLUSTER_ALIVE: &str = "clusterset_dns_cluster_alive";
+const CLUSTER_ALIVE_HELP: &str = "1 while a member cluster answers, 0 once it has not for --cluster-dead-after (its endpoints are demoted).";
+
+/// Reads the snapshot's health overlay and the members' liveness at scrape
+/// time; nothing is counted on the answer path for these.
+struct HealthCollector {
+    reader: Reader,
+    liveness: Option<Arc<Liveness>>,
+    descs: Vec<Desc>,
+}
+
+impl HealthCollector {
+    fn new(reader: Reader, liveness: Option<Arc<Liveness>>) -> Result<Self, prometheus::Error> {
+        let desc = |name: &str, help: &str, labels: &[&str]| {
+            Desc::new(
+                name.into(),
+                help.into(),
+                labels.iter().map(|l| (*l).to_owned()).collect(),
+                Default::default(),
+            )
+        };
+        let descs = vec![
+            desc(ENDPOINTS, ENDPOINTS_HELP, &["service", "cluster", "state"])?,
+            desc(CLUSTER_ALIVE, CLUSTER_ALIVE_HELP, &["cluster"])?,
+            desc(ANSWERS, ANSWERS_HELP, &["service", "cluster"])?,
+        ];
+        Ok(Self { reader, liveness, descs })
+    }
+}
+
+fn gauge(pairs: &[(&str, &str)], value: f64) -> Metric {
+    let mut g = prometheus::proto::Gauge::default();
+    g.set_value(value);
+    let mut m = Metric::default();
+    m.set_label(labels(pairs));
+    m.set_gauge(g);
+    m
+}
+
+impl Collector for HealthCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let snap = self.reader.load();
+        let mut endpoints = Vec::new();
+        for names in snap.services.values() {
+            let Some(b) = names.balance() else { continue };
+            let service = b.service.to_string();
+            let mut counts = vec![[0u32; 2]; b.clusters.len()];
+            for (e, healthy) in b.endpoints.iter().zip(b.healthy.iter()) {
+                if let Some(c) = counts.get_mut(usize::from(e.cluster)) {
+                    c[usize::from(!*healthy)] += 1;
+                }
+            }
+            for (cluster, [up, down]) in b.clusters.iter().zip(counts) {
+                for (state, n) in [("healthy", up), ("unhealthy", down)] {
+                    let pairs =
+                        [("service", service.as_str()), ("cluster", cluster.name.as_str()), ("state", state)];
+                    endpoints.push(gauge(&pairs, f64::from(n)));
+                }
+            }
+        }
+        let alive = self
+            .liveness
+            .iter()
+            .flat_map(|l| l.clusters.iter())
+            .map(|(c, a)| gauge(&[("cluster", c.as_str())], f64::from(u8::from(a.load(Ordering::Relaxed)))))
+            .collect();
+        let answers = snap
+            .zone()
+            .answer_stats
+            .read()
+            .into_iter()
+            .map(|(service, cluster, n)| counter(&[("service", &service), ("cluster", &cluster)], n))
+            .collect();
+        [
+            family(ANSWERS, ANSWERS_HELP, MetricType::COUNTER, answers),
+            family(ENDPOINTS, ENDPOINTS_HELP, MetricType::GAUGE, endpoints),
+            family(CLUSTER_ALIVE, CLUSTER_ALIVE_HELP, MetricType::GAUGE, alive),
         ]
         .into_iter()
         .filter(|f| !f.get_metric().is_empty())

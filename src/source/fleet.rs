@@ -9,6 +9,8 @@
 //! Lighthouse answers on networks where ClusterIPs are routable fleet-wide.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -19,7 +21,7 @@ use super::objects::Object;
 use crate::fleet::member::{self, Member, MemberConfig};
 use crate::fleet::merge::merge;
 use crate::fleet::state::{FleetState, MemberEvent};
-use crate::model::{ImportType, Port, ServiceImport, ServiceKey};
+use crate::model::{ClusterId, ImportType, Port, ServiceImport, ServiceKey};
 use crate::source::kube::ClientError;
 use crate::store::{ObjectId, Update};
 
@@ -147,4 +149,90 @@ fn service_objects(state: &FleetState, key: &ServiceKey) -> Vec<Object> {
     let mut objects = vec![Object::Import(import)];
     objects.extend(state.endpoint_sets(key, &merged.clusters).into_iter().map(Object::Slice));
     objects
+}
+
+/// How often each member's liveness is looked at (and its API asked).
+const LIVENESS_TICK: Duration = Duration::from_secs(1);
+/// Longest wait for a member's API to answer the liveness request.
+const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The liveness of every member, shared with `/metrics`.
+#[derive(Debug)]
+pub struct Liveness {
+    /// Per member: its cluster id and whether it is alive now.
+    pub clusters: Vec<(ClusterId, AtomicBool)>,
+}
+
+impl Liveness {
+    /// Every member alive (the state before any verdict).
+    pub fn new(members: &[Member]) -> Arc<Self> {
+        Arc::new(Self {
+            clusters: members.iter().map(|m| (m.cluster.clone(), AtomicBool::new(true))).collect(),
+        })
+    }
+}
+
+/// Watches every member's liveness and tells the store: a member whose
+/// watches have failed, or whose API has not answered, for `dead_after` is
+/// not alive (`Update::ClusterLiveness`), so its endpoints are demoted in
+/// every answer (kept, not deleted: a partition heals without a relist
+/// costing answers). It is alive again once its API answers and every one
+/// of its watches has relisted.
+pub async fn liveness(
+    members: Vec<Member>,
+    dead_after: Duration,
+    state: Arc<Liveness>,
+    updates: mpsc::Sender<Update>,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, m) in members.into_iter().enumerate() {
+        tasks.spawn(member_liveness(m, i, dead_after, state.clone(), updates.clone()));
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn member_liveness(
+    member: Member,
+    index: usize,
+    dead_after: Duration,
+    state: Arc<Liveness>,
+    updates: mpsc::Sender<Update>,
+) {
+    let mut alive = true;
+    // When the API last stopped answering: a powered-off cluster sends no
+    // reset, so an established watch may take minutes to notice; asking the
+    // API with a timeout notices within seconds.
+    let mut failing_since: Option<tokio::time::Instant> = None;
+    let mut tick = tokio::time::interval(LIVENESS_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let answered =
+            match tokio::time::timeout(LIVENESS_PROBE_TIMEOUT, member.client.apiserver_version()).await {
+                // Any HTTP answer (even 401/403) proves the API is there.
+                Ok(Ok(_)) | Ok(Err(kube::Error::Api(_))) => true,
+                Ok(Err(_)) | Err(_) => false,
+            };
+        let now = tokio::time::Instant::now();
+        failing_since = if answered { None } else { Some(failing_since.unwrap_or(now)) };
+        let api_down = failing_since.map_or(0.0, |t| now.duration_since(t).as_secs_f64());
+        let stale = member.stale_seconds().max(api_down);
+        let verdict = if alive { stale < dead_after.as_secs_f64() } else { stale == 0.0 };
+        if verdict == alive {
+            continue;
+        }
+        alive = verdict;
+        if alive {
+            info!(member = %member.name, cluster = %member.cluster, "member alive again: its endpoints are answered");
+        } else {
+            warn!(member = %member.name, cluster = %member.cluster, stale_seconds = stale,
+                  "member not answering for {dead_after:?}: its endpoints are demoted in every answer");
+        }
+        if let Some((_, flag)) = state.clusters.get(index) {
+            flag.store(alive, Ordering::Relaxed);
+        }
+        if updates.send(Update::ClusterLiveness { cluster: member.cluster.clone(), alive }).await.is_err() {
+            return;
+        }
+    }
 }

@@ -11,7 +11,7 @@
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::model::{ClusterId, ClusterWeight, PolicyKind};
+use crate::model::{ClusterId, ClusterWeight, PolicyKind, ServiceKey};
 
 /// A client network: queries from (or with an EDNS Client Subnet inside)
 /// `addr/prefix` come from `cluster`.
@@ -258,6 +258,11 @@ pub struct BalanceCluster {
     pub region: Option<u16>,
     /// Weight for the weighted policy.
     pub weight: u32,
+    /// Its slot in [`AnswerStats`] (`u32::MAX`: not counted).
+    pub stat: u32,
+    /// Its records per family (0 = A, 1 = AAAA): first index, end. A
+    /// cluster's endpoints are neighbours, so this is one range.
+    pub records: [(u32, u32); 2],
 }
 
 /// One endpoint of a balanced service's A/AAAA answer.
@@ -304,6 +309,10 @@ pub struct Balance {
     seq: [AtomicU32; 2],
     /// Varies the random policy between services.
     pub salt: u32,
+    /// The service, for active probes' verdicts.
+    pub service: ServiceKey,
+    /// The TCP port active probes connect to; none: not probed.
+    pub probe_port: Option<u16>,
 }
 
 impl Balance {
@@ -314,6 +323,7 @@ impl Balance {
         endpoints: Box<[EndpointMeta]>,
         healthy: Box<[bool]>,
         salt: u32,
+        (service, probe_port): (ServiceKey, Option<u16>),
     ) -> Self {
         let mut b = Self {
             policy,
@@ -327,12 +337,24 @@ impl Balance {
             present: [0; 2],
             seq: [AtomicU32::new(0), AtomicU32::new(0)],
             salt,
+            service,
+            probe_port,
         };
         b.count();
         b
     }
 
     fn count(&mut self) {
+        for (i, c) in self.clusters.iter_mut().enumerate() {
+            for f in 0..2 {
+                let mut range = (u32::MAX, 0);
+                for e in self.endpoints.iter().filter(|e| usize::from(e.cluster) == i && e.records[f].1 > 0) {
+                    range.0 = range.0.min(e.records[f].0);
+                    range.1 = range.1.max(e.records[f].0 + u32::from(e.records[f].1));
+                }
+                c.records[f] = if range.1 == 0 { (0, 0) } else { range };
+            }
+        }
         for f in 0..2 {
             self.present[f] = self.endpoints.iter().filter(|e| e.records[f].1 > 0).count() as u32;
             self.healthy_count[f] = self
@@ -355,6 +377,7 @@ impl Balance {
             self.endpoints.clone(),
             healthy,
             self.salt,
+            (self.service.clone(), self.probe_port),
         )
     }
 
@@ -428,5 +451,78 @@ mod tests {
         assert!(prefix_eq(&a, &[10, 0b1010_1111, 9, 9], 12));
         assert!(!prefix_eq(&a, &[10, 0b1011_0000, 9, 9], 12));
         assert!(prefix_eq(&a, &[99, 0, 0, 0], 0));
+    }
+}
+
+/// Most (service, cluster) pairs `clusterset_dns_answers_total` counts;
+/// pairs beyond it are not counted (logged once).
+pub const ANSWER_SLOTS: usize = 16384;
+
+/// `clusterset_dns_answers_total{service,cluster}`: how often a cluster's
+/// endpoints were in a service's answer. The writer gives each (service,
+/// cluster) a slot at publish time (the mutex is never taken on the
+/// answer path); answering threads add their local counts to the atomics
+/// now and then (`wire::stats::AnswerHits`); `/metrics` reads them.
+#[derive(Debug)]
+pub struct AnswerStats {
+    counts: Box<[std::sync::atomic::AtomicU64]>,
+    slots: std::sync::Mutex<Slots>,
+}
+
+#[derive(Debug, Default)]
+struct Slots {
+    index: std::collections::HashMap<(ServiceKey, ClusterId), u32>,
+    labels: Vec<(String, String)>,
+    full_logged: bool,
+}
+
+impl Default for AnswerStats {
+    fn default() -> Self {
+        Self {
+            counts: (0..ANSWER_SLOTS).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
+            slots: std::sync::Mutex::default(),
+        }
+    }
+}
+
+impl AnswerStats {
+    /// The slot of a (service, cluster), assigned on first use; slots are
+    /// never reused, so a counter never changes labels.
+    pub(crate) fn slot(&self, service: &ServiceKey, cluster: &ClusterId) -> u32 {
+        let Ok(mut s) = self.slots.lock() else { return u32::MAX };
+        if let Some(&i) = s.index.get(&(service.clone(), cluster.clone())) {
+            return i;
+        }
+        if s.labels.len() >= ANSWER_SLOTS {
+            if !s.full_logged {
+                s.full_logged = true;
+                tracing::warn!(
+                    "more than {ANSWER_SLOTS} (service, cluster) pairs: the rest are not counted in clusterset_dns_answers_total"
+                );
+            }
+            return u32::MAX;
+        }
+        let i = s.labels.len() as u32;
+        s.labels.push((service.to_string(), cluster.to_string()));
+        s.index.insert((service.clone(), cluster.clone()), i);
+        i
+    }
+
+    /// Adds `n` to a slot.
+    pub fn add(&self, slot: u32, n: u64) {
+        if let Some(c) = self.counts.get(slot as usize) {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Every counted (service, cluster) and its count, for `/metrics`.
+    pub fn read(&self) -> Vec<(String, String, u64)> {
+        let Ok(s) = self.slots.lock() else { return Vec::new() };
+        s.labels
+            .iter()
+            .zip(self.counts.iter())
+            .map(|((svc, c), n)| (svc.clone(), c.clone(), n.load(Ordering::Relaxed)))
+            .filter(|(_, _, n)| *n > 0)
+            .collect()
     }
 }

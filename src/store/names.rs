@@ -135,7 +135,17 @@ pub(crate) fn service_names(
         .collect();
     let mut balance = None;
     if !candidates.is_empty() {
-        let (sets, b) = balanced(zone, import, &base, &candidates, cx)?;
+        // Endpoints listen on the slices' (target) ports, not the service's.
+        let tcp = |p: &&Port| p.protocol == crate::model::Protocol::Tcp;
+        let probe_port = import.answers.probe_port.or_else(|| {
+            slices
+                .iter()
+                .flat_map(|s| &s.ports)
+                .find(tcp)
+                .or_else(|| import.ports.iter().find(tcp))
+                .map(|p| p.port)
+        });
+        let (sets, b) = balanced(zone, import, &base, &candidates, probe_port, cx)?;
         if let Some(node) = names.get_mut(&[][..]) {
             let mut all = node.sets.to_vec();
             all.extend(sets);
@@ -187,6 +197,7 @@ fn balanced(
     import: &ServiceImport,
     owner: &Name,
     candidates: &[Candidate],
+    probe_port: Option<u16>,
     cx: &mut BuildCtx<'_>,
 ) -> Option<(Vec<RRset>, Balance)> {
     let cfg = &zone.config.answers;
@@ -223,7 +234,15 @@ fn balanced(
         if clusters.last().is_none_or(|l| l.name != c.cluster) {
             let id = cx.interner.cluster(&c.cluster);
             let region = zone.localities.region_of(id);
-            clusters.push(BalanceCluster { id, name: c.cluster.clone(), region, weight: 0 });
+            let stat = zone.answer_stats.slot(&import.key, &c.cluster);
+            clusters.push(BalanceCluster {
+                id,
+                name: c.cluster.clone(),
+                region,
+                weight: 0,
+                stat,
+                records: [(0, 0); 2],
+            });
         }
         let addresses: Vec<IpAddr> = c.addrs.iter().flatten().copied().collect();
         healthy.push((cx.healthy)(&c.cluster, &addresses));
@@ -244,8 +263,15 @@ fn balanced(
         o.local_min_healthy.unwrap_or(cfg.local_min_healthy),
         cfg.fail_open,
     );
-    let b =
-        Balance::new(policy, limits, clusters.into(), endpoints.into(), healthy.into(), h.finish() as u32);
+    let b = Balance::new(
+        policy,
+        limits,
+        clusters.into(),
+        endpoints.into(),
+        healthy.into(),
+        h.finish() as u32,
+        (import.key.clone(), probe_port),
+    );
     Some((sets, b))
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use hickory_proto::rr::Name;
 use rustc_hash::FxHashMap;
 
-use super::balance::{AnswerConfig, Balance, Localities};
+use super::balance::{AnswerConfig, AnswerStats, Balance, Localities};
 
 /// What the operator configures about the zone.
 #[derive(Debug, Clone)]
@@ -41,6 +41,8 @@ pub struct Zone {
     pub labels: usize,
     /// Client networks and localities of `config.answers`, interned.
     pub localities: Localities,
+    /// Answers per (service, cluster), shared by every snapshot.
+    pub answer_stats: Arc<AnswerStats>,
 }
 
 impl Zone {
@@ -56,7 +58,7 @@ impl Zone {
         wire.push(0);
         let labels = config.origin.num_labels() as usize;
         let localities = Localities::new(&config.answers);
-        Self { config, wire: wire.into(), labels, localities }
+        Self { config, wire: wire.into(), labels, localities, answer_stats: Arc::default() }
     }
 }
 

@@ -201,8 +201,16 @@ impl Writer {
 
     /// The health overlay: false when the endpoint's cluster is not alive
     /// or one of its addresses was probed down.
+    ///
+    /// The served import's unreachable clusters (the sync controller's
+    /// annotation) count as not alive for that service only.
     fn healthy(&self, key: &ServiceKey, cluster: &ClusterId, addresses: &[IpAddr]) -> bool {
         !self.dead_clusters.contains(cluster)
+            && !self
+                .services
+                .get(key)
+                .and_then(|s| s.imports.values().next())
+                .is_some_and(|i| i.answers.unreachable.contains(cluster))
             && self.down.get(key).is_none_or(|down| !addresses.iter().any(|a| down.contains(a)))
     }
 
@@ -242,10 +250,23 @@ impl Writer {
             Object::Import(import) => {
                 let was_served = state.imports.keys().next().copied();
                 let old = state.imports.insert(source, import.clone());
-                if old.is_none() {
-                    self.count_namespace(&key, was_served.is_none());
+                match old {
+                    None => {
+                        self.count_namespace(&key, was_served.is_none());
+                        true
+                    }
+                    Some(old) if old == import => false,
+                    // Only the unreachable clusters changed: health, not
+                    // records (the sync controller's annotation).
+                    Some(old)
+                        if ServiceImport { answers: import.answers.clone(), ..old.clone() } == import
+                            && old.answers.same_records(&import.answers) =>
+                    {
+                        self.health_dirty.insert(key.clone());
+                        false
+                    }
+                    Some(_) => true,
                 }
-                old.as_ref() != Some(&import)
             }
             Object::Slice(slice) => {
                 state.slices.insert((source, slice.slice.clone()), slice.clone()).as_ref() != Some(&slice)

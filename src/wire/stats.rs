@@ -13,7 +13,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::answer::Rcode;
+use crate::answer::{Pick, Rcode};
+use crate::store::{AnswerStats, Balance};
 
 /// Query types CoreDNS reports by name; every other type is `other`.
 pub const TYPES: [(u16, &str); 19] = [
@@ -216,6 +217,94 @@ impl LocalStats {
         for (l, s) in self.response_size.iter_mut().zip(&shared.response_size) {
             add(l, s);
         }
+    }
+}
+
+/// Distinct (service, cluster) slots one thread counts between flushes.
+const HIT_SLOTS: usize = 64;
+
+/// One thread's `clusterset_dns_answers_total` counts: a small open-
+/// addressed table of (slot, count), inline (no allocation), flushed to
+/// [`AnswerStats`] when full and whenever the thread flushes its query
+/// counters.
+pub struct AnswerHits {
+    table: [(u32, u64); HIT_SLOTS],
+    used: usize,
+}
+
+impl Default for AnswerHits {
+    fn default() -> Self {
+        Self { table: [(u32::MAX, 0); HIT_SLOTS], used: 0 }
+    }
+}
+
+impl AnswerHits {
+    /// Counts the clusters whose endpoints are in one answer of family
+    /// `fam` (0 = A, 1 = AAAA): every cluster with records of the family
+    /// for a whole-RRset pick, else those holding a listed record.
+    pub fn count(&mut self, shared: &AnswerStats, b: &Balance, fam: usize, pick: Pick, picks: &[u32]) {
+        match pick {
+            Pick::All | Pick::Rotate(_) => {
+                for c in b.clusters.iter().filter(|c| c.records[fam].1 > c.records[fam].0) {
+                    self.hit(shared, c.stat);
+                }
+            }
+            Pick::Listed => {
+                // Each cluster once per answer (exactly for the first 64
+                // clusters of a service; beyond, per listed record).
+                let mut seen = [false; 64];
+                for &i in picks {
+                    let Some(ci) =
+                        b.clusters.iter().position(|c| (c.records[fam].0..c.records[fam].1).contains(&i))
+                    else {
+                        continue;
+                    };
+                    if let Some(s) = seen.get_mut(ci) {
+                        if *s {
+                            continue;
+                        }
+                        *s = true;
+                    }
+                    self.hit(shared, b.clusters[ci].stat);
+                }
+            }
+        }
+    }
+
+    fn hit(&mut self, shared: &AnswerStats, slot: u32) {
+        if slot == u32::MAX {
+            return;
+        }
+        let mut i = slot as usize % HIT_SLOTS;
+        for _ in 0..HIT_SLOTS {
+            let e = &mut self.table[i];
+            if e.0 == slot {
+                e.1 += 1;
+                return;
+            }
+            if e.0 == u32::MAX {
+                *e = (slot, 1);
+                self.used += 1;
+                return;
+            }
+            i = (i + 1) % HIT_SLOTS;
+        }
+        // Full: more distinct services than fit between flushes.
+        self.flush(shared);
+        self.table[slot as usize % HIT_SLOTS] = (slot, 1);
+        self.used = 1;
+    }
+
+    /// Adds everything counted to `shared` and starts again from zero.
+    pub fn flush(&mut self, shared: &AnswerStats) {
+        if self.used == 0 {
+            return;
+        }
+        for e in self.table.iter_mut().filter(|e| e.0 != u32::MAX) {
+            shared.add(e.0, e.1);
+            *e = (u32::MAX, 0);
+        }
+        self.used = 0;
     }
 }
 

@@ -103,7 +103,17 @@ async fn connection(
         let started = std::time::Instant::now();
         let outcome = {
             let snap = reader.load();
-            respond_from(&snap, &packet[..len], Some(peer.ip()), Transport::Tcp, wire, &mut scratch, &mut out)
+            let outcome = respond_from(
+                &snap,
+                &packet[..len],
+                Some(peer.ip()),
+                Transport::Tcp,
+                wire,
+                &mut scratch,
+                &mut out,
+            );
+            scratch.flush_answers(&snap.zone().answer_stats);
+            outcome
         };
         if let Some(outcome) = outcome {
             wr.write_all(&(out.len() as u16).to_be_bytes()).await?;

@@ -106,6 +106,8 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stats: &QuerySta
     let mut to = [Peer::default(); BATCH];
     let mut scratch = Scratch::default();
     let mut local = LocalStats::default();
+    // The zone, and so its answer counters, is the same in every snapshot.
+    let answers = reader.load().zone().answer_stats.clone();
     let mut last_flush = Instant::now();
     let mut pending = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -119,6 +121,7 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stats: &QuerySta
             {
                 if pending > 0 {
                     local.flush(stats);
+                    scratch.flush_answers(&answers);
                     pending = 0;
                 }
                 continue;
@@ -168,11 +171,13 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stats: &QuerySta
         pending += m;
         if pending >= FLUSH_EVERY_QUERIES || now - last_flush >= FLUSH_EVERY {
             local.flush(stats);
+            scratch.flush_answers(&answers);
             last_flush = now;
             pending = 0;
         }
     }
     local.flush(stats);
+    scratch.flush_answers(&answers);
     if let Ok(addr) = socket.local_addr() {
         debug!(%addr, "UDP worker stopped");
     } else {

@@ -11,7 +11,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParam
 use serde_json::{Value, json};
 
 use crate::binary::{Served, eventually};
-use crate::cluster::{TestClusters, shared};
+use crate::cluster::{Component, TestClusters, shared};
 use crate::watch::{Kube, runtime};
 
 const MANAGER: &str = "clusterset-dns-tests";
@@ -229,4 +229,79 @@ fn a_members_cluster_property_names_it() {
     });
     assert_eq!(rcode(&s, &format!("db-0.member.db.{ns}.svc.clusterset.local")), "NXDOMAIN");
     drop(user);
+}
+
+/// Polls `f` every 100 ms for at most `limit`; returns how long it took.
+fn within(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> bool) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return start.elapsed();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("{what}: not within {limit:?}");
+}
+
+/// The value of one metric line (`name{labels}`) in a scrape.
+pub(crate) fn metric(s: &Served, line: &str) -> Option<f64> {
+    let (_, body) = s.get("/metrics");
+    body.lines().find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+}
+
+#[test]
+fn a_member_whose_api_stops_is_demoted_within_30_s_and_returns_when_it_answers() {
+    let clusters = TestClusters::start(2);
+    let rt = runtime();
+    let ns = "liveness";
+    let users: Vec<User> = rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..2 {
+            v.push(User::new(&clusters, i, ns).await);
+        }
+        v
+    });
+    rt.block_on(async {
+        for (u, ip) in [(&users[0], "10.1.0.1"), (&users[1], "10.2.0.1")] {
+            u.service("db", json!({"clusterIP": "None"})).await;
+            u.endpoints("db-x", "db", json!([{"addresses": [ip], "hostname": "db-0"}])).await;
+            u.export("db").await;
+        }
+    });
+    let members: Vec<String> = (0..2)
+        .map(|i| format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "centralized").display()))
+        .collect();
+    // The default --cluster-dead-after (15 s).
+    let s = Served::start(&["--cluster", &members[0], "--cluster", &members[1]]);
+    eventually("ready", || s.get("/ready").0 == 200);
+    let db = format!("db.{ns}.svc.clusterset.local");
+    let b_host = format!("db-0.{}.{db}", clusters.name(1));
+    eventually("db in both clusters", || short(&s, &db, "A") == ["10.1.0.1", "10.2.0.1"]);
+    let alive_b = format!("clusterset_dns_cluster_alive{{cluster=\"{}\"}}", clusters.name(1));
+    assert_eq!(metric(&s, &alive_b), Some(1.0));
+
+    clusters.stop(1, Component::ApiServer);
+    let took = within("B's endpoint demoted", std::time::Duration::from_secs(30), || {
+        short(&s, &db, "A") == ["10.1.0.1"]
+    });
+    eprintln!("cluster-2 demoted {took:?} after its API server stopped");
+    // Demoted, not deleted: its per-endpoint name still answers, and
+    // the store still holds it (marked unhealthy).
+    assert_eq!(short(&s, &b_host, "A"), ["10.2.0.1"]);
+    assert_eq!(metric(&s, &alive_b), Some(0.0));
+    let unhealthy = format!(
+        "clusterset_dns_endpoints{{cluster=\"{}\",service=\"{ns}/db\",state=\"unhealthy\"}}",
+        clusters.name(1)
+    );
+    assert_eq!(metric(&s, &unhealthy), Some(1.0), "{}", s.get("/metrics").1);
+    assert!(s.log().contains("member not answering"), "{}", s.log());
+
+    clusters.start_component(1, Component::ApiServer);
+    // Back once its API answers and every watch has relisted (watch
+    // backoff reaches 30 s during a long outage).
+    let back = within("B's endpoint back", std::time::Duration::from_secs(60), || {
+        short(&s, &db, "A") == ["10.1.0.1", "10.2.0.1"]
+    });
+    eprintln!("cluster-2 answered again {back:?} after its API server started");
+    assert_eq!(metric(&s, &alive_b), Some(1.0));
 }

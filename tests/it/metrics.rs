@@ -60,3 +60,75 @@ fn query_metrics_use_coredns_names_and_labels() {
         assert!(body.contains(ours), "{ours} missing:\n{body}");
     }
 }
+
+/// A headless service with one endpoint in each of two clusters, both on
+/// TCP `port`.
+fn two_cluster_service(port: u16) -> String {
+    let slice = |cluster: &str, ip: &str| {
+        format!(
+            "---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: hl-{cluster}
+  namespace: shop
+  labels: {{multicluster.kubernetes.io/service-name: hl, multicluster.kubernetes.io/source-cluster: {cluster}}}
+addressType: IPv4
+ports: [{{name: tcp, protocol: TCP, port: {port}}}]
+endpoints: [{{addresses: [{ip}]}}]
+"
+        )
+    };
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {{name: hl, namespace: shop}}
+spec: {{type: Headless, ports: [{{name: tcp, protocol: TCP, port: {port}}}]}}
+{}{}",
+        slice("cluster-a", "127.0.0.5"),
+        slice("cluster-b", "127.0.0.6")
+    )
+}
+
+#[test]
+fn probes_and_answers_per_service_and_cluster_are_exported_without_addresses() {
+    // cluster-a's endpoint listens; cluster-b's port is closed (refused).
+    let listener = std::net::TcpListener::bind("127.0.0.5:0").expect("bind 127.0.0.5");
+    let port = listener.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("hl.yaml");
+    std::fs::write(&file, two_cluster_service(port)).expect("write objects");
+    let s = Served::start(&[
+        "--objects",
+        file.to_str().expect("utf-8 path"),
+        "--probe",
+        "--probe-interval",
+        "0.1",
+        "--probe-timeout",
+        "0.5",
+    ]);
+    let series = |cluster: &str, state: &str| {
+        format!(r#"clusterset_dns_endpoints{{cluster="{cluster}",service="shop/hl",state="{state}"}}"#)
+    };
+    let mut body = String::new();
+    eventually("cluster-b's closed port probed down", || {
+        body = s.get("/metrics").1;
+        value(&body, &series("cluster-b", "unhealthy")) == Some(1.0)
+    });
+    assert_eq!(value(&body, &series("cluster-a", "healthy")), Some(1.0), "{body}");
+    assert!(s.wait_log("probe verdict changed"), "{}", s.log());
+    let name = "hl.shop.svc.clusterset.local";
+    for _ in 0..4 {
+        assert_eq!(s.dig(&[name, "A", "+short"]).trim(), "127.0.0.5", "the down endpoint is left out");
+    }
+    s.dig(&[name, "A", "+tcp", "+short"]);
+    let answers =
+        |cluster: &str| format!(r#"clusterset_dns_answers_total{{cluster="{cluster}",service="shop/hl"}}"#);
+    eventually("answers counted per cluster", || {
+        body = s.get("/metrics").1;
+        value(&body, &answers("cluster-a")) == Some(5.0)
+    });
+    assert_eq!(value(&body, &answers("cluster-b")), None, "never in an answer: {body}");
+    assert!(!body.contains("127.0.0.5") && !body.contains("127.0.0.6"), "no per-address labels:\n{body}");
+    drop(listener);
+}
