@@ -1104,8 +1104,11 @@ fn sync_bench(rt: &tokio::runtime::Runtime) -> Result<()> {
             None => bail!("{name} not answered in cluster C within 10 s; sync log:\n{}", sync.log_text()),
         }
     }
+    let slowest = times.iter().enumerate().max_by_key(|(_, d)| **d).map_or(0, |(i, _)| i);
     println!("\n| what | n | p50 | p90 | p99 | max | goal |\n|---|---|---|---|---|---|---|");
     row("ServiceExport in A → answer in C", &mut times, "p99 ≤ 1 s");
+    let retries = sync.log_text().matches("retrying in").count();
+    println!("slowest: export #{slowest} (0 is the first after start); reconcile retries so far: {retries}");
 
     // Scale: 1,000 Services (a third per cluster), then all their exports.
     let writes0 = sync.metric("clusterset_dns_sync_writes_total")?;

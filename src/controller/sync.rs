@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -30,6 +31,8 @@ use crate::model::{ImportType, ServiceKey};
 use crate::source::crd::LABEL_SERVICE_NAME;
 use crate::source::kube::{Reporter, WatchHealth, discover_mcs};
 
+/// Services reconciled at once (each writes to its members in turn).
+const BATCH: usize = 32;
 /// Wait before retrying a service whose reconcile failed.
 const RETRY: Duration = Duration::from_secs(2);
 
@@ -100,12 +103,8 @@ pub struct Syncer {
     members: Vec<Member>,
     apis: Vec<MemberApis>,
     state: FleetState,
-    /// Last body applied per object (its JSON text).
-    applied: HashMap<ObjectRef, String>,
-    /// The ClusterIPs of each VIP Service written.
-    vips: HashMap<ObjectRef, Vec<String>>,
-    /// Objects of ours that exist, per service.
-    owned: BTreeMap<ServiceKey, BTreeSet<ObjectRef>>,
+    /// What the controller knows of its own objects, per service.
+    keys: HashMap<ServiceKey, KeyState>,
     behaviour: SyncBehaviour,
     /// Members currently unreachable, and since when (RFC 3339).
     unreachable: Vec<Option<String>>,
@@ -113,9 +112,47 @@ pub struct Syncer {
     discovered: Vec<bool>,
     /// Members whose endpoints are removed (`MemberLost::Remove`).
     removed: Vec<bool>,
-    /// lastTransitionTime per (member, export, condition type, status).
-    transitions: HashMap<(usize, ServiceKey, &'static str), (Status, String)>,
     stats: Arc<SyncStats>,
+}
+
+/// The controller's memory of one service: disjoint from every other
+/// service's, so services are reconciled concurrently, each with its own.
+#[derive(Debug, Default)]
+struct KeyState {
+    /// Last body applied per object (its JSON text).
+    applied: HashMap<ObjectRef, String>,
+    /// The ClusterIPs of each VIP Service written.
+    vips: HashMap<ObjectRef, Vec<String>>,
+    /// Objects of ours that exist.
+    owned: BTreeSet<ObjectRef>,
+    /// lastTransitionTime per (member, condition type), with its status.
+    transitions: HashMap<(usize, &'static str), (Status, String)>,
+}
+
+impl KeyState {
+    fn is_empty(&self) -> bool {
+        self.applied.is_empty() && self.owned.is_empty() && self.transitions.is_empty()
+    }
+}
+
+/// What a reconcile reads and never changes; shared by the services of a
+/// batch.
+struct Ctx<'a> {
+    members: &'a [Member],
+    apis: &'a [MemberApis],
+    state: &'a FleetState,
+    behaviour: &'a SyncBehaviour,
+    unreachable: &'a [Option<String>],
+    removed: &'a [bool],
+    discovered: &'a [bool],
+    stats: &'a SyncStats,
+}
+
+impl Ctx<'_> {
+    /// True while member `i` can be written to: reachable, versions known.
+    fn writable(&self, i: usize) -> bool {
+        self.unreachable[i].is_none() && self.discovered[i]
+    }
 }
 
 impl Syncer {
@@ -140,10 +177,7 @@ impl Syncer {
             members,
             apis,
             state,
-            applied: HashMap::new(),
-            vips: HashMap::new(),
-            owned: BTreeMap::new(),
-            transitions: HashMap::new(),
+            keys: HashMap::new(),
             unreachable: vec![None; n],
             discovered,
             removed: vec![false; n],
@@ -201,7 +235,7 @@ impl Syncer {
                     info!("every member listed: reconciling everything, deletions included");
                     complete = true;
                     live.extend(self.state.keys());
-                    live.extend(self.owned.keys().cloned());
+                    live.extend(self.keys.keys().cloned());
                 }
                 next_tick = Instant::now() + TICK;
             }
@@ -215,8 +249,16 @@ impl Syncer {
                 retry.remove(&k);
                 live.insert(k);
             }
-            let next = live.pop_first().or_else(|| backlog.pop_first());
-            let Some(key) = next else {
+            // Live changes first, then the startup backlog; a batch of
+            // services is reconciled concurrently.
+            let mut batch = Vec::new();
+            while batch.len() < BATCH {
+                let Some(key) = live.pop_first().or_else(|| backlog.pop_first()) else { break };
+                backlog.remove(&key);
+                let ks = self.keys.remove(&key).unwrap_or_default();
+                batch.push((key, ks));
+            }
+            if batch.is_empty() {
                 let wake = retry.values().min().copied().map_or(next_tick, |t| t.min(next_tick));
                 // Err: a retry or a member check is due before anything arrived.
                 match tokio::time::timeout_at(wake, rx.recv()).await {
@@ -225,11 +267,36 @@ impl Syncer {
                     Err(_) => {}
                 }
                 continue;
+            }
+            let cx = Ctx {
+                members: &self.members,
+                apis: &self.apis,
+                state: &self.state,
+                behaviour: &self.behaviour,
+                unreachable: &self.unreachable,
+                removed: &self.removed,
+                discovered: &self.discovered,
+                stats: &self.stats,
             };
-            backlog.remove(&key);
-            if let Err(e) = self.reconcile(&key).await {
-                warn!(service = %key, "sync failed, retrying in {RETRY:?}: {e}");
-                retry.insert(key, Instant::now() + RETRY);
+            let done: Vec<(ServiceKey, KeyState, Result<(), kube::Error>)> = stream::iter(batch)
+                .map(|(key, mut ks)| {
+                    let cx = &cx;
+                    async move {
+                        let result = ks.reconcile(cx, &key).await;
+                        (key, ks, result)
+                    }
+                })
+                .buffer_unordered(BATCH)
+                .collect()
+                .await;
+            for (key, ks, result) in done {
+                if let Err(e) = result {
+                    warn!(service = %key, "sync failed, retrying in {RETRY:?}: {e}");
+                    retry.insert(key.clone(), Instant::now() + RETRY);
+                }
+                if !ks.is_empty() {
+                    self.keys.insert(key, ks);
+                }
             }
         }
     }
@@ -247,7 +314,7 @@ impl Syncer {
                 self.discovered[i] = true;
                 self.adopt(Some(i), live).await;
                 live.extend(self.state.keys());
-                live.extend(self.owned.keys().cloned());
+                live.extend(self.keys.keys().cloned());
             }
         }
         for i in 0..self.members.len() {
@@ -268,7 +335,7 @@ impl Syncer {
             // Writes to it were skipped, or its endpoints are marked: every
             // service may need a write.
             live.extend(self.state.keys());
-            live.extend(self.owned.keys().cloned());
+            live.extend(self.keys.keys().cloned());
         }
         self.mark_removed(live);
     }
@@ -289,49 +356,6 @@ impl Syncer {
                 live.extend(self.state.exported_by(i));
             }
         }
-    }
-
-    /// True while member `i` can be written to: reachable, versions known.
-    fn writable(&self, i: usize) -> bool {
-        self.unreachable[i].is_none() && self.discovered[i]
-    }
-
-    /// Creates or removes the ServiceExport of `key` in member `i` for
-    /// Services that ask to be exported (annotation or namespace prefix).
-    /// Only exports the controller created are ever removed.
-    async fn auto_export(&mut self, i: usize, key: &ServiceKey) -> Result<(), kube::Error> {
-        let prefixed = self
-            .behaviour
-            .auto_export_prefixes
-            .iter()
-            .any(|p| key.namespace.as_str().starts_with(p.as_str()));
-        let wants = self.state.service_of(i, key).is_some_and(|s| s.auto_export || prefixed);
-        let has = self.state.export_of(i, key);
-        let ar = self.apis[i].export.clone();
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.members[i].client.clone(), key.namespace.as_str(), &ar);
-        match (wants, has) {
-            (true, None) => {
-                self.stats.writes.fetch_add(1, Ordering::Relaxed);
-                api.patch(
-                    key.name.as_str(),
-                    &PatchParams::apply(FIELD_MANAGER),
-                    &Patch::Apply(&desired::export(&ar.api_version, key)),
-                )
-                .await?;
-                info!(member = %self.members[i].name, service = %key, "auto-exported");
-            }
-            (false, Some(e)) if e.ours => {
-                self.stats.writes.fetch_add(1, Ordering::Relaxed);
-                match api.delete(key.name.as_str(), &DeleteParams::default()).await {
-                    Ok(_) => info!(member = %self.members[i].name, service = %key, "auto-export removed"),
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            _ => {}
-        }
-        Ok(())
     }
 
     /// Finds objects of ours in every member (left by an earlier run, maybe
@@ -388,52 +412,87 @@ impl Syncer {
                     continue;
                 };
                 let r = ObjectRef { member: i, kind, namespace: ns, name };
-                self.owned.entry(key.clone()).or_default().insert(r);
+                self.keys.entry(key.clone()).or_default().owned.insert(r);
                 backlog.insert(key);
             }
         }
     }
+}
+
+impl KeyState {
+    /// Creates or removes the ServiceExport of `key` in member `i` for
+    /// Services that ask to be exported (annotation or namespace prefix).
+    /// Only exports the controller created are ever removed.
+    async fn auto_export(&mut self, cx: &Ctx<'_>, i: usize, key: &ServiceKey) -> Result<(), kube::Error> {
+        let prefixed =
+            cx.behaviour.auto_export_prefixes.iter().any(|p| key.namespace.as_str().starts_with(p.as_str()));
+        let wants = cx.state.service_of(i, key).is_some_and(|s| s.auto_export || prefixed);
+        let has = cx.state.export_of(i, key);
+        let ar = cx.apis[i].export.clone();
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(cx.members[i].client.clone(), key.namespace.as_str(), &ar);
+        match (wants, has) {
+            (true, None) => {
+                cx.stats.writes.fetch_add(1, Ordering::Relaxed);
+                api.patch(
+                    key.name.as_str(),
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(&desired::export(&ar.api_version, key)),
+                )
+                .await?;
+                info!(member = %cx.members[i].name, service = %key, "auto-exported");
+            }
+            (false, Some(e)) if e.ours => {
+                cx.stats.writes.fetch_add(1, Ordering::Relaxed);
+                match api.delete(key.name.as_str(), &DeleteParams::default()).await {
+                    Ok(_) => info!(member = %cx.members[i].name, service = %key, "auto-export removed"),
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 
     /// Brings every member in line with the exports of `key`.
-    async fn reconcile(&mut self, key: &ServiceKey) -> Result<(), kube::Error> {
-        self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
+    async fn reconcile(&mut self, cx: &Ctx<'_>, key: &ServiceKey) -> Result<(), kube::Error> {
+        cx.stats.reconciles.fetch_add(1, Ordering::Relaxed);
         let mut failed: Option<kube::Error> = None;
-        for i in 0..self.members.len() {
-            if self.writable(i)
-                && let Err(e) = self.auto_export(i, key).await
+        for i in 0..cx.members.len() {
+            if cx.writable(i)
+                && let Err(e) = self.auto_export(cx, i, key).await
             {
-                warn!(member = %self.members[i].name, service = %key, "cannot auto-export: {e}");
+                warn!(member = %cx.members[i].name, service = %key, "cannot auto-export: {e}");
                 failed = Some(e);
             }
         }
         let removed: Vec<&crate::model::ClusterId> =
-            (0..self.members.len()).filter(|i| self.removed[*i]).map(|i| &self.members[i].cluster).collect();
+            (0..cx.members.len()).filter(|i| cx.removed[*i]).map(|i| &cx.members[i].cluster).collect();
         let exports: Vec<_> =
-            self.state.exports(key).into_iter().filter(|e| !removed.contains(&&e.cluster)).collect();
+            cx.state.exports(key).into_iter().filter(|e| !removed.contains(&&e.cluster)).collect();
         let merged = merge(&exports);
-        let unreachable: Vec<(crate::model::ClusterId, String)> = (0..self.members.len())
-            .filter_map(|i| Some((self.members[i].cluster.clone(), self.unreachable[i].clone()?)))
+        let unreachable: Vec<(crate::model::ClusterId, String)> = (0..cx.members.len())
+            .filter_map(|i| Some((cx.members[i].cluster.clone(), cx.unreachable[i].clone()?)))
             .filter(|(c, _)| merged.clusters.contains(c))
             .collect();
         let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
         // What we own in unreachable members stays until they answer again.
-        if let Some(refs) = self.owned.get(key) {
-            want.extend(refs.iter().filter(|r| !self.writable(r.member)).cloned());
-        }
+        want.extend(self.owned.iter().filter(|r| !cx.writable(r.member)).cloned());
         if let Some(spec) = &merged.spec {
-            for i in 0..self.members.len() {
-                if !self.writable(i) {
+            for i in 0..cx.members.len() {
+                if !cx.writable(i) {
                     continue;
                 }
-                match self.member_objects(i, key, spec, &merged.clusters, &unreachable, &mut want).await {
+                match self.member_objects(cx, i, key, spec, &merged.clusters, &unreachable, &mut want).await {
                     Ok(()) => {}
                     // No such namespace in this member: namespace sameness
                     // means the service is not imported there.
                     Err(kube::Error::Api(s)) if s.code == 404 => {
-                        debug!(member = %self.members[i].name, service = %key, "namespace absent; not imported");
+                        debug!(member = %cx.members[i].name, service = %key, "namespace absent; not imported");
                     }
                     Err(e) => {
-                        warn!(member = %self.members[i].name, service = %key, "cannot write: {e}");
+                        warn!(member = %cx.members[i].name, service = %key, "cannot write: {e}");
                         failed = Some(e);
                     }
                 }
@@ -442,25 +501,21 @@ impl Syncer {
         // Whatever we own for this service and no longer want goes, once
         // every member has listed (before, "not wanted" may mean "not known").
         // A member removed after --member-lost-after no longer counts.
-        if !self.state.synced_except(&self.removed)
-            && let Some(refs) = self.owned.get(key)
-        {
-            want.extend(refs.iter().cloned());
+        if !cx.state.synced_except(cx.removed) {
+            want.extend(self.owned.iter().cloned());
         }
-        let owned = self.owned.remove(key).unwrap_or_default();
+        let owned = std::mem::take(&mut self.owned);
         let written_everywhere = failed.is_none();
         let mut kept = BTreeSet::new();
         for r in owned.difference(&want) {
-            if let Err(e) = self.delete(r).await {
+            if let Err(e) = self.delete(cx, r).await {
                 kept.insert(r.clone());
                 failed = Some(e);
             }
         }
         kept.extend(want);
-        if !kept.is_empty() {
-            self.owned.insert(key.clone(), kept);
-        }
-        self.conditions(key, &merged.conditions, merged.spec.is_some() && written_everywhere).await?;
+        self.owned = kept;
+        self.conditions(cx, key, &merged.conditions, merged.spec.is_some() && written_everywhere).await?;
         match failed {
             Some(e) => Err(e),
             None => Ok(()),
@@ -468,8 +523,10 @@ impl Syncer {
     }
 
     /// The import, VIP and slices of `key` in member `i`.
+    #[allow(clippy::too_many_arguments)]
     async fn member_objects(
         &mut self,
+        cx: &Ctx<'_>,
         i: usize,
         key: &ServiceKey,
         spec: &crate::fleet::merge::ImportSpec,
@@ -482,10 +539,10 @@ impl Syncer {
         let mut ips: Vec<String> = Vec::new();
         if vip {
             let body = desired::vip_service(key, spec);
-            let r = self.object(i, "Service", key, desired::vip_name(key));
+            let r = object(i, "Service", key, desired::vip_name(key));
             want.insert(r.clone());
-            let api: Api<Service> = Api::namespaced(self.members[i].client.clone(), ns);
-            if let Some(svc) = self.apply(&r, &api, &body).await? {
+            let api: Api<Service> = Api::namespaced(cx.members[i].client.clone(), ns);
+            if let Some(svc) = self.apply(cx, &r, &api, &body).await? {
                 let allocated = svc.spec.and_then(|s| s.cluster_ips).unwrap_or_default();
                 self.vips.insert(r.clone(), allocated);
             }
@@ -493,24 +550,24 @@ impl Syncer {
             ips = self.vips.get(&r).cloned().unwrap_or_default();
         }
         for cluster in clusters {
-            for (name, source) in self.state.source_slices(cluster, key) {
+            for (name, source) in cx.state.source_slices(cluster, key) {
                 let body = desired::slice(key, cluster, &source, vip);
-                let r = self.object(i, "EndpointSlice", key, desired::slice_name(key, cluster, &name));
+                let r = object(i, "EndpointSlice", key, desired::slice_name(key, cluster, &name));
                 want.insert(r.clone());
-                let api: Api<EndpointSlice> = Api::namespaced(self.members[i].client.clone(), ns);
-                self.apply(&r, &api, &body).await?;
+                let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);
+                self.apply(cx, &r, &api, &body).await?;
             }
         }
-        let ar = self.apis[i].import.clone();
-        let api: Api<DynamicObject> = Api::namespaced_with(self.members[i].client.clone(), ns, &ar);
-        let r = self.object(i, "ServiceImport", key, key.name.to_string());
+        let ar = cx.apis[i].import.clone();
+        let api: Api<DynamicObject> = Api::namespaced_with(cx.members[i].client.clone(), ns, &ar);
+        let r = object(i, "ServiceImport", key, key.name.to_string());
         want.insert(r.clone());
         let down: Vec<crate::model::ClusterId> = unreachable.iter().map(|(c, _)| c.clone()).collect();
-        self.apply(&r, &api, &desired::import(&ar.api_version, key, spec, &ips, &down)).await?;
+        self.apply(cx, &r, &api, &desired::import(&ar.api_version, key, spec, &ips, &down)).await?;
         let status = desired::import_status(&ar.api_version, key, clusters, unreachable);
         let sr = ObjectRef { kind: "ServiceImport/status", ..r };
         if self.applied.get(&sr).map(String::as_str) != Some(status.to_string().as_str()) {
-            self.stats.writes.fetch_add(1, Ordering::Relaxed);
+            cx.stats.writes.fetch_add(1, Ordering::Relaxed);
             api.patch_status(&sr.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&status))
                 .await?;
             self.applied.insert(sr, status.to_string());
@@ -518,30 +575,32 @@ impl Syncer {
         Ok(())
     }
 
-    fn object(&self, member: usize, kind: &'static str, key: &ServiceKey, name: String) -> ObjectRef {
-        ObjectRef { member, kind, namespace: key.namespace.to_string(), name }
-    }
-
     /// Server-side applies `body` unless it equals the last body applied.
     /// Returns the object when it was written.
-    async fn apply<K>(&mut self, r: &ObjectRef, api: &Api<K>, body: &Value) -> Result<Option<K>, kube::Error>
+    async fn apply<K>(
+        &mut self,
+        cx: &Ctx<'_>,
+        r: &ObjectRef,
+        api: &Api<K>,
+        body: &Value,
+    ) -> Result<Option<K>, kube::Error>
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
         let text = body.to_string();
         if self.applied.get(r) == Some(&text) {
-            self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
+            cx.stats.unchanged.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
-        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        cx.stats.writes.fetch_add(1, Ordering::Relaxed);
         let obj = api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
         self.applied.insert(r.clone(), text);
         Ok(Some(obj))
     }
 
-    async fn delete(&mut self, r: &ObjectRef) -> Result<(), kube::Error> {
-        let client = self.members[r.member].client.clone();
-        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+    async fn delete(&mut self, cx: &Ctx<'_>, r: &ObjectRef) -> Result<(), kube::Error> {
+        let client = cx.members[r.member].client.clone();
+        cx.stats.writes.fetch_add(1, Ordering::Relaxed);
         let dp = DeleteParams::default();
         let result = match r.kind {
             "Service" => {
@@ -550,7 +609,7 @@ impl Syncer {
             "EndpointSlice" => {
                 Api::<EndpointSlice>::namespaced(client, &r.namespace).delete(&r.name, &dp).await.map(|_| ())
             }
-            _ => Api::<DynamicObject>::namespaced_with(client, &r.namespace, &self.apis[r.member].import)
+            _ => Api::<DynamicObject>::namespaced_with(client, &r.namespace, &cx.apis[r.member].import)
                 .delete(&r.name, &dp)
                 .await
                 .map(|_| ()),
@@ -560,7 +619,7 @@ impl Syncer {
         self.applied.remove(&ObjectRef { kind: "ServiceImport/status", ..r.clone() });
         match result {
             Ok(()) => {
-                info!(member = %self.members[r.member].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "deleted");
+                info!(member = %cx.members[r.member].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "deleted");
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -571,13 +630,14 @@ impl Syncer {
     /// Writes Valid, Ready and Conflict on every export of `key`.
     async fn conditions(
         &mut self,
+        cx: &Ctx<'_>,
         key: &ServiceKey,
         conditions: &[(crate::model::ClusterId, Vec<Condition>)],
         ready: bool,
     ) -> Result<(), kube::Error> {
         for (cluster, conds) in conditions {
-            let Some(i) = self.members.iter().position(|m| &m.cluster == cluster) else { continue };
-            if !self.writable(i) {
+            let Some(i) = cx.members.iter().position(|m| &m.cluster == cluster) else { continue };
+            if !cx.writable(i) {
                 continue;
             }
             let mut all = conds.clone();
@@ -605,8 +665,7 @@ impl Syncer {
             let timed: Vec<(Condition, String)> = all
                 .into_iter()
                 .map(|c| {
-                    let slot =
-                        self.transitions.entry((i, key.clone(), c.kind)).or_insert((c.status, now.clone()));
+                    let slot = self.transitions.entry((i, c.kind)).or_insert((c.status, now.clone()));
                     if slot.0 != c.status {
                         *slot = (c.status, now.clone());
                     }
@@ -614,7 +673,7 @@ impl Syncer {
                     (c, t)
                 })
                 .collect();
-            let ar = self.apis[i].export.clone();
+            let ar = cx.apis[i].export.clone();
             let body = desired::export_status(&ar.api_version, key, &timed);
             let r = ObjectRef {
                 member: i,
@@ -627,8 +686,8 @@ impl Syncer {
                 continue;
             }
             let api: Api<DynamicObject> =
-                Api::namespaced_with(self.members[i].client.clone(), key.namespace.as_str(), &ar);
-            self.stats.writes.fetch_add(1, Ordering::Relaxed);
+                Api::namespaced_with(cx.members[i].client.clone(), key.namespace.as_str(), &ar);
+            cx.stats.writes.fetch_add(1, Ordering::Relaxed);
             match api
                 .patch_status(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
                 .await
@@ -643,6 +702,10 @@ impl Syncer {
         }
         Ok(())
     }
+}
+
+fn object(member: usize, kind: &'static str, key: &ServiceKey, name: String) -> ObjectRef {
+    ObjectRef { member, kind, namespace: key.namespace.to_string(), name }
 }
 
 async fn discover(m: &Member) -> MemberApis {
