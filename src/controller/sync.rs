@@ -31,8 +31,9 @@ use crate::model::{ImportType, ServiceKey};
 use crate::source::crd::LABEL_SERVICE_NAME;
 use crate::source::kube::{Reporter, WatchHealth, discover_mcs};
 
-/// Services reconciled at once (each writes to its members in turn).
-const BATCH: usize = 32;
+/// Services reconciled at once (each writes to its members in turn). The
+/// members' API servers, not the controller, set the pace.
+const BATCH: usize = 64;
 /// Wait before retrying a service whose reconcile failed.
 const RETRY: Duration = Duration::from_secs(2);
 

@@ -504,9 +504,15 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
         let sync = Syncing::start(&clusters, ns, &["--no-leader-election"]);
         eventually("both clusters' slices in A", || rt.block_on(r[0].ours()) == (1, 0, 2));
         assert_eq!(reachable(&r[0]).as_deref(), Some("True"));
+        // DNS in A, fed by A's own API, sees both clusters...
+        let dns = serve_in(&clusters, 0, ns);
+        let web = format!("web.{ns}.svc.clusterset.local");
+        eventually("both clusters answered in A", || short(&dns, &web, "A") == ["10.1.0.1", "10.2.0.1"]);
         clusters.stop(1, crate::cluster::Component::ApiServer);
         eventually("marked unreachable", || reachable(&r[0]).as_deref() == Some("False"));
         assert_eq!(rt.block_on(r[0].ours()), (1, 0, 2), "endpoints of the unreachable member were removed");
+        // ...and demotes the unreachable one the import names (kept, not deleted).
+        eventually("B demoted in A's answers", || short(&dns, &web, "A") == ["10.1.0.1"]);
         let metrics = sync.get("/metrics");
         let stale: f64 = metrics
             .lines()
@@ -522,6 +528,7 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
         assert!(stale > 0.0, "{metrics}");
         clusters.start_component(1, crate::cluster::Component::ApiServer);
         eventually("reachable again", || reachable(&r[0]).as_deref() == Some("True"));
+        eventually("B answered again in A", || short(&dns, &web, "A") == ["10.1.0.1", "10.2.0.1"]);
     }
     // Remove after the window: B's endpoints leave A, and come back with B.
     eventually("B's API answers", || rt.block_on(r[1].import("web")).is_some());
