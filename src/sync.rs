@@ -154,26 +154,18 @@ fn metrics_text(s: &SyncStats, leading: bool, members: &MemberHealth) -> String 
         "# TYPE clusterset_dns_sync_leader gauge\nclusterset_dns_sync_leader {}\n",
         u8::from(leading)
     );
-    out += &counter(
-        "clusterset_dns_sync_writes_total",
-        "API writes (apply, delete) made by the controller.",
-        s.writes.load(Ordering::Relaxed),
-    );
-    out += &counter(
-        "clusterset_dns_sync_reads_total",
-        "API reads (list, get).",
-        s.reads.load(Ordering::Relaxed),
-    );
-    out += &counter(
-        "clusterset_dns_sync_unchanged_total",
-        "Writes skipped because the object was already as wanted.",
-        s.unchanged.load(Ordering::Relaxed),
-    );
-    out += &counter(
-        "clusterset_dns_sync_reconciles_total",
-        "Services reconciled.",
-        s.reconciles.load(Ordering::Relaxed),
-    );
+    for (name, help, value) in [
+        ("clusterset_dns_sync_writes_total", "API writes (apply, delete) made by the controller.", &s.writes),
+        ("clusterset_dns_sync_reads_total", "API reads (list, get).", &s.reads),
+        (
+            "clusterset_dns_sync_unchanged_total",
+            "Writes skipped because the object was already as wanted.",
+            &s.unchanged,
+        ),
+        ("clusterset_dns_sync_reconciles_total", "Services reconciled.", &s.reconciles),
+    ] {
+        out += &counter(name, help, value.load(Ordering::Relaxed));
+    }
     out += "# HELP clusterset_dns_sync_member_stale_seconds Seconds since a member's API last answered its watches (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.\n";
     out += "# TYPE clusterset_dns_sync_member_stale_seconds gauge\n";
     for (name, health) in members {

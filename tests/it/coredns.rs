@@ -301,6 +301,23 @@ struct CoreDns {
     _dir: tempfile::TempDir,
 }
 
+/// Collects a child's stdout and stderr, line by line, into one log.
+pub(crate) fn capture_output(child: &mut std::process::Child) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    for pipe in [
+        Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
+        Box::new(child.stderr.take().expect("stderr")),
+    ] {
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                sink.lock().expect("log lock").push_str(&(line + "\n"));
+            }
+        });
+    }
+    log
+}
+
 impl CoreDns {
     /// Runs the example block forwarding to `upstream` (see `corefile`) and
     /// waits until it serves.
@@ -320,18 +337,7 @@ impl CoreDns {
                 .stderr(Stdio::piped())
                 .spawn()
                 .expect("start coredns");
-            let log = Arc::new(Mutex::new(String::new()));
-            for pipe in [
-                Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
-                Box::new(child.stderr.take().expect("stderr")),
-            ] {
-                let sink = log.clone();
-                std::thread::spawn(move || {
-                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                        sink.lock().expect("log lock").push_str(&(line + "\n"));
-                    }
-                });
-            }
+            let log = capture_output(&mut child);
             let mut c = Self { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), log, _dir: dir };
             // CoreDNS prints its server blocks once it listens.
             let banner = format!("clusterset.local.:{port} on 127.0.0.1");

@@ -23,7 +23,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -470,18 +469,7 @@ impl Incumbent {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("start the incumbent {}: {e}", bin.display()));
-        let log = Arc::new(Mutex::new(String::new()));
-        for pipe in [
-            Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().expect("stderr")),
-        ] {
-            let sink = log.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    sink.lock().expect("log lock").push_str(&(line + "\n"));
-                }
-            });
-        }
+        let log = crate::coredns::capture_output(&mut child);
         let c = Self {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
