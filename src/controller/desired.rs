@@ -94,12 +94,19 @@ pub fn import(
     }
     let mut metadata =
         json!({"name": key.name.as_str(), "namespace": key.namespace.as_str(), "labels": labels(key)});
+    // The export's answer configuration travels with the import, so
+    // `serve` in every member answers the service the same way.
+    let mut annotations: serde_json::Map<String, Value> =
+        spec.annotations.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     if !unreachable.is_empty() {
         let mut names: Vec<&str> = unreachable.iter().map(ClusterId::as_str).collect();
         // Sorted: the same set is the same body, so no write.
         names.sort_unstable();
         names.dedup();
-        metadata["annotations"] = json!({ ANNOTATION_UNREACHABLE_CLUSTERS: names.join(",") });
+        annotations.insert(ANNOTATION_UNREACHABLE_CLUSTERS.into(), json!(names.join(",")));
+    }
+    if !annotations.is_empty() {
+        metadata["annotations"] = Value::Object(annotations);
     }
     json!({
         "apiVersion": api_version, "kind": "ServiceImport",
@@ -247,9 +254,15 @@ mod tests {
             affinity_timeout: None,
             ip_families: vec![AddressFamily::V4],
             traffic_distribution: None,
+            annotations: [("clusterset-dns.io/answer-policy".to_owned(), "random".to_owned())].into(),
         };
         let all = import("multicluster.x-k8s.io/v1alpha1", &key("db"), &spec, &[], &[]);
-        assert!(all["metadata"].get("annotations").is_none(), "absent while all are reachable: {all}");
+        assert!(
+            all["metadata"]["annotations"].get(ANNOTATION_UNREACHABLE_CLUSTERS).is_none(),
+            "absent while all are reachable: {all}"
+        );
+        // The export's answer configuration is carried.
+        assert_eq!(all["metadata"]["annotations"]["clusterset-dns.io/answer-policy"], "random");
         let c = |n: &str| ClusterId::parse(n).unwrap();
         let body = import(
             "multicluster.x-k8s.io/v1alpha1",
@@ -263,6 +276,7 @@ mod tests {
         let obj: crate::source::crd::ServiceImport = serde_json::from_value(body).unwrap();
         let converted = crate::source::convert::service_import(&obj).unwrap();
         assert_eq!(converted.answers.unreachable, [c("cluster-2"), c("cluster-3")]);
+        assert_eq!(converted.answers.policy, Some(crate::model::PolicyKind::Random));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! One member cluster's view of one exported service: its ServiceExport and
 //! the Service behind it, reduced to the properties KEP-1645 merges.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
@@ -89,6 +90,9 @@ pub struct ClusterExport {
     pub exported_at: i64,
     /// What it exports.
     pub service: Exported,
+    /// The ServiceExport's `clusterset-dns.io/…` annotations (answer
+    /// policy and the like), carried to the ServiceImport.
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl ClusterExport {

@@ -194,8 +194,11 @@ fn export_entry(cluster: &ClusterId, o: &DynamicObject) -> Option<Entry<ExportIn
     let key = objects::key_of(cluster, "ServiceExport", &o.metadata)
         .map_err(|e| warn!("skipping object: {e}"))
         .ok()?;
-    let info =
-        ExportInfo { exported_at: objects::exported_at(&o.metadata), ours: objects::is_ours(&o.metadata) };
+    let info = ExportInfo {
+        exported_at: objects::exported_at(&o.metadata),
+        ours: objects::is_ours(&o.metadata),
+        annotations: objects::our_annotations(&o.metadata),
+    };
     Some((object_id(o)?, key, info))
 }
 

@@ -82,6 +82,9 @@ pub struct ImportSpec {
     pub ip_families: Vec<AddressFamily>,
     /// `trafficDistribution`.
     pub traffic_distribution: Option<String>,
+    /// The oldest valid export's `clusterset-dns.io/…` annotations: how the
+    /// service is answered, configured where the service is exported.
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// The outcome of merging one service's exports.
@@ -173,6 +176,11 @@ pub fn merge(exports: &[ClusterExport]) -> Merged {
             affinity_timeout: first.affinity_timeout,
             ip_families: first.ip_families.clone(),
             traffic_distribution: first.traffic_distribution.clone(),
+            annotations: sorted
+                .iter()
+                .find(|e| matches!(e.service, Exported::Service(_)))
+                .map(|e| e.annotations.clone())
+                .unwrap_or_default(),
         }
     });
 
@@ -304,6 +312,7 @@ mod tests {
             cluster: ClusterId::parse(cluster).unwrap(),
             exported_at: at,
             service: Exported::Service(s),
+            annotations: Default::default(),
         }
     }
 
@@ -378,6 +387,20 @@ mod tests {
         assert_eq!(
             cond.message,
             "Conflicting type. Using \"ClusterSetIP\" from oldest service export in \"cluster-1\". 2/5 clusters disagree."
+        );
+    }
+
+    #[test]
+    fn the_oldest_valid_exports_annotations_configure_the_import() {
+        let mut older = export("a", 1, service(ImportType::Headless, vec![]));
+        older.annotations.insert("clusterset-dns.io/answer-policy".into(), "local-first".into());
+        let mut newer = export("b", 2, service(ImportType::Headless, vec![]));
+        newer.annotations.insert("clusterset-dns.io/answer-policy".into(), "random".into());
+        let m = merge(&[newer, older]);
+        let spec = m.spec.unwrap();
+        assert_eq!(
+            spec.annotations.get("clusterset-dns.io/answer-policy").map(String::as_str),
+            Some("local-first")
         );
     }
 
@@ -458,11 +481,13 @@ mod tests {
                 cluster: ClusterId::parse("a").unwrap(),
                 exported_at: 1,
                 service: Exported::NoService,
+                annotations: Default::default(),
             },
             ClusterExport {
                 cluster: ClusterId::parse("b").unwrap(),
                 exported_at: 2,
                 service: Exported::InvalidType("ExternalName".into()),
+                annotations: Default::default(),
             },
         ]);
         assert_eq!(m.spec, None);
@@ -479,6 +504,7 @@ mod tests {
                 cluster: ClusterId::parse("a").unwrap(),
                 exported_at: 1,
                 service: Exported::InvalidType("ExternalName".into()),
+                annotations: Default::default(),
             },
             export("b", 2, service(ImportType::Headless, vec![])),
         ]);

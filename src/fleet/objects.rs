@@ -39,6 +39,19 @@ pub fn asks_export(meta: &ObjectMeta) -> bool {
         .any(|k| a.and_then(|a| a.get(*k)).is_some_and(|v| v.eq_ignore_ascii_case("true")))
 }
 
+/// Prefix of the annotations that configure answers (see `model::policy`).
+pub const ANNOTATION_PREFIX: &str = "clusterset-dns.io/";
+
+/// An object's `clusterset-dns.io/…` annotations.
+pub fn our_annotations(meta: &ObjectMeta) -> std::collections::BTreeMap<String, String> {
+    meta.annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX) && k.as_str() != ANNOTATION_EXPORT)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// True for objects the sync controller created.
 pub fn is_ours(meta: &ObjectMeta) -> bool {
     meta.labels.as_ref().and_then(|l| l.get(LABEL_APP_MANAGED_BY)).is_some_and(|v| v == SYNC_MANAGER)

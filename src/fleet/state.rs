@@ -11,12 +11,14 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use super::export::{ClusterExport, Exported};
 
 /// A ServiceExport as the fleet keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportInfo {
     /// Its creation time (Unix seconds).
     pub exported_at: i64,
     /// Created by the controller (auto-export), so the controller may remove it.
     pub ours: bool,
+    /// Its `clusterset-dns.io/…` annotations.
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// A Service as the fleet keeps it.
@@ -205,16 +207,17 @@ impl FleetState {
         self.members
             .iter()
             .filter_map(|m| {
-                let exported_at = m.exports.of(key).next()?.exported_at;
+                let export = m.exports.of(key).next()?;
+                let (exported_at, annotations) = (export.exported_at, export.annotations.clone());
                 let service = m.services.of(key).next().map_or(Exported::NoService, |s| s.exported.clone());
-                Some(ClusterExport { cluster: m.cluster.clone(), exported_at, service })
+                Some(ClusterExport { cluster: m.cluster.clone(), exported_at, service, annotations })
             })
             .collect()
     }
 
     /// Member `member`'s ServiceExport of `key`, if any.
     pub fn export_of(&self, member: usize, key: &ServiceKey) -> Option<ExportInfo> {
-        self.members.get(member)?.exports.of(key).next().copied()
+        self.members.get(member)?.exports.of(key).next().cloned()
     }
 
     /// Member `member`'s Service `key`, if any.
@@ -297,7 +300,7 @@ mod tests {
     }
 
     fn info(exported_at: i64) -> ExportInfo {
-        ExportInfo { exported_at, ours: false }
+        ExportInfo { exported_at, ours: false, annotations: Default::default() }
     }
 
     #[test]

@@ -140,11 +140,16 @@ fn service_objects(state: &FleetState, key: &ServiceKey) -> Vec<Object> {
         .iter()
         .map(|p| Port { name: p.name.clone(), protocol: p.protocol, port: p.port })
         .collect();
-    // trafficDistribution is merged like every global property; the
-    // `clusterset-dns.io/…` annotations live on ServiceImports, which
-    // centralized mode does not have.
-    let prefer_close = matches!(spec.traffic_distribution.as_deref(), Some("PreferClose" | "PreferSameZone"));
-    let answers = crate::model::AnswerOverrides { prefer_close, ..Default::default() };
+    // The oldest export's `clusterset-dns.io/…` annotations configure the
+    // answers, as they would on a ServiceImport; trafficDistribution is
+    // merged like every global property.
+    let annotations = spec.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let (mut answers, problems) = crate::model::AnswerOverrides::from_annotations(annotations);
+    for p in problems {
+        warn!(service = %key, "ServiceExport {key}: {p}; using the default");
+    }
+    answers.prefer_close |=
+        matches!(spec.traffic_distribution.as_deref(), Some("PreferClose" | "PreferSameZone"));
     let import = ServiceImport { key: key.clone(), kind: spec.kind, ips, ports, answers };
     let mut objects = vec![Object::Import(import)];
     objects.extend(state.endpoint_sets(key, &merged.clusters).into_iter().map(Object::Slice));

@@ -87,10 +87,15 @@ impl User {
     }
 
     pub(crate) async fn export(&self, name: &str) {
+        self.annotated_export(name, json!({})).await;
+    }
+
+    /// A ServiceExport with annotations (applying without one removes it).
+    pub(crate) async fn annotated_export(&self, name: &str, annotations: Value) {
         let ar = export_resource();
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &ar);
         let body = json!({"apiVersion": ar.api_version, "kind": "ServiceExport",
-                          "metadata": {"name": name, "namespace": self.ns}});
+                          "metadata": {"name": name, "namespace": self.ns, "annotations": annotations}});
         api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
             .await
             .expect("apply ServiceExport");

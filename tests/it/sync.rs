@@ -122,7 +122,7 @@ impl Reader {
 
     async fn import(&self, name: &str) -> Option<serde_json::Value> {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &import_resource());
-        api.get_opt(name).await.expect("get ServiceImport").map(|o| o.data)
+        api.get_opt(name).await.expect("get ServiceImport").map(|o| serde_json::to_value(o).expect("json"))
     }
 
     /// (ServiceImports, Services, EndpointSlices) of ours in the namespace.
@@ -217,6 +217,12 @@ fn an_export_resolves_by_the_same_name_in_every_cluster() {
         let s = serve_in(clusters, i, ns);
         eventually("web answered", || short(&s, &web, "A") == [vips[i].clone()]);
     }
+    // Answer configuration set on the export reaches every member's import.
+    rt.block_on(u[0].annotated_export("web", json!({"clusterset-dns.io/answer-policy": "local-first"})));
+    eventually("the export's answer policy on the import in C", || {
+        rt.block_on(r[2].import("web"))
+            .is_some_and(|o| o["metadata"]["annotations"]["clusterset-dns.io/answer-policy"] == "local-first")
+    });
     let conds = rt.block_on(r[0].conditions("web"));
     assert!(conds.iter().any(|c| c.starts_with("Valid=True Valid")), "{conds:?}");
     assert!(conds.iter().any(|c| c.starts_with("Ready=True Exported")), "{conds:?}");
