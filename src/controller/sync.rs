@@ -28,7 +28,7 @@ use crate::fleet::member::{self, Member};
 use crate::fleet::merge::{Condition, Status, condition, merge};
 use crate::fleet::state::{FleetState, MemberEvent};
 use crate::model::{ImportType, ServiceKey};
-use crate::source::crd::LABEL_SERVICE_NAME;
+use crate::source::crd::{LABEL_SERVICE_NAME, mcs_resource};
 use crate::source::kube::{Reporter, WatchHealth, discover_mcs};
 
 /// Services reconciled at once (each writes to its members in turn). The
@@ -235,8 +235,7 @@ impl Syncer {
                 if !complete && self.state.synced_except(&self.removed) {
                     info!("every member listed: reconciling everything, deletions included");
                     complete = true;
-                    live.extend(self.state.keys());
-                    live.extend(self.keys.keys().cloned());
+                    self.queue_all(&mut live);
                 }
                 next_tick = Instant::now() + TICK;
             }
@@ -314,8 +313,7 @@ impl Syncer {
                 self.apis[i] = apis;
                 self.discovered[i] = true;
                 self.adopt(Some(i), live).await;
-                live.extend(self.state.keys());
-                live.extend(self.keys.keys().cloned());
+                self.queue_all(live);
             }
         }
         for i in 0..self.members.len() {
@@ -335,10 +333,16 @@ impl Syncer {
             }
             // Writes to it were skipped, or its endpoints are marked: every
             // service may need a write.
-            live.extend(self.state.keys());
-            live.extend(self.keys.keys().cloned());
+            self.queue_all(live);
         }
         self.mark_removed(live);
+    }
+
+    /// Queues every service a member has objects of, and every service the
+    /// controller has objects for.
+    fn queue_all(&self, live: &mut BTreeSet<ServiceKey>) {
+        live.extend(self.state.keys());
+        live.extend(self.keys.keys().cloned());
     }
 
     /// Applies `--on-member-lost=remove`: members unreachable for the window
@@ -676,12 +680,7 @@ impl KeyState {
                 .collect();
             let ar = cx.apis[i].export.clone();
             let body = desired::export_status(&ar.api_version, key, &timed);
-            let r = ObjectRef {
-                member: i,
-                kind: "ServiceExport/status",
-                namespace: key.namespace.to_string(),
-                name: key.name.to_string(),
-            };
+            let r = object(i, "ServiceExport/status", key, key.name.to_string());
             let text = body.to_string();
             if self.applied.get(&r) == Some(&text) {
                 continue;
@@ -719,16 +718,9 @@ async fn discover(m: &Member) -> MemberApis {
 
 /// Placeholder versions for a member not discovered yet (never written to).
 fn fallback_apis() -> MemberApis {
-    let resource = |kind: &str, plural: &str| ApiResource {
-        group: crate::source::crd::MCS_GROUP.into(),
-        version: "v1beta1".into(),
-        api_version: format!("{}/v1beta1", crate::source::crd::MCS_GROUP),
-        kind: kind.into(),
-        plural: plural.into(),
-    };
     MemberApis {
-        import: resource("ServiceImport", "serviceimports"),
-        export: resource("ServiceExport", "serviceexports"),
+        import: mcs_resource("v1beta1", "ServiceImport", "serviceimports"),
+        export: mcs_resource("v1beta1", "ServiceExport", "serviceexports"),
     }
 }
 

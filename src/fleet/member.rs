@@ -105,15 +105,16 @@ pub async fn connect(
     Ok(Member { name: cfg.name.clone(), cluster, client, health })
 }
 
+/// KEP-2149's ClusterProperty (`about.k8s.io/v1alpha1`, cluster-scoped).
+pub fn cluster_property_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("about.k8s.io", "v1alpha1", "ClusterProperty"),
+        "clusterproperties",
+    )
+}
+
 async fn cluster_property(client: &Client) -> Result<Option<String>, kube::Error> {
-    let resource = ApiResource {
-        group: "about.k8s.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "about.k8s.io/v1alpha1".into(),
-        kind: "ClusterProperty".into(),
-        plural: "clusterproperties".into(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &cluster_property_resource());
     match api.get_opt(CLUSTER_ID_PROPERTY).await {
         Ok(obj) => Ok(obj.and_then(|o| o.data.pointer("/spec/value")?.as_str().map(str::to_owned))),
         // No ClusterProperty CRD: the API answers 404 for the whole resource.

@@ -257,13 +257,7 @@ pub(crate) async fn discover_mcs(
                 Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
                     info!(%api_version, watch = %reporter.health.name, "watching {kind}s");
                     reporter.ok();
-                    return ApiResource {
-                        group: MCS_GROUP.into(),
-                        version: version.into(),
-                        api_version,
-                        kind: kind.into(),
-                        plural: plural.into(),
-                    };
+                    return crd::mcs_resource(version, kind, plural);
                 }
                 Ok(_) => last_error = format!("{api_version} has no {plural}"),
                 Err(e) => last_error = format!("{api_version}: {e}"),
