@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use clusterset_dns::source::crd::mcs_resource;
 use futures::{StreamExt, stream};
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
@@ -241,13 +242,7 @@ impl Fleet {
 }
 
 fn import_resource() -> ApiResource {
-    ApiResource {
-        group: "multicluster.x-k8s.io".into(),
-        version: "v1beta1".into(),
-        api_version: "multicluster.x-k8s.io/v1beta1".into(),
-        kind: "ServiceImport".into(),
-        plural: "serviceimports".into(),
-    }
+    mcs_resource("v1beta1", "ServiceImport", "serviceimports")
 }
 
 fn slice_resource() -> ApiResource {
@@ -1051,13 +1046,7 @@ fn sync_bench(rt: &tokio::runtime::Runtime) -> Result<()> {
     let mut dns = Dns::new(server.dns)?;
     let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
     let slices = slice_resource();
-    let exports = ApiResource {
-        group: "multicluster.x-k8s.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "multicluster.x-k8s.io/v1alpha1".into(),
-        kind: "ServiceExport".into(),
-        plural: "serviceexports".into(),
-    };
+    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
     let service = |ns: &str, name: &str| {
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
                "spec": {"ports": [{"name": "http", "protocol": "TCP", "port": 80}]}})

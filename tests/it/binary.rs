@@ -91,15 +91,7 @@ impl Served {
 
     /// `GET path` on the HTTP endpoint: (status code, body).
     pub fn get(&self, path: &str) -> (u16, String) {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(self.http).expect("connect HTTP");
-        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-        (status, body)
+        http_get(self.http, path)
     }
 
     /// True once the process has exited.
@@ -118,6 +110,37 @@ impl Drop for Served {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET path` over HTTP/1.0: (status code, body).
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect HTTP");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// Collects a child's stdout and stderr, line by line, into one log.
+pub(crate) fn capture_output(child: &mut Child) -> Arc<Mutex<String>> {
+    use std::io::Read;
+    let log = Arc::new(Mutex::new(String::new()));
+    for pipe in [
+        Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
+        Box::new(child.stderr.take().expect("stderr")),
+    ] {
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                sink.lock().expect("log lock").push_str(&(line + "\n"));
+            }
+        });
+    }
+    log
 }
 
 /// Runs `dig @addr -p port ARGS +short +tries=2 +time=1`.

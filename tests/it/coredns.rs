@@ -17,7 +17,6 @@
 //!   counts as healthy.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::binary::capture_output;
 use crate::binary::{Served, eventually};
 use crate::cluster::shared;
 use crate::watch::{Kube, headless, runtime, vip};
@@ -301,21 +301,20 @@ struct CoreDns {
     _dir: tempfile::TempDir,
 }
 
-/// Collects a child's stdout and stderr, line by line, into one log.
-pub(crate) fn capture_output(child: &mut std::process::Child) -> Arc<Mutex<String>> {
-    let log = Arc::new(Mutex::new(String::new()));
-    for pipe in [
-        Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
-        Box::new(child.stderr.take().expect("stderr")),
-    ] {
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                sink.lock().expect("log lock").push_str(&(line + "\n"));
-            }
-        });
-    }
-    log
+/// Starts CoreDNS `bin` on `conf`, written as `Corefile` in `dir` (its
+/// working directory); stdout and stderr go to the returned log.
+pub(crate) fn spawn_coredns(bin: &Path, dir: &Path, conf: &str) -> (std::process::Child, Arc<Mutex<String>>) {
+    std::fs::write(dir.join("Corefile"), conf).expect("write Corefile");
+    let mut child = Command::new(bin)
+        .args(["-conf", "Corefile"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start CoreDNS {}: {e}", bin.display()));
+    let log = capture_output(&mut child);
+    (child, log)
 }
 
 impl CoreDns {
@@ -328,16 +327,7 @@ impl CoreDns {
             let port = free_port();
             let dir = tempfile::tempdir().expect("tempdir");
             let conf = corefile(port, upstream, extra);
-            std::fs::write(dir.path().join("Corefile"), &conf).expect("write Corefile");
-            let mut child = Command::new(coredns_bin())
-                .args(["-conf", "Corefile"])
-                .current_dir(dir.path())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start coredns");
-            let log = capture_output(&mut child);
+            let (child, log) = spawn_coredns(coredns_bin(), dir.path(), &conf);
             let mut c = Self { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), log, _dir: dir };
             // CoreDNS prints its server blocks once it listens.
             let banner = format!("clusterset.local.:{port} on 127.0.0.1");

@@ -12,18 +12,12 @@ use serde_json::{Value, json};
 
 use crate::binary::{Served, eventually};
 use crate::cluster::{Component, TestClusters, shared};
-use crate::watch::{Kube, runtime};
+use crate::watch::{Kube, runtime, short, status as rcode};
 
 const MANAGER: &str = "clusterset-dns-tests";
 
 pub(crate) fn export_resource() -> ApiResource {
-    ApiResource {
-        group: "multicluster.x-k8s.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "multicluster.x-k8s.io/v1alpha1".into(),
-        kind: "ServiceExport".into(),
-        plural: "serviceexports".into(),
-    }
+    clusterset_dns::source::crd::mcs_resource("v1alpha1", "ServiceExport", "serviceexports")
 }
 
 /// A user of one member cluster, in one namespace.
@@ -105,18 +99,6 @@ impl User {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &export_resource());
         api.delete(name, &DeleteParams::default()).await.expect("delete ServiceExport");
     }
-}
-
-/// Sorted `dig +short` lines.
-pub(crate) fn short(s: &Served, name: &str, t: &str) -> Vec<String> {
-    let mut v: Vec<String> = s.dig(&[name, t, "+short"]).lines().map(str::to_owned).collect();
-    v.sort();
-    v
-}
-
-pub(crate) fn rcode(s: &Served, name: &str) -> String {
-    let out = s.dig(&[name, "A"]);
-    out.split("status: ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("no answer").to_owned()
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
@@ -206,13 +188,7 @@ fn a_members_cluster_property_names_it() {
     let ns = "named";
     let user = rt.block_on(async {
         let client = clusters.client(0).await;
-        let ar = ApiResource {
-            group: "about.k8s.io".into(),
-            version: "v1alpha1".into(),
-            api_version: "about.k8s.io/v1alpha1".into(),
-            kind: "ClusterProperty".into(),
-            plural: "clusterproperties".into(),
-        };
+        let ar = clusterset_dns::fleet::member::cluster_property_resource();
         let api: Api<DynamicObject> = Api::all_with(client, &ar);
         let body = json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
                           "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "East.EU"}});

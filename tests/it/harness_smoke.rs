@@ -5,14 +5,13 @@
 use std::process::Command;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 
 use crate::cluster::{Component, TestClusters};
 
 fn service_imports() -> ApiResource {
-    let gvk = GroupVersionKind::gvk("multicluster.x-k8s.io", "v1beta1", "ServiceImport");
-    ApiResource::from_gvk_with_plural(&gvk, "serviceimports")
+    crate::watch::import_resource("v1beta1")
 }
 
 fn service_import(name: &str) -> DynamicObject {

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -460,16 +460,7 @@ impl Incumbent {
              kubeconfig {}\n    }}\n}}\n",
             kubeconfig.display()
         );
-        std::fs::write(dir.path().join("Corefile"), &conf).expect("write Corefile");
-        let mut child = Command::new(bin)
-            .args(["-conf", "Corefile"])
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start the incumbent {}: {e}", bin.display()));
-        let log = crate::coredns::capture_output(&mut child);
+        let (child, log) = crate::coredns::spawn_coredns(bin, dir.path(), &conf);
         let c = Self {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),

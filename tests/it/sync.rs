@@ -5,20 +5,19 @@
 //! API, conflicts show the KEP's conditions, and leader failover and a
 //! crash mid-reconcile converge with no orphans.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::json;
 
-use crate::binary::{Served, eventually};
+use crate::binary::{Served, capture_output, eventually, http_get};
 use crate::cluster::{TestClusters, shared};
-use crate::fleet::{User, export_resource, rcode, short};
-use crate::watch::runtime;
+use crate::fleet::{User, export_resource};
+use crate::watch::{import_resource, runtime, serve, short, status as rcode, wait_ready};
 
 const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
 const OURS: &str = "app.kubernetes.io/managed-by=clusterset-dns-sync";
@@ -43,18 +42,11 @@ impl Syncing {
         let mut child = Command::new(BIN)
             .args(&args)
             .env("RUST_LOG", std::env::var("SYNC_LOG").unwrap_or_else(|_| "info".into()))
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start clusterset-dns sync");
-        let log = Arc::new(Mutex::new(String::new()));
-        let stderr = child.stderr.take().expect("stderr");
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().expect("log").push_str(&(line + "\n"));
-            }
-        });
+        let log = capture_output(&mut child);
         Self { child, log }
     }
 
@@ -62,22 +54,17 @@ impl Syncing {
         self.log.lock().expect("log").clone()
     }
 
-    /// `GET path` on its HTTP endpoint (address from its log).
+    /// The body of `GET path` on its HTTP endpoint (address from its log).
     fn get(&self, path: &str) -> String {
-        use std::io::{Read, Write};
         let log = self.log();
         let addr = log
             .lines()
             .find(|l| l.contains("HTTP /health"))
             .and_then(|l| l.split("addr=").nth(1))
             .and_then(|a| a.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no HTTP address logged:\n{log}"))
-            .to_owned();
-        let mut s = std::net::TcpStream::connect(&addr).expect("connect HTTP");
-        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        text
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no HTTP address logged:\n{log}"));
+        http_get(addr, path).1
     }
 
     fn leading(&self) -> bool {
@@ -99,16 +86,6 @@ impl Drop for Syncing {
     }
 }
 
-fn import_resource() -> ApiResource {
-    ApiResource {
-        group: "multicluster.x-k8s.io".into(),
-        version: "v1beta1".into(),
-        api_version: "multicluster.x-k8s.io/v1beta1".into(),
-        kind: "ServiceImport".into(),
-        plural: "serviceimports".into(),
-    }
-}
-
 /// Reads one member's objects in one namespace.
 struct Reader {
     client: kube::Client,
@@ -121,14 +98,16 @@ impl Reader {
     }
 
     async fn import(&self, name: &str) -> Option<serde_json::Value> {
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &import_resource());
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.ns, &import_resource("v1beta1"));
         api.get_opt(name).await.expect("get ServiceImport").map(|o| serde_json::to_value(o).expect("json"))
     }
 
     /// (ServiceImports, Services, EndpointSlices) of ours in the namespace.
     async fn ours(&self) -> (usize, usize, usize) {
         let lp = ListParams::default().labels(OURS);
-        let i: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &import_resource());
+        let i: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.ns, &import_resource("v1beta1"));
         let s: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
         let e: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
         (
@@ -176,9 +155,8 @@ fn readers(rt: &tokio::runtime::Runtime, clusters: &TestClusters, ns: &str) -> V
 }
 
 fn serve_in(clusters: &TestClusters, i: usize, ns: &str) -> Served {
-    let kc = clusters.serve_kubeconfig(i);
-    let s = Served::start(&["--kubeconfig", kc.to_str().expect("path"), "--namespace", ns]);
-    eventually("serve ready", || s.get("/ready").0 == 200);
+    let s = serve(&clusters.serve_kubeconfig(i), ns);
+    wait_ready(&s);
     s
 }
 

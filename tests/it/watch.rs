@@ -26,14 +26,8 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime")
 }
 
-fn import_resource(version: &str) -> ApiResource {
-    ApiResource {
-        group: "multicluster.x-k8s.io".into(),
-        version: version.into(),
-        api_version: format!("multicluster.x-k8s.io/{version}"),
-        kind: "ServiceImport".into(),
-        plural: "serviceimports".into(),
-    }
+pub(crate) fn import_resource(version: &str) -> ApiResource {
+    clusterset_dns::source::crd::mcs_resource(version, "ServiceImport", "serviceimports")
 }
 
 /// Writes objects as a user would, with server-side apply, in one namespace
@@ -109,22 +103,22 @@ pub(crate) fn headless() -> Value {
 }
 
 /// Sorted `dig +short` lines.
-fn short(s: &Served, name: &str, t: &str) -> Vec<String> {
+pub(crate) fn short(s: &Served, name: &str, t: &str) -> Vec<String> {
     let mut v: Vec<String> = s.dig(&[name, t, "+short"]).lines().map(str::to_owned).collect();
     v.sort();
     v
 }
 
-fn status(s: &Served, name: &str) -> String {
+pub(crate) fn status(s: &Served, name: &str) -> String {
     let out = s.dig(&[name, "A"]);
     out.split("status: ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("no answer").to_owned()
 }
 
-fn serve(kubeconfig: &Path, ns: &str) -> Served {
+pub(crate) fn serve(kubeconfig: &Path, ns: &str) -> Served {
     Served::start(&["--kubeconfig", kubeconfig.to_str().expect("path"), "--namespace", ns])
 }
 
-fn wait_ready(s: &Served) {
+pub(crate) fn wait_ready(s: &Served) {
     eventually("ready", || s.get("/ready").0 == 200);
 }
 
