@@ -35,12 +35,12 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
-cargo --version; dig -v 2>&1 | head -1
+cargo --version; dig -v 2>&1 | sed -n 1p
 # The cluster tests need Go (to build kube-apiserver and etcd) and kubectl;
 # both come with this project's machine image. Missing means failing, not skipping.
 command -v go >/dev/null || { echo "go not found: the Kubernetes tests build kube-apiserver and etcd with it" >&2; exit 1; }
 command -v kubectl >/dev/null || { echo "kubectl not found: the Kubernetes tests install CRDs with it" >&2; exit 1; }
-go version; kubectl version --client 2>/dev/null | head -1
+go version; kubectl version --client 2>/dev/null | sed -n 1p
 
 say "real Kubernetes components (a cold build takes ~5-10 min, then cached)"
 scripts/k8s-bins.sh etcd kube-apiserver coredns
