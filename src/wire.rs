@@ -140,12 +140,17 @@ fn answer_as(
         (Some(rcode), _) => Answer::bare(rcode, false),
         (None, None) => Answer::bare(answer::Rcode::FormErr, false),
         (None, Some(q)) => {
-            let name = &q[..req.qname_len];
-            let lower = &mut scratch.lower[..name.len()];
-            lower.copy_from_slice(name);
-            lower.make_ascii_lowercase(); // length bytes are < 64, never letters
-            let q = Question { name: lower, qtype: req.qtype, qclass: req.qclass };
-            answer::lookup_for(snap, &q, &client, &mut scratch.picks)
+            // Both readers keep QNAME within 255 bytes; `get` makes that
+            // a FORMERR rather than a panic should either ever fail to.
+            match (q.get(..req.qname_len), scratch.lower.get_mut(..req.qname_len)) {
+                (Some(name), Some(lower)) => {
+                    lower.copy_from_slice(name);
+                    lower.make_ascii_lowercase(); // length bytes are < 64, never letters
+                    let q = Question { name: lower, qtype: req.qtype, qclass: req.qclass };
+                    answer::lookup_for(snap, &q, &client, &mut scratch.picks)
+                }
+                _ => Answer::bare(answer::Rcode::FormErr, false),
+            }
         }
     };
     // RFC 7871 §7.2.1: the scope says for which addresses the answer holds:

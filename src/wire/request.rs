@@ -60,12 +60,13 @@ impl ClientSubnet {
             2 => 128,
             _ => return None,
         };
-        let addr_bytes = &data[4..];
+        // SCOPE PREFIX-LENGTH (byte 3) must be there; ADDRESS may be empty.
+        let addr_bytes = data.get(4..)?;
         if source_prefix > max || addr_bytes.len() != usize::from(source_prefix).div_ceil(8) {
             return None;
         }
         let rest = source_prefix % 8;
-        if rest != 0 && addr_bytes[addr_bytes.len() - 1] & (0xFF >> rest) != 0 {
+        if rest != 0 && addr_bytes.last().is_some_and(|last| last & (0xFF >> rest) != 0) {
             return None;
         }
         let mut addr = [0; 16];
@@ -205,11 +206,11 @@ fn options(mut rdata: &[u8]) -> Result<Option<ClientSubnet>, ()> {
         let (Some(code), Some(len)) = (u16_at(rdata, 0), u16_at(rdata, 2)) else {
             return Err(());
         };
-        let data = rdata.get(4..4 + usize::from(len)).ok_or(())?;
+        let (data, rest) = rdata.get(4..).and_then(|r| r.split_at_checked(usize::from(len))).ok_or(())?;
         if code == ECS && ecs.is_none() {
             ecs = Some(ClientSubnet::read(data).ok_or(())?);
         }
-        rdata = &rdata[4 + usize::from(len)..];
+        rdata = rest;
     }
     Ok(ecs)
 }
@@ -264,4 +265,26 @@ fn slow_path<'p>(packet: &[u8], slow: &'p mut Vec<u8>, req: &mut Request<'p>) {
     req.qname_len = qname_len;
     req.qtype = u16::from(query.query_type());
     req.qclass = u16::from(query.query_class());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_subnet_of_every_short_length_is_rejected_not_a_panic() {
+        // The option data that once killed a UDP worker: FAMILY 1, SOURCE 24, nothing else.
+        assert_eq!(ClientSubnet::read(&[0, 1, 24]), None);
+        for len in 0..4 {
+            assert_eq!(ClientSubnet::read(&[0, 1, 0, 0][..len]), None, "{len} bytes");
+        }
+        // FAMILY 1, SOURCE 0, SCOPE 0, no address: valid (RFC 7871 §6).
+        assert_eq!(
+            ClientSubnet::read(&[0, 1, 0, 0]).map(|e| e.source_prefix),
+            Some(0),
+            "a /0 subnet has no address bytes"
+        );
+        assert!(ClientSubnet::read(&[0, 1, 24, 0, 198, 51, 100]).is_some());
+        assert_eq!(ClientSubnet::read(&[0, 1, 23, 0, 198, 51, 101]), None, "bits beyond the prefix");
+    }
 }

@@ -14,6 +14,7 @@ mod coredns;
 mod deploy;
 mod fleet;
 mod harness_smoke;
+mod hostile;
 mod incumbent;
 mod metrics;
 mod policy;
