@@ -108,7 +108,7 @@ fn query(name: &str, rtype: RecordType, edns: bool) -> Vec<u8> {
 fn answer_path(c: &mut Criterion) {
     let (reader, _writer) = store();
     let snap = reader.load_full();
-    let cfg = WireConfig { max_udp_payload: 1232 };
+    let cfg = WireConfig::default();
     let mut scratch = Scratch::default();
     let mut out = Vec::with_capacity(65535);
     let cases = [
@@ -171,10 +171,11 @@ fn publish(c: &mut Criterion) {
 /// the worst case).
 fn counting(c: &mut Criterion) {
     use clusterset_dns::answer::Rcode;
-    use clusterset_dns::wire::stats::{Arrival, LocalStats, Outcome, QueryStats};
+    use clusterset_dns::wire::stats::{Arrival, Limited, LocalStats, Outcome, QueryStats};
     let shared = QueryStats::default();
     let mut local = LocalStats::default();
-    let outcome = Outcome { rcode: Rcode::NoError, in_zone: true, qtype: 1, dnssec_ok: false };
+    let outcome =
+        Outcome { rcode: Rcode::NoError, in_zone: true, qtype: 1, dnssec_ok: false, limited: Limited::No };
     let arrival = Arrival { proto: 0, family: 0 };
     c.bench_function("stats/record", |b| b.iter(|| local.record(black_box(&outcome), arrival, 47, 63)));
     c.bench_function("stats/record_duration", |b| {
@@ -194,7 +195,7 @@ fn counting(c: &mut Criterion) {
 fn policies(c: &mut Criterion) {
     use clusterset_dns::model::{ClusterId, PolicyKind};
     let packet = query("svc10.ns0.svc.clusterset.local.", RecordType::A, true);
-    let cfg = WireConfig { max_udp_payload: 1232 };
+    let cfg = WireConfig::default();
     let peer = Some("127.0.0.1".parse().expect("ip"));
     let mut g = c.benchmark_group("policy");
     for max_answers in [0u16, 2] {

@@ -63,6 +63,9 @@ pub enum Rcode {
     Refused,
     /// BADVERS: an EDNS version this server does not speak.
     BadVers,
+    /// BADCOOKIE (RFC 7873 §8): over the rate limit without a valid
+    /// server cookie; the response carries one to retry with.
+    BadCookie,
 }
 
 impl Rcode {
@@ -76,6 +79,7 @@ impl Rcode {
             Self::NotImp => 4,
             Self::Refused => 5,
             Self::BadVers => 16,
+            Self::BadCookie => 23,
         }
     }
 }

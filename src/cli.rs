@@ -95,9 +95,55 @@ pub struct ServeArgs {
     /// Seconds a TCP connection may stay idle before it is closed.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub tcp_idle_timeout: u64,
-    /// TCP connections served at once.
+    /// TCP connections served at once; when all are taken, idle ones are
+    /// closed to make room.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub tcp_max_connections: usize,
+    /// TCP connections open at once from one client address; more are
+    /// closed at once.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub tcp_max_per_client: usize,
+    /// Seconds a started TCP message may take to arrive in full, and a
+    /// response to be written (a client sending a byte at a time, or never
+    /// reading, is cut off after this).
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    pub tcp_io_timeout: f64,
+    /// Answer DNS Cookies (RFC 7873): clients that send one get a server
+    /// cookie, which exempts them from --rrl-rate.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub cookies: bool,
+    /// Secret of the server cookies, 32 hex digits; give every replica the
+    /// same one so a client's cookie is valid at each. Default: random at
+    /// start.
+    #[arg(long, value_name = "HEX", env = "CLUSTERSET_DNS_COOKIE_SECRET", hide_env_values = true)]
+    pub cookie_secret: Option<String>,
+    /// Response Rate Limiting: UDP responses per second to one client
+    /// network (see --rrl-ipv4-prefix); 0 turns it off. Off by default:
+    /// behind CoreDNS `forward`, all queries come from a few forwarders.
+    #[arg(long, value_name = "PER_SECOND", default_value_t = 0)]
+    pub rrl_rate: u32,
+    /// Error responses (NXDOMAIN, REFUSED, FORMERR, …) per second to one
+    /// client network. Defaults to --rrl-rate.
+    #[arg(long, value_name = "PER_SECOND")]
+    pub rrl_errors_rate: Option<u32>,
+    /// Every N-th response over the limit is sent truncated (TC) so real
+    /// clients retry over TCP; to a client with a DNS cookie, BADCOOKIE
+    /// with a server cookie. 0: drop them all; 1: truncate them all.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub rrl_slip: u32,
+    /// Prefix length that groups IPv4 clients into one network.
+    #[arg(long, value_name = "BITS", default_value_t = 24)]
+    pub rrl_ipv4_prefix: u8,
+    /// Prefix length that groups IPv6 clients into one network.
+    #[arg(long, value_name = "BITS", default_value_t = 56)]
+    pub rrl_ipv6_prefix: u8,
+    /// Clients in CIDR are never rate limited (e.g. the cluster's own
+    /// CoreDNS Pods). Repeatable.
+    #[arg(long = "rrl-exempt", value_name = "CIDR")]
+    pub rrl_exempt: Vec<String>,
+    /// Buckets of the rate-limiting table (8 bytes each).
+    #[arg(long, value_name = "N", default_value_t = 65536)]
+    pub rrl_table_size: usize,
     /// How the endpoints of a headless service (or of a ClusterSetIP service
     /// answered with endpoints) are chosen: rotation, random, weighted,
     /// local-first, topology or all. The annotation

@@ -3,18 +3,22 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
 use crate::cli::{MembersArgs, RunArgs, ServeArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
+use crate::fault::Faults;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::model::{ClusterId, DnsLabel, PolicyKind};
 use crate::source::kube::{Connection, KubeSource};
 use crate::store::{AnswerConfig, ClientNet, ZoneConfig};
 use crate::wire::WireConfig;
+use crate::wire::cookie::CookieSecret;
+use crate::wire::rrl::{Cidr, RateLimiter, RrlConfig};
 use crate::wire::tcp::TcpConfig;
 
 /// A configuration value that cannot be used.
@@ -104,6 +108,13 @@ impl ServeConfig {
         if a.tcp_idle_timeout == 0 {
             return Err(bad("--tcp-idle-timeout", "must be at least 1 second"));
         }
+        if a.tcp_max_per_client == 0 {
+            return Err(bad("--tcp-max-per-client", "must be at least 1"));
+        }
+        if !(a.tcp_io_timeout.is_finite() && (0.05..=60.0).contains(&a.tcp_io_timeout)) {
+            return Err(bad("--tcp-io-timeout", format!("{} is outside 0.05-60 seconds", a.tcp_io_timeout)));
+        }
+        let wire = wire_config(a)?;
         let connection = match (&a.kubeconfig, a.in_cluster) {
             (Some(path), _) => {
                 Some(Connection::Kubeconfig { path: path.clone(), context: a.kube_context.clone() })
@@ -141,15 +152,60 @@ impl ServeConfig {
             },
             cluster_id,
             udp_workers,
-            wire: WireConfig { max_udp_payload: a.max_udp_payload },
+            wire,
             tcp: TcpConfig {
                 idle_timeout: Duration::from_secs(a.tcp_idle_timeout),
+                io_timeout: Duration::from_secs_f64(a.tcp_io_timeout),
                 max_connections: a.tcp_max_connections,
+                max_per_client: a.tcp_max_per_client,
             },
             cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
             probe,
         })
     }
+}
+
+/// The wire layer's settings: UDP size, cookies, rate limiting, and (debug
+/// builds) the fault points armed by `CLUSTERSET_DNS_FAULT`.
+fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
+    let cookies = match (a.cookies, &a.cookie_secret) {
+        (false, _) => None,
+        (true, Some(hex)) => Some(CookieSecret::from_hex(hex).map_err(|e| bad("--cookie-secret", e))?),
+        (true, None) => Some(CookieSecret::random().map_err(|e| bad("--cookies", e))?),
+    };
+    if a.rrl_slip > 10 {
+        return Err(bad("--rrl-slip", format!("{} is outside 0-10", a.rrl_slip)));
+    }
+    if a.rrl_ipv4_prefix > 32 {
+        return Err(bad("--rrl-ipv4-prefix", format!("{} is outside 0-32", a.rrl_ipv4_prefix)));
+    }
+    if a.rrl_ipv6_prefix > 128 {
+        return Err(bad("--rrl-ipv6-prefix", format!("{} is outside 0-128", a.rrl_ipv6_prefix)));
+    }
+    if !(1..=1 << 24).contains(&a.rrl_table_size) {
+        return Err(bad("--rrl-table-size", format!("{} is outside 1-16777216", a.rrl_table_size)));
+    }
+    let exempt = a
+        .rrl_exempt
+        .iter()
+        .map(|c| Cidr::parse(c).map_err(|e| bad("--rrl-exempt", format!("{c:?}: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    if a.rrl_rate == 0 && (a.rrl_errors_rate.is_some() || !exempt.is_empty()) {
+        return Err(bad("--rrl-rate", "rate limiting options were given but --rrl-rate is 0 (off)"));
+    }
+    let rrl = (a.rrl_rate > 0).then(|| {
+        Arc::new(RateLimiter::new(RrlConfig {
+            rate: a.rrl_rate,
+            errors_rate: a.rrl_errors_rate.unwrap_or(a.rrl_rate),
+            slip: a.rrl_slip,
+            ipv4_prefix: a.rrl_ipv4_prefix,
+            ipv6_prefix: a.rrl_ipv6_prefix,
+            exempt,
+            table_size: a.rrl_table_size,
+        }))
+    });
+    let faults = Faults::from_env().map_err(|e| bad("CLUSTERSET_DNS_FAULT", e))?;
+    Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults })
 }
 
 /// The `--probe-…` flags, checked even without `--probe` (a typo there

@@ -18,6 +18,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // Panics are caught and counted where they happen; the hook only logs
+    // them, rate limited (a repeated query of death must not flood logs).
+    clusterset_dns::supervise::install_panic_hook();
     match cli.command {
         Command::Serve(args) => match ServeConfig::from_args(&args) {
             Ok(cfg) => block_on(clusterset_dns::serve::run(cfg)),

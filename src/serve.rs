@@ -3,6 +3,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::{Notify, mpsc};
@@ -10,11 +11,13 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::config::ServeConfig;
+use crate::fault::{Failures, Faults, Point, Task};
 use crate::ops::{http, metrics::Metrics};
 use crate::source::files::{self, FileSource, LoadError};
 use crate::source::objects::ParseError;
 use crate::source::{SourceId, embedded, fleet, kube};
 use crate::store::{self, Reader, Update, Writer};
+use crate::supervise::Supervisor;
 use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
 
@@ -58,6 +61,12 @@ pub struct Running {
     pub reader: Reader,
     /// Set during lameduck: /ready fails while queries are still answered.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
+    /// Panics caught, and the fatal failure once a task that cannot be
+    /// restarted died.
+    pub failures: Arc<Failures>,
+    /// Keeps the writer's queue open while the server runs, even with no
+    /// source sending (the embedded example): the writer ending is fatal.
+    _updates: mpsc::Sender<Update>,
     reload: Arc<Notify>,
     udp: Vec<udp::UdpWorkers>,
     tasks: Vec<JoinHandle<()>>,
@@ -86,6 +95,8 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
     let (reader, mut writer) = store::new(cfg.zone.clone());
     let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
     let reload = Arc::new(Notify::new());
+    let failures = Failures::new();
+    let sup = Supervisor::new(failures.clone());
     let mut tasks = Vec::new();
 
     let mut healths = Vec::new();
@@ -105,7 +116,16 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
             writer.apply(Update::Replace { source: source.id, objects });
             sources.push(source);
         }
-        tasks.push(tokio::spawn(files::watch(sources, tx.clone(), reload.clone())));
+        // A restarted watch starts from fresh sources: it re-reads every file.
+        let paths: Vec<(SourceId, PathBuf)> = sources.iter().map(|s| (s.id, s.path().to_owned())).collect();
+        let mut first = Some(sources);
+        let (tx, reload) = (tx.clone(), reload.clone());
+        tasks.push(sup.restartable(Task::Files, move || {
+            let sources = first
+                .take()
+                .unwrap_or_else(|| paths.iter().map(|(id, p)| FileSource::new(*id, p.clone())).collect());
+            files::watch(sources, tx.clone(), reload.clone())
+        }));
     }
     if let Some(src) = &cfg.kube {
         let client = kube::client(&src.connection).await?;
@@ -114,7 +134,10 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
             // Registered before the first publish: not ready until it lists.
             writer.apply(Update::Register(watch.source));
             healths.push(watch.health.clone());
-            tasks.push(tokio::spawn(kube::run(watch, client.clone(), tx.clone())));
+            let (client, tx) = (client.clone(), tx.clone());
+            tasks.push(
+                sup.restartable(Task::Watch, move || kube::run(watch.clone(), client.clone(), tx.clone())),
+            );
         }
     }
     if !cfg.members.is_empty() {
@@ -124,18 +147,31 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
         let state = fleet::Liveness::new(&members);
         liveness = Some(state.clone());
-        tasks.push(tokio::spawn(fleet::liveness(members.clone(), cfg.cluster_dead_after, state, tx.clone())));
-        tasks.push(tokio::spawn(fleet::run(members, source, tx.clone())));
+        let (m, dead_after, tx2) = (members.clone(), cfg.cluster_dead_after, tx.clone());
+        tasks.push(sup.restartable(Task::Liveness, move || {
+            fleet::liveness(m.clone(), dead_after, state.clone(), tx2.clone())
+        }));
+        let tx2 = tx.clone();
+        tasks.push(sup.restartable(Task::Members, move || fleet::run(members.clone(), source, tx2.clone())));
     }
     if let Some(probe) = cfg.probe {
-        tasks.push(tokio::spawn(crate::health::probe::run(reader.clone(), probe, tx.clone())));
+        let (r, tx, faults) = (reader.clone(), tx.clone(), cfg.wire.faults.clone());
+        tasks.push(sup.restartable(Task::Probe, move || {
+            faults.point(Point::Probe, &[]);
+            crate::health::probe::run(r.clone(), probe, tx.clone())
+        }));
     }
-    let metrics = Arc::new(Metrics::new(healths)?);
+    let metrics = Arc::new(Metrics::new(healths, failures.clone())?);
     metrics.register_health(reader.clone(), liveness)?;
     let started = std::time::Instant::now();
     writer.publish();
     metrics.published(&reader.load(), started.elapsed());
-    tasks.push(tokio::spawn(write_loop(writer, rx, reader.clone(), metrics.clone())));
+    // The writer holds every source's objects: nothing can rebuild them in
+    // this process, so its death fails the server (Kubernetes restarts it).
+    tasks.push(sup.fatal(
+        Task::Writer,
+        write_loop(writer, rx, reader.clone(), metrics.clone(), cfg.wire.faults.clone()),
+    ));
 
     let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
@@ -143,7 +179,16 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
     let http_addr =
         http_listener.local_addr().map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    tasks.push(tokio::spawn(http::serve(http_listener, reader.clone(), metrics.clone(), draining.clone())));
+    let ops = http::Ops::new(
+        reader.clone(),
+        metrics.clone(),
+        draining.clone(),
+        failures.clone(),
+        cfg.wire.faults.clone(),
+    );
+    // /health is the liveness probe: if its server is gone, so is the
+    // process's usefulness; fatal, and Kubernetes restarts the Pod.
+    tasks.push(sup.fatal(Task::Http, http::serve(http_listener, ops)));
     info!(addr = %http_addr, "HTTP /health /ready /metrics");
 
     let mut addrs = Vec::new();
@@ -151,16 +196,18 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
     let mut servers = Vec::new();
     for &addr in &cfg.listen {
         let stats = Arc::new(QueryStats::default());
-        let (workers, listener) = bind_pair(addr, cfg, &reader, &stats).await?;
+        let (workers, listener) = bind_pair(addr, cfg, &reader, &stats, &failures).await?;
         let bound = workers.local_addr;
         servers.push((server_label(bound), stats.clone()));
-        tasks.push(tokio::spawn(tcp::serve(listener, reader.clone(), cfg.wire, cfg.tcp, stats)));
+        let listener = Arc::new(listener);
+        let server = tcp::TcpServer::new(reader.clone(), cfg.wire.clone(), cfg.tcp, stats, failures.clone());
+        tasks.push(sup.restartable(Task::TcpAccept, move || tcp::serve(listener.clone(), server.clone())));
         udp.push(workers);
         addrs.push(bound);
         info!(addr = %bound, zone = %cfg.zone.origin, udp_workers = cfg.udp_workers, "listening on UDP and TCP");
     }
     metrics.register_queries(cfg.zone.origin.to_string(), servers)?;
-    Ok(Running { addrs, http_addr, reader, draining, reload, udp, tasks })
+    Ok(Running { addrs, http_addr, reader, draining, failures, _updates: tx, reload, udp, tasks })
 }
 
 /// Binds UDP workers and a TCP listener on the same address. With port 0,
@@ -171,12 +218,20 @@ async fn bind_pair(
     cfg: &ServeConfig,
     reader: &Reader,
     stats: &Arc<QueryStats>,
+    failures: &Arc<Failures>,
 ) -> Result<(udp::UdpWorkers, tokio::net::TcpListener), StartError> {
     let fail = |source| StartError::Bind { addr, source };
     let mut attempts = if addr.port() == 0 { PORT_ATTEMPTS } else { 1 };
     loop {
-        let workers =
-            udp::start(addr, cfg.udp_workers, reader.clone(), cfg.wire, stats.clone()).map_err(fail)?;
+        let workers = udp::start(
+            addr,
+            cfg.udp_workers,
+            reader.clone(),
+            cfg.wire.clone(),
+            stats.clone(),
+            failures.clone(),
+        )
+        .map_err(fail)?;
         match tcp::bind(workers.local_addr).await {
             Ok(listener) => return Ok((workers, listener)),
             Err(e) => {
@@ -202,9 +257,11 @@ async fn write_loop(
     mut rx: mpsc::Receiver<Update>,
     reader: Reader,
     metrics: Arc<Metrics>,
+    faults: Faults,
 ) {
     let mut was_ready = reader.load().is_ready();
     while let Some(update) = rx.recv().await {
+        faults.point(Point::Writer, &[]);
         let started = std::time::Instant::now();
         writer.apply(update);
         while let Ok(more) = rx.try_recv() {
@@ -231,8 +288,13 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let running = start(&cfg).await?;
+    let failures = running.failures.clone();
     let lameduck = loop {
         tokio::select! {
+            reason = failures.wait_fatal() => {
+                running.stop();
+                anyhow::bail!("{reason}");
+            }
             _ = hup.recv() => {
                 if cfg.objects.is_empty() {
                     warn!("SIGHUP: nothing to reload (no --objects)");

@@ -7,8 +7,10 @@
 //! writes the header, echoes the question bytes, and copies pre-encoded
 //! records until the size limit.
 
+pub mod cookie;
 mod request;
 mod response;
+pub mod rrl;
 pub mod stats;
 pub mod tcp;
 pub mod udp;
@@ -16,10 +18,14 @@ pub mod udp;
 pub use request::{ClientEdns, ClientSubnet, Request, parse};
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use crate::answer::{self, Answer, Picks, Question};
+use crate::answer::{self, Answer, Picks, Question, Rcode};
+use crate::fault::{Faults, Point};
 use crate::store::{Client, Snapshot};
-use stats::Outcome;
+use cookie::CookieSecret;
+use rrl::{Action, RateLimiter};
+use stats::{Limited, Outcome};
 
 /// How the query arrived; decides the size limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +37,26 @@ pub enum Transport {
 }
 
 /// Settings of the wire layer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct WireConfig {
     /// Largest UDP response we send to an EDNS client, whatever it offers
     /// (1232 by default: DNS Flag Day 2020, no IP fragmentation).
     pub max_udp_payload: u16,
+    /// DNS Cookies (RFC 7873): answered with server cookies made with this
+    /// secret; `None` ignores the COOKIE option, as a server without
+    /// cookie support does.
+    pub cookies: Option<CookieSecret>,
+    /// Response Rate Limiting of UDP answers, when on.
+    pub rrl: Option<Arc<RateLimiter>>,
+    /// Test-only fault injection (armed in debug builds only).
+    pub faults: Faults,
+}
+
+impl Default for WireConfig {
+    /// 1232-byte UDP answers, no cookies, no rate limiting.
+    fn default() -> Self {
+        Self { max_udp_payload: 1232, cookies: None, rrl: None, faults: Faults::default() }
+    }
 }
 
 /// Buffers reused across queries so answering allocates nothing.
@@ -92,7 +113,9 @@ pub fn respond(
 }
 
 /// [`respond`] to a query that came from `peer`: the answer policies see
-/// its cluster (`--client-cluster`), or its EDNS Client Subnet's.
+/// its cluster (`--client-cluster`), or its EDNS Client Subnet's; its DNS
+/// cookie is checked against its address, and over UDP it counts against
+/// its network's rate limit.
 pub fn respond_from(
     snap: &Snapshot,
     packet: &[u8],
@@ -103,7 +126,7 @@ pub fn respond_from(
     out: &mut Vec<u8>,
 ) -> Option<Outcome> {
     let ecs_peer = |snap: &Snapshot, req: &Request<'_>| client_of(snap, req.edns.and_then(|e| e.ecs), peer);
-    answer_as(snap, packet, &ecs_peer, transport, cfg, scratch, out)
+    answer_as(snap, packet, peer, &ecs_peer, transport, cfg, scratch, out)
 }
 
 /// [`respond`] as if the query came from `client` (`explain --from-cluster`).
@@ -116,12 +139,22 @@ pub fn respond_as(
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
 ) -> Option<Outcome> {
-    answer_as(snap, packet, &|_: &Snapshot, _: &Request<'_>| (client, 0), transport, cfg, scratch, out)
+    answer_as(snap, packet, None, &|_: &Snapshot, _: &Request<'_>| (client, 0), transport, cfg, scratch, out)
 }
 
+/// What rate limiting counts a response code against.
+fn rrl_class(rcode: Rcode) -> rrl::Class {
+    match rcode {
+        Rcode::NoError => rrl::Class::Response,
+        _ => rrl::Class::Error,
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // the one internal entry behind the three public ones
 fn answer_as(
     snap: &Snapshot,
     packet: &[u8],
+    peer: Option<IpAddr>,
     who: &dyn Fn(&Snapshot, &Request<'_>) -> (Client, u8),
     transport: Transport,
     cfg: &WireConfig,
@@ -130,15 +163,22 @@ fn answer_as(
 ) -> Option<Outcome> {
     out.clear();
     let req = parse(packet, &mut scratch.slow)?;
+    cfg.faults.point(Point::Query, req.question.unwrap_or_default());
     let limit = match (transport, req.edns) {
         (Transport::Tcp, _) => usize::from(u16::MAX),
         (Transport::Udp, None) => 512,
         (Transport::Udp, Some(e)) => usize::from(e.payload.clamp(512, cfg.max_udp_payload.max(512))),
     };
+    let mut server_cookie = [0u8; cookie::SERVER_LEN];
+    let client_cookie = req.edns.and_then(|e| e.cookie).filter(|_| req.error.is_none());
+    let cookie = match (&cfg.cookies, &client_cookie) {
+        (Some(secret), Some(c)) => secret.check(c, peer, cookie::now(), &mut server_cookie),
+        _ => cookie::Verdict::None,
+    };
     let (client, ecs_bits) = who(snap, &req);
-    let answer = match (req.error, req.question) {
+    let mut answer = match (req.error, req.question) {
         (Some(rcode), _) => Answer::bare(rcode, false),
-        (None, None) => Answer::bare(answer::Rcode::FormErr, false),
+        (None, None) => Answer::bare(Rcode::FormErr, false),
         (None, Some(q)) => {
             // Both readers keep QNAME within 255 bytes; `get` makes that
             // a FORMERR rather than a panic should either ever fail to.
@@ -149,10 +189,43 @@ fn answer_as(
                     let q = Question { name: lower, qtype: req.qtype, qclass: req.qclass };
                     answer::lookup_for(snap, &q, &client, &mut scratch.picks)
                 }
-                _ => Answer::bare(answer::Rcode::FormErr, false),
+                _ => Answer::bare(Rcode::FormErr, false),
             }
         }
     };
+    // Rate limiting: UDP only (a TCP client has proved its address, as has
+    // one with a valid cookie).
+    let action = match (transport, &cfg.rrl, peer) {
+        (Transport::Udp, Some(rrl), Some(ip)) if cookie != cookie::Verdict::Valid => {
+            rrl.check(ip, rrl_class(answer.rcode))
+        }
+        _ => Action::Send,
+    };
+    let mut limited = Limited::No;
+    let mut truncate = false;
+    match action {
+        Action::Send => {}
+        Action::Drop => {
+            return Some(Outcome {
+                rcode: answer.rcode,
+                in_zone: answer.in_zone,
+                qtype: req.qtype,
+                dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
+                limited: Limited::Dropped,
+            });
+        }
+        Action::Slip => {
+            limited = Limited::Slipped;
+            if cookie == cookie::Verdict::Fresh {
+                // RFC 7873 §5.2.3: BADCOOKIE with a server cookie, which
+                // the client's next query carries and is then exempt.
+                answer = Answer::bare(Rcode::BadCookie, answer.authoritative);
+            } else {
+                // TC and no records: a real client retries over TCP.
+                truncate = true;
+            }
+        }
+    }
     // RFC 7871 §7.2.1: the scope says for which addresses the answer holds:
     // the client network that decided it, else the whole given subnet; 0
     // when the answer is the same for everyone.
@@ -161,16 +234,25 @@ fn answer_as(
         (true, 0) => ecs_bits,
         (true, p) => p.min(ecs_bits),
     };
-    if let (Some(b), Some(_)) = (answer.balance, answer.answer) {
+    if let (Some(b), Some(_), false) = (answer.balance, answer.answer, truncate) {
         let fam = usize::from(req.qtype == 28);
         scratch.hits.count(&snap.zone().answer_stats, b, fam, answer.pick, scratch.picks.as_slice());
     }
-    let written = response::Written { picks: scratch.picks.as_slice(), ecs_scope: scope };
+    let written = response::Written {
+        picks: scratch.picks.as_slice(),
+        ecs_scope: scope,
+        cookie: match (cookie, &client_cookie) {
+            (cookie::Verdict::None, _) | (_, None) => None,
+            (_, Some(c)) => Some((c.client(), &server_cookie)),
+        },
+        truncate,
+    };
     response::write(out, &req, &answer, snap, cfg.max_udp_payload, limit, &written);
     Some(Outcome {
         rcode: answer.rcode,
         in_zone: answer.in_zone,
         qtype: req.qtype,
         dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
+        limited,
     })
 }

@@ -64,7 +64,7 @@ fn answering_common_queries_allocates_nothing() {
     });
     writer.apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
     writer.publish();
-    let cfg = WireConfig { max_udp_payload: 1232 };
+    let cfg = WireConfig::default();
     let mut scratch = Scratch::default();
     let mut out = Vec::with_capacity(65535);
     let queries = [
@@ -135,7 +135,7 @@ fn answering_with_every_policy_allocates_nothing() {
             writer
                 .apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
             writer.publish();
-            let cfg = WireConfig { max_udp_payload: 1232 };
+            let cfg = WireConfig::default();
             let mut scratch = Scratch::default();
             let mut out = Vec::with_capacity(65535);
             let peer = Some("127.0.0.1".parse().unwrap());

@@ -61,7 +61,7 @@ pub fn report(snap: &Snapshot, name: &str, qtype: &str, cluster: Option<&str>) -
     let packet = m.to_vec().map_err(|e| e.to_string())?;
     let mut scratch = Scratch::default();
     let mut response = Vec::new();
-    let cfg = WireConfig { max_udp_payload: 1232 };
+    let cfg = WireConfig::default();
     respond_as(snap, &packet, client, Transport::Tcp, &cfg, &mut scratch, &mut response)
         .ok_or("no response")?;
     // It went through the answer path: it counts as an answer.

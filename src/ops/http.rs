@@ -1,37 +1,86 @@
-//! `/health` (alive), `/ready` (every source synced: safe to send queries)
+//! `/health` (alive: fails once a task that cannot be restarted died),
+//! `/ready` (every source synced: safe to send queries)
 //! and `/metrics` (Prometheus text), on one HTTP listener.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::panic::AssertUnwindSafe;
+
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use futures::FutureExt;
 use tokio::net::TcpListener;
 use tracing::warn;
 
 use super::metrics::Metrics;
+use crate::fault::{Failures, Faults, Point, Task};
 use crate::store::Reader;
 
+/// What the endpoints read.
 #[derive(Clone)]
-struct Ops {
+pub struct Ops {
     reader: Reader,
     metrics: Arc<Metrics>,
     draining: Arc<AtomicBool>,
+    failures: Arc<Failures>,
+    faults: Faults,
 }
 
-/// Serves the endpoints on `listener` until the task is dropped. While
-/// `draining` is set (lameduck after SIGTERM), `/ready` fails.
-pub async fn serve(listener: TcpListener, reader: Reader, metrics: Arc<Metrics>, draining: Arc<AtomicBool>) {
+impl Ops {
+    /// The endpoints' view of a server. While `draining` is set (lameduck
+    /// after SIGTERM) `/ready` fails; once `failures` holds a fatal
+    /// failure, `/health` fails.
+    pub fn new(
+        reader: Reader,
+        metrics: Arc<Metrics>,
+        draining: Arc<AtomicBool>,
+        failures: Arc<Failures>,
+        faults: Faults,
+    ) -> Self {
+        Self { reader, metrics, draining, failures, faults }
+    }
+}
+
+/// Serves the endpoints on `listener` until the task is dropped or the
+/// listener fails.
+pub async fn serve(listener: TcpListener, ops: Ops) {
     let app = Router::new()
-        .route("/health", get(|| async { "OK\n" }))
+        .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
         .route("/debug/explain", get(explain))
-        .with_state(Ops { reader, metrics, draining });
+        .layer(axum::middleware::from_fn_with_state(ops.clone(), catch_panics))
+        .with_state(ops);
     if let Err(e) = axum::serve(listener, app).await {
         warn!(error = %e, "HTTP endpoint stopped");
+    }
+}
+
+/// A request whose handler panics gets 500 and is counted (task `http`);
+/// the server and its other connections go on.
+async fn catch_panics(State(ops): State<Ops>, request: Request, next: Next) -> Response {
+    let run = AssertUnwindSafe(async {
+        ops.faults.point(Point::Http, &[]);
+        next.run(request).await
+    });
+    match run.catch_unwind().await {
+        Ok(response) => response,
+        Err(_) => {
+            ops.failures.panicked(Task::Http);
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
+        }
+    }
+}
+
+async fn health(State(ops): State<Ops>) -> (StatusCode, String) {
+    match ops.failures.fatal_reason() {
+        None => (StatusCode::OK, "OK\n".into()),
+        Some(reason) => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {reason}\n")),
     }
 }
 

@@ -17,6 +17,7 @@ use crate::wire::stats::{
     self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES, ZONES,
 };
 
+use crate::fault::{Failures, Task};
 use crate::source::fleet::Liveness;
 use crate::source::kube::WatchHealth;
 use crate::store::{Reader, Snapshot};
@@ -31,11 +32,14 @@ pub struct Metrics {
     watch_stale_seconds: GaugeVec,
     watch_errors: IntCounterVec,
     watches: Vec<Arc<WatchHealth>>,
+    panics: IntCounterVec,
+    failures: Arc<Failures>,
 }
 
 impl Metrics {
-    /// Registers every metric; `watches` are read at each scrape.
-    pub fn new(watches: Vec<Arc<WatchHealth>>) -> Result<Self, prometheus::Error> {
+    /// Registers every metric; `watches` and `failures` are read at each
+    /// scrape.
+    pub fn new(watches: Vec<Arc<WatchHealth>>, failures: Arc<Failures>) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let services = IntGauge::new("clusterset_dns_services", "Services with names in the zone.")?;
         let serial =
@@ -68,7 +72,17 @@ impl Metrics {
         registry.register(Box::new(publish_seconds.clone()))?;
         registry.register(Box::new(watch_stale_seconds.clone()))?;
         registry.register(Box::new(watch_errors.clone()))?;
+        let panics = IntCounterVec::new(
+            Opts::new(
+                "clusterset_dns_panics_total",
+                "Panics caught per task; the task was restarted, or the connection or query lost, unless /health fails.",
+            ),
+            &["task"],
+        )?;
+        registry.register(Box::new(panics.clone()))?;
         Ok(Self {
+            panics,
+            failures,
             registry,
             services,
             serial,
@@ -116,6 +130,10 @@ impl Metrics {
             let counter = self.watch_errors.with_label_values(&[&w.name]);
             counter.inc_by(w.errors().saturating_sub(counter.get()));
         }
+        for task in Task::ALL {
+            let counter = self.panics.with_label_values(&[task.name()]);
+            counter.inc_by(self.failures.panics(task).saturating_sub(counter.get()));
+        }
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for the text format.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
@@ -156,6 +174,11 @@ const FAMILIES_DECLARED: [(&str, &str, &[&str]); 6] = [
     (RESPONSE_SIZE, "Size of the returned response in bytes.", &["server", "zone", "view", "proto"]),
 ];
 
+/// Our own family beside CoreDNS's: what Response Rate Limiting did.
+const RRL: &str = "clusterset_dns_rrl_responses_total";
+const RRL_HELP: &str =
+    "UDP responses over the rate limit (--rrl-rate): dropped, or slipped (sent truncated or as BADCOOKIE).";
+
 /// The `plugin` label of responses: what wrote them.
 const PLUGIN: &str = "clusterset";
 
@@ -171,7 +194,14 @@ impl QueryCollector {
                     Default::default(),
                 )
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut descs = descs;
+        descs.push(Desc::new(
+            RRL.into(),
+            RRL_HELP.into(),
+            vec!["server".into(), "action".into()],
+            Default::default(),
+        )?);
         Ok(Self { zone, servers, descs })
     }
 
@@ -310,8 +340,16 @@ impl Collector for QueryCollector {
                 }
             }
         }
+        let mut limited = Vec::new();
+        for (server, s) in &self.servers {
+            for (i, action) in ["dropped", "slipped"].into_iter().enumerate() {
+                limited
+                    .push(counter(&[("server", server.as_str()), ("action", action)], load(&s.limited[i])));
+            }
+        }
         let [r, d, rs, du, rq, rp] = FAMILIES_DECLARED.map(|(name, help, _)| (name, help));
         [
+            family(RRL, RRL_HELP, MetricType::COUNTER, limited),
             family(r.0, r.1, MetricType::COUNTER, requests),
             family(d.0, d.1, MetricType::COUNTER, dos),
             family(rs.0, rs.1, MetricType::COUNTER, responses),

@@ -132,6 +132,7 @@ fn now_ms() -> u64 {
 }
 
 /// One planned watch.
+#[derive(Clone)]
 pub struct Watch {
     /// Its store source.
     pub source: SourceId,

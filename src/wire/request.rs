@@ -5,6 +5,7 @@
 use hickory_proto::op::Message;
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
+use super::cookie::{self, ClientCookie};
 use crate::answer::Rcode;
 
 /// Header length.
@@ -30,6 +31,8 @@ pub struct ClientEdns {
     pub dnssec_ok: bool,
     /// Its EDNS Client Subnet option, when it sent one.
     pub ecs: Option<ClientSubnet>,
+    /// Its COOKIE option (RFC 7873), when it sent one.
+    pub cookie: Option<ClientCookie>,
 }
 
 /// An EDNS Client Subnet option (RFC 7871 §6) as the query carried it.
@@ -188,31 +191,34 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
         return Fast::FormErr;
     }
     let dnssec_ok = u16_at(p, o + 7).is_some_and(|f| f & 0x8000 != 0);
-    let Ok(ecs) = options(&p[o + 11..o + 11 + rdlen as usize]) else {
+    let Ok((ecs, cookie)) = options(&p[o + 11..o + 11 + rdlen as usize]) else {
         return Fast::FormErr;
     };
     Fast::Done {
         qname_len,
         end,
-        edns: Some(ClientEdns { payload, version: (ttl_hi & 0xFF) as u8, dnssec_ok, ecs }),
+        edns: Some(ClientEdns { payload, version: (ttl_hi & 0xFF) as u8, dnssec_ok, ecs, cookie }),
     }
 }
 
-/// Walks an OPT record's options in place; returns the Client Subnet
-/// option, or `Err` when an option overruns the data or ECS is malformed.
-fn options(mut rdata: &[u8]) -> Result<Option<ClientSubnet>, ()> {
-    let mut ecs = None;
+/// Walks an OPT record's options in place; returns the Client Subnet and
+/// COOKIE options, or `Err` (FORMERR) when an option overruns the data, or
+/// ECS (RFC 7871 §7.1.3) or COOKIE (RFC 7873 §5.2.2) is malformed.
+fn options(mut rdata: &[u8]) -> Result<(Option<ClientSubnet>, Option<ClientCookie>), ()> {
+    let (mut ecs, mut cookie) = (None, None);
     while !rdata.is_empty() {
         let (Some(code), Some(len)) = (u16_at(rdata, 0), u16_at(rdata, 2)) else {
             return Err(());
         };
         let (data, rest) = rdata.get(4..).and_then(|r| r.split_at_checked(usize::from(len))).ok_or(())?;
-        if code == ECS && ecs.is_none() {
-            ecs = Some(ClientSubnet::read(data).ok_or(())?);
+        match code {
+            ECS if ecs.is_none() => ecs = Some(ClientSubnet::read(data).ok_or(())?),
+            cookie::CODE if cookie.is_none() => cookie = Some(ClientCookie::read(data).ok_or(())?),
+            _ => {}
         }
         rdata = rest;
     }
-    Ok(ecs)
+    Ok((ecs, cookie))
 }
 
 /// hickory-proto reads what the fast path does not; its question is
@@ -222,7 +228,17 @@ fn slow_path<'p>(packet: &[u8], slow: &'p mut Vec<u8>, req: &mut Request<'p>) {
         req.error = Some(Rcode::FormErr);
         return;
     };
+    // hickory-proto keeps COOKIE as an unknown option: check its length here.
+    let mut bad_cookie = false;
     req.edns = msg.edns.as_ref().map(|e| ClientEdns {
+        cookie: match e.option(hickory_proto::rr::rdata::opt::EdnsCode::Cookie) {
+            Some(hickory_proto::rr::rdata::opt::EdnsOption::Unknown(_, data)) => {
+                let c = ClientCookie::read(data);
+                bad_cookie = c.is_none();
+                c
+            }
+            _ => None,
+        },
         payload: e.max_payload(),
         version: e.version(),
         dnssec_ok: e.flags().dnssec_ok,
@@ -245,6 +261,9 @@ fn slow_path<'p>(packet: &[u8], slow: &'p mut Vec<u8>, req: &mut Request<'p>) {
             _ => None,
         },
     });
+    if bad_cookie {
+        req.error = Some(Rcode::FormErr);
+    }
     let [query] = msg.queries.as_slice() else {
         req.error = Some(Rcode::FormErr);
         return;

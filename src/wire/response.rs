@@ -1,6 +1,7 @@
 //! Writing a response: header, echoed question, records copied until the
 //! size limit, OPT last with its space reserved up front.
 
+use super::cookie::{self, SERVER_LEN};
 use super::request::{HEADER, Request};
 use crate::answer::{Answer, Pick};
 use crate::store::{Records, Snapshot};
@@ -20,6 +21,10 @@ const ECS_FIXED: usize = 8;
 pub(crate) struct Written<'a> {
     pub(crate) picks: &'a [u32],
     pub(crate) ecs_scope: u8,
+    /// The COOKIE option to send: the client's cookie and our server cookie.
+    pub(crate) cookie: Option<(&'a [u8], &'a [u8; SERVER_LEN])>,
+    /// Send TC and no records (a rate-limited response that slips).
+    pub(crate) truncate: bool,
 }
 
 /// Writes the response to `req` into `out`, never longer than `limit`.
@@ -42,7 +47,7 @@ pub(crate) fn write(
         (None, _) => 0,
         (Some(_), None) => OPT_LEN,
         (Some(_), Some(e)) => OPT_LEN + ECS_FIXED + e.address().len(),
-    };
+    } + extra.cookie.map_or(0, |(c, s)| 4 + c.len() + s.len());
     let budget = limit - opt_len;
     let mut qd = 0;
     if let Some(q) = req.question.filter(|q| HEADER + q.len() <= budget) {
@@ -50,6 +55,7 @@ pub(crate) fn write(
         qd = 1;
     }
     let (an, complete) = match ans.pick {
+        _ if extra.truncate => (0, false),
         Pick::All => copy(out, ans.answer, budget),
         Pick::Rotate(first) => rotate(out, ans.answer, first as usize, budget),
         Pick::Listed => listed(out, ans.answer, extra.picks, budget),
@@ -81,21 +87,28 @@ pub(crate) fn write(
         out.push((ans.rcode.code() >> 4) as u8); // extended RCODE
         out.push(0); // version 0
         out.extend_from_slice(&(if edns.dnssec_ok { 0x8000u16 } else { 0 }).to_be_bytes());
-        match ecs {
-            None => out.extend_from_slice(&0u16.to_be_bytes()),
-            Some(e) => {
-                // RFC 7871 §7.2.1: echo FAMILY, SOURCE PREFIX-LENGTH and
-                // ADDRESS; SCOPE PREFIX-LENGTH says how far the answer holds.
-                let addr = e.address();
-                out.extend_from_slice(&((ECS_FIXED + addr.len()) as u16).to_be_bytes());
-                out.extend_from_slice(&8u16.to_be_bytes());
-                out.extend_from_slice(&((4 + addr.len()) as u16).to_be_bytes());
-                out.extend_from_slice(&e.family.to_be_bytes());
-                out.push(e.source_prefix);
-                out.push(extra.ecs_scope);
-                out.extend_from_slice(addr);
-            }
+        let rdlen_at = out.len();
+        out.extend_from_slice(&0u16.to_be_bytes());
+        if let Some(e) = ecs {
+            // RFC 7871 §7.2.1: echo FAMILY, SOURCE PREFIX-LENGTH and
+            // ADDRESS; SCOPE PREFIX-LENGTH says how far the answer holds.
+            let addr = e.address();
+            out.extend_from_slice(&8u16.to_be_bytes());
+            out.extend_from_slice(&((4 + addr.len()) as u16).to_be_bytes());
+            out.extend_from_slice(&e.family.to_be_bytes());
+            out.push(e.source_prefix);
+            out.push(extra.ecs_scope);
+            out.extend_from_slice(addr);
         }
+        if let Some((client, server)) = extra.cookie {
+            // RFC 7873 §5.2: the client's cookie and ours.
+            out.extend_from_slice(&cookie::CODE.to_be_bytes());
+            out.extend_from_slice(&((client.len() + server.len()) as u16).to_be_bytes());
+            out.extend_from_slice(client);
+            out.extend_from_slice(server);
+        }
+        let rdlen = (out.len() - rdlen_at - 2) as u16;
+        out[rdlen_at..rdlen_at + 2].copy_from_slice(&rdlen.to_be_bytes());
         ar += 1;
     }
     out[0..2].copy_from_slice(&req.id.to_be_bytes());

@@ -41,7 +41,8 @@ pub const TYPES: [(u16, &str); 19] = [
 /// Type slots: the named ones and `other`.
 pub const TYPE_SLOTS: usize = TYPES.len() + 1;
 /// Response codes as CoreDNS writes them.
-pub const RCODES: [&str; 7] = ["NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "BADVERS"];
+pub const RCODES: [&str; 8] =
+    ["NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "BADVERS", "BADCOOKIE"];
 /// `coredns_dns_request_duration_seconds` buckets: 0.25 ms doubling to 8 s.
 pub const DURATION_BUCKETS: [f64; 16] = [
     0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048,
@@ -74,6 +75,19 @@ pub struct Outcome {
     pub qtype: u16,
     /// The query's EDNS DO bit.
     pub dnssec_ok: bool,
+    /// What rate limiting did to the response.
+    pub limited: Limited,
+}
+
+/// What Response Rate Limiting did to a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limited {
+    /// Nothing: sent as answered.
+    No,
+    /// Not sent.
+    Dropped,
+    /// Sent truncated, or as BADCOOKIE, instead of the answer.
+    Slipped,
 }
 
 /// How a query arrived, for counting.
@@ -99,6 +113,8 @@ macro_rules! layout {
             pub(crate) request_bytes: [$t; ZONES * PROTOS],
             pub(crate) response_size: [[$t; SIZE]; ZONES * PROTOS],
             pub(crate) response_bytes: [$t; ZONES * PROTOS],
+            /// Responses rate limiting dropped (0) and slipped (1).
+            pub(crate) limited: [$t; 2],
         }
     };
 }
@@ -118,6 +134,7 @@ impl Default for LocalStats {
             request_bytes: [0; ZONES * PROTOS],
             response_size: [[0; SIZE]; ZONES * PROTOS],
             response_bytes: [0; ZONES * PROTOS],
+            limited: [0; 2],
         }
     }
 }
@@ -134,6 +151,7 @@ impl Default for QueryStats {
             request_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             response_size: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             response_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+            limited: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -153,6 +171,7 @@ pub fn rcode_slot(rcode: Rcode) -> usize {
         Rcode::NotImp => 4,
         Rcode::Refused => 5,
         Rcode::BadVers => 6,
+        Rcode::BadCookie => 7,
     }
 }
 
@@ -170,13 +189,22 @@ impl LocalStats {
     pub fn record(&mut self, o: &Outcome, a: Arrival, request_len: usize, response_len: usize) {
         let zone = usize::from(!o.in_zone);
         self.requests[request_slot(zone, a.proto, a.family, type_slot(o.qtype))] += 1;
-        self.responses[zone * RCODES.len() + rcode_slot(o.rcode)] += 1;
         if o.dnssec_ok {
             self.do_requests[zone] += 1;
         }
         let zp = zone * PROTOS + a.proto;
         self.request_size[zp][bucket(&SIZE_BUCKETS, request_len as f64)] += 1;
         self.request_bytes[zp] += request_len as u64;
+        match o.limited {
+            Limited::No => {}
+            Limited::Dropped => {
+                // Nothing was sent: no response to count.
+                self.limited[0] += 1;
+                return;
+            }
+            Limited::Slipped => self.limited[1] += 1,
+        }
+        self.responses[zone * RCODES.len() + rcode_slot(o.rcode)] += 1;
         self.response_size[zp][bucket(&SIZE_BUCKETS, response_len as f64)] += 1;
         self.response_bytes[zp] += response_len as u64;
     }
@@ -208,6 +236,7 @@ impl LocalStats {
         add(&mut self.duration_nanos, &shared.duration_nanos);
         add(&mut self.request_bytes, &shared.request_bytes);
         add(&mut self.response_bytes, &shared.response_bytes);
+        add(&mut self.limited, &shared.limited);
         for (l, s) in self.duration.iter_mut().zip(&shared.duration) {
             add(l, s);
         }
@@ -316,7 +345,13 @@ mod tests {
     fn counts_land_in_their_label_slots_after_a_flush() {
         let shared = QueryStats::default();
         let mut local = LocalStats::default();
-        let o = Outcome { rcode: Rcode::NxDomain, in_zone: true, qtype: 33, dnssec_ok: true };
+        let o = Outcome {
+            rcode: Rcode::NxDomain,
+            in_zone: true,
+            qtype: 33,
+            dnssec_ok: true,
+            limited: Limited::No,
+        };
         local.record(&o, Arrival { proto: 0, family: 1 }, 60, 512);
         local.record_duration(true, 1, Duration::from_micros(300));
         assert_eq!(

@@ -9,16 +9,18 @@ mod mmsg;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
-use super::stats::{Arrival, LocalStats, QueryStats};
+use super::stats::{Arrival, Limited, LocalStats, QueryStats};
 use super::{Scratch, Transport, WireConfig, respond_from};
+use crate::fault::{Failures, Point, Task, panic_message};
 use crate::store::Reader;
 
 /// How often an idle worker looks at the stop flag.
@@ -40,12 +42,19 @@ pub struct UdpWorkers {
 
 /// Binds `workers` sockets on `addr` and starts one thread per socket; they
 /// count what they answer into `stats`.
+///
+/// A panic while answering one query loses that query only: it is caught,
+/// counted in `failures` (task `udp`), and the worker goes on with fresh
+/// buffers. A panic anywhere else in the loop restarts the loop on the same
+/// socket. So no packet can take a worker, and with it a share of the
+/// clients the kernel hashes to its socket, away for good.
 pub fn start(
     addr: SocketAddr,
     workers: usize,
     reader: Reader,
     cfg: WireConfig,
     stats: Arc<QueryStats>,
+    failures: Arc<Failures>,
 ) -> io::Result<UdpWorkers> {
     let stop = Arc::new(AtomicBool::new(false));
     let first = bind(addr)?;
@@ -59,10 +68,26 @@ pub fn start(
         .into_iter()
         .enumerate()
         .map(|(i, socket)| {
-            let (reader, stop, stats) = (reader.clone(), stop.clone(), stats.clone());
-            std::thread::Builder::new()
-                .name(format!("udp-{i}"))
-                .spawn(move || serve(&socket, &reader, &cfg, &stats, &stop))
+            let (reader, stop, stats, cfg, failures) =
+                (reader.clone(), stop.clone(), stats.clone(), cfg.clone(), failures.clone());
+            std::thread::Builder::new().name(format!("udp-{i}")).spawn(move || {
+                loop {
+                    let run = catch_unwind(AssertUnwindSafe(|| {
+                        serve(&socket, &reader, &cfg, &stats, &stop, &failures)
+                    }));
+                    match run {
+                        Ok(()) => break,
+                        Err(payload) => {
+                            failures.panicked(Task::Udp);
+                            error!(
+                                worker = i,
+                                panic = panic_message(&*payload),
+                                "UDP worker panicked; restarting it on the same socket"
+                            );
+                        }
+                    }
+                }
+            })
         })
         .collect::<io::Result<_>>()?;
     Ok(UdpWorkers { stop, threads, local_addr })
@@ -92,7 +117,14 @@ fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
     Ok(socket.into())
 }
 
-fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stats: &QueryStats, stop: &AtomicBool) {
+fn serve(
+    socket: &UdpSocket,
+    reader: &Reader,
+    cfg: &WireConfig,
+    stats: &QueryStats,
+    stop: &AtomicBool,
+    failures: &Failures,
+) {
     use mmsg::{BATCH, MAX_QUERY, Peer};
     let fd = socket.as_raw_fd();
     let family = usize::from(socket.local_addr().is_ok_and(|a| a.is_ipv6()));
@@ -134,18 +166,31 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stats: &QuerySta
             }
         };
         let received = Instant::now();
+        cfg.faults.point(Point::UdpLoop, &[]);
         let mut m = 0;
-        let mut in_zone = 0;
+        let (mut answered, mut in_zone) = (0, 0);
         {
             let snap = reader.load();
             for i in (0..n).filter(|&i| lens[i] > 0) {
                 let query = &queries[i][..lens[i]];
                 let peer = peers[i].ip();
-                if let Some(outcome) =
-                    respond_from(&snap, query, peer, Transport::Udp, cfg, &mut scratch, &mut responses[m])
-                {
-                    local.record(&outcome, arrival, query.len(), responses[m].len());
-                    in_zone += u64::from(outcome.in_zone);
+                let out = &mut responses[m];
+                let outcome = match catch_unwind(AssertUnwindSafe(|| {
+                    respond_from(&snap, query, peer, Transport::Udp, cfg, &mut scratch, out)
+                })) {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        // Logged by the panic hook; this query gets no answer.
+                        failures.panicked(Task::Udp);
+                        scratch = Scratch::default();
+                        None
+                    }
+                };
+                let Some(outcome) = outcome else { continue };
+                local.record(&outcome, arrival, query.len(), responses[m].len());
+                answered += 1;
+                in_zone += u64::from(outcome.in_zone);
+                if outcome.limited != Limited::Dropped {
                     to[m] = peers[i];
                     m += 1;
                 }
@@ -167,7 +212,7 @@ fn serve(socket: &UdpSocket, reader: &Reader, cfg: &WireConfig, stats: &QuerySta
         let now = Instant::now();
         let took = now - received;
         local.record_duration(true, in_zone, took);
-        local.record_duration(false, m as u64 - in_zone, took);
+        local.record_duration(false, answered - in_zone, took);
         pending += m;
         if pending >= FLUSH_EVERY_QUERIES || now - last_flush >= FLUSH_EVERY {
             local.flush(stats);

@@ -26,7 +26,8 @@ fn names_not_found_are_servfail_until_every_source_synced() {
         "127.0.0.1:0".parse().unwrap(),
         1,
         reader,
-        WireConfig { max_udp_payload: 1232 },
+        WireConfig::default(),
+        Default::default(),
         Default::default(),
     )
     .unwrap();

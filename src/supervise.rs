@@ -1,0 +1,190 @@
+//! Supervision of the server's async tasks: none may die unseen.
+//!
+//! A task whose state can be rebuilt (a watch relists, the probes start
+//! over, the accept loop takes its listener again) is restarted after a
+//! backoff whether it panicked or returned, and its panics are counted. A
+//! task that holds state nothing else has (the store's writer, the HTTP
+//! server that answers the liveness probe) is fatal: its death is recorded
+//! in [`Failures`], `/health` fails from then on, and the command returns an
+//! error so the process exits non-zero and Kubernetes restarts the Pod.
+//! A half-dead server, answering nothing while its probes say it is fine,
+//! is the outcome this exists to prevent.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tokio::task::JoinHandle;
+use tracing::{error, warn};
+
+use crate::fault::{Failures, Task, panic_message};
+
+/// First wait before a restart; doubled per restart up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// A task that ran this long before dying starts again from [`BACKOFF_MIN`].
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
+
+/// Spawns and watches tasks, recording their failures in one [`Failures`].
+#[derive(Clone)]
+pub struct Supervisor {
+    failures: Arc<Failures>,
+}
+
+impl Supervisor {
+    /// A supervisor recording into `failures`.
+    pub fn new(failures: Arc<Failures>) -> Self {
+        Self { failures }
+    }
+
+    /// Where failures are recorded.
+    pub fn failures(&self) -> &Arc<Failures> {
+        &self.failures
+    }
+
+    /// Runs `make()` as `task`, and again after a backoff whenever it
+    /// panics or returns, until the handle is aborted.
+    pub fn restartable<F, Fut>(&self, task: Task, mut make: F) -> JoinHandle<()>
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let failures = self.failures.clone();
+        tokio::spawn(async move {
+            let mut backoff = BACKOFF_MIN;
+            loop {
+                let started = Instant::now();
+                match AssertUnwindSafe(make()).catch_unwind().await {
+                    Ok(()) => warn!(task = task.name(), "task ended; restarting it"),
+                    Err(payload) => {
+                        failures.panicked(task);
+                        error!(
+                            task = task.name(),
+                            panic = panic_message(&*payload),
+                            "task panicked; restarting it"
+                        );
+                    }
+                }
+                if started.elapsed() >= HEALTHY_RUN {
+                    backoff = BACKOFF_MIN;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        })
+    }
+
+    /// Runs `fut` as `task`; if it panics or returns, the server is failed:
+    /// `/health` fails and the command ends with the reason.
+    pub fn fatal<Fut>(&self, task: Task, fut: Fut) -> JoinHandle<()>
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let failures = self.failures.clone();
+        tokio::spawn(async move {
+            let reason = match AssertUnwindSafe(fut).catch_unwind().await {
+                Ok(()) => format!("task {} ended and cannot be restarted", task.name()),
+                Err(payload) => {
+                    failures.panicked(task);
+                    format!(
+                        "task {} panicked and cannot be restarted: {}",
+                        task.name(),
+                        panic_message(&*payload)
+                    )
+                }
+            };
+            error!(task = task.name(), "{reason}; the server fails /health and exits");
+            failures.fatal(reason);
+        })
+    }
+}
+
+/// Replaces the default panic hook, which writes every panic to stderr,
+/// with one that logs through `tracing` at most [`PANIC_LOGS_PER_SECOND`]
+/// a second: a query of death repeated by an attacker must not become a
+/// flood of log lines. The panic is still caught and counted where it
+/// happened; this only decides what is written.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        static WINDOW: AtomicU64 = AtomicU64::new(0);
+        static LOGGED: AtomicU64 = AtomicU64::new(0);
+        static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+        let second = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        if WINDOW.swap(second, Ordering::Relaxed) != second {
+            LOGGED.store(0, Ordering::Relaxed);
+        }
+        if LOGGED.fetch_add(1, Ordering::Relaxed) >= PANIC_LOGS_PER_SECOND {
+            SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let thread = std::thread::current();
+        let location = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+        error!(
+            thread = thread.name().unwrap_or("?"),
+            %location,
+            suppressed_before = SUPPRESSED.swap(0, Ordering::Relaxed),
+            "panic: {}",
+            panic_message(info.payload())
+        );
+    }));
+}
+
+/// Panic log lines written per second at most (the rest are counted in the
+/// next line's `suppressed_before`).
+pub const PANIC_LOGS_PER_SECOND: u64 = 5;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[tokio::test]
+    async fn a_restartable_task_comes_back_after_panics_and_returns() {
+        let sup = Supervisor::new(Failures::new());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let handle = sup.restartable(Task::Probe, move || {
+            let n = counted.fetch_add(1, Ordering::Relaxed);
+            async move {
+                match n {
+                    0 => panic!("first run dies"),
+                    1 => {} // second run returns
+                    _ => std::future::pending().await,
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(runs.load(Ordering::Relaxed), 3, "started three times");
+        assert_eq!(sup.failures().panics(Task::Probe), 1);
+        assert_eq!(sup.failures().fatal_reason(), None);
+        handle.abort();
+    }
+
+    #[tokio::test]
+    async fn a_fatal_task_that_panics_fails_the_server_with_its_reason() {
+        let sup = Supervisor::new(Failures::new());
+        sup.fatal(Task::Writer, async { panic!("boom") });
+        let reason = tokio::time::timeout(Duration::from_secs(5), sup.failures().wait_fatal())
+            .await
+            .expect("recorded");
+        assert!(reason.contains("writer") && reason.contains("boom"), "{reason}");
+        assert_eq!(sup.failures().panics(Task::Writer), 1);
+    }
+
+    #[tokio::test]
+    async fn a_fatal_task_that_returns_fails_the_server_too() {
+        let sup = Supervisor::new(Failures::new());
+        sup.fatal(Task::Http, async {});
+        let reason = tokio::time::timeout(Duration::from_secs(5), sup.failures().wait_fatal())
+            .await
+            .expect("recorded");
+        assert!(reason.contains("http") && reason.contains("ended"), "{reason}");
+        assert_eq!(sup.failures().panics(Task::Http), 0);
+    }
+}

@@ -1,0 +1,263 @@
+//! Response Rate Limiting for UDP, as Knot DNS, NSD and BIND do it: each
+//! client network (/24 for IPv4, /56 for IPv6 by default) gets a budget of
+//! responses per second, and a separate one for errors (NXDOMAIN, REFUSED,
+//! FORMERR, …), so a spoofed flood cannot turn this server into an
+//! amplifier aimed at its victim. Over the limit a response is dropped,
+//! except every `slip`-th one, which is sent truncated (TC, no records) so
+//! a real client behind that network retries over TCP and is answered.
+//!
+//! Opt-in (`--rrl-rate`): behind CoreDNS `forward` every query comes from a
+//! handful of forwarders, which a per-network limit would starve. TCP,
+//! `--rrl-exempt` networks and clients with a valid DNS cookie are never
+//! limited.
+//!
+//! The table is a fixed array of atomic words, one bucket each, found by a
+//! hash of (network, class): no lock and no allocation per query. Two
+//! networks that share a bucket share a budget until one takes it over;
+//! that only ever limits less, never more.
+
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Settings of the limiter.
+#[derive(Debug, Clone)]
+pub struct RrlConfig {
+    /// Responses per second per client network.
+    pub rate: u32,
+    /// Error responses per second per client network.
+    pub errors_rate: u32,
+    /// Every `slip`-th limited response is sent truncated (0: none, 1: all).
+    pub slip: u32,
+    /// Prefix length of an IPv4 client network.
+    pub ipv4_prefix: u8,
+    /// Prefix length of an IPv6 client network.
+    pub ipv6_prefix: u8,
+    /// Networks never limited.
+    pub exempt: Vec<Cidr>,
+    /// Buckets in the table.
+    pub table_size: usize,
+}
+
+/// What a response counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// NOERROR, with records or without (NODATA).
+    Response,
+    /// Every error code.
+    Error,
+}
+
+/// What to do with a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Within the budget: send it.
+    Send,
+    /// Over it: send nothing.
+    Drop,
+    /// Over it, but send a truncated response (or, to a client that sent a
+    /// cookie, BADCOOKIE with a server cookie) so real clients get through.
+    Slip,
+}
+
+/// The shared table of buckets.
+#[derive(Debug)]
+pub struct RateLimiter {
+    cfg: RrlConfig,
+    buckets: Box<[AtomicU64]>,
+    epoch: Instant,
+}
+
+/// An address range, `addr/prefix`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    key: (u8, u128),
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `198.51.100.0/24` or `2001:db8::/32` (bits past the prefix
+    /// must be zero); a bare address is a single host.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let ip: IpAddr = addr.parse().map_err(|_| format!("{addr:?} is not an IP address"))?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|&p| p <= max)
+                .ok_or_else(|| format!("prefix {p:?} is not 0-{max}"))?,
+        };
+        let key = network_key(ip, prefix, prefix);
+        if key != network_key(ip, 32, 128) {
+            return Err(format!(
+                "{s}: bits are set past the /{prefix} (did you mean {}?)",
+                show(key, prefix)
+            ));
+        }
+        Ok(Self { key, prefix })
+    }
+
+    /// True when `ip` is inside.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        network_key(ip, self.prefix, self.prefix) == self.key
+    }
+}
+
+fn show((family, bits): (u8, u128), prefix: u8) -> String {
+    let ip: IpAddr = if family == 4 {
+        std::net::Ipv4Addr::from(bits as u32).into()
+    } else {
+        std::net::Ipv6Addr::from(bits).into()
+    };
+    format!("{ip}/{prefix}")
+}
+
+/// A bucket: the upper 32 bits of the key's hash (its tag), the second the
+/// count is for (16 bits, wrapping), and the count (16 bits, saturating).
+fn pack(tag: u32, second: u16, count: u16) -> u64 {
+    (u64::from(tag) << 32) | (u64::from(second) << 16) | u64::from(count)
+}
+
+impl RateLimiter {
+    /// A limiter with `cfg.table_size` buckets.
+    pub fn new(cfg: RrlConfig) -> Self {
+        let buckets = (0..cfg.table_size.max(1)).map(|_| AtomicU64::new(0)).collect();
+        Self { cfg, buckets, epoch: Instant::now() }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RrlConfig {
+        &self.cfg
+    }
+
+    /// Counts one response of `class` to `ip` now and says what to do.
+    pub fn check(&self, ip: IpAddr, class: Class) -> Action {
+        let second = (self.epoch.elapsed().as_secs() & 0xFFFF) as u16;
+        self.check_at(ip, class, second)
+    }
+
+    /// [`RateLimiter::check`] at a given second (for tests).
+    pub fn check_at(&self, ip: IpAddr, class: Class, second: u16) -> Action {
+        if self.cfg.exempt.iter().any(|c| c.contains(ip)) {
+            return Action::Send;
+        }
+        let limit = match class {
+            Class::Response => self.cfg.rate,
+            Class::Error => self.cfg.errors_rate,
+        };
+        let mut h = rustc_hash::FxHasher::default();
+        network_key(ip, self.cfg.ipv4_prefix, self.cfg.ipv6_prefix).hash(&mut h);
+        class.hash(&mut h);
+        let hash = h.finish();
+        let tag = (hash >> 32) as u32;
+        let slot = &self.buckets[(hash as usize) % self.buckets.len()];
+        let mut current = slot.load(Ordering::Relaxed);
+        let count = loop {
+            let (t, s, c) = ((current >> 32) as u32, (current >> 16) as u16, current as u16);
+            let count = if t == tag && s == second { c.saturating_add(1) } else { 1 };
+            match slot.compare_exchange_weak(
+                current,
+                pack(tag, second, count),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break count,
+                Err(now) => current = now,
+            }
+        };
+        let over = u32::from(count).saturating_sub(limit);
+        if over == 0 {
+            Action::Send
+        } else if self.cfg.slip > 0 && over % self.cfg.slip == 0 {
+            Action::Slip
+        } else {
+            Action::Drop
+        }
+    }
+}
+
+/// The client's network: its address with the bits past the prefix cleared.
+fn network_key(ip: IpAddr, v4: u8, v6: u8) -> (u8, u128) {
+    match ip {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let mask = if v4 == 0 { 0 } else { u32::MAX << (32 - u32::from(v4.min(32))) };
+            (4, u128::from(bits & mask))
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let mask = if v6 == 0 { 0 } else { u128::MAX << (128 - u32::from(v6.min(128))) };
+            (6, bits & mask)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(rate: u32, slip: u32) -> RateLimiter {
+        RateLimiter::new(RrlConfig {
+            rate,
+            errors_rate: 2,
+            slip,
+            ipv4_prefix: 24,
+            ipv6_prefix: 56,
+            exempt: vec![Cidr::parse("192.0.2.0/24").expect("cidr")],
+            table_size: 1024,
+        })
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn a_network_gets_its_rate_per_second_then_drops_with_every_slip_th_truncated() {
+        let l = limiter(5, 2);
+        let actions: Vec<Action> =
+            (0..10).map(|i| l.check_at(ip(&format!("198.51.100.{i}")), Class::Response, 7)).collect();
+        use Action::*;
+        assert_eq!(actions, [Send, Send, Send, Send, Send, Drop, Slip, Drop, Slip, Drop], "one /24");
+        assert_eq!(l.check_at(ip("198.51.101.1"), Class::Response, 7), Send, "another /24");
+        assert_eq!(l.check_at(ip("198.51.100.1"), Class::Response, 8), Send, "the next second");
+    }
+
+    #[test]
+    fn errors_have_their_own_budget_and_exempt_networks_none() {
+        let l = limiter(100, 0);
+        let a = ip("203.0.113.9");
+        assert_eq!(l.check_at(a, Class::Error, 1), Action::Send);
+        assert_eq!(l.check_at(a, Class::Error, 1), Action::Send);
+        assert_eq!(l.check_at(a, Class::Error, 1), Action::Drop, "errors: 2 a second, no slip");
+        assert_eq!(l.check_at(a, Class::Response, 1), Action::Send, "responses still pass");
+        for _ in 0..1000 {
+            assert_eq!(l.check_at(ip("192.0.2.1"), Class::Error, 1), Action::Send, "exempt");
+        }
+    }
+
+    #[test]
+    fn exempt_ranges_parse_strictly() {
+        let c = Cidr::parse("10.1.0.0/16").expect("cidr");
+        assert!(c.contains(ip("10.1.200.3")) && !c.contains(ip("10.2.0.1")) && !c.contains(ip("::1")));
+        assert!(Cidr::parse("::1").expect("host").contains(ip("::1")));
+        assert!(Cidr::parse("10.1.0.1/16").expect_err("host bits").contains("10.1.0.0/16"));
+        assert!(Cidr::parse("10.1.0.0/33").is_err());
+        assert!(Cidr::parse("nope/8").is_err());
+    }
+
+    #[test]
+    fn ipv6_clients_are_grouped_by_their_56() {
+        let l = limiter(1, 0);
+        assert_eq!(l.check_at(ip("2001:db8:0:1::1"), Class::Response, 3), Action::Send);
+        assert_eq!(l.check_at(ip("2001:db8:0:2::1"), Class::Response, 3), Action::Drop, "same /56");
+        assert_eq!(l.check_at(ip("2001:db8:0:100::1"), Class::Response, 3), Action::Send, "another /56");
+    }
+}
