@@ -157,8 +157,11 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
     if let Some(probe) = cfg.probe {
         let (r, tx, faults) = (reader.clone(), tx.clone(), cfg.wire.faults.clone());
         tasks.push(sup.restartable(Task::Probe, move || {
-            faults.point(Point::Probe, &[]);
-            crate::health::probe::run(r.clone(), probe, tx.clone())
+            let (r, tx, faults) = (r.clone(), tx.clone(), faults.clone());
+            async move {
+                faults.point(Point::Probe, &[]);
+                crate::health::probe::run(r, probe, tx).await;
+            }
         }));
     }
     let metrics = Arc::new(Metrics::new(healths, failures.clone())?);

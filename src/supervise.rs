@@ -57,7 +57,12 @@ impl Supervisor {
             let mut backoff = BACKOFF_MIN;
             loop {
                 let started = Instant::now();
-                match AssertUnwindSafe(make()).catch_unwind().await {
+                // Making the future may panic too; that counts the same.
+                let run = match std::panic::catch_unwind(AssertUnwindSafe(&mut make)) {
+                    Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+                    Err(payload) => Err(payload),
+                };
+                match run {
                     Ok(()) => warn!(task = task.name(), "task ended; restarting it"),
                     Err(payload) => {
                         failures.panicked(task);

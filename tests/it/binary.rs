@@ -26,11 +26,18 @@ impl Served {
 
     /// `clusterset-dns COMMAND` with serve's options (`serve` or `run`).
     pub fn start_as(command: &str, args: &[&str]) -> Self {
+        Self::start_env(command, args, &[])
+    }
+
+    /// [`Served::start_as`] with extra environment variables.
+    pub fn start_env(command: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(BIN)
-            .args([command, "--http-listen", "127.0.0.1:0", "--udp-workers", "1"])
+            .args([command, "--http-listen", "127.0.0.1:0"])
+            .args(if args.contains(&"--udp-workers") { &[][..] } else { &["--udp-workers", "1"][..] })
             .args(if args.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -97,6 +104,18 @@ impl Served {
     /// True once the process has exited.
     pub fn exited(&mut self) -> bool {
         self.child.try_wait().ok().flatten().is_some()
+    }
+
+    /// The exit status, once the process exits within `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     /// `dig` with extra arguments; returns its short output.

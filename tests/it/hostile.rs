@@ -96,6 +96,18 @@ fn client_subnet_options_of_every_length_up_to_20_are_answered_or_formerr() {
 }
 
 #[test]
+fn cookie_options_of_every_length_are_answered_or_formerr() {
+    let s = TestServer::embedded();
+    for len in 0..=48usize {
+        // RFC 7873 §5.2.2: a client cookie (8) and a server cookie (8-32).
+        let data: Vec<u8> = (0..len as u8).collect();
+        let bytes = packet(QNAME, 1, &opt(4 + len as u16, &option(10, &data)));
+        let want = if len == 8 || (16..=40).contains(&len) { 0 } else { FORMERR };
+        expect(s.addr, &format!("COOKIE of {len} bytes"), &bytes, Some(want));
+    }
+}
+
+#[test]
 fn edns_records_that_overrun_their_bounds_get_formerr() {
     let s = TestServer::embedded();
     let ecs = option(8, &[0, 1, 24, 0, 198, 51, 100]);

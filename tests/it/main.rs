@@ -5,6 +5,7 @@
 
 mod support;
 
+mod abuse;
 mod binary;
 mod client;
 mod cluster;
@@ -19,5 +20,6 @@ mod incumbent;
 mod metrics;
 mod policy;
 mod readiness;
+mod supervise;
 mod sync;
 mod watch;
