@@ -13,7 +13,7 @@ use clusterset_dns::source::{SourceId, embedded};
 use clusterset_dns::store::{self, Update, ZoneConfig};
 use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond, respond_from};
 use hickory_proto::op::{Edns, Message, Query};
-use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
 use hickory_proto::rr::{Name, RecordType};
 
 struct Counting;
@@ -158,6 +158,76 @@ fn answering_with_every_policy_allocates_nothing() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// DNS cookies on and rate limiting on, with queries that carry a client
+/// cookie, a valid server cookie, or none, some of them over the limit
+/// (dropped, slipped as TC or as BADCOOKIE): still nothing allocated.
+#[test]
+fn cookies_and_rate_limiting_allocate_nothing() {
+    use clusterset_dns::wire::cookie::CookieSecret;
+    use clusterset_dns::wire::rrl::{RateLimiter, RrlConfig};
+    let (reader, mut writer) = store::new(ZoneConfig {
+        origin: Name::from_ascii("clusterset.local.").unwrap(),
+        ttl: 5,
+        negative_ttl: 5,
+        advertise: vec![],
+        answers: store::AnswerConfig::standard(),
+    });
+    writer.apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
+    writer.publish();
+    let cfg = WireConfig {
+        cookies: Some(CookieSecret::from_hex("00112233445566778899aabbccddeeff").unwrap()),
+        rrl: Some(std::sync::Arc::new(RateLimiter::new(RrlConfig {
+            rate: 5,
+            errors_rate: 5,
+            slip: 2,
+            ipv4_prefix: 24,
+            ipv6_prefix: 56,
+            exempt: vec![],
+            table_size: 1024,
+        }))),
+        ..WireConfig::default()
+    };
+    let with_cookie = |name: &str, cookie: &[u8]| {
+        let mut m = Message::query();
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        let mut edns = Edns::new();
+        edns.options_mut().insert(EdnsOption::Unknown(10, cookie.to_vec()));
+        m.set_edns(edns);
+        m.to_vec().unwrap()
+    };
+    let mut scratch = Scratch::default();
+    let mut out = Vec::with_capacity(65535);
+    let peer = Some("198.51.100.1".parse().unwrap());
+    // A valid server cookie for this peer, from a first answer.
+    let client = [1, 2, 3, 4, 5, 6, 7, 8];
+    let first = with_cookie("web.shop.svc.clusterset.local.", &client);
+    respond_from(&reader.load(), &first, peer, Transport::Tcp, &cfg, &mut scratch, &mut out).unwrap();
+    let answered = Message::from_vec(&out).unwrap();
+    let Some(EdnsOption::Unknown(_, full)) = answered.edns.as_ref().unwrap().option(EdnsCode::Cookie) else {
+        panic!("no cookie in {answered:?}");
+    };
+    let queries = [
+        first.clone(),
+        with_cookie("web.shop.svc.clusterset.local.", full),
+        with_cookie("nope.shop.svc.clusterset.local.", &client),
+        query("web.shop.svc.clusterset.local.", RecordType::A, true),
+    ];
+    for transport in [Transport::Udp, Transport::Tcp] {
+        for q in &queries {
+            let snap = reader.load();
+            assert!(respond_from(&snap, q, peer, transport, &cfg, &mut scratch, &mut out).is_some());
+            drop(snap);
+            let before = ALLOCATIONS.with(Cell::get);
+            for _ in 0..100 {
+                let snap = reader.load();
+                respond_from(&snap, q, peer, transport, &cfg, &mut scratch, &mut out);
+            }
+            let allocated = ALLOCATIONS.with(Cell::get) - before;
+            assert_eq!(allocated, 0, "{transport:?} {:?}", Message::from_vec(q).unwrap().queries);
         }
     }
 }

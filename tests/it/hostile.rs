@@ -47,6 +47,10 @@ fn rcode(resp: &[u8]) -> u16 {
 
 const FORMERR: u16 = 1;
 
+/// An A record for the root, TTL 0, 192.0.2.1: an additional record that
+/// makes the in-place reader hand the query to hickory-proto.
+const SOME_A: [u8; 15] = [0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4, 192, 0, 2, 1];
+
 /// Sends `bytes` over UDP and over TCP, expects `want` (a response code, or
 /// no response), then checks a good query is answered over both.
 #[track_caller]
@@ -117,6 +121,16 @@ fn edns_records_that_overrun_their_bounds_get_formerr() {
         ("option header cut short", packet(QNAME, 1, &opt(3, &[0, 8, 0]))),
         ("OPT cut inside its fixed part", packet(QNAME, 1, &[0, 0, 41, 0x04, 0xd0, 0])),
         ("ECS family 3", packet(QNAME, 1, &opt(8, &option(8, &[0, 3, 0, 0])))),
+        // Two additional records send the query down the slow path
+        // (hickory-proto), where COOKIE's length is checked by us.
+        (
+            "COOKIE of 9 bytes, slow path",
+            packet(QNAME, 2, &[&SOME_A[..], &opt(13, &option(10, &[7; 9]))].concat()),
+        ),
+        (
+            "ECS of 3 bytes, slow path",
+            packet(QNAME, 2, &[&SOME_A[..], &opt(7, &option(8, &[0, 1, 24]))].concat()),
+        ),
         ("ECS /33 for IPv4", packet(QNAME, 1, &opt(13, &option(8, &[0, 1, 33, 0, 1, 2, 3, 4, 5])))),
     ];
     for (what, bytes) in shapes {
