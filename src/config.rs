@@ -251,6 +251,8 @@ pub struct SyncConfig {
     pub lease: Option<LeaseConfig>,
     /// The controller's behaviour.
     pub behaviour: SyncBehaviour,
+    /// Test-only fault injection (armed in debug builds only).
+    pub faults: Faults,
 }
 
 /// Where and how replicas elect the one that writes.
@@ -280,6 +282,7 @@ impl SyncConfig {
             behaviour: behaviour(&a.options, &a.namespaces)?,
             members,
             http_listen: a.http_listen,
+            faults: Faults::from_env().map_err(|e| bad("CLUSTERSET_DNS_FAULT", e))?,
         })
     }
 }
@@ -312,6 +315,7 @@ impl RunConfig {
             behaviour: behaviour(&a.sync, &a.serve.namespaces)?,
             members,
             http_listen: a.sync_http_listen,
+            faults: serve.wire.faults.clone(),
         };
         Ok(Self { serve, sync })
     }

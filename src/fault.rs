@@ -34,11 +34,14 @@ pub enum Task {
     /// The HTTP endpoints: a panicking request gets 500; the server
     /// itself ending is fatal (`/health` is the liveness probe).
     Http,
+    /// The sync controller while leading (fatal: a new process, or the
+    /// standby, takes over from complete lists).
+    Controller,
 }
 
 impl Task {
     /// Every task, in metric order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Udp,
         Self::Tcp,
         Self::TcpAccept,
@@ -49,6 +52,7 @@ impl Task {
         Self::Liveness,
         Self::Probe,
         Self::Http,
+        Self::Controller,
     ];
 
     /// The `task` label.
@@ -64,6 +68,7 @@ impl Task {
             Self::Liveness => "liveness",
             Self::Probe => "probe",
             Self::Http => "http",
+            Self::Controller => "controller",
         }
     }
 
@@ -157,15 +162,18 @@ pub enum Point {
     Probe,
     /// The first HTTP request; fires once.
     Http,
+    /// The sync controller, when it starts leading; fires once.
+    Controller,
 }
 
-const POINTS: [(Point, &str); 6] = [
+const POINTS: [(Point, &str); 7] = [
     (Point::Query, "query"),
     (Point::UdpLoop, "udp-loop"),
     (Point::TcpAccept, "tcp-accept"),
     (Point::Writer, "writer"),
     (Point::Probe, "probe"),
     (Point::Http, "http"),
+    (Point::Controller, "controller"),
 ];
 
 #[derive(Debug, Default)]

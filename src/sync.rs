@@ -18,8 +18,10 @@ use tracing::{info, warn};
 
 use crate::config::SyncConfig;
 use crate::controller::sync::{SyncStats, Syncer};
+use crate::fault::{Failures, Point, Task};
 use crate::source::fleet;
 use crate::source::kube::{self as kube_source, ClientError, WatchHealth};
+use crate::supervise::Supervisor;
 
 /// Why `sync` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +38,9 @@ pub enum SyncError {
     /// A signal handler could not be installed.
     #[error("signals: {0}")]
     Signal(std::io::Error),
+    /// A task that cannot be restarted died (the lease is released first).
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// Runs the controller until SIGTERM or SIGINT.
@@ -49,18 +54,33 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
     let healths: Vec<(String, Vec<Arc<WatchHealth>>)> =
         members.iter().map(|m| (m.name.clone(), m.health.clone())).collect();
-    tokio::spawn(http(listener, stats.clone(), leading.clone(), healths));
+    let failures = Failures::new();
+    let sup = Supervisor::new(failures.clone());
+    // /health is the liveness probe: its server's death is fatal.
+    let _http =
+        sup.fatal(Task::Http, http(listener, stats.clone(), leading.clone(), healths, failures.clone()));
+    // The controller never returns while leading; if it panics or returns,
+    // the process exits and the standby (or the restarted Pod) takes over.
+    let start_controller = |syncer: SyncerFuture| {
+        let faults = cfg.faults.clone();
+        sup.fatal(Task::Controller, async move {
+            let syncer = syncer.await;
+            faults.point(Point::Controller, &[]);
+            syncer.run().await;
+        })
+    };
 
     let Some(lease) = cfg.lease else {
         info!("no leader election: syncing");
         leading.store(true, Ordering::Relaxed);
-        let controller = tokio::spawn(Syncer::new(members, cfg.behaviour.clone(), stats).await.run());
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
+        let controller = start_controller(Box::pin(Syncer::new(members, cfg.behaviour.clone(), stats)));
+        let failed = tokio::select! {
+            _ = term.recv() => None,
+            _ = int.recv() => None,
+            reason = failures.wait_fatal() => Some(reason.to_owned()),
+        };
         controller.abort();
-        return Ok(());
+        return failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)));
     };
     let client = kube_source::client(&lease.connection).await?;
     let secs = lease.duration.as_secs();
@@ -76,6 +96,7 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
     info!(lease = %format!("{}/{}", lease.namespace, lease.name), identity = %lease.identity, "standing by for the Lease");
     let (mut leader, election) = manager.watch().await;
     let mut controller: Option<JoinHandle<()>> = None;
+    let mut failed = None;
     loop {
         let is_leader = *leader.borrow_and_update();
         leading.store(is_leader, Ordering::Relaxed);
@@ -83,7 +104,7 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
             (true, false) => {
                 info!(identity = %lease.identity, "leading: syncing");
                 let syncer = Syncer::new(members.clone(), cfg.behaviour.clone(), stats.clone());
-                controller = Some(tokio::spawn(async move { syncer.await.run().await }));
+                controller = Some(start_controller(Box::pin(syncer)));
             }
             (false, true) => {
                 warn!(identity = %lease.identity, "lost the Lease: stopped writing");
@@ -97,6 +118,10 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
             changed = leader.changed() => if changed.is_err() { break },
             _ = term.recv() => break,
             _ = int.recv() => break,
+            reason = failures.wait_fatal() => {
+                failed = Some(reason.to_owned());
+                break;
+            }
         }
     }
     if let Some(c) = controller.take() {
@@ -110,8 +135,11 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
         Ok(Err(e)) => warn!("releasing the Lease: {e}"),
         Err(e) => warn!("election task: {e}"),
     }
-    Ok(())
+    failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)))
 }
+
+/// A controller being made (its first lists), started once made.
+type SyncerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Syncer> + Send>>;
 
 type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>)>;
 
@@ -130,16 +158,25 @@ async fn http(
     stats: Arc<SyncStats>,
     leading: Arc<AtomicBool>,
     members: MemberHealth,
+    failures: Arc<Failures>,
 ) {
     let members = Arc::new(members);
-    let app =
-        Router::new().route("/health", get(|| async { "OK" })).route("/ready", get(|| async { "OK" })).route(
-            "/metrics",
-            get(move || {
-                let (s, l, m) = (stats.clone(), leading.clone(), members.clone());
-                async move { metrics_text(&s, l.load(Ordering::Relaxed), &m) }
-            }),
-        );
+    let health = move || {
+        let failures = failures.clone();
+        async move {
+            match failures.fatal_reason() {
+                None => (axum::http::StatusCode::OK, "OK".to_owned()),
+                Some(r) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {r}\n")),
+            }
+        }
+    };
+    let app = Router::new().route("/health", get(health)).route("/ready", get(|| async { "OK" })).route(
+        "/metrics",
+        get(move || {
+            let (s, l, m) = (stats.clone(), leading.clone(), members.clone());
+            async move { metrics_text(&s, l.load(Ordering::Relaxed), &m) }
+        }),
+    );
     if let Err(e) = axum::serve(listener, app).await {
         warn!("HTTP server stopped: {e}");
     }

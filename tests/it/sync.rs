@@ -32,6 +32,11 @@ impl Syncing {
     /// Syncs namespace `ns` only, with a Lease of its own, so the tests of
     /// this binary (which share the clusters) never see each other.
     fn start(clusters: &TestClusters, ns: &str, extra: &[&str]) -> Self {
+        Self::start_env(clusters, ns, extra, &[])
+    }
+
+    /// [`Syncing::start`] with extra environment variables.
+    fn start_env(clusters: &TestClusters, ns: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut args: Vec<String> = vec!["sync".into(), "--http-listen".into(), "127.0.0.1:0".into()];
         args.extend(["--namespace".into(), ns.into(), "--lease-name".into(), format!("sync-{ns}")]);
         for i in 0..clusters.len() {
@@ -42,6 +47,7 @@ impl Syncing {
         let mut child = Command::new(BIN)
             .args(&args)
             .env("RUST_LOG", std::env::var("SYNC_LOG").unwrap_or_else(|_| "info".into()))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -569,4 +575,26 @@ fn run_serves_dns_and_syncs_in_one_process() {
     eventually("answered by the same process", || short(&s, &web, "A") == [vip.clone()]);
     rt.block_on(u[0].unexport("web"));
     eventually("gone", || rcode(&s, &web) == "NXDOMAIN");
+}
+
+#[test]
+fn a_controller_that_dies_fails_health_and_ends_sync_non_zero() {
+    let clusters = shared();
+    let mut sync = Syncing::start_env(
+        clusters,
+        "dies",
+        &["--no-leader-election"],
+        &[("CLUSTERSET_DNS_FAULT", "controller")],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Ok(Some(status)) = sync.child.try_wait() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "sync still running:\n{}", sync.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "{status}");
+    let log = sync.log();
+    assert!(log.contains("task controller panicked and cannot be restarted"), "{log}");
 }
