@@ -13,8 +13,8 @@ use crate::config::ServeConfig;
 use crate::ops::{http, metrics::Metrics};
 use crate::source::files::{self, FileSource, LoadError};
 use crate::source::objects::ParseError;
-use crate::source::{SourceId, embedded, fleet, kube};
-use crate::store::{self, Reader, Update, Writer};
+use crate::source::{embedded, fleet, kube};
+use crate::store::{self, Reader, SourceId, Update, Writer};
 use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
 

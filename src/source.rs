@@ -13,15 +13,3 @@ pub mod files;
 pub mod fleet;
 pub mod kube;
 pub mod objects;
-
-/// Identifies one source of objects (one `--objects` path, one watch). The
-/// store keeps each source's objects apart, so a source can be replaced whole
-/// (a file reloaded, a watch relisted) without touching the others.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SourceId(pub u32);
-
-impl std::fmt::Display for SourceId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "source#{}", self.0)
-    }
-}

@@ -10,6 +10,7 @@
 
 mod balance;
 mod encode;
+mod input;
 mod names;
 mod snapshot;
 mod writer;
@@ -18,8 +19,9 @@ pub use balance::{
     ANSWER_SLOTS, AnswerConfig, AnswerStats, Balance, BalanceCluster, Client, ClientNet, EndpointMeta,
     Localities,
 };
+pub use input::{Object, ObjectId, SourceId, Update};
 pub use snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone, ZoneConfig};
-pub use writer::{ObjectId, Update, Writer};
+pub use writer::Writer;
 
 use std::sync::Arc;
 

@@ -16,14 +16,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::SourceId;
-use super::objects::Object;
 use crate::fleet::member::{self, Member, MemberConfig};
 use crate::fleet::merge::merge;
 use crate::fleet::state::{FleetState, MemberEvent};
 use crate::model::{ClusterId, ImportType, Port, ServiceImport, ServiceKey};
 use crate::source::kube::ClientError;
-use crate::store::{ObjectId, Update};
+use crate::store::{Object, ObjectId, SourceId, Update};
 
 /// How long a member may take to answer its first lists before the store is
 /// declared ready without it (its objects arrive when it does).

@@ -23,12 +23,10 @@ use kube::{Client, Config};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::SourceId;
 use super::convert::{self, SliceOutcome};
 use super::crd::{self, LABEL_SERVICE_NAME, MCS_GROUP, MCS_VERSIONS};
-use super::objects::Object;
 use crate::model::{DnsLabel, ServiceKey, SliceKey};
-use crate::store::{ObjectId, Update};
+use crate::store::{Object, ObjectId, SourceId, Update};
 
 /// How a failing watch is reported again while it stays down.
 const STALE_LOG_EVERY: Duration = Duration::from_secs(30);

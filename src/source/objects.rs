@@ -15,16 +15,7 @@ use serde::Deserialize;
 
 use super::convert::{self, ConvertError, SliceOutcome};
 use super::crd::{self, MCS_GROUP, MCS_VERSIONS};
-use crate::model::{EndpointSet, ServiceImport};
-
-/// One object the store serves from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Object {
-    /// A ServiceImport.
-    Import(ServiceImport),
-    /// An MCS EndpointSlice.
-    Slice(EndpointSet),
-}
+use crate::store::Object;
 
 /// What a text held.
 #[derive(Debug, Default)]
