@@ -13,6 +13,7 @@ pub mod controller;
 pub mod explain;
 pub mod fleet;
 pub mod health;
+pub mod k8s;
 pub mod model;
 pub mod ops;
 pub mod serve;

@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::config::ServeConfig;
+use crate::k8s;
 use crate::ops::{http, metrics::Metrics};
 use crate::source::files::{self, FileSource, LoadError};
 use crate::source::objects::ParseError;
@@ -29,7 +30,7 @@ pub enum StartError {
     Embedded(#[from] ParseError),
     /// No client for the Kubernetes API server could be made.
     #[error("{0}")]
-    Kube(#[from] kube::ClientError),
+    Kube(#[from] k8s::client::ClientError),
     /// The metrics could not be registered (a build defect).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -108,7 +109,7 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         tasks.push(tokio::spawn(files::watch(sources, tx.clone(), reload.clone())));
     }
     if let Some(src) = &cfg.kube {
-        let client = kube::client(&src.connection).await?;
+        let client = k8s::client::connect(&src.connection).await?;
         let first = cfg.objects.len() as u32 + 1;
         for watch in kube::plan(src, first) {
             // Registered before the first publish: not ready until it lists.

@@ -1,13 +1,13 @@
 //! Everything that feeds the store. A source turns Kubernetes objects into
-//! model values (`convert`) and hands them to the store's writer as
+//! model values (`k8s::convert`) and hands them to the store's writer as
 //! [`crate::store::Update`]s; it never builds answers.
 //!
 //! - `objects`: multi-document YAML/JSON as `kubectl get -o yaml` writes it.
 //! - `files`: `--objects PATH` sources, watched and reloaded on change.
 //! - `embedded`: the example fleet in `zones/`, served when no source is given.
+//! - `kube`: ServiceImport and MCS EndpointSlice watches of one cluster.
+//! - `fleet`: centralized mode, every member's exports as one source.
 
-pub mod convert;
-pub mod crd;
 pub mod embedded;
 pub mod files;
 pub mod fleet;

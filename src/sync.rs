@@ -18,8 +18,9 @@ use tracing::{info, warn};
 
 use crate::config::SyncConfig;
 use crate::controller::sync::{SyncStats, Syncer};
+use crate::k8s::client::{self, ClientError};
+use crate::k8s::watch::WatchHealth;
 use crate::source::fleet;
-use crate::source::kube::{self as kube_source, ClientError, WatchHealth};
 
 /// Why `sync` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +63,7 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
         controller.abort();
         return Ok(());
     };
-    let client = kube_source::client(&lease.connection).await?;
+    let client = client::connect(&lease.connection).await?;
     let secs = lease.duration.as_secs();
     let manager = LeaseManagerBuilder::new(client, &lease.name)
         .with_namespace(&lease.namespace)

@@ -17,8 +17,8 @@ use crate::wire::stats::{
     self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES, ZONES,
 };
 
+use crate::k8s::watch::WatchHealth;
 use crate::source::fleet::Liveness;
-use crate::source::kube::WatchHealth;
 use crate::store::{Reader, Snapshot};
 
 /// The server's metrics.

@@ -19,8 +19,8 @@ use tracing::{info, warn};
 use crate::fleet::member::{self, Member, MemberConfig};
 use crate::fleet::merge::merge;
 use crate::fleet::state::{FleetState, MemberEvent};
+use crate::k8s::client::ClientError;
 use crate::model::{ClusterId, ImportType, Port, ServiceImport, ServiceKey};
-use crate::source::kube::ClientError;
 use crate::store::{Object, ObjectId, SourceId, Update};
 
 /// How long a member may take to answer its first lists before the store is
