@@ -1,6 +1,11 @@
 //! The MCS custom resources, reduced to the fields DNS answers from
 //! (`multicluster.x-k8s.io`; v1alpha1 and v1beta1 have the same shape, so
 //! one type reads both; [`super::mcs`] has the group, versions and labels).
+//!
+//! Plain serde, not kube's `CustomResource`: a derived type is bound to one
+//! version, and a watch of typed objects fails its whole list on one object
+//! that does not deserialize. Watches read dynamic objects of the discovered
+//! version and parse each spec here, so a bad object is skipped by name.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
