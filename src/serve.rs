@@ -10,11 +10,12 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::config::ServeConfig;
+use crate::fleet::member;
 use crate::k8s;
 use crate::ops::{http, metrics::Metrics};
 use crate::source::files::{self, FileSource, LoadError};
 use crate::source::objects::ParseError;
-use crate::source::{embedded, fleet, kube};
+use crate::source::{centralized, embedded, kube};
 use crate::store::{self, Reader, SourceId, Update, Writer};
 use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
@@ -119,14 +120,19 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         }
     }
     if !cfg.members.is_empty() {
-        let members = fleet::connect(&cfg.members, &[]).await?;
+        let members = member::connect_all(&cfg.members, &[]).await?;
         let source = SourceId(u32::MAX - 1);
         writer.apply(Update::Register(source));
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
-        let state = fleet::Liveness::new(&members);
+        let state = centralized::Liveness::new(&members);
         liveness = Some(state.clone());
-        tasks.push(tokio::spawn(fleet::liveness(members.clone(), cfg.cluster_dead_after, state, tx.clone())));
-        tasks.push(tokio::spawn(fleet::run(members, source, tx.clone())));
+        tasks.push(tokio::spawn(centralized::liveness(
+            members.clone(),
+            cfg.cluster_dead_after,
+            state,
+            tx.clone(),
+        )));
+        tasks.push(tokio::spawn(centralized::run(members, source, tx.clone())));
     }
     if let Some(probe) = cfg.probe {
         tasks.push(tokio::spawn(crate::health::probe::run(reader.clone(), probe, tx.clone())));

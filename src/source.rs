@@ -6,10 +6,10 @@
 //! - `files`: `--objects PATH` sources, watched and reloaded on change.
 //! - `embedded`: the example fleet in `zones/`, served when no source is given.
 //! - `kube`: ServiceImport and MCS EndpointSlice watches of one cluster.
-//! - `fleet`: centralized mode, every member's exports as one source.
+//! - `centralized`: centralized mode, every member's exports as one source.
 
+pub mod centralized;
 pub mod embedded;
 pub mod files;
-pub mod fleet;
 pub mod kube;
 pub mod objects;

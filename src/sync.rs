@@ -18,9 +18,9 @@ use tracing::{info, warn};
 
 use crate::config::SyncConfig;
 use crate::controller::sync::{SyncStats, Syncer};
+use crate::fleet::member;
 use crate::k8s::client::{self, ClientError};
 use crate::k8s::watch::WatchHealth;
-use crate::source::fleet;
 
 /// Why `sync` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +43,7 @@ pub enum SyncError {
 pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
     let mut term = signal(SignalKind::terminate()).map_err(SyncError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SyncError::Signal)?;
-    let members = fleet::connect(&cfg.members, &cfg.behaviour.namespaces).await?;
+    let members = member::connect_all(&cfg.members, &cfg.behaviour.namespaces).await?;
     let stats = Arc::new(SyncStats::default());
     let leading = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;

@@ -54,6 +54,22 @@ impl Member {
     }
 }
 
+/// How long to wait for a member's ClusterProperty at start.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects to every member (learning cluster ids), for watches in
+/// `namespaces` (all when empty).
+pub async fn connect_all(
+    members: &[MemberConfig],
+    namespaces: &[String],
+) -> Result<Vec<Member>, ClientError> {
+    let mut connected = Vec::with_capacity(members.len());
+    for m in members {
+        connected.push(connect(m, CONNECT_TIMEOUT, namespaces).await?);
+    }
+    Ok(connected)
+}
+
 /// Connects to a member and learns its cluster id: the value of its
 /// `cluster.clusterset.k8s.io` ClusterProperty when it has one, else the
 /// configured name. A member that does not answer within `timeout` keeps its

@@ -18,7 +18,7 @@ use crate::wire::stats::{
 };
 
 use crate::k8s::watch::WatchHealth;
-use crate::source::fleet::Liveness;
+use crate::source::centralized::Liveness;
 use crate::store::{Reader, Snapshot};
 
 /// The server's metrics.
