@@ -12,6 +12,7 @@ mod balance;
 mod encode;
 mod input;
 mod names;
+mod records;
 mod snapshot;
 mod writer;
 
@@ -20,7 +21,8 @@ pub use balance::{
     Localities,
 };
 pub use input::{Object, ObjectId, SourceId, Update};
-pub use snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone, ZoneConfig};
+pub use records::{NameNode, RRset, Records};
+pub use snapshot::{ServiceNames, Snapshot, Zone, ZoneConfig};
 pub use writer::Writer;
 
 use std::sync::Arc;
@@ -55,6 +57,7 @@ impl Reader {
 /// Creates an empty store for a zone: the reader side and the single writer.
 pub fn new(config: ZoneConfig) -> (Reader, Writer) {
     let zone = Arc::new(Zone::new(config));
-    let current = Arc::new(ArcSwap::from_pointee(Snapshot::empty(zone.clone())));
+    let empty = Snapshot::empty(zone.clone(), names::zone_names(&zone, 0, std::iter::empty()));
+    let current = Arc::new(ArcSwap::from_pointee(empty));
     (Reader { current: current.clone() }, Writer::new(zone, current))
 }

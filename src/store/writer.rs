@@ -293,16 +293,16 @@ impl Writer {
         // every change within a second.
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0);
         self.serial = self.serial.wrapping_add(1).max(now);
-        let mut snap = Snapshot {
+        let zone_names = names::zone_names(&self.zone, self.serial, self.namespaces.keys());
+        let snap = Snapshot {
             zone: self.zone.clone(),
             serial: self.serial,
             ready: self.is_ready(),
             services: Arc::new(services),
-            zone_names: FxHashMap::default(),
-            negative_soa: Box::default(),
-            any_hinfo: Default::default(),
+            zone_names: zone_names.names,
+            negative_soa: zone_names.negative_soa,
+            any_hinfo: zone_names.any_hinfo,
         };
-        names::refresh_zone_names(&mut snap, self.namespaces.keys());
         debug!(
             serial = snap.serial,
             services = snap.services.len(),
