@@ -8,19 +8,23 @@
 //! **Invariant:** a snapshot is never modified after it is published; a
 //! change builds a new one that shares every untouched service with the old.
 
+mod answer_config;
+mod answer_stats;
 mod balance;
 mod encode;
 mod input;
+mod intern;
+mod localities;
 mod names;
 mod records;
 mod snapshot;
 mod writer;
 
-pub use balance::{
-    ANSWER_SLOTS, AnswerConfig, AnswerStats, Balance, BalanceCluster, Client, ClientNet, EndpointMeta,
-    Localities,
-};
+pub use answer_config::{AnswerConfig, ClientNet};
+pub use answer_stats::{ANSWER_SLOTS, AnswerStats};
+pub use balance::{Balance, BalanceCluster, EndpointMeta};
 pub use input::{Object, ObjectId, SourceId, Update};
+pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};
 pub use snapshot::{ServiceNames, Snapshot, Zone, ZoneConfig};
 pub use writer::Writer;

@@ -12,8 +12,9 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
-use super::balance::{Balance, BalanceCluster, EndpointMeta, Interner, set_weights};
+use super::balance::{Balance, BalanceCluster, EndpointMeta, set_weights};
 use super::encode;
+use super::intern::Interner;
 use super::records::{NameNode, RRset, Records};
 use super::snapshot::{ServiceNames, Zone, ZoneNames};
 use crate::model::{ClusterId, DnsLabel, EndpointSet, ImportType, PolicyKind, Port, ServiceImport};

@@ -13,7 +13,10 @@ use std::sync::Arc;
 use hickory_proto::rr::Name;
 use rustc_hash::FxHashMap;
 
-use super::balance::{AnswerConfig, AnswerStats, Balance, Localities};
+use super::answer_config::AnswerConfig;
+use super::answer_stats::AnswerStats;
+use super::balance::Balance;
+use super::localities::Localities;
 use super::records::{NameNode, Records};
 
 /// What the operator configures about the zone.

@@ -10,8 +10,8 @@ use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use tracing::debug;
 
-use super::balance::Interner;
 use super::input::{Object, ObjectId, SourceId, Update};
+use super::intern::Interner;
 use super::names::{self, BuildCtx};
 use super::snapshot::{ServiceNames, Snapshot, Zone};
 use crate::model::{ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey};
@@ -54,7 +54,7 @@ pub struct Writer {
 impl Writer {
     pub(crate) fn new(zone: Arc<Zone>, current: Arc<ArcSwap<Snapshot>>) -> Self {
         Self {
-            interner: Interner::new(&zone.localities),
+            interner: zone.localities.interner(),
             down: HashMap::new(),
             dead_clusters: BTreeSet::new(),
             health_dirty: BTreeSet::new(),
