@@ -14,9 +14,7 @@ use clusterset_dns::model::{
     AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport,
     ServiceKey, SliceKey,
 };
-use clusterset_dns::source::SourceId;
-use clusterset_dns::source::objects::Object;
-use clusterset_dns::store::{self, Reader, Update, Writer, ZoneConfig};
+use clusterset_dns::store::{self, Object, Reader, SourceId, Update, Writer, ZoneConfig};
 use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond, respond_from};
 use criterion::{Criterion, criterion_group, criterion_main};
 use hickory_proto::op::{Edns, Message, Query};

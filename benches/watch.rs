@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use clusterset_dns::source::crd::mcs_resource;
+use clusterset_dns::k8s::mcs::mcs_resource;
 use futures::{StreamExt, stream};
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::cli::CheckArgs;
-use crate::source::SourceId;
 use crate::source::files::FileSource;
-use crate::source::objects::{self, Object};
+use crate::source::objects;
+use crate::store::{Object, SourceId};
 
 /// Checks every file; returns the report and whether everything was usable.
 pub fn run(args: &CheckArgs) -> (String, bool) {

@@ -1,6 +1,6 @@
 //! Health that does not come from the objects: active probes of endpoints
 //! (`probe`). Cluster liveness of centralized members lives beside their
-//! watches (`source::fleet::liveness`); the sync controller's verdict on
+//! watches (`source::centralized::liveness`); the sync controller's verdict on
 //! members arrives as an annotation on each ServiceImport.
 //!
 //! Both only produce `store::Update`s (`EndpointHealth`,

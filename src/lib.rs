@@ -14,6 +14,7 @@ pub mod explain;
 pub mod fault;
 pub mod fleet;
 pub mod health;
+pub mod k8s;
 pub mod model;
 pub mod ops;
 pub mod serve;

@@ -2,7 +2,7 @@
 //! types. Everything the DNS answers is derived from these values; nothing
 //! here does I/O.
 //!
-//! Values are validated when they are built (see `source::convert`), so the
+//! Values are validated when they are built (see `k8s::convert`), so the
 //! store can trust them: every name is a valid DNS label, every address parses,
 //! every port is in range.
 

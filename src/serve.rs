@@ -12,11 +12,13 @@ use tracing::{info, warn};
 
 use crate::config::ServeConfig;
 use crate::fault::{Failures, Faults, Point, Task};
+use crate::fleet::member;
+use crate::k8s;
 use crate::ops::{http, metrics::Metrics};
 use crate::source::files::{self, FileSource, LoadError};
 use crate::source::objects::ParseError;
-use crate::source::{SourceId, embedded, fleet, kube};
-use crate::store::{self, Reader, Update, Writer};
+use crate::source::{centralized, embedded, kube};
+use crate::store::{self, Reader, SourceId, Update, Writer};
 use crate::supervise::Supervisor;
 use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
@@ -32,7 +34,7 @@ pub enum StartError {
     Embedded(#[from] ParseError),
     /// No client for the Kubernetes API server could be made.
     #[error("{0}")]
-    Kube(#[from] kube::ClientError),
+    Kube(#[from] k8s::client::ClientError),
     /// The metrics could not be registered (a build defect).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -128,7 +130,7 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         }));
     }
     if let Some(src) = &cfg.kube {
-        let client = kube::client(&src.connection).await?;
+        let client = k8s::client::connect(&src.connection).await?;
         let first = cfg.objects.len() as u32 + 1;
         for watch in kube::plan(src, first) {
             // Registered before the first publish: not ready until it lists.
@@ -141,18 +143,20 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
         }
     }
     if !cfg.members.is_empty() {
-        let members = fleet::connect(&cfg.members, &[]).await?;
+        let members = member::connect_all(&cfg.members, &[]).await?;
         let source = SourceId(u32::MAX - 1);
         writer.apply(Update::Register(source));
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
-        let state = fleet::Liveness::new(&members);
+        let state = centralized::Liveness::new(&members);
         liveness = Some(state.clone());
         let (m, dead_after, tx2) = (members.clone(), cfg.cluster_dead_after, tx.clone());
         tasks.push(sup.restartable(Task::Liveness, move || {
-            fleet::liveness(m.clone(), dead_after, state.clone(), tx2.clone())
+            centralized::liveness(m.clone(), dead_after, state.clone(), tx2.clone())
         }));
         let tx2 = tx.clone();
-        tasks.push(sup.restartable(Task::Members, move || fleet::run(members.clone(), source, tx2.clone())));
+        tasks.push(
+            sup.restartable(Task::Members, move || centralized::run(members.clone(), source, tx2.clone())),
+        );
     }
     if let Some(probe) = cfg.probe {
         let (r, tx, faults) = (reader.clone(), tx.clone(), cfg.wire.faults.clone());

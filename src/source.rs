@@ -1,27 +1,15 @@
 //! Everything that feeds the store. A source turns Kubernetes objects into
-//! model values (`convert`) and hands them to the store's writer as
+//! model values (`k8s::convert`) and hands them to the store's writer as
 //! [`crate::store::Update`]s; it never builds answers.
 //!
 //! - `objects`: multi-document YAML/JSON as `kubectl get -o yaml` writes it.
 //! - `files`: `--objects PATH` sources, watched and reloaded on change.
 //! - `embedded`: the example fleet in `zones/`, served when no source is given.
+//! - `kube`: ServiceImport and MCS EndpointSlice watches of one cluster.
+//! - `centralized`: centralized mode, every member's exports as one source.
 
-pub mod convert;
-pub mod crd;
+pub mod centralized;
 pub mod embedded;
 pub mod files;
-pub mod fleet;
 pub mod kube;
 pub mod objects;
-
-/// Identifies one source of objects (one `--objects` path, one watch). The
-/// store keeps each source's objects apart, so a source can be replaced whole
-/// (a file reloaded, a watch relisted) without touching the others.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SourceId(pub u32);
-
-impl std::fmt::Display for SourceId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "source#{}", self.0)
-    }
-}

@@ -8,18 +8,26 @@
 //! **Invariant:** a snapshot is never modified after it is published; a
 //! change builds a new one that shares every untouched service with the old.
 
+mod answer_config;
+mod answer_stats;
 mod balance;
 mod encode;
+mod input;
+mod intern;
+mod localities;
 mod names;
+mod records;
 mod snapshot;
 mod writer;
 
-pub use balance::{
-    ANSWER_SLOTS, AnswerConfig, AnswerStats, Balance, BalanceCluster, Client, ClientNet, EndpointMeta,
-    Localities,
-};
-pub use snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone, ZoneConfig};
-pub use writer::{ObjectId, Update, Writer};
+pub use answer_config::{AnswerConfig, ClientNet};
+pub use answer_stats::{ANSWER_SLOTS, AnswerStats};
+pub use balance::{Balance, BalanceCluster, EndpointMeta};
+pub use input::{Object, ObjectId, SourceId, Update};
+pub use localities::{Client, Localities};
+pub use records::{NameNode, RRset, Records};
+pub use snapshot::{ServiceNames, Snapshot, Zone, ZoneConfig};
+pub use writer::Writer;
 
 use std::sync::Arc;
 
@@ -53,6 +61,7 @@ impl Reader {
 /// Creates an empty store for a zone: the reader side and the single writer.
 pub fn new(config: ZoneConfig) -> (Reader, Writer) {
     let zone = Arc::new(Zone::new(config));
-    let current = Arc::new(ArcSwap::from_pointee(Snapshot::empty(zone.clone())));
+    let empty = Snapshot::empty(zone.clone(), names::zone_names(&zone, 0, std::iter::empty()));
+    let current = Arc::new(ArcSwap::from_pointee(empty));
     (Reader { current: current.clone() }, Writer::new(zone, current))
 }

@@ -19,8 +19,9 @@ use tracing::{info, warn};
 use crate::config::SyncConfig;
 use crate::controller::sync::{SyncStats, Syncer};
 use crate::fault::{Failures, Point, Task};
-use crate::source::fleet;
-use crate::source::kube::{self as kube_source, ClientError, WatchHealth};
+use crate::fleet::member;
+use crate::k8s::client::{self, ClientError};
+use crate::k8s::watch::WatchHealth;
 use crate::supervise::Supervisor;
 
 /// Why `sync` stopped.
@@ -47,7 +48,7 @@ pub enum SyncError {
 pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
     let mut term = signal(SignalKind::terminate()).map_err(SyncError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SyncError::Signal)?;
-    let members = fleet::connect(&cfg.members, &cfg.behaviour.namespaces).await?;
+    let members = member::connect_all(&cfg.members, &cfg.behaviour.namespaces).await?;
     let stats = Arc::new(SyncStats::default());
     let leading = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;
@@ -82,7 +83,7 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
         controller.abort();
         return failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)));
     };
-    let client = kube_source::client(&lease.connection).await?;
+    let client = client::connect(&lease.connection).await?;
     let secs = lease.duration.as_secs();
     let manager = LeaseManagerBuilder::new(client, &lease.name)
         .with_namespace(&lease.namespace)

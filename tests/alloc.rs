@@ -9,8 +9,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use clusterset_dns::model::{ClusterId, PolicyKind};
-use clusterset_dns::source::{SourceId, embedded};
-use clusterset_dns::store::{self, Update, ZoneConfig};
+use clusterset_dns::source::embedded;
+use clusterset_dns::store::{self, SourceId, Update, ZoneConfig};
 use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond, respond_from};
 use hickory_proto::op::{Edns, Message, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};

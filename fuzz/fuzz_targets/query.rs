@@ -5,8 +5,8 @@
 
 use std::sync::OnceLock;
 
-use clusterset_dns::source::{SourceId, embedded};
-use clusterset_dns::store::{self, Reader, Update, ZoneConfig};
+use clusterset_dns::source::embedded;
+use clusterset_dns::store::{self, Reader, SourceId, Update, ZoneConfig};
 use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond};
 use hickory_proto::op::Message;
 use hickory_proto::rr::Name;

@@ -293,9 +293,7 @@ mod tests {
         AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType,
         ServiceImport, ServiceKey, SliceKey,
     };
-    use crate::source::SourceId;
-    use crate::source::objects::Object;
-    use crate::store::{self, AnswerConfig, ClientNet, Reader, Update, Writer, ZoneConfig};
+    use crate::store::{self, AnswerConfig, ClientNet, Object, Reader, SourceId, Update, Writer, ZoneConfig};
 
     const NAME: &[u8] = b"\x02hl\x02ns\x03svc\x0aclusterset\x05local\x00";
 

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use crate::fleet::export::{ServicePortSpec, SessionAffinity};
 use crate::fleet::merge::{Condition, ImportSpec};
 use crate::fleet::objects::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::k8s::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{ANNOTATION_UNREACHABLE_CLUSTERS, AddressFamily, ClusterId, ImportType, ServiceKey};
-use crate::source::crd::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 
 pub use crate::fleet::objects::{LABEL_APP_MANAGED_BY, SYNC_MANAGER as FIELD_MANAGER};
 
@@ -273,8 +273,8 @@ mod tests {
         );
         assert_eq!(body["metadata"]["annotations"][ANNOTATION_UNREACHABLE_CLUSTERS], "cluster-2,cluster-3");
         // What serve makes of that object.
-        let obj: crate::source::crd::ServiceImport = serde_json::from_value(body).unwrap();
-        let converted = crate::source::convert::service_import(&obj).unwrap();
+        let obj: crate::k8s::crd::ServiceImport = serde_json::from_value(body).unwrap();
+        let converted = crate::k8s::convert::service_import(&obj).unwrap();
         assert_eq!(converted.answers.unreachable, [c("cluster-2"), c("cluster-3")]);
         assert_eq!(converted.answers.policy, Some(crate::model::PolicyKind::Random));
     }

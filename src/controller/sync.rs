@@ -27,9 +27,9 @@ use super::desired::{self, FIELD_MANAGER, LABEL_APP_MANAGED_BY};
 use crate::fleet::member::{self, Member};
 use crate::fleet::merge::{Condition, Status, condition, merge};
 use crate::fleet::state::{FleetState, MemberEvent};
+use crate::k8s::mcs::{LABEL_SERVICE_NAME, discover_mcs, mcs_resource};
+use crate::k8s::watch::{Reporter, WatchHealth, scopes};
 use crate::model::{ImportType, ServiceKey};
-use crate::source::crd::{LABEL_SERVICE_NAME, mcs_resource};
-use crate::source::kube::{Reporter, WatchHealth, discover_mcs};
 
 /// Services reconciled at once (each writes to its members in turn). The
 /// members' API servers, not the controller, set the pace.
@@ -171,7 +171,7 @@ impl Syncer {
                 fallback_apis()
             }));
         }
-        let scopes = member::scopes(&behaviour.namespaces).len();
+        let scopes = scopes(&behaviour.namespaces).len();
         let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), scopes);
         let n = members.len();
         Self {
@@ -372,7 +372,7 @@ impl Syncer {
                 continue;
             }
             let mut found: Vec<(&'static str, kube::api::ObjectMeta)> = Vec::new();
-            for scope in member::scopes(&self.behaviour.namespaces) {
+            for scope in scopes(&self.behaviour.namespaces) {
                 let (imports, services, slices): (Api<DynamicObject>, Api<Service>, Api<EndpointSlice>) =
                     match &scope {
                         Some(ns) => (
@@ -710,7 +710,7 @@ fn object(member: usize, kind: &'static str, key: &ServiceKey, name: String) -> 
 
 async fn discover(m: &Member) -> MemberApis {
     let health = Arc::new(WatchHealth::new(format!("API discovery of member {}", m.name)));
-    let mut reporter = Reporter { health, last_log: None };
+    let mut reporter = Reporter::new(health);
     let import = discover_mcs(&m.client, "ServiceImport", "serviceimports", &mut reporter).await;
     let export = discover_mcs(&m.client, "ServiceExport", "serviceexports", &mut reporter).await;
     MemberApis { import, export }

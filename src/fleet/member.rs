@@ -6,29 +6,23 @@
 //! after any error (so deletions during an outage are seen) and reports its
 //! staleness in [`WatchHealth`].
 
-use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::watcher::{self, Event};
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher;
 use kube::{Client, Resource};
-use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::objects::{self, LABEL_K8S_SERVICE_NAME};
 use super::state::{Change, Delta, ExportInfo, MemberEvent, ServiceInfo};
+use crate::k8s::client::{self, ClientError, Connection};
+use crate::k8s::mcs::{CLUSTER_ID_PROPERTY, cluster_property, discover_mcs};
+use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, scopes};
 use crate::model::{ClusterId, ServiceKey, SliceKey};
-use crate::source::kube::{
-    self as kube_source, BACKOFF_MAX, BACKOFF_MIN, ClientError, Connection, Reporter, WatchHealth,
-};
-
-/// The ClusterProperty naming a cluster (KEP-2149).
-pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
 
 /// A member as configured: `--cluster NAME=KUBECONFIG`.
 #[derive(Debug, Clone)]
@@ -60,6 +54,22 @@ impl Member {
     }
 }
 
+/// How long to wait for a member's ClusterProperty at start.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects to every member (learning cluster ids), for watches in
+/// `namespaces` (all when empty).
+pub async fn connect_all(
+    members: &[MemberConfig],
+    namespaces: &[String],
+) -> Result<Vec<Member>, ClientError> {
+    let mut connected = Vec::with_capacity(members.len());
+    for m in members {
+        connected.push(connect(m, CONNECT_TIMEOUT, namespaces).await?);
+    }
+    Ok(connected)
+}
+
 /// Connects to a member and learns its cluster id: the value of its
 /// `cluster.clusterset.k8s.io` ClusterProperty when it has one, else the
 /// configured name. A member that does not answer within `timeout` keeps its
@@ -69,7 +79,7 @@ pub async fn connect(
     timeout: Duration,
     namespaces: &[String],
 ) -> Result<Member, ClientError> {
-    let client = kube_source::client(&cfg.connection).await?;
+    let client = client::connect(&cfg.connection).await?;
     let fallback = || {
         ClusterId::parse(&cfg.name).map_err(|e| ClientError::Kubeconfig {
             path: format!("--cluster {}", cfg.name).into(),
@@ -105,29 +115,6 @@ pub async fn connect(
     Ok(Member { name: cfg.name.clone(), cluster, client, health })
 }
 
-/// KEP-2149's ClusterProperty (`about.k8s.io/v1alpha1`, cluster-scoped).
-pub fn cluster_property_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("about.k8s.io", "v1alpha1", "ClusterProperty"),
-        "clusterproperties",
-    )
-}
-
-async fn cluster_property(client: &Client) -> Result<Option<String>, kube::Error> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &cluster_property_resource());
-    match api.get_opt(CLUSTER_ID_PROPERTY).await {
-        Ok(obj) => Ok(obj.and_then(|o| o.data.pointer("/spec/value")?.as_str().map(str::to_owned))),
-        // No ClusterProperty CRD: the API answers 404 for the whole resource.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// The scopes watches run in: each namespace, or all namespaces at once.
-pub fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
-    if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() }
-}
-
 /// Starts the three watches of member `index` in every scope (see
 /// [`scopes`]), sending to `events`. The member's health list has three
 /// entries per scope, in that order.
@@ -140,47 +127,39 @@ pub fn spawn_watches(
     for (s, scope) in scopes(namespaces).into_iter().enumerate() {
         let health =
             |k: usize| member.health.get(s * 3 + k).cloned().unwrap_or_else(|| member.health[k].clone());
-        let watcher = || Watcher {
-            index,
-            cluster: member.cluster.clone(),
-            scope: scope.clone(),
-            events: events.clone(),
-        };
-        let (exports, client, h) = (watcher(), member.client.clone(), health(0));
+        let (exports, client, events_, h) = (
+            ToFleet::new(index, member, &scope, export_entry, Change::Exports),
+            member.client.clone(),
+            events.clone(),
+            health(0),
+        );
         tokio::spawn(async move {
-            let mut reporter = Reporter { health: h, last_log: None };
-            let resource =
-                kube_source::discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
-            let api: Api<DynamicObject> = match &exports.scope {
-                Some(ns) => Api::namespaced_with(client, ns, &resource),
-                None => Api::all_with(client, &resource),
-            };
-            exports.run(api, watcher::Config::default(), reporter, export_entry, Change::Exports).await;
+            let mut reporter = Reporter::new(h);
+            let resource = discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
+            let api: Api<DynamicObject> = watch::scoped_with(client, exports.scope.as_deref(), &resource);
+            watch::relist(api, watcher::Config::default(), reporter, exports, events_).await;
         });
-        let (services, client, h) = (watcher(), member.client.clone(), health(1));
+        let (services, client, events_, h) = (
+            ToFleet::new(index, member, &scope, service_entry, Change::Services),
+            member.client.clone(),
+            events.clone(),
+            health(1),
+        );
         tokio::spawn(async move {
-            let reporter = Reporter { health: h, last_log: None };
-            let api = scoped(client, &services.scope);
-            services.run(api, watcher::Config::default(), reporter, service_entry, Change::Services).await;
+            let api: Api<Service> = watch::scoped(client, services.scope.as_deref());
+            watch::relist(api, watcher::Config::default(), Reporter::new(h), services, events_).await;
         });
-        let (slices, client, h) = (watcher(), member.client.clone(), health(2));
+        let (slices, client, events_, h) = (
+            ToFleet::new(index, member, &scope, slice_entry, Change::Slices),
+            member.client.clone(),
+            events.clone(),
+            health(2),
+        );
         tokio::spawn(async move {
-            let reporter = Reporter { health: h, last_log: None };
             let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
-            let api = scoped(client, &slices.scope);
-            slices.run(api, cfg, reporter, slice_entry, Change::Slices).await;
+            let api: Api<EndpointSlice> = watch::scoped(client, slices.scope.as_deref());
+            watch::relist(api, cfg, Reporter::new(h), slices, events_).await;
         });
-    }
-}
-
-fn scoped<K>(client: Client, scope: &Option<String>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    K::DynamicType: Default,
-{
-    match scope {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::all(client),
     }
 }
 
@@ -219,76 +198,53 @@ fn slice_entry(_: &ClusterId, s: &EndpointSlice) -> Option<Entry<Arc<EndpointSli
     Some((object_id(s)?, key, Arc::new(s.clone())))
 }
 
-struct Watcher {
+/// One watch of one member in one scope, as [`MemberEvent`]s of one kind.
+struct ToFleet<K, V> {
     index: usize,
     cluster: ClusterId,
     scope: Option<String>,
-    events: mpsc::Sender<MemberEvent>,
+    entry: fn(&ClusterId, &K) -> Option<Entry<V>>,
+    wrap: fn(Delta<V>) -> Change,
 }
 
-impl Watcher {
-    /// Runs one watch until the receiver goes away, restarting it with a
-    /// complete list after every error.
-    async fn run<K, V>(
-        self,
-        api: Api<K>,
-        cfg: watcher::Config,
-        mut reporter: Reporter,
+impl<K: Resource, V: Send> Translate<K> for ToFleet<K, V> {
+    type Item = Entry<V>;
+    type Message = MemberEvent;
+
+    fn item(&self, k: &K) -> Option<Entry<V>> {
+        (self.entry)(&self.cluster, k)
+    }
+
+    fn listed(&self, entries: Vec<Entry<V>>) -> MemberEvent {
+        self.event(Delta::Listed(self.scope.clone(), entries))
+    }
+
+    fn applied(&self, k: &K) -> Option<MemberEvent> {
+        let delta = match (self.entry)(&self.cluster, k) {
+            Some((id, key, v)) => Delta::Applied(id, key, v),
+            // No longer relevant (a slice lost its service label).
+            None => Delta::Deleted(object_id(k)?),
+        };
+        Some(self.event(delta))
+    }
+
+    fn deleted(&self, k: &K) -> Option<MemberEvent> {
+        Some(self.event(Delta::Deleted(object_id(k)?)))
+    }
+}
+
+impl<K, V> ToFleet<K, V> {
+    fn new(
+        index: usize,
+        member: &Member,
+        scope: &Option<String>,
         entry: fn(&ClusterId, &K) -> Option<Entry<V>>,
         wrap: fn(Delta<V>) -> Change,
-    ) where
-        K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-    {
-        let mut backoff = BACKOFF_MIN;
-        loop {
-            let mut stream = std::pin::pin!(watcher::watcher(api.clone(), cfg.clone()));
-            let mut buffer = Vec::new();
-            let mut listed = false;
-            while let Some(event) = stream.next().await {
-                let delta = match event {
-                    Err(e) => {
-                        reporter.failed(&e.to_string());
-                        break;
-                    }
-                    Ok(Event::Init) => {
-                        buffer.clear();
-                        continue;
-                    }
-                    Ok(Event::InitApply(k)) => {
-                        buffer.extend(entry(&self.cluster, &k));
-                        continue;
-                    }
-                    Ok(Event::InitDone) => {
-                        listed = true;
-                        info!(watch = %reporter.health.name, objects = buffer.len(), "watch listed");
-                        Delta::Listed(self.scope.clone(), std::mem::take(&mut buffer))
-                    }
-                    Ok(Event::Apply(k)) => match entry(&self.cluster, &k) {
-                        Some((id, key, v)) => Delta::Applied(id, key, v),
-                        // No longer relevant (a slice lost its service label).
-                        None => match object_id(&k) {
-                            Some(id) => Delta::Deleted(id),
-                            None => continue,
-                        },
-                    },
-                    Ok(Event::Delete(k)) => match object_id(&k) {
-                        Some(id) => Delta::Deleted(id),
-                        None => continue,
-                    },
-                };
-                let relisted = matches!(delta, Delta::Listed(..));
-                if self.events.send(MemberEvent { member: self.index, change: wrap(delta) }).await.is_err() {
-                    return;
-                }
-                if relisted {
-                    reporter.ok();
-                }
-            }
-            if listed {
-                backoff = BACKOFF_MIN;
-            }
-            tokio::time::sleep(kube_source::jitter(backoff)).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-        }
+    ) -> Self {
+        Self { index, cluster: member.cluster.clone(), scope: scope.clone(), entry, wrap }
+    }
+
+    fn event(&self, delta: Delta<V>) -> MemberEvent {
+        MemberEvent { member: self.index, change: (self.wrap)(delta) }
     }
 }

@@ -10,9 +10,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ObjectMeta;
 
 use super::export::{Exported, ExportedService, ServicePortSpec, SessionAffinity};
+use crate::k8s::convert::{self, SliceOutcome};
+use crate::k8s::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{AddressFamily, ClusterId, DnsLabel, EndpointSet, ImportType, Protocol, ServiceKey};
-use crate::source::convert::{self, SliceOutcome};
-use crate::source::crd::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 
 /// Label the EndpointSlice controller puts on a Service's own slices.
 pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";

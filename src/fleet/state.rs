@@ -133,9 +133,9 @@ impl<V: PartialEq> Index<V> {
     }
 }
 
-/// One member's objects.
+/// One member's objects (the connected member is `fleet::member::Member`).
 #[derive(Debug)]
-pub struct Member {
+pub struct MemberObjects {
     /// Its cluster id.
     pub cluster: ClusterId,
     /// Scopes (namespaces, or one for all) each kind is watched in.
@@ -145,7 +145,7 @@ pub struct Member {
     slices: Index<Arc<EndpointSlice>>,
 }
 
-impl Member {
+impl MemberObjects {
     /// True once every kind has been listed in every scope.
     pub fn synced(&self) -> bool {
         [self.exports.listed.len(), self.services.listed.len(), self.slices.listed.len()]
@@ -157,7 +157,7 @@ impl Member {
 /// Every member's objects.
 #[derive(Debug)]
 pub struct FleetState {
-    members: Vec<Member>,
+    members: Vec<MemberObjects>,
 }
 
 impl FleetState {
@@ -166,7 +166,7 @@ impl FleetState {
     pub fn new(clusters: Vec<ClusterId>, scopes: usize) -> Self {
         let members = clusters
             .into_iter()
-            .map(|cluster| Member {
+            .map(|cluster| MemberObjects {
                 cluster,
                 scopes: scopes.max(1),
                 exports: Index::default(),
@@ -178,13 +178,13 @@ impl FleetState {
     }
 
     /// The members.
-    pub fn members(&self) -> &[Member] {
+    pub fn members(&self) -> &[MemberObjects] {
         &self.members
     }
 
     /// True once every member has listed everything.
     pub fn synced(&self) -> bool {
-        self.members.iter().all(Member::synced)
+        self.members.iter().all(MemberObjects::synced)
     }
 
     /// True once every member not `ignored` has listed everything.

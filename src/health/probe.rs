@@ -236,9 +236,7 @@ mod tests {
         AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, Port,
         Protocol, ServiceImport, SliceKey,
     };
-    use crate::source::SourceId;
-    use crate::source::objects::Object;
-    use crate::store::{self, AnswerConfig, Writer, ZoneConfig};
+    use crate::store::{self, AnswerConfig, Object, SourceId, Writer, ZoneConfig};
 
     fn key(name: &str) -> ServiceKey {
         ServiceKey { namespace: DnsLabel::parse("ns").unwrap(), name: DnsLabel::parse(name).unwrap() }

@@ -18,8 +18,8 @@ use crate::wire::stats::{
 };
 
 use crate::fault::{Failures, Task};
-use crate::source::fleet::Liveness;
-use crate::source::kube::WatchHealth;
+use crate::k8s::watch::WatchHealth;
+use crate::source::centralized::Liveness;
 use crate::store::{Reader, Snapshot};
 
 /// The server's metrics.

@@ -14,9 +14,8 @@ use notify::{RecursiveMode, Watcher};
 use tokio::sync::{Notify, mpsc};
 use tracing::{error, info, warn};
 
-use super::SourceId;
-use super::objects::{self, Object, ParseError};
-use crate::store::Update;
+use super::objects::{self, ParseError};
+use crate::store::{Object, SourceId, Update};
 
 /// How long a burst of file events settles before the reload.
 const SETTLE: Duration = Duration::from_millis(50);

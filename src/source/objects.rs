@@ -13,18 +13,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Deserialize;
 
-use super::convert::{self, ConvertError, SliceOutcome};
-use super::crd::{self, MCS_GROUP, MCS_VERSIONS};
-use crate::model::{EndpointSet, ServiceImport};
-
-/// One object the store serves from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Object {
-    /// A ServiceImport.
-    Import(ServiceImport),
-    /// An MCS EndpointSlice.
-    Slice(EndpointSet),
-}
+use crate::k8s::convert::{self, ConvertError, SliceOutcome};
+use crate::k8s::crd;
+use crate::k8s::mcs::{MCS_GROUP, MCS_VERSIONS};
+use crate::store::Object;
 
 /// What a text held.
 #[derive(Debug, Default)]

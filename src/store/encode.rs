@@ -6,7 +6,7 @@ use hickory_proto::op::Query;
 use hickory_proto::rr::{Name, Record, RecordType};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
-use super::snapshot::Records;
+use super::records::Records;
 
 /// Length of the DNS header in front of the question.
 const HEADER_LEN: usize = 12;

@@ -12,9 +12,11 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
-use super::balance::{Balance, BalanceCluster, EndpointMeta, Interner, set_weights};
+use super::balance::{Balance, BalanceCluster, EndpointMeta, set_weights};
 use super::encode;
-use super::snapshot::{NameNode, RRset, Records, ServiceNames, Snapshot, Zone};
+use super::intern::Interner;
+use super::records::{NameNode, RRset, Records};
+use super::snapshot::{ServiceNames, Zone, ZoneNames};
 use crate::model::{ClusterId, DnsLabel, EndpointSet, ImportType, PolicyKind, Port, ServiceImport};
 
 /// What building a service needs besides its objects: the writer's
@@ -418,8 +420,11 @@ fn child(labels: &[&str], base: &Name) -> Option<Name> {
 /// Rebuilds the names outside services: the apex (SOA with the snapshot's
 /// serial, NS), `dns-version`, the `svc` and `<ns>.svc` empty non-terminals,
 /// and `ns.dns` when addresses are advertised.
-pub(crate) fn refresh_zone_names<'a>(snap: &mut Snapshot, namespaces: impl Iterator<Item = &'a DnsLabel>) {
-    let zone = snap.zone.clone();
+pub(crate) fn zone_names<'a>(
+    zone: &Zone,
+    serial: u32,
+    namespaces: impl Iterator<Item = &'a DnsLabel>,
+) -> ZoneNames {
     let cfg = &zone.config;
     let origin = &cfg.origin;
     let ttl = cfg.ttl;
@@ -430,15 +435,8 @@ pub(crate) fn refresh_zone_names<'a>(snap: &mut Snapshot, namespaces: impl Itera
     };
     let soa = |ttl: u32| {
         let (refresh, retry, expire) = SOA_TIMERS;
-        let rdata = SOA::new(
-            ns_host.clone(),
-            hostmaster.clone(),
-            snap.serial,
-            refresh,
-            retry,
-            expire,
-            cfg.negative_ttl,
-        );
+        let rdata =
+            SOA::new(ns_host.clone(), hostmaster.clone(), serial, refresh, retry, expire, cfg.negative_ttl);
         Record::from_rdata(origin.clone(), ttl, RData::SOA(rdata))
     };
     let glue: Vec<Record> = cfg.advertise.iter().map(|ip| address_record(&ns_host, ttl, *ip)).collect();
@@ -475,11 +473,11 @@ pub(crate) fn refresh_zone_names<'a>(snap: &mut Snapshot, namespaces: impl Itera
             NameNode { sets: sets.into_iter().flatten().collect() },
         );
     }
-    snap.zone_names = names;
-    snap.negative_soa = encode::without_owner(&soa(cfg.negative_ttl)).unwrap_or_default();
+    let negative_soa = encode::without_owner(&soa(cfg.negative_ttl)).unwrap_or_default();
     let hinfo =
         Record::from_rdata(origin.clone(), ttl, RData::HINFO(HINFO::new("RFC8482".into(), String::new())));
-    snap.any_hinfo = encode::records(origin, RecordType::ANY, &[hinfo]).unwrap_or_default();
+    let any_hinfo = encode::records(origin, RecordType::ANY, &[hinfo]).unwrap_or_default();
+    ZoneNames { names, negative_soa, any_hinfo }
 }
 
 fn rrset(owner: &Name, rtype: RecordType, answer: &[Record], additional: &[Record]) -> Option<RRset> {

@@ -13,7 +13,11 @@ use std::sync::Arc;
 use hickory_proto::rr::Name;
 use rustc_hash::FxHashMap;
 
-use super::balance::{AnswerConfig, AnswerStats, Balance, Localities};
+use super::answer_config::AnswerConfig;
+use super::answer_stats::AnswerStats;
+use super::balance::Balance;
+use super::localities::Localities;
+use super::records::{NameNode, Records};
 
 /// What the operator configures about the zone.
 #[derive(Debug, Clone)]
@@ -62,70 +66,6 @@ impl Zone {
     }
 }
 
-/// Records of one section, each encoded independently (see module docs).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Records {
-    bytes: Box<[u8]>,
-    ends: Box<[u32]>,
-}
-
-impl Records {
-    pub(crate) fn new(bytes: Vec<u8>, ends: Vec<u32>) -> Self {
-        Self { bytes: bytes.into(), ends: ends.into() }
-    }
-
-    /// Number of records.
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    /// True when there are none.
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
-    /// Where record `i` starts in [`Records::bytes`].
-    pub fn start(&self, i: usize) -> usize {
-        if i == 0 { 0 } else { self.ends[i - 1] as usize }
-    }
-
-    /// The wire bytes of record `i`.
-    pub fn get(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.bytes[start..self.ends[i] as usize]
-    }
-
-    /// All records' bytes, in order.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-/// One RRset of a name and the additional records that go with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RRset {
-    /// The record type (A = 1, AAAA = 28, SRV = 33, …).
-    pub rtype: u16,
-    /// Answer records.
-    pub answer: Records,
-    /// Additional records (A/AAAA of SRV targets, NS glue).
-    pub additional: Records,
-}
-
-/// A name that exists in the zone. An empty node is an empty non-terminal.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NameNode {
-    /// Its RRsets, at most one per type.
-    pub sets: Box<[RRset]>,
-}
-
-impl NameNode {
-    /// The RRset of `rtype`, if the name has one.
-    pub fn get(&self, rtype: u16) -> Option<&RRset> {
-        self.sets.iter().find(|s| s.rtype == rtype)
-    }
-}
-
 /// Every name at and below one service, keyed by the lower-case wire bytes
 /// of the labels in front of `<svc>.<ns>.svc.<zone>` (empty for the service
 /// name itself), and the answer policy of the service name's A/AAAA records.
@@ -160,6 +100,18 @@ impl ServiceNames {
     }
 }
 
+/// The names outside any service and the records every negative or ANY
+/// answer needs; they depend on the serial and the namespaces only.
+#[derive(Debug)]
+pub(crate) struct ZoneNames {
+    /// Keyed by the wire bytes of the labels in front of the apex.
+    pub(crate) names: FxHashMap<Box<[u8]>, NameNode>,
+    /// The SOA for negative answers from its TYPE field on.
+    pub(crate) negative_soa: Box<[u8]>,
+    /// RFC 8482's synthesized `HINFO "RFC8482" ""` answer to ANY.
+    pub(crate) any_hinfo: Records,
+}
+
 /// An immutable view of the whole zone.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -179,18 +131,18 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub(crate) fn empty(zone: Arc<Zone>) -> Self {
-        let mut snap = Self {
+    /// The snapshot before any source delivered: no service, not ready,
+    /// only the names outside services (`names::zone_names` at serial 0).
+    pub(crate) fn empty(zone: Arc<Zone>, names: ZoneNames) -> Self {
+        Self {
             zone,
             serial: 0,
             ready: false,
             services: Arc::default(),
-            zone_names: FxHashMap::default(),
-            negative_soa: Box::default(),
-            any_hinfo: Records::default(),
-        };
-        super::names::refresh_zone_names(&mut snap, std::iter::empty());
-        snap
+            zone_names: names.names,
+            negative_soa: names.negative_soa,
+            any_hinfo: names.any_hinfo,
+        }
     }
 
     /// The zone.

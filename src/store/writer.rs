@@ -10,88 +10,11 @@ use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use tracing::debug;
 
-use super::balance::Interner;
+use super::input::{Object, ObjectId, SourceId, Update};
+use super::intern::Interner;
 use super::names::{self, BuildCtx};
 use super::snapshot::{ServiceNames, Snapshot, Zone};
 use crate::model::{ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey};
-use crate::source::SourceId;
-use crate::source::objects::Object;
-
-/// Identity of an object within one source.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ObjectId {
-    /// A ServiceImport, by service.
-    Import(ServiceKey),
-    /// An EndpointSlice, by namespace and name.
-    Slice(SliceKey),
-}
-
-impl Object {
-    /// The object's identity within its source.
-    pub fn id(&self) -> ObjectId {
-        match self {
-            Self::Import(i) => ObjectId::Import(i.key.clone()),
-            Self::Slice(s) => ObjectId::Slice(s.slice.clone()),
-        }
-    }
-
-    fn service(&self) -> &ServiceKey {
-        match self {
-            Self::Import(i) => &i.key,
-            Self::Slice(s) => &s.service,
-        }
-    }
-}
-
-/// A change from a source.
-#[derive(Debug)]
-pub enum Update {
-    /// The source exists and will deliver its first complete state later;
-    /// until it does, the store is not ready.
-    Register(SourceId),
-    /// The source's complete state (a file read, a watch's relist): objects it
-    /// held before and not now are gone. Marks the source as synced.
-    Replace {
-        /// Which source.
-        source: SourceId,
-        /// Everything it holds now.
-        objects: Vec<Object>,
-    },
-    /// One object added or changed.
-    Upsert {
-        /// Which source.
-        source: SourceId,
-        /// The object.
-        object: Object,
-    },
-    /// One object removed.
-    Remove {
-        /// Which source.
-        source: SourceId,
-        /// The object.
-        id: ObjectId,
-    },
-    /// An active probe's verdict on one address of a service's endpoint:
-    /// an endpoint with an address marked down is unhealthy, and answer
-    /// policies leave it out while others are healthy. Re-encodes nothing.
-    EndpointHealth {
-        /// The service whose endpoint was probed.
-        service: ServiceKey,
-        /// The probed address.
-        address: IpAddr,
-        /// The verdict.
-        healthy: bool,
-    },
-    /// A member cluster is reachable or not (its API server, its
-    /// connectivity): every endpoint of a cluster that is not alive is
-    /// unhealthy in every service. Re-encodes nothing.
-    ClusterLiveness {
-        /// The cluster.
-        cluster: ClusterId,
-        /// Whether it is alive.
-        alive: bool,
-    },
-}
 
 #[derive(Default)]
 struct SourceState {
@@ -131,7 +54,7 @@ pub struct Writer {
 impl Writer {
     pub(crate) fn new(zone: Arc<Zone>, current: Arc<ArcSwap<Snapshot>>) -> Self {
         Self {
-            interner: Interner::new(&zone.localities),
+            interner: zone.localities.interner(),
             down: HashMap::new(),
             dead_clusters: BTreeSet::new(),
             health_dirty: BTreeSet::new(),
@@ -370,16 +293,16 @@ impl Writer {
         // every change within a second.
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0);
         self.serial = self.serial.wrapping_add(1).max(now);
-        let mut snap = Snapshot {
+        let zone_names = names::zone_names(&self.zone, self.serial, self.namespaces.keys());
+        let snap = Snapshot {
             zone: self.zone.clone(),
             serial: self.serial,
             ready: self.is_ready(),
             services: Arc::new(services),
-            zone_names: FxHashMap::default(),
-            negative_soa: Box::default(),
-            any_hinfo: Default::default(),
+            zone_names: zone_names.names,
+            negative_soa: zone_names.negative_soa,
+            any_hinfo: zone_names.any_hinfo,
         };
-        names::refresh_zone_names(&mut snap, self.namespaces.keys());
         debug!(
             serial = snap.serial,
             services = snap.services.len(),

@@ -17,7 +17,7 @@ use crate::watch::{Kube, runtime, short, status as rcode};
 const MANAGER: &str = "clusterset-dns-tests";
 
 pub(crate) fn export_resource() -> ApiResource {
-    clusterset_dns::source::crd::mcs_resource("v1alpha1", "ServiceExport", "serviceexports")
+    clusterset_dns::k8s::mcs::mcs_resource("v1alpha1", "ServiceExport", "serviceexports")
 }
 
 /// A user of one member cluster, in one namespace.
@@ -188,7 +188,7 @@ fn a_members_cluster_property_names_it() {
     let ns = "named";
     let user = rt.block_on(async {
         let client = clusters.client(0).await;
-        let ar = clusterset_dns::fleet::member::cluster_property_resource();
+        let ar = clusterset_dns::k8s::mcs::cluster_property_resource();
         let api: Api<DynamicObject> = Api::all_with(client, &ar);
         let body = json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
                           "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "East.EU"}});

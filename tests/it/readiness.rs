@@ -3,8 +3,7 @@
 
 use std::str::FromStr;
 
-use clusterset_dns::source::SourceId;
-use clusterset_dns::store::{self, Update, ZoneConfig};
+use clusterset_dns::store::{self, SourceId, Update, ZoneConfig};
 use clusterset_dns::wire::{WireConfig, udp};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::Name;

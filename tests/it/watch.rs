@@ -27,7 +27,7 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
 }
 
 pub(crate) fn import_resource(version: &str) -> ApiResource {
-    clusterset_dns::source::crd::mcs_resource(version, "ServiceImport", "serviceimports")
+    clusterset_dns::k8s::mcs::mcs_resource(version, "ServiceImport", "serviceimports")
 }
 
 /// Writes objects as a user would, with server-side apply, in one namespace

@@ -1,24 +1,14 @@
 //! The MCS custom resources, reduced to the fields DNS answers from
-//! (`multicluster.x-k8s.io`; v1alpha1 and v1beta1 have the same shape).
+//! (`multicluster.x-k8s.io`; v1alpha1 and v1beta1 have the same shape, so
+//! one type reads both; [`super::mcs`] has the group, versions and labels).
+//!
+//! Plain serde, not kube's `CustomResource`: a derived type is bound to one
+//! version, and a watch of typed objects fails its whole list on one object
+//! that does not deserialize. Watches read dynamic objects of the discovered
+//! version and parse each spec here, so a bad object is skipped by name.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ApiResource, GroupVersionKind};
 use serde::{Deserialize, Serialize};
-
-/// API group of ServiceImport and ServiceExport.
-pub const MCS_GROUP: &str = "multicluster.x-k8s.io";
-/// Versions of that group we read.
-pub const MCS_VERSIONS: [&str; 2] = ["v1beta1", "v1alpha1"];
-/// An MCS kind (`ServiceImport`, `ServiceExport`) at `version`, for
-/// dynamic API access.
-pub fn mcs_resource(version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(MCS_GROUP, version, kind), plural)
-}
-
-/// Label on MCS EndpointSlices naming their ServiceImport.
-pub const LABEL_SERVICE_NAME: &str = "multicluster.kubernetes.io/service-name";
-/// Label on MCS EndpointSlices naming the cluster the endpoints run in.
-pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluster";
 
 /// A `ServiceImport` object.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

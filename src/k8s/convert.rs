@@ -8,7 +8,8 @@ use std::net::IpAddr;
 use k8s_openapi::api::discovery::v1 as discovery;
 use tracing::warn;
 
-use super::crd::{self, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
+use super::crd;
+use super::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{
     AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, LabelError, Port,
     Protocol, ServiceImport, ServiceKey, SliceKey,

@@ -16,31 +16,15 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::SourceId;
-use super::objects::Object;
-use crate::fleet::member::{self, Member, MemberConfig};
+use crate::fleet::member::{self, Member};
 use crate::fleet::merge::merge;
 use crate::fleet::state::{FleetState, MemberEvent};
 use crate::model::{ClusterId, ImportType, Port, ServiceImport, ServiceKey};
-use crate::source::kube::ClientError;
-use crate::store::{ObjectId, Update};
+use crate::store::{Object, ObjectId, SourceId, Update};
 
 /// How long a member may take to answer its first lists before the store is
 /// declared ready without it (its objects arrive when it does).
 pub const FIRST_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long to wait for a member's ClusterProperty at start.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Connects to every member (learning cluster ids), for watches in
-/// `namespaces` (all when empty).
-pub async fn connect(members: &[MemberConfig], namespaces: &[String]) -> Result<Vec<Member>, ClientError> {
-    let mut connected = Vec::with_capacity(members.len());
-    for m in members {
-        connected.push(member::connect(m, CONNECT_TIMEOUT, namespaces).await?);
-    }
-    Ok(connected)
-}
-
 /// Runs the fleet source: watches every member and sends the merged view to
 /// the store as `source`.
 pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<Update>) {

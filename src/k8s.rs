@@ -1,0 +1,16 @@
+//! The Kubernetes layer: everything that talks to an API server, shared by
+//! the store's sources (`source/`), the members of the fleet (`fleet/`) and
+//! the sync controller (`controller/`). It knows the model (it converts API
+//! objects into model values) and nothing above it.
+//!
+//! - `client`: where an API server is, and a client for it.
+//! - `watch`: the one relist-after-error watcher, with its health.
+//! - `mcs`: the MCS API group, its labels, ClusterProperty, version discovery.
+//! - `crd`: the ServiceImport object, reduced to the fields DNS uses.
+//! - `convert`: API object → model value, or an error naming object and field.
+
+pub mod client;
+pub mod convert;
+pub mod crd;
+pub mod mcs;
+pub mod watch;

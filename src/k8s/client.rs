@@ -1,0 +1,57 @@
+//! Where an API server is ([`Connection`]) and a client for it: a kubeconfig
+//! file (with an optional context) or the Pod's service account. Every
+//! command connects through here, so every one reads kubeconfigs the same way.
+
+use std::path::PathBuf;
+
+use kube::{Client, Config};
+
+/// Where to reach the API server.
+#[derive(Debug, Clone)]
+pub enum Connection {
+    /// A kubeconfig file, with an optional context.
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// The context; the file's current context when `None`.
+        context: Option<String>,
+    },
+    /// The Pod's service account.
+    InCluster,
+}
+
+/// Why the API server could not be reached at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The kubeconfig could not be read or used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// In-cluster configuration is missing (not running in a Pod).
+    #[error("in-cluster configuration: {0}")]
+    InCluster(#[from] kube::config::InClusterError),
+    /// The client could not be built.
+    #[error("Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// Builds a client for the connection (no request is made yet).
+pub async fn connect(connection: &Connection) -> Result<Client, ClientError> {
+    let config = match connection {
+        Connection::InCluster => Config::incluster()?,
+        Connection::Kubeconfig { path, context } => {
+            let fail = |e: Box<dyn std::error::Error + Send + Sync>| ClientError::Kubeconfig {
+                path: path.clone(),
+                source: e,
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| fail(e.into()))?;
+            let options = kube::config::KubeConfigOptions { context: context.clone(), ..Default::default() };
+            Config::from_custom_kubeconfig(file, &options).await.map_err(|e| fail(e.into()))?
+        }
+    };
+    Ok(Client::try_from(config)?)
+}

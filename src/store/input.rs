@@ -1,0 +1,108 @@
+//! What the store takes in: the objects a source delivers ([`Object`]),
+//! their identity within it ([`ObjectId`]), the source itself
+//! ([`SourceId`]) and the changes a source sends ([`Update`]).
+//!
+//! These live in the store, not in `source/`, because they are the store's
+//! interface: every producer (files, watches, the centralized fleet, the
+//! health probes) speaks them, and the store needs nothing else but `model`.
+
+use std::net::IpAddr;
+
+use crate::model::{ClusterId, EndpointSet, ServiceImport, ServiceKey, SliceKey};
+
+/// Identifies one source of objects (one `--objects` path, one watch). The
+/// store keeps each source's objects apart, so a source can be replaced whole
+/// (a file reloaded, a watch relisted) without touching the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceId(pub u32);
+
+impl std::fmt::Display for SourceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "source#{}", self.0)
+    }
+}
+
+/// One object the store serves from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    /// A ServiceImport.
+    Import(ServiceImport),
+    /// An MCS EndpointSlice.
+    Slice(EndpointSet),
+}
+
+/// Identity of an object within one source.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ObjectId {
+    /// A ServiceImport, by service.
+    Import(ServiceKey),
+    /// An EndpointSlice, by namespace and name.
+    Slice(SliceKey),
+}
+
+impl Object {
+    /// The object's identity within its source.
+    pub fn id(&self) -> ObjectId {
+        match self {
+            Self::Import(i) => ObjectId::Import(i.key.clone()),
+            Self::Slice(s) => ObjectId::Slice(s.slice.clone()),
+        }
+    }
+
+    pub(super) fn service(&self) -> &ServiceKey {
+        match self {
+            Self::Import(i) => &i.key,
+            Self::Slice(s) => &s.service,
+        }
+    }
+}
+
+/// A change from a source.
+#[derive(Debug)]
+pub enum Update {
+    /// The source exists and will deliver its first complete state later;
+    /// until it does, the store is not ready.
+    Register(SourceId),
+    /// The source's complete state (a file read, a watch's relist): objects it
+    /// held before and not now are gone. Marks the source as synced.
+    Replace {
+        /// Which source.
+        source: SourceId,
+        /// Everything it holds now.
+        objects: Vec<Object>,
+    },
+    /// One object added or changed.
+    Upsert {
+        /// Which source.
+        source: SourceId,
+        /// The object.
+        object: Object,
+    },
+    /// One object removed.
+    Remove {
+        /// Which source.
+        source: SourceId,
+        /// The object.
+        id: ObjectId,
+    },
+    /// An active probe's verdict on one address of a service's endpoint:
+    /// an endpoint with an address marked down is unhealthy, and answer
+    /// policies leave it out while others are healthy. Re-encodes nothing.
+    EndpointHealth {
+        /// The service whose endpoint was probed.
+        service: ServiceKey,
+        /// The probed address.
+        address: IpAddr,
+        /// The verdict.
+        healthy: bool,
+    },
+    /// A member cluster is reachable or not (its API server, its
+    /// connectivity): every endpoint of a cluster that is not alive is
+    /// unhealthy in every service. Re-encodes nothing.
+    ClusterLiveness {
+        /// The cluster.
+        cluster: ClusterId,
+        /// Whether it is alive.
+        alive: bool,
+    },
+}

@@ -1,0 +1,207 @@
+//! Tidy: conventions of `src/` that the compiler does not check, checked by
+//! reading the source (as rust-analyzer's `tidy.rs` does).
+//!
+//! - Data flows one way: a module imports only the modules [`LAYERS`] allows
+//!   it. The table is the one place the direction is written down;
+//!   ARCHITECTURE.md shows the same table.
+//! - Every file opens with a `//!` doc comment saying what it is for.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Every top-level module of the library and the modules it may import
+/// (through `crate::…`). A module may always use its own submodules.
+/// Command roots (the entries with [`ANY`]) compose the others.
+const LAYERS: &[(&str, &[&str])] = &[
+    // The domain, no I/O.
+    ("model", &[]),
+    // Task names, caught-panic counters, test-only fault points: a leaf
+    // every layer that runs tasks may count into.
+    ("fault", &[]),
+    // The answering side: store → answer → wire.
+    ("store", &["model"]),
+    ("answer", &["model", "store"]),
+    ("wire", &["model", "store", "answer", "fault"]),
+    // Talking to API servers; knows the model (it converts into it), nothing above.
+    ("k8s", &["model"]),
+    // The multi-cluster model and member watches, shared by centralized serve and sync.
+    ("fleet", &["model", "k8s"]),
+    // Everything that feeds the store (centralized mode through `fleet`).
+    ("source", &["model", "store", "k8s", "fleet"]),
+    // Active probes: read the store, feed it updates like a source.
+    ("health", &["model", "store"]),
+    // The sync controller: writes Kubernetes objects, never touches the store.
+    ("controller", &["model", "k8s", "fleet"]),
+    // HTTP endpoints and metrics: read the store, the answer path and watch health.
+    ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault"]),
+    // Restarts or fails tasks; used by the command roots.
+    ("supervise", &["fault"]),
+    // Command line and command roots.
+    ("cli", &[]),
+    ("config", ANY),
+    ("serve", ANY),
+    ("sync", ANY),
+    ("check", ANY),
+    ("explain", ANY),
+    ("lib", ANY),
+    ("main", ANY),
+];
+
+/// Marks a command root: it may import every module.
+const ANY: &[&str] = &["*"];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file belongs to: `src/store/writer.rs` → `store`.
+fn module_of(file: &Path) -> String {
+    let rel = file.strip_prefix(src()).expect("file under src/");
+    let first = rel.components().next().expect("non-empty path");
+    first.as_os_str().to_string_lossy().trim_end_matches(".rs").to_owned()
+}
+
+/// The text without comments, so doc links and prose do not count as imports.
+fn code_of(text: &str) -> String {
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every module named right after `crate::`, in `use` trees
+/// (`crate::{a::x, b}`) and paths (`crate::a::f()`) alike.
+fn crate_imports(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        // `clusterset_dns::` is not `crate::`; an identifier before it means another path.
+        let before = rest[..i].chars().next_back();
+        rest = &rest[i + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            found.extend(group_heads(group));
+        } else {
+            found.insert(ident(rest));
+        }
+    }
+    found.retain(|m| !m.is_empty() && m != "self");
+    found
+}
+
+/// The first segment of each item of a `{…}` use group (the text after `{`).
+fn group_heads(group: &str) -> Vec<String> {
+    let mut heads = Vec::new();
+    let mut depth = 0;
+    let mut at_item_start = true;
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => at_item_start = true,
+            c if at_item_start && !c.is_whitespace() => {
+                heads.push(ident(&group[i..]));
+                at_item_start = false;
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+fn ident(s: &str) -> String {
+    s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+}
+
+fn allowed(module: &str) -> &'static [&'static str] {
+    LAYERS.iter().find(|(m, _)| *m == module).map(|(_, allowed)| *allowed).unwrap_or_else(|| {
+        panic!("module `{module}` is not in tests/tidy.rs LAYERS: add it with what it may import")
+    })
+}
+
+#[test]
+fn modules_import_only_what_their_layer_allows() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut problems = Vec::new();
+    for file in &files {
+        let module = module_of(file);
+        let allowed = allowed(&module);
+        if allowed == ANY {
+            continue;
+        }
+        let text = fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for import in crate_imports(&code_of(&text)) {
+            if import != module && !allowed.contains(&import.as_str()) {
+                problems.push(format!(
+                    "{}: `{module}` imports `crate::{import}`; it may import only {allowed:?}",
+                    file.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "imports against the direction (tests/tidy.rs LAYERS):\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn every_source_file_opens_with_a_doc_comment() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let missing: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let text = fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            !text.trim_start().starts_with("//!")
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(missing.is_empty(), "files without a `//!` doc comment on top:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn the_import_reader_sees_groups_paths_and_not_comments() {
+    let code = code_of(
+        "use crate::store::{Object, Update};\nuse crate::{model::ServiceKey,\n    k8s::{watch, mcs}};\nlet x = crate::wire::respond();\n// crate::ops is prose\nuse clusterset_dns::serve;\n",
+    );
+    let found: Vec<String> = crate_imports(&code).into_iter().collect();
+    assert_eq!(found, ["k8s", "model", "store", "wire"]);
+}
+
+#[test]
+fn every_module_of_the_library_has_a_layer() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    for m in &modules {
+        allowed(m);
+    }
+    for (m, _) in LAYERS {
+        assert!(modules.contains(*m), "tests/tidy.rs LAYERS names `{m}`, which src/ does not have");
+    }
+}
