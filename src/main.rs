@@ -23,18 +23,18 @@ fn main() -> ExitCode {
     clusterset_dns::supervise::install_panic_hook();
     match cli.command {
         Command::Serve(args) => match ServeConfig::from_args(&args) {
-            Ok(cfg) => block_on(clusterset_dns::serve::run(cfg)),
+            Ok(cfg) => block_on(clusterset_dns::cmd::serve::run(cfg)),
             Err(e) => usage(&e),
         },
         Command::Sync(args) => match SyncConfig::from_args(&args) {
-            Ok(cfg) => block_on(clusterset_dns::sync::run(cfg)),
+            Ok(cfg) => block_on(clusterset_dns::cmd::sync::run(cfg)),
             Err(e) => usage(&e),
         },
         Command::Run(args) => match RunConfig::from_args(&args) {
-            Ok(cfg) => block_on(clusterset_dns::sync::run_with_dns(cfg)),
+            Ok(cfg) => block_on(clusterset_dns::cmd::run::run(cfg)),
             Err(e) => usage(&e),
         },
-        Command::Explain(args) => match clusterset_dns::explain::run(&args) {
+        Command::Explain(args) => match clusterset_dns::cmd::explain::run(&args) {
             Ok(report) => {
                 // The report is the command's output.
                 let _ = std::io::stdout().write_all(report.as_bytes());
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Check(args) => {
-            let (report, ok) = clusterset_dns::check::run(&args);
+            let (report, ok) = clusterset_dns::cmd::check::run(&args);
             // The report is the command's output.
             let _ = std::io::stdout().write_all(report.as_bytes());
             if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }

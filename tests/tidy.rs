@@ -40,10 +40,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Command line and command roots.
     ("cli", &[]),
     ("config", ANY),
-    ("serve", ANY),
-    ("sync", ANY),
-    ("check", ANY),
-    ("explain", ANY),
+    ("cmd", ANY),
     ("lib", ANY),
     ("main", ANY),
 ];

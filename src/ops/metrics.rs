@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Bucket, Counter, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
-};
+use prometheus::{Encoder, Histogram, HistogramOpts, IntGauge, Registry, TextEncoder};
 
 use crate::wire::stats::{
     self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES, ZONES,
@@ -22,25 +20,20 @@ use crate::k8s::watch::WatchHealth;
 use crate::source::centralized::Liveness;
 use crate::store::{Reader, Snapshot};
 
-/// The server's metrics.
+/// The answering side's metrics, registered into the process's registry
+/// ([`crate::cmd::Process`]: one for every command, no globals).
 pub struct Metrics {
     registry: Registry,
     services: IntGauge,
     serial: IntGauge,
     ready: IntGauge,
     publish_seconds: Histogram,
-    watch_stale_seconds: GaugeVec,
-    watch_errors: IntCounterVec,
-    watches: Vec<Arc<WatchHealth>>,
-    panics: IntCounterVec,
-    failures: Arc<Failures>,
 }
 
 impl Metrics {
-    /// Registers every metric; `watches` and `failures` are read at each
-    /// scrape.
-    pub fn new(watches: Vec<Arc<WatchHealth>>, failures: Arc<Failures>) -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+    /// Registers the store's metrics and the health of `watches` (read at
+    /// each scrape) into `registry`.
+    pub fn new(registry: &Registry, watches: Vec<Arc<WatchHealth>>) -> Result<Self, prometheus::Error> {
         let services = IntGauge::new("clusterset_dns_services", "Services with names in the zone.")?;
         let serial =
             IntGauge::new("clusterset_dns_snapshot_serial", "SOA serial of the snapshot being served.")?;
@@ -55,43 +48,14 @@ impl Metrics {
             )
             .buckets(prometheus::exponential_buckets(0.0001, 2.0, 16)?),
         )?;
-        let watch_stale_seconds = GaugeVec::new(
-            Opts::new(
-                "clusterset_dns_watch_stale_seconds",
-                "Seconds since a Kubernetes watch started failing (0 while healthy): the served data is at least this old.",
-            ),
-            &["watch"],
-        )?;
-        let watch_errors = IntCounterVec::new(
-            Opts::new("clusterset_dns_watch_errors_total", "Errors seen by a Kubernetes watch."),
-            &["watch"],
-        )?;
         registry.register(Box::new(services.clone()))?;
         registry.register(Box::new(serial.clone()))?;
         registry.register(Box::new(ready.clone()))?;
         registry.register(Box::new(publish_seconds.clone()))?;
-        registry.register(Box::new(watch_stale_seconds.clone()))?;
-        registry.register(Box::new(watch_errors.clone()))?;
-        let panics = IntCounterVec::new(
-            Opts::new(
-                "clusterset_dns_panics_total",
-                "Panics caught per task; the task was restarted, or the connection or query lost, unless /health fails.",
-            ),
-            &["task"],
-        )?;
-        registry.register(Box::new(panics.clone()))?;
-        Ok(Self {
-            panics,
-            failures,
-            registry,
-            services,
-            serial,
-            ready,
-            publish_seconds,
-            watch_stale_seconds,
-            watch_errors,
-            watches,
-        })
+        if !watches.is_empty() {
+            registry.register(Box::new(watch_collector(watches)?))?;
+        }
+        Ok(Self { registry: registry.clone(), services, serial, ready, publish_seconds })
     }
 
     /// Exposes the query counters of each listener (`server` label, e.g.
@@ -123,22 +87,109 @@ impl Metrics {
         self.publish_seconds.observe(took.as_secs_f64());
     }
 
-    /// The text exposition, with the watches' health read now.
+    /// The text exposition of the whole registry.
     pub fn render(&self) -> String {
-        for w in &self.watches {
-            self.watch_stale_seconds.with_label_values(&[&w.name]).set(w.stale_seconds());
-            let counter = self.watch_errors.with_label_values(&[&w.name]);
-            counter.inc_by(w.errors().saturating_sub(counter.get()));
-        }
-        for task in Task::ALL {
-            let counter = self.panics.with_label_values(&[task.name()]);
-            counter.inc_by(self.failures.panics(task).saturating_sub(counter.get()));
-        }
-        let mut out = Vec::new();
-        // Encoding into a Vec cannot fail for the text format.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        String::from_utf8(out).unwrap_or_default()
+        render(&self.registry)
     }
+}
+
+/// The text exposition of `registry`; every value computed at scrape time
+/// is read now.
+pub fn render(registry: &Registry) -> String {
+    let mut out = Vec::new();
+    // Encoding into a Vec cannot fail for the text format.
+    let _ = TextEncoder::new().encode(&registry.gather(), &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// What a family is: name, help, type, label names.
+pub type FamilyDecl = (&'static str, &'static str, MetricType, &'static [&'static str]);
+
+/// A collector whose families are computed by a closure at every scrape,
+/// from state the process keeps anyway (atomics, health records): nothing
+/// to keep in step.
+pub struct ScrapeCollector {
+    descs: Vec<Desc>,
+    collect: Box<dyn Fn() -> Vec<MetricFamily> + Send + Sync>,
+}
+
+impl ScrapeCollector {
+    /// A collector of the families `decls`; `collect` returns their
+    /// metrics, one `Vec` per family in the same order.
+    pub fn new(
+        decls: &'static [FamilyDecl],
+        collect: impl Fn() -> Vec<Vec<Metric>> + Send + Sync + 'static,
+    ) -> Result<Self, prometheus::Error> {
+        let descs = decls
+            .iter()
+            .map(|(name, help, _, labels)| {
+                Desc::new(
+                    (*name).into(),
+                    (*help).into(),
+                    labels.iter().map(|l| (*l).to_owned()).collect(),
+                    Default::default(),
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        let collect = Box::new(move || {
+            decls
+                .iter()
+                .zip(collect())
+                .map(|((name, help, kind, _), metrics)| family(name, help, *kind, metrics))
+                .filter(|f| !f.get_metric().is_empty())
+                .collect()
+        });
+        Ok(Self { descs, collect })
+    }
+}
+
+impl Collector for ScrapeCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        (self.collect)()
+    }
+}
+
+const PANICS: &[FamilyDecl] = &[(
+    "clusterset_dns_panics_total",
+    "Panics caught per task; the task was restarted, or the connection or query lost, unless /health fails.",
+    MetricType::COUNTER,
+    &["task"],
+)];
+
+/// `clusterset_dns_panics_total{task}`, every task listed (0 included, so
+/// that a rate() starts from a value).
+pub fn panics_collector(failures: Arc<Failures>) -> Result<ScrapeCollector, prometheus::Error> {
+    ScrapeCollector::new(PANICS, move || {
+        vec![Task::ALL.iter().map(|t| counter(&[("task", t.name())], failures.panics(*t))).collect()]
+    })
+}
+
+const WATCHES: &[FamilyDecl] = &[
+    (
+        "clusterset_dns_watch_stale_seconds",
+        "Seconds since a Kubernetes watch started failing (0 while healthy): the served data is at least this old.",
+        MetricType::GAUGE,
+        &["watch"],
+    ),
+    (
+        "clusterset_dns_watch_errors_total",
+        "Errors seen by a Kubernetes watch.",
+        MetricType::COUNTER,
+        &["watch"],
+    ),
+];
+
+fn watch_collector(watches: Vec<Arc<WatchHealth>>) -> Result<ScrapeCollector, prometheus::Error> {
+    ScrapeCollector::new(WATCHES, move || {
+        vec![
+            watches.iter().map(|w| gauge(&[("watch", &w.name)], w.stale_seconds())).collect(),
+            watches.iter().map(|w| counter(&[("watch", &w.name)], w.errors())).collect(),
+        ]
+    })
 }
 
 /// Reads [`QueryStats`] at scrape time into CoreDNS's metric families
@@ -234,7 +285,8 @@ fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> Met
     f
 }
 
-fn counter(pairs: &[(&str, &str)], value: u64) -> Metric {
+/// A counter sample with `pairs` as labels.
+pub fn counter(pairs: &[(&str, &str)], value: u64) -> Metric {
     let mut c = Counter::default();
     c.set_value(value as f64);
     let mut m = Metric::default();
@@ -399,7 +451,8 @@ impl HealthCollector {
     }
 }
 
-fn gauge(pairs: &[(&str, &str)], value: f64) -> Metric {
+/// A gauge sample with `pairs` as labels.
+pub fn gauge(pairs: &[(&str, &str)], value: f64) -> Metric {
     let mut g = prometheus::proto::Gauge::default();
     g.set_value(value);
     let mut m = Metric::default();

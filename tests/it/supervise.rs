@@ -115,7 +115,7 @@ fn health_fails_once_a_task_that_cannot_be_restarted_died() {
     cfg.wire.faults = Faults::parse("writer").expect("fault point");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let running = clusterset_dns::serve::start(&cfg).await.expect("starts");
+        let running = clusterset_dns::cmd::serve::start(&cfg).await.expect("starts");
         let http = running.http_addr;
         // The file watch's first update, right after start, kills the writer.
         let reason = tokio::time::timeout(Duration::from_secs(10), running.failures.wait_fatal())

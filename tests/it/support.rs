@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use clusterset_dns::cli::{Cli, Command};
+use clusterset_dns::cmd::serve;
 use clusterset_dns::config::ServeConfig;
-use clusterset_dns::serve;
 use clusterset_dns::store::Reader;
 use hickory_proto::op::{Edns, Message, Query};
 use hickory_proto::rr::{Name, RecordType};

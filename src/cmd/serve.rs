@@ -10,6 +10,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::Process;
 use crate::config::ServeConfig;
 use crate::fault::{Failures, Faults, Point, Task};
 use crate::fleet::member;
@@ -94,10 +95,16 @@ impl Running {
 /// Loads the sources and starts answering. Returns once every listener is
 /// bound and the first snapshot is published.
 pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
+    start_in(cfg, &Process::new()?).await
+}
+
+/// [`start`] as part of `process` (its registry and failures shared with
+/// the process's other parts).
+pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, StartError> {
     let (reader, mut writer) = store::new(cfg.zone.clone());
     let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
     let reload = Arc::new(Notify::new());
-    let failures = Failures::new();
+    let failures = process.failures.clone();
     let sup = Supervisor::new(failures.clone());
     let mut tasks = Vec::new();
 
@@ -168,7 +175,7 @@ pub async fn start(cfg: &ServeConfig) -> Result<Running, StartError> {
             }
         }));
     }
-    let metrics = Arc::new(Metrics::new(healths, failures.clone())?);
+    let metrics = Arc::new(Metrics::new(&process.registry, healths)?);
     metrics.register_health(reader.clone(), liveness)?;
     let started = std::time::Instant::now();
     writer.publish();
@@ -288,13 +295,18 @@ async fn write_loop(
 /// Runs `serve` until SIGTERM (after the lameduck period) or SIGINT (at
 /// once); SIGHUP reloads the objects files.
 pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
+    run_in(cfg, Process::new()?).await
+}
+
+/// [`run`] as part of `process`.
+pub async fn run_in(cfg: ServeConfig, process: Process) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     // Handlers first: a signal that arrives while starting must not take
     // the default action (exit without lameduck).
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let running = start(&cfg).await?;
+    let running = start_in(&cfg, &process).await?;
     let failures = running.failures.clone();
     let lameduck = loop {
         tokio::select! {

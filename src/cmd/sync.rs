@@ -16,12 +16,17 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use prometheus::Registry;
+use prometheus::proto::MetricType;
+
+use super::Process;
 use crate::config::SyncConfig;
 use crate::controller::sync::{SyncStats, Syncer};
 use crate::fault::{Failures, Point, Task};
 use crate::fleet::member;
 use crate::k8s::client::{self, ClientError};
 use crate::k8s::watch::WatchHealth;
+use crate::ops::metrics::{self, FamilyDecl, ScrapeCollector};
 use crate::supervise::Supervisor;
 
 /// Why `sync` stopped.
@@ -42,10 +47,18 @@ pub enum SyncError {
     /// A task that cannot be restarted died (the lease is released first).
     #[error("{0}")]
     Failed(String),
+    /// The metrics could not be registered (a build defect).
+    #[error("metrics: {0}")]
+    Metrics(prometheus::Error),
 }
 
 /// Runs the controller until SIGTERM or SIGINT.
 pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
+    run_in(cfg, Process::new().map_err(SyncError::Metrics)?).await
+}
+
+/// [`run`] as part of `process` (its registry and failures shared).
+pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> {
     let mut term = signal(SignalKind::terminate()).map_err(SyncError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SyncError::Signal)?;
     let members = member::connect_all(&cfg.members, &cfg.behaviour.namespaces).await?;
@@ -55,11 +68,16 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
     let healths: Vec<(String, Vec<Arc<WatchHealth>>)> =
         members.iter().map(|m| (m.name.clone(), m.health.clone())).collect();
-    let failures = Failures::new();
+    let failures = process.failures.clone();
     let sup = Supervisor::new(failures.clone());
+    process
+        .registry
+        .register(Box::new(
+            sync_collector(stats.clone(), leading.clone(), healths).map_err(SyncError::Metrics)?,
+        ))
+        .map_err(SyncError::Metrics)?;
     // /health is the liveness probe: its server's death is fatal.
-    let _http =
-        sup.fatal(Task::Http, http(listener, stats.clone(), leading.clone(), healths, failures.clone()));
+    let _http = sup.fatal(Task::Http, http(listener, process.registry.clone(), failures.clone()));
     // The controller never returns while leading; if it panics or returns,
     // the process exits and the standby (or the restarted Pod) takes over.
     let start_controller = |syncer: SyncerFuture| {
@@ -144,24 +162,7 @@ type SyncerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Syncer> +
 
 type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>)>;
 
-/// `run`: DNS and the controller in one process. Each handles SIGTERM and
-/// SIGINT itself (lameduck for DNS, Lease release for the controller);
-/// the process ends when both have stopped, or when either fails.
-pub async fn run_with_dns(cfg: crate::config::RunConfig) -> anyhow::Result<()> {
-    let dns = crate::serve::run(cfg.serve);
-    let controller = async { run(cfg.sync).await.map_err(anyhow::Error::from) };
-    tokio::try_join!(dns, controller)?;
-    Ok(())
-}
-
-async fn http(
-    listener: tokio::net::TcpListener,
-    stats: Arc<SyncStats>,
-    leading: Arc<AtomicBool>,
-    members: MemberHealth,
-    failures: Arc<Failures>,
-) {
-    let members = Arc::new(members);
+async fn http(listener: tokio::net::TcpListener, registry: Registry, failures: Arc<Failures>) {
     let health = move || {
         let failures = failures.clone();
         async move {
@@ -174,8 +175,8 @@ async fn http(
     let app = Router::new().route("/health", get(health)).route("/ready", get(|| async { "OK" })).route(
         "/metrics",
         get(move || {
-            let (s, l, m) = (stats.clone(), leading.clone(), members.clone());
-            async move { metrics_text(&s, l.load(Ordering::Relaxed), &m) }
+            let registry = registry.clone();
+            async move { metrics::render(&registry) }
         }),
     );
     if let Err(e) = axum::serve(listener, app).await {
@@ -183,32 +184,56 @@ async fn http(
     }
 }
 
-fn metrics_text(s: &SyncStats, leading: bool, members: &MemberHealth) -> String {
-    let counter =
-        |name: &str, help: &str, v: u64| format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n");
-    let mut out = String::new();
-    out += "# HELP clusterset_dns_sync_leader 1 while this replica holds the Lease and writes.\n";
-    out += &format!(
-        "# TYPE clusterset_dns_sync_leader gauge\nclusterset_dns_sync_leader {}\n",
-        u8::from(leading)
-    );
-    for (name, help, value) in [
-        ("clusterset_dns_sync_writes_total", "API writes (apply, delete) made by the controller.", &s.writes),
-        ("clusterset_dns_sync_reads_total", "API reads (list, get).", &s.reads),
-        (
-            "clusterset_dns_sync_unchanged_total",
-            "Writes skipped because the object was already as wanted.",
-            &s.unchanged,
-        ),
-        ("clusterset_dns_sync_reconciles_total", "Services reconciled.", &s.reconciles),
-    ] {
-        out += &counter(name, help, value.load(Ordering::Relaxed));
-    }
-    out += "# HELP clusterset_dns_sync_member_stale_seconds Seconds since a member's API last answered its watches (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.\n";
-    out += "# TYPE clusterset_dns_sync_member_stale_seconds gauge\n";
-    for (name, health) in members {
-        let stale = health.iter().map(|h| h.stale_seconds()).fold(0.0, f64::max);
-        out += &format!("clusterset_dns_sync_member_stale_seconds{{member=\"{name}\"}} {stale}\n");
-    }
-    out
+const SYNC_FAMILIES: &[FamilyDecl] = &[
+    (
+        "clusterset_dns_sync_leader",
+        "1 while this replica holds the Lease and writes.",
+        MetricType::GAUGE,
+        &[],
+    ),
+    (
+        "clusterset_dns_sync_writes_total",
+        "API writes (apply, delete) made by the controller.",
+        MetricType::COUNTER,
+        &[],
+    ),
+    ("clusterset_dns_sync_reads_total", "API reads (list, get).", MetricType::COUNTER, &[]),
+    (
+        "clusterset_dns_sync_unchanged_total",
+        "Writes skipped because the object was already as wanted.",
+        MetricType::COUNTER,
+        &[],
+    ),
+    ("clusterset_dns_sync_reconciles_total", "Services reconciled.", MetricType::COUNTER, &[]),
+    (
+        "clusterset_dns_sync_member_stale_seconds",
+        "Seconds since a member's API last answered its watches (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.",
+        MetricType::GAUGE,
+        &["member"],
+    ),
+];
+
+/// The controller's metrics, read from its counters at every scrape.
+fn sync_collector(
+    s: Arc<SyncStats>,
+    leading: Arc<AtomicBool>,
+    members: MemberHealth,
+) -> Result<ScrapeCollector, prometheus::Error> {
+    ScrapeCollector::new(SYNC_FAMILIES, move || {
+        let count = |c: &std::sync::atomic::AtomicU64| vec![metrics::counter(&[], c.load(Ordering::Relaxed))];
+        vec![
+            vec![metrics::gauge(&[], f64::from(u8::from(leading.load(Ordering::Relaxed))))],
+            count(&s.writes),
+            count(&s.reads),
+            count(&s.unchanged),
+            count(&s.reconciles),
+            members
+                .iter()
+                .map(|(name, health)| {
+                    let stale = health.iter().map(|h| h.stale_seconds()).fold(0.0, f64::max);
+                    metrics::gauge(&[("member", name)], stale)
+                })
+                .collect(),
+        ]
+    })
 }

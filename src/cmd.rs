@@ -1,0 +1,38 @@
+//! The commands' composition roots: each composes the modules into one
+//! command and does nothing else (`serve`, `sync`, `run`, `check`,
+//! `explain`). A running process has one [`Process`]: one metrics registry
+//! and one record of failures, shared by every part of it (`run` is DNS and
+//! the controller in one process, with one `/metrics` view).
+
+pub mod check;
+pub mod explain;
+pub mod run;
+pub mod serve;
+pub mod sync;
+
+use std::sync::Arc;
+
+use prometheus::Registry;
+
+use crate::fault::Failures;
+use crate::ops::metrics;
+
+/// What every part of one process shares.
+#[derive(Clone)]
+pub struct Process {
+    /// The one metrics registry.
+    pub registry: Registry,
+    /// Panics caught, and the fatal failure once a task that cannot be
+    /// restarted died: `/health` of every part fails then.
+    pub failures: Arc<Failures>,
+}
+
+impl Process {
+    /// A registry with `clusterset_dns_panics_total` in it.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let failures = Failures::new();
+        registry.register(Box::new(metrics::panics_collector(failures.clone())?))?;
+        Ok(Self { registry, failures })
+    }
+}
