@@ -84,6 +84,7 @@ fn store_with(answers: store::AnswerConfig) -> (Reader, Writer) {
         negative_ttl: 5,
         advertise: vec![],
         answers,
+        identity: Default::default(),
     });
     writer.apply(Update::Replace { source: SourceId(1), objects: objects(0) });
     writer.publish();

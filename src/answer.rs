@@ -15,6 +15,8 @@ use crate::store::{Balance, Client, NameNode, Records, Snapshot};
 pub mod rtype {
     /// SOA.
     pub const SOA: u16 = 6;
+    /// TXT.
+    pub const TXT: u16 = 16;
     /// IXFR.
     pub const IXFR: u16 = 251;
     /// AXFR.
@@ -31,6 +33,8 @@ pub mod rtype {
 pub mod class {
     /// IN.
     pub const IN: u16 = 1;
+    /// CH (CHAOS): server identity (RFC 4892).
+    pub const CH: u16 = 3;
     /// ANY.
     pub const ANY: u16 = 255;
 }
@@ -129,6 +133,28 @@ impl Answer<'_> {
     }
 }
 
+/// CHAOS-class names (RFC 4892): the server's id and version as TXT.
+/// Anything else in CHAOS is refused.
+fn chaos<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
+    const ID: [&[u8]; 2] = [b"\x02id\x06server\x00", b"\x08hostname\x04bind\x00"];
+    const VERSION: [&[u8]; 2] = [b"\x07version\x06server\x00", b"\x07version\x04bind\x00"];
+    let zone = snap.zone();
+    let records = if ID.contains(&q.name) {
+        Some(&zone.id_txt)
+    } else if VERSION.contains(&q.name) {
+        zone.version_txt.as_ref()
+    } else {
+        None
+    };
+    // Outside the zone, so counted as `dropped` like other names not ours.
+    let own = Answer { in_zone: false, ..Answer::bare(Rcode::NoError, true) };
+    match (records, q.qtype) {
+        (Some(txt), rtype::TXT | rtype::ANY) => Answer { answer: Some(txt), ..own },
+        (Some(_), _) => own,
+        (None, _) => Answer::bare(Rcode::Refused, false),
+    }
+}
+
 /// Most labels a 255-byte name can have.
 const MAX_LABELS: usize = 128;
 
@@ -148,6 +174,9 @@ pub fn lookup_for<'s>(
     picks: &mut Picks,
 ) -> Answer<'s> {
     let name = q.name;
+    if q.qclass == class::CH {
+        return chaos(snap, q);
+    }
     if q.qclass != class::IN && q.qclass != class::ANY {
         return Answer::bare(Rcode::Refused, false);
     }

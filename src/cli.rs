@@ -141,6 +141,15 @@ pub struct ServeArgs {
     /// CoreDNS Pods). Repeatable.
     #[arg(long = "rrl-exempt", value_name = "CIDR")]
     pub rrl_exempt: Vec<String>,
+    /// This server's name in `dig CH TXT id.server` / `hostname.bind` and
+    /// in NSID (`dig +nsid`), so replicas can be told apart. Default: the
+    /// Pod name ($HOSTNAME), else the host name.
+    #[arg(long, value_name = "ID")]
+    pub server_id: Option<String>,
+    /// Refuse `version.server` / `version.bind` instead of answering the
+    /// version.
+    #[arg(long)]
+    pub hide_version: bool,
     /// Buckets of the rate-limiting table (8 bytes each).
     #[arg(long, value_name = "N", default_value_t = 65536)]
     pub rrl_table_size: usize,

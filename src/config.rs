@@ -16,7 +16,7 @@ use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
 use crate::model::{ClusterId, DnsLabel, PolicyKind};
 use crate::source::kube::KubeSource;
-use crate::store::{AnswerConfig, ClientNet, ZoneConfig};
+use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
 use crate::wire::WireConfig;
 use crate::wire::cookie::CookieSecret;
 use crate::wire::rrl::{Cidr, RateLimiter, RrlConfig};
@@ -150,6 +150,7 @@ impl ServeConfig {
                 negative_ttl: a.negative_ttl.unwrap_or(a.ttl),
                 advertise: a.advertise_address.clone(),
                 answers,
+                identity: identity(a)?,
             },
             cluster_id,
             udp_workers,
@@ -164,6 +165,22 @@ impl ServeConfig {
             probe,
         })
     }
+}
+
+/// Who the server says it is: `--server-id`, else `$HOSTNAME` (a Pod's
+/// name), else the kernel's host name.
+fn identity(a: &ServeArgs) -> Result<Identity, ConfigError> {
+    let server_id = a
+        .server_id
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "clusterset-dns".into());
+    if server_id.len() > 255 || server_id.chars().any(char::is_control) {
+        return Err(bad("--server-id", format!("{server_id:?}: at most 255 bytes, no control characters")));
+    }
+    Ok(Identity { server_id, version: (!a.hide_version).then(crate::store::version) })
 }
 
 /// The wire layer's settings: UDP size, cookies, rate limiting, and (debug

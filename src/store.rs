@@ -26,7 +26,7 @@ pub use balance::{Balance, BalanceCluster, EndpointMeta};
 pub use input::{Object, ObjectId, SourceId, Update};
 pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};
-pub use snapshot::{ServiceNames, Snapshot, Zone, ZoneConfig};
+pub use snapshot::{Identity, ServiceNames, Snapshot, Zone, ZoneConfig, version};
 pub use writer::Writer;
 
 use std::sync::Arc;

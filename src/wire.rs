@@ -246,6 +246,7 @@ fn answer_as(
             (_, Some(c)) => Some((c.client(), &server_cookie)),
         },
         truncate,
+        nsid: req.edns.filter(|e| e.nsid).map(|_| snap.zone().config.identity.server_id.as_bytes()),
     };
     response::write(out, &req, &answer, snap, cfg.max_udp_payload, limit, &written);
     Some(Outcome {

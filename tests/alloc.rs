@@ -61,6 +61,7 @@ fn answering_common_queries_allocates_nothing() {
         negative_ttl: 5,
         advertise: vec![],
         answers: store::AnswerConfig::standard(),
+        identity: Default::default(),
     });
     writer.apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
     writer.publish();
@@ -131,6 +132,7 @@ fn answering_with_every_policy_allocates_nothing() {
                 negative_ttl: 5,
                 advertise: vec![],
                 answers,
+                identity: Default::default(),
             });
             writer
                 .apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
@@ -175,6 +177,7 @@ fn cookies_and_rate_limiting_allocate_nothing() {
         negative_ttl: 5,
         advertise: vec![],
         answers: store::AnswerConfig::standard(),
+        identity: Default::default(),
     });
     writer.apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
     writer.publish();

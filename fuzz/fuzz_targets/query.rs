@@ -21,6 +21,7 @@ fn reader() -> &'static Reader {
             negative_ttl: 5,
             advertise: vec!["192.0.2.53".parse().expect("ip")],
             answers: store::AnswerConfig::standard(),
+            identity: Default::default(),
         });
         let objects = embedded::parse().expect("embedded example").objects;
         writer.apply(Update::Replace { source: SourceId(0), objects });

@@ -326,6 +326,7 @@ mod tests {
             negative_ttl: 5,
             advertise: vec![],
             answers,
+            identity: Default::default(),
         });
         let mut objects = vec![Object::Import(ServiceImport {
             key: key(),

@@ -281,6 +281,7 @@ mod tests {
             negative_ttl: 5,
             advertise: vec![],
             answers: AnswerConfig::standard(),
+            identity: Default::default(),
         });
         w.apply(Update::Replace { source: SourceId(1), objects });
         w.publish();

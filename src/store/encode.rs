@@ -3,7 +3,8 @@
 //! the question (see `snapshot` module docs).
 
 use hickory_proto::op::Query;
-use hickory_proto::rr::{Name, Record, RecordType};
+use hickory_proto::rr::rdata::TXT;
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
 use super::records::Records;
@@ -48,6 +49,18 @@ pub(crate) fn without_owner(record: &Record) -> Option<Box<[u8]>> {
 /// byte, then the root label.
 pub(crate) fn wire_len(name: &Name) -> usize {
     name.iter().map(|l| l.len() + 1).sum::<usize>() + 1
+}
+
+/// A CHAOS-class TXT record (RFC 4892) holding `text`, TTL 0, encoded as an
+/// answer to a question for its own name: its owner is `C0 0C`, so the same
+/// bytes answer any of the names that ask for it. Text over 255 bytes is
+/// cut (one character-string).
+pub(crate) fn chaos_txt(text: &str) -> Records {
+    let owner = Name::from_ascii("id.server.").unwrap_or_default();
+    let cut = text.char_indices().take_while(|(i, c)| i + c.len_utf8() <= 255).map(|(_, c)| c);
+    let mut record = Record::from_rdata(owner.clone(), 0, RData::TXT(TXT::new(vec![cut.collect()])));
+    record.dns_class = DNSClass::CH;
+    records(&owner, RecordType::TXT, &[record]).unwrap_or_default()
 }
 
 #[cfg(test)]

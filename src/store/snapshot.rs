@@ -16,6 +16,7 @@ use rustc_hash::FxHashMap;
 use super::answer_config::AnswerConfig;
 use super::answer_stats::AnswerStats;
 use super::balance::Balance;
+use super::encode;
 use super::localities::Localities;
 use super::records::{NameNode, Records};
 
@@ -32,6 +33,29 @@ pub struct ZoneConfig {
     pub advertise: Vec<IpAddr>,
     /// How A/AAAA answers of endpoints are chosen (policies, client networks).
     pub answers: AnswerConfig,
+    /// Who this server is, for CHAOS TXT queries and NSID.
+    pub identity: Identity,
+}
+
+/// The server's identity (RFC 4892 CHAOS TXT names, RFC 5001 NSID).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Answered for `id.server.` and `hostname.bind.`, and as NSID.
+    pub server_id: String,
+    /// Answered for `version.server.` and `version.bind.`; `None` refuses.
+    pub version: Option<String>,
+}
+
+impl Default for Identity {
+    /// `clusterset-dns` and the build's version.
+    fn default() -> Self {
+        Self { server_id: "clusterset-dns".into(), version: Some(version()) }
+    }
+}
+
+/// This build's version string, as `version.bind.` answers it.
+pub fn version() -> String {
+    format!("clusterset-dns {}", env!("CARGO_PKG_VERSION"))
 }
 
 /// The zone as the answer path needs it.
@@ -47,6 +71,12 @@ pub struct Zone {
     pub localities: Localities,
     /// Answers per (service, cluster), shared by every snapshot.
     pub answer_stats: Arc<AnswerStats>,
+    /// The CHAOS TXT record of the server id; the owner is the question's
+    /// name (`C0 0C`), so one encoding serves `id.server.` and
+    /// `hostname.bind.`.
+    pub id_txt: Records,
+    /// The same for the version, unless hidden.
+    pub version_txt: Option<Records>,
 }
 
 impl Zone {
@@ -62,7 +92,17 @@ impl Zone {
         wire.push(0);
         let labels = config.origin.num_labels() as usize;
         let localities = Localities::new(&config.answers);
-        Self { config, wire: wire.into(), labels, localities, answer_stats: Arc::default() }
+        let id_txt = encode::chaos_txt(&config.identity.server_id);
+        let version_txt = config.identity.version.as_deref().map(encode::chaos_txt);
+        Self {
+            config,
+            wire: wire.into(),
+            labels,
+            localities,
+            answer_stats: Arc::default(),
+            id_txt,
+            version_txt,
+        }
     }
 }
 

@@ -333,6 +333,7 @@ mod tests {
             negative_ttl: 5,
             advertise: vec![],
             answers: store::AnswerConfig::standard(),
+            identity: Default::default(),
         })
     }
 

@@ -19,6 +19,8 @@ const MAX_NAME: usize = 255;
 
 /// EDNS option code of Client Subnet (RFC 7871).
 const ECS: u16 = 8;
+/// EDNS option code of NSID (RFC 5001).
+const NSID: u16 = 3;
 
 /// What the client said in its OPT record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,8 @@ pub struct ClientEdns {
     pub ecs: Option<ClientSubnet>,
     /// Its COOKIE option (RFC 7873), when it sent one.
     pub cookie: Option<ClientCookie>,
+    /// It asked for our NSID (RFC 5001).
+    pub nsid: bool,
 }
 
 /// An EDNS Client Subnet option (RFC 7871 §6) as the query carried it.
@@ -191,34 +195,45 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
         return Fast::FormErr;
     }
     let dnssec_ok = u16_at(p, o + 7).is_some_and(|f| f & 0x8000 != 0);
-    let Ok((ecs, cookie)) = options(&p[o + 11..o + 11 + rdlen as usize]) else {
+    let Ok(Options { ecs, cookie, nsid }) = options(&p[o + 11..o + 11 + rdlen as usize]) else {
         return Fast::FormErr;
     };
     Fast::Done {
         qname_len,
         end,
-        edns: Some(ClientEdns { payload, version: (ttl_hi & 0xFF) as u8, dnssec_ok, ecs, cookie }),
+        edns: Some(ClientEdns { payload, version: (ttl_hi & 0xFF) as u8, dnssec_ok, ecs, cookie, nsid }),
     }
 }
 
 /// Walks an OPT record's options in place; returns the Client Subnet and
 /// COOKIE options, or `Err` (FORMERR) when an option overruns the data, or
 /// ECS (RFC 7871 §7.1.3) or COOKIE (RFC 7873 §5.2.2) is malformed.
-fn options(mut rdata: &[u8]) -> Result<(Option<ClientSubnet>, Option<ClientCookie>), ()> {
-    let (mut ecs, mut cookie) = (None, None);
+fn options(mut rdata: &[u8]) -> Result<Options, ()> {
+    let mut found = Options { ecs: None, cookie: None, nsid: false };
     while !rdata.is_empty() {
         let (Some(code), Some(len)) = (u16_at(rdata, 0), u16_at(rdata, 2)) else {
             return Err(());
         };
         let (data, rest) = rdata.get(4..).and_then(|r| r.split_at_checked(usize::from(len))).ok_or(())?;
         match code {
-            ECS if ecs.is_none() => ecs = Some(ClientSubnet::read(data).ok_or(())?),
-            cookie::CODE if cookie.is_none() => cookie = Some(ClientCookie::read(data).ok_or(())?),
+            ECS if found.ecs.is_none() => found.ecs = Some(ClientSubnet::read(data).ok_or(())?),
+            cookie::CODE if found.cookie.is_none() => {
+                found.cookie = Some(ClientCookie::read(data).ok_or(())?)
+            }
+            // RFC 5001 §2.1: the query's NSID is empty; any payload is ignored.
+            NSID => found.nsid = true,
             _ => {}
         }
         rdata = rest;
     }
-    Ok((ecs, cookie))
+    Ok(found)
+}
+
+/// The EDNS options the answer depends on.
+struct Options {
+    ecs: Option<ClientSubnet>,
+    cookie: Option<ClientCookie>,
+    nsid: bool,
 }
 
 /// hickory-proto reads what the fast path does not; its question is
@@ -231,6 +246,7 @@ fn slow_path<'p>(packet: &[u8], slow: &'p mut Vec<u8>, req: &mut Request<'p>) {
     // hickory-proto keeps COOKIE as an unknown option: check its length here.
     let mut bad_cookie = false;
     req.edns = msg.edns.as_ref().map(|e| ClientEdns {
+        nsid: e.option(hickory_proto::rr::rdata::opt::EdnsCode::NSID).is_some(),
         cookie: match e.option(hickory_proto::rr::rdata::opt::EdnsCode::Cookie) {
             Some(hickory_proto::rr::rdata::opt::EdnsOption::Unknown(_, data)) => {
                 let c = ClientCookie::read(data);

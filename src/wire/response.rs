@@ -25,6 +25,8 @@ pub(crate) struct Written<'a> {
     pub(crate) cookie: Option<(&'a [u8], &'a [u8; SERVER_LEN])>,
     /// Send TC and no records (a rate-limited response that slips).
     pub(crate) truncate: bool,
+    /// The NSID option's payload (our server id), when the query asked.
+    pub(crate) nsid: Option<&'a [u8]>,
 }
 
 /// Writes the response to `req` into `out`, never longer than `limit`.
@@ -47,7 +49,8 @@ pub(crate) fn write(
         (None, _) => 0,
         (Some(_), None) => OPT_LEN,
         (Some(_), Some(e)) => OPT_LEN + ECS_FIXED + e.address().len(),
-    } + extra.cookie.map_or(0, |(c, s)| 4 + c.len() + s.len());
+    } + extra.cookie.map_or(0, |(c, s)| 4 + c.len() + s.len())
+        + extra.nsid.map_or(0, |id| 4 + id.len());
     let budget = limit - opt_len;
     let mut qd = 0;
     if let Some(q) = req.question.filter(|q| HEADER + q.len() <= budget) {
@@ -106,6 +109,12 @@ pub(crate) fn write(
             out.extend_from_slice(&((client.len() + server.len()) as u16).to_be_bytes());
             out.extend_from_slice(client);
             out.extend_from_slice(server);
+        }
+        if let Some(id) = extra.nsid {
+            // RFC 5001 §2.2: the server's identifier, opaque bytes.
+            out.extend_from_slice(&3u16.to_be_bytes());
+            out.extend_from_slice(&(id.len() as u16).to_be_bytes());
+            out.extend_from_slice(id);
         }
         let rdlen = (out.len() - rdlen_at - 2) as u16;
         out[rdlen_at..rdlen_at + 2].copy_from_slice(&rdlen.to_be_bytes());

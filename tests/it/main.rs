@@ -16,6 +16,7 @@ mod deploy;
 mod fleet;
 mod harness_smoke;
 mod hostile;
+mod identity;
 mod incumbent;
 mod metrics;
 mod policy;

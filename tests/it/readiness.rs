@@ -18,6 +18,7 @@ fn names_not_found_are_servfail_until_every_source_synced() {
         negative_ttl: 5,
         advertise: vec![],
         answers: store::AnswerConfig::standard(),
+        identity: Default::default(),
     });
     writer.apply(Update::Register(SourceId(1)));
     writer.publish();
