@@ -142,10 +142,11 @@ pub fn respond_as(
     answer_as(snap, packet, None, &|_: &Snapshot, _: &Request<'_>| (client, 0), transport, cfg, scratch, out)
 }
 
-/// What rate limiting counts a response code against.
-fn rrl_class(rcode: Rcode) -> rrl::Class {
-    match rcode {
-        Rcode::NoError => rrl::Class::Response,
+/// What rate limiting counts a response against: NOERROR per (name,
+/// type), every error in one budget.
+fn rrl_class<'q>(rcode: Rcode, name: Option<&'q [u8]>, qtype: u16) -> rrl::Class<'q> {
+    match (rcode, name) {
+        (Rcode::NoError, Some(name)) => rrl::Class::Response(name, qtype),
         _ => rrl::Class::Error,
     }
 }
@@ -197,7 +198,7 @@ fn answer_as(
     // one with a valid cookie).
     let action = match (transport, &cfg.rrl, peer) {
         (Transport::Udp, Some(rrl), Some(ip)) if cookie != cookie::Verdict::Valid => {
-            rrl.check(ip, rrl_class(answer.rcode))
+            rrl.check(ip, rrl_class(answer.rcode, scratch.lower.get(..req.qname_len), req.qtype))
         }
         _ => Action::Send,
     };

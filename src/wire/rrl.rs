@@ -1,8 +1,10 @@
 //! Response Rate Limiting for UDP, as Knot DNS, NSD and BIND do it: each
 //! client network (/24 for IPv4, /56 for IPv6 by default) gets a budget of
-//! responses per second, and a separate one for errors (NXDOMAIN, REFUSED,
-//! FORMERR, …), so a spoofed flood cannot turn this server into an
-//! amplifier aimed at its victim. Over the limit a response is dropped,
+//! identical responses per second (the same name and type), and one budget
+//! for all its errors (NXDOMAIN, REFUSED, FORMERR, …: random names share
+//! it, as BIND counts NXDOMAIN per zone), so a spoofed flood cannot turn
+//! this server into an amplifier aimed at its victim, while a resolver
+//! asking for many different names is not held back. Over the limit a response is dropped,
 //! except every `slip`-th one, which is sent truncated (TC, no records) so
 //! a real client behind that network retries over TCP and is answered.
 //!
@@ -42,10 +44,11 @@ pub struct RrlConfig {
 
 /// What a response counts against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Class {
-    /// NOERROR, with records or without (NODATA).
-    Response,
-    /// Every error code.
+pub enum Class<'q> {
+    /// NOERROR, with records or without (NODATA): counted per (lower-case
+    /// wire name, type).
+    Response(&'q [u8], u16),
+    /// Every error code: one budget per network.
     Error,
 }
 
@@ -138,18 +141,18 @@ impl RateLimiter {
     }
 
     /// Counts one response of `class` to `ip` now and says what to do.
-    pub fn check(&self, ip: IpAddr, class: Class) -> Action {
+    pub fn check(&self, ip: IpAddr, class: Class<'_>) -> Action {
         let second = (self.epoch.elapsed().as_secs() & 0xFFFF) as u16;
         self.check_at(ip, class, second)
     }
 
     /// [`RateLimiter::check`] at a given second (for tests).
-    pub fn check_at(&self, ip: IpAddr, class: Class, second: u16) -> Action {
+    pub fn check_at(&self, ip: IpAddr, class: Class<'_>, second: u16) -> Action {
         if self.cfg.exempt.iter().any(|c| c.contains(ip)) {
             return Action::Send;
         }
         let limit = match class {
-            Class::Response => self.cfg.rate,
+            Class::Response(..) => self.cfg.rate,
             Class::Error => self.cfg.errors_rate,
         };
         let mut h = rustc_hash::FxHasher::default();
@@ -222,12 +225,35 @@ mod tests {
     #[test]
     fn a_network_gets_its_rate_per_second_then_drops_with_every_slip_th_truncated() {
         let l = limiter(5, 2);
-        let actions: Vec<Action> =
-            (0..10).map(|i| l.check_at(ip(&format!("198.51.100.{i}")), Class::Response, 7)).collect();
+        let actions: Vec<Action> = (0..10)
+            .map(|i| l.check_at(ip(&format!("198.51.100.{i}")), Class::Response(b"\x03web\x00", 1), 7))
+            .collect();
         use Action::*;
         assert_eq!(actions, [Send, Send, Send, Send, Send, Drop, Slip, Drop, Slip, Drop], "one /24");
-        assert_eq!(l.check_at(ip("198.51.101.1"), Class::Response, 7), Send, "another /24");
-        assert_eq!(l.check_at(ip("198.51.100.1"), Class::Response, 8), Send, "the next second");
+        assert_eq!(
+            l.check_at(ip("198.51.101.1"), Class::Response(b"\x03web\x00", 1), 7),
+            Send,
+            "another /24"
+        );
+        assert_eq!(
+            l.check_at(ip("198.51.100.1"), Class::Response(b"\x03web\x00", 1), 8),
+            Send,
+            "the next second"
+        );
+    }
+
+    #[test]
+    fn each_name_and_type_has_its_own_budget_and_errors_share_one() {
+        let l = limiter(1, 0);
+        let a = ip("198.51.100.1");
+        assert_eq!(l.check_at(a, Class::Response(b"\x03web\x00", 1), 1), Action::Send);
+        assert_eq!(l.check_at(a, Class::Response(b"\x03web\x00", 1), 1), Action::Drop);
+        assert_eq!(l.check_at(a, Class::Response(b"\x03web\x00", 28), 1), Action::Send, "another type");
+        assert_eq!(l.check_at(a, Class::Response(b"\x03api\x00", 1), 1), Action::Send, "another name");
+        let e = limiter(100, 0);
+        assert_eq!(e.check_at(a, Class::Error, 1), Action::Send);
+        assert_eq!(e.check_at(a, Class::Error, 1), Action::Send);
+        assert_eq!(e.check_at(a, Class::Error, 1), Action::Drop, "every error of the network counts");
     }
 
     #[test]
@@ -237,7 +263,11 @@ mod tests {
         assert_eq!(l.check_at(a, Class::Error, 1), Action::Send);
         assert_eq!(l.check_at(a, Class::Error, 1), Action::Send);
         assert_eq!(l.check_at(a, Class::Error, 1), Action::Drop, "errors: 2 a second, no slip");
-        assert_eq!(l.check_at(a, Class::Response, 1), Action::Send, "responses still pass");
+        assert_eq!(
+            l.check_at(a, Class::Response(b"\x03web\x00", 1), 1),
+            Action::Send,
+            "responses still pass"
+        );
         for _ in 0..1000 {
             assert_eq!(l.check_at(ip("192.0.2.1"), Class::Error, 1), Action::Send, "exempt");
         }
@@ -256,8 +286,16 @@ mod tests {
     #[test]
     fn ipv6_clients_are_grouped_by_their_56() {
         let l = limiter(1, 0);
-        assert_eq!(l.check_at(ip("2001:db8:0:1::1"), Class::Response, 3), Action::Send);
-        assert_eq!(l.check_at(ip("2001:db8:0:2::1"), Class::Response, 3), Action::Drop, "same /56");
-        assert_eq!(l.check_at(ip("2001:db8:0:100::1"), Class::Response, 3), Action::Send, "another /56");
+        assert_eq!(l.check_at(ip("2001:db8:0:1::1"), Class::Response(b"\x03web\x00", 1), 3), Action::Send);
+        assert_eq!(
+            l.check_at(ip("2001:db8:0:2::1"), Class::Response(b"\x03web\x00", 1), 3),
+            Action::Drop,
+            "same /56"
+        );
+        assert_eq!(
+            l.check_at(ip("2001:db8:0:100::1"), Class::Response(b"\x03web\x00", 1), 3),
+            Action::Send,
+            "another /56"
+        );
     }
 }

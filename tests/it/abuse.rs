@@ -137,6 +137,28 @@ fn a_flood_from_one_network_is_limited_and_slips_truncated_answers() {
 }
 
 #[test]
+fn a_resolver_asking_for_many_names_is_limited_per_name_not_as_a_whole() {
+    let s = Served::start(&["--rrl-rate", "10", "--rrl-slip", "0"]);
+    let sock = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    // 4 queries for each of the example's names and types: 4 a second each
+    // is within 10, however many names there are.
+    let names =
+        ["web.shop.svc.clusterset.local.", "db.shop.svc.clusterset.local.", "api.shop.svc.clusterset.local."];
+    let mut all = Vec::new();
+    for name in names {
+        for rtype in ["A", "AAAA", "SRV", "TXT"] {
+            for id in 0..4u16 {
+                let mut query = q(name, rtype);
+                query.msg.metadata.id = id;
+                all.push(query.bytes());
+            }
+        }
+    }
+    let got = blast(&sock, s.addr, &all);
+    assert_eq!(got.len(), all.len(), "every one answered");
+}
+
+#[test]
 fn over_the_limit_a_client_with_only_a_client_cookie_gets_badcookie_and_a_cookie() {
     let s = Served::start(&["--rrl-rate", "5", "--rrl-slip", "1"]);
     let sock = UdpSocket::bind("127.0.0.1:0").expect("bind");
