@@ -15,10 +15,13 @@ use clusterset_dns::model::{
     ServiceKey, SliceKey,
 };
 use clusterset_dns::store::{self, Object, Reader, SourceId, Update, Writer, ZoneConfig};
+use clusterset_dns::wire::cookie::CookieSecret;
+use clusterset_dns::wire::rrl::{RateLimiter, RrlConfig};
 use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond, respond_from};
 use criterion::{Criterion, criterion_group, criterion_main};
 use hickory_proto::op::{Edns, Message, Query};
 use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
 /// Services in the benchmark store; every 10th is headless with 4 endpoints
@@ -123,6 +126,63 @@ fn answer_path(c: &mut Criterion) {
         g.bench_function(*name, |b| {
             b.iter(|| {
                 respond(&snap, black_box(packet), Transport::Udp, &cfg, &mut scratch, &mut out);
+                black_box(out.len())
+            })
+        });
+    }
+    g.finish();
+
+    // DNS cookies (on by default) and rate limiting: the same query with
+    // cookies off, with cookies on and no COOKIE option, with a client
+    // cookie (a SipHash to make ours), with our valid server cookie (a
+    // SipHash to check it), and with RRL counting (a rate never reached).
+    let with_cookie = |cookie: &[u8]| {
+        let mut m =
+            Message::from_vec(&query("svc1.ns1.svc.clusterset.local.", RecordType::A, true)).expect("query");
+        if let Some(e) = m.edns.as_mut() {
+            e.options_mut().insert(EdnsOption::Unknown(10, cookie.to_vec()));
+        }
+        m.to_vec().expect("encode")
+    };
+    let cookies = WireConfig {
+        cookies: Some(CookieSecret::from_hex("00112233445566778899aabbccddeeff").expect("hex")),
+        ..WireConfig::default()
+    };
+    let rrl = WireConfig {
+        rrl: Some(std::sync::Arc::new(RateLimiter::new(RrlConfig {
+            rate: u32::MAX,
+            errors_rate: u32::MAX,
+            slip: 2,
+            ipv4_prefix: 24,
+            ipv6_prefix: 56,
+            exempt: vec![],
+            table_size: 65536,
+        }))),
+        ..WireConfig::default()
+    };
+    let peer = Some("198.51.100.7".parse().expect("ip"));
+    let client_only = with_cookie(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    respond_from(&snap, &client_only, peer, Transport::Udp, &cookies, &mut scratch, &mut out);
+    let full = Message::from_vec(&out)
+        .ok()
+        .and_then(|m| match m.edns.as_ref()?.option(EdnsCode::Cookie) {
+            Some(EdnsOption::Unknown(_, c)) => Some(c.clone()),
+            _ => None,
+        })
+        .expect("a server cookie");
+    let plain = query("svc1.ns1.svc.clusterset.local.", RecordType::A, true);
+    let guard_cases: [(&str, &WireConfig, Vec<u8>); 5] = [
+        ("cookies_off", &cfg, client_only.clone()),
+        ("cookies_on_no_option", &cookies, plain.clone()),
+        ("cookies_on_client_cookie", &cookies, client_only),
+        ("cookies_on_server_cookie", &cookies, with_cookie(&full)),
+        ("rrl_on_never_limiting", &rrl, plain),
+    ];
+    let mut g = c.benchmark_group("guard");
+    for (name, config, packet) in &guard_cases {
+        g.bench_function(*name, |b| {
+            b.iter(|| {
+                respond_from(&snap, black_box(packet), peer, Transport::Udp, config, &mut scratch, &mut out);
                 black_box(out.len())
             })
         });
