@@ -233,8 +233,14 @@ fn counting(c: &mut Criterion) {
     use clusterset_dns::wire::stats::{Arrival, Limited, LocalStats, Outcome, QueryStats};
     let shared = QueryStats::default();
     let mut local = LocalStats::default();
-    let outcome =
-        Outcome { rcode: Rcode::NoError, in_zone: true, qtype: 1, dnssec_ok: false, limited: Limited::No };
+    let outcome = Outcome {
+        rcode: Rcode::NoError,
+        in_zone: true,
+        qtype: 1,
+        dnssec_ok: false,
+        limited: Limited::No,
+        debug: None,
+    };
     let arrival = Arrival { proto: 0, family: 0 };
     c.bench_function("stats/record", |b| b.iter(|| local.record(black_box(&outcome), arrival, 47, 63)));
     c.bench_function("stats/record_duration", |b| {

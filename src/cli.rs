@@ -150,6 +150,11 @@ pub struct ServeArgs {
     /// version.
     #[arg(long)]
     pub hide_version: bool,
+    /// Clients in CIDR may ask `dig CH TXT <name>` (how the name would be
+    /// answered to them, and why) and `dig CH TXT whoami.<zone>`; others
+    /// are refused. Repeatable. Default: loopback only.
+    #[arg(long = "allow-debug", value_name = "CIDR", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
+    pub allow_debug: Vec<String>,
     /// Buckets of the rate-limiting table (8 bytes each).
     #[arg(long, value_name = "N", default_value_t = 65536)]
     pub rrl_table_size: usize,

@@ -17,10 +17,10 @@ use crate::k8s::client::Connection;
 use crate::model::{ClusterId, DnsLabel, PolicyKind};
 use crate::source::kube::KubeSource;
 use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
-use crate::wire::WireConfig;
 use crate::wire::cookie::CookieSecret;
 use crate::wire::rrl::{Cidr, RateLimiter, RrlConfig};
 use crate::wire::tcp::TcpConfig;
+use crate::wire::{DebugAnswers, WireConfig};
 
 /// A configuration value that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -223,7 +223,13 @@ fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
         }))
     });
     let faults = Faults::from_env().map_err(|e| bad("CLUSTERSET_DNS_FAULT", e))?;
-    Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults })
+    let allow = a
+        .allow_debug
+        .iter()
+        .map(|c| Cidr::parse(c).map_err(|e| bad("--allow-debug", format!("{c:?}: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let debug = Some(Arc::new(DebugAnswers { allow, explain: Arc::new(crate::ops::explain::Report) }));
+    Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug })
 }
 
 /// The `--probe-…` flags, checked even without `--probe` (a typo there

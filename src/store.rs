@@ -33,6 +33,13 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+/// CHAOS-class TXT records of `lines` (one character-string each, cut at
+/// 255 bytes), TTL 0, encoded as answers to a question for `owner`: the
+/// debug answers (`dig CH TXT <name>`), built per query, off the hot path.
+pub fn chaos_txt_answer(owner: &hickory_proto::rr::Name, lines: &[String]) -> Records {
+    encode::chaos_txt_lines(owner, lines)
+}
+
 /// The snapshot's key of a service: the wire bytes of `<name>.<namespace>`.
 pub fn names_key(namespace: &str, name: &str) -> Vec<u8> {
     names::prefix_key(&[name, namespace])

@@ -27,6 +27,17 @@ use cookie::CookieSecret;
 use rrl::{Action, RateLimiter};
 use stats::{Limited, Outcome};
 
+/// The labels of a lower-case wire-form name, for building a `Name`.
+fn label_iter(name: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let len = usize::from(*name.get(i)?);
+        let label = name.get(i + 1..i + 1 + len).filter(|_| len > 0)?;
+        i += 1 + len;
+        Some(label)
+    })
+}
+
 /// How the query arrived; decides the size limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -50,13 +61,104 @@ pub struct WireConfig {
     pub rrl: Option<Arc<RateLimiter>>,
     /// Test-only fault injection (armed in debug builds only).
     pub faults: Faults,
+    /// Debug answers over DNS (`dig CH TXT <name>`, `whoami.<zone>`), when on.
+    pub debug: Option<Arc<DebugAnswers>>,
 }
 
 impl Default for WireConfig {
-    /// 1232-byte UDP answers, no cookies, no rate limiting.
+    /// 1232-byte UDP answers, no cookies, no rate limiting, no debug answers.
     fn default() -> Self {
-        Self { max_udp_payload: 1232, cookies: None, rrl: None, faults: Faults::default() }
+        Self { max_udp_payload: 1232, cookies: None, rrl: None, faults: Faults::default(), debug: None }
     }
+}
+
+/// Explains an answer in words: what `clusterset-dns explain` prints. Given
+/// to the wire layer by the command (the report lives in `ops`, above it).
+pub trait Explain: Send + Sync {
+    /// The report's lines for `qname` (lower-case wire form) and `qtype`
+    /// as answered to `client`, described as `who`.
+    fn explain(&self, snap: &Snapshot, qname: &[u8], qtype: u16, client: Client, who: &str) -> Vec<String>;
+}
+
+/// `dig CH TXT <name in the zone>` answers the explain report for that
+/// name as the asker would be answered, and `dig CH TXT whoami.<zone>`
+/// what the server attributes to the asker: only to `allow` (refused and
+/// counted otherwise), each line one TXT record.
+pub struct DebugAnswers {
+    /// Clients that may ask (`--allow-debug`).
+    pub allow: Vec<rrl::Cidr>,
+    /// The report.
+    pub explain: Arc<dyn Explain>,
+}
+
+impl std::fmt::Debug for DebugAnswers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DebugAnswers").field("allow", &self.allow).finish_non_exhaustive()
+    }
+}
+
+/// True when `name` (lower-case wire form) is `zone` or below it.
+fn within(name: &[u8], zone: &[u8]) -> bool {
+    let mut i = 0;
+    while let Some(&len) = name.get(i) {
+        if name.get(i..) == Some(zone) {
+            return true;
+        }
+        if len == 0 {
+            return false;
+        }
+        i += 1 + usize::from(len);
+    }
+    false
+}
+
+/// The debug answer to a CHAOS TXT query for `name` in the zone: the
+/// lines, or `None` when the client may not ask.
+fn debug_lines(
+    debug: &DebugAnswers,
+    snap: &Snapshot,
+    name: &[u8],
+    qtype: u16,
+    peer: Option<IpAddr>,
+    ecs: Option<ClientSubnet>,
+    client: Client,
+) -> Option<Vec<String>> {
+    // No peer: asked in-process (`explain`), which is trusted.
+    if let Some(ip) = peer
+        && !debug.allow.iter().any(|c| c.contains(ip))
+    {
+        return None;
+    }
+    let l = &snap.zone().localities;
+    let cluster = client.cluster.and_then(|c| l.cluster_name(c)).map_or("(unknown)", |c| c.as_str());
+    let zone = client.zone.and_then(|z| l.zone_name(z)).unwrap_or("(unknown)");
+    let address = peer.map_or_else(|| "(in process)".to_owned(), |ip| ip.to_string());
+    let ecs = ecs.map(|e| {
+        let mut bytes = [0u8; 16];
+        bytes[..e.address().len()].copy_from_slice(e.address());
+        let ip: IpAddr = if e.family == 1 {
+            std::net::Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).into()
+        } else {
+            std::net::Ipv6Addr::from(bytes).into()
+        };
+        format!("{ip}/{}", e.source_prefix)
+    });
+    let whoami = [b"\x06whoami".as_slice(), &snap.zone().wire].concat();
+    if name == whoami.as_slice() {
+        let mut lines = vec![format!("address {address}")];
+        lines.extend(ecs.map(|e| format!("ecs {e}")));
+        lines.push(format!("cluster {cluster}"));
+        lines.push(format!("zone {zone}"));
+        return Some(lines);
+    }
+    let who = match &ecs {
+        Some(e) => format!("{address} (ECS {e}, cluster {cluster})"),
+        None => format!("{address} (cluster {cluster})"),
+    };
+    // Asked with TXT (or ANY) of the CHAOS class; the report is for the
+    // A answer unless the name only has others (SRV names).
+    let _ = qtype;
+    Some(debug.explain.explain(snap, name, 1, client, &who))
 }
 
 /// Buffers reused across queries so answering allocates nothing.
@@ -177,22 +279,42 @@ fn answer_as(
         _ => cookie::Verdict::None,
     };
     let (client, ecs_bits) = who(snap, &req);
-    let mut answer = match (req.error, req.question) {
-        (Some(rcode), _) => Answer::bare(rcode, false),
-        (None, None) => Answer::bare(Rcode::FormErr, false),
-        (None, Some(q)) => {
-            // Both readers keep QNAME within 255 bytes; `get` makes that
-            // a FORMERR rather than a panic should either ever fail to.
-            match (q.get(..req.qname_len), scratch.lower.get_mut(..req.qname_len)) {
-                (Some(name), Some(lower)) => {
-                    lower.copy_from_slice(name);
-                    lower.make_ascii_lowercase(); // length bytes are < 64, never letters
-                    let q = Question { name: lower, qtype: req.qtype, qclass: req.qclass };
-                    answer::lookup_for(snap, &q, &client, &mut scratch.picks)
-                }
-                _ => Answer::bare(Rcode::FormErr, false),
-            }
+    // Debug answers (CHAOS TXT for names of the zone), built per query.
+    let mut debug_records = None;
+    if let (Some(debug), None, Some(q), 3) = (&cfg.debug, req.error, req.question, req.qclass) {
+        let name = q.get(..req.qname_len).unwrap_or_default();
+        let lower = name.to_ascii_lowercase();
+        if (req.qtype == 16 || req.qtype == 255) && within(&lower, &snap.zone().wire) {
+            let ecs = req.edns.and_then(|e| e.ecs);
+            debug_records =
+                Some(debug_lines(debug, snap, &lower, req.qtype, peer, ecs, client).map(|lines| {
+                    let owner = hickory_proto::rr::Name::from_labels(label_iter(&lower)).unwrap_or_default();
+                    crate::store::chaos_txt_answer(&owner, &lines)
+                }));
         }
+    }
+    let mut answer = match (req.error, req.question, &debug_records) {
+        (None, Some(_), Some(Some(records))) => {
+            Answer { answer: Some(records), in_zone: false, ..Answer::bare(Rcode::NoError, true) }
+        }
+        (None, Some(_), Some(None)) => Answer::bare(Rcode::Refused, false),
+        (error, question, _) => match (error, question) {
+            (Some(rcode), _) => Answer::bare(rcode, false),
+            (None, None) => Answer::bare(Rcode::FormErr, false),
+            (None, Some(q)) => {
+                // Both readers keep QNAME within 255 bytes; `get` makes that
+                // a FORMERR rather than a panic should either ever fail to.
+                match (q.get(..req.qname_len), scratch.lower.get_mut(..req.qname_len)) {
+                    (Some(name), Some(lower)) => {
+                        lower.copy_from_slice(name);
+                        lower.make_ascii_lowercase(); // length bytes are < 64, never letters
+                        let q = Question { name: lower, qtype: req.qtype, qclass: req.qclass };
+                        answer::lookup_for(snap, &q, &client, &mut scratch.picks)
+                    }
+                    _ => Answer::bare(Rcode::FormErr, false),
+                }
+            }
+        },
     };
     // Rate limiting: UDP only (a TCP client has proved its address, as has
     // one with a valid cookie).
@@ -213,6 +335,7 @@ fn answer_as(
                 qtype: req.qtype,
                 dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
                 limited: Limited::Dropped,
+                debug: debug_records.as_ref().map(Option::is_some),
             });
         }
         Action::Slip => {
@@ -256,5 +379,6 @@ fn answer_as(
         qtype: req.qtype,
         dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
         limited,
+        debug: debug_records.as_ref().map(Option::is_some),
     })
 }

@@ -11,7 +11,7 @@ use hickory_proto::rr::{Name, RecordType};
 
 use crate::answer::select::{self, Picks};
 use crate::store::{Balance, Client, Snapshot};
-use crate::wire::{Scratch, Transport, WireConfig, respond_as};
+use crate::wire::{Explain, Scratch, Transport, WireConfig, respond_as};
 
 /// Builds the report; `Err` explains a bad request.
 pub fn report(snap: &Snapshot, name: &str, qtype: &str, cluster: Option<&str>) -> Result<String, String> {
@@ -20,7 +20,6 @@ pub fn report(snap: &Snapshot, name: &str, qtype: &str, cluster: Option<&str>) -
     qname.set_fqdn(true);
     let rtype =
         RecordType::from_str(&qtype.to_ascii_uppercase()).map_err(|e| format!("type {qtype:?}: {e}"))?;
-    let mut out = String::new();
     let l = &snap.zone().localities;
     let service = service_of(snap, &qname);
     let balance = service.filter(|(_, is_service_name)| *is_service_name).and_then(|(s, _)| s);
@@ -36,7 +35,22 @@ pub fn report(snap: &Snapshot, name: &str, qtype: &str, cluster: Option<&str>) -
                 format!("cluster {c:?} is neither a --client-cluster nor one of this service's")
             })?,
     };
-    let _ = writeln!(out, "query: {qname} {rtype} from cluster {}", cluster.unwrap_or("(unknown)"));
+    report_for(snap, &qname, rtype, client, &format!("cluster {}", cluster.unwrap_or("(unknown)")))
+}
+
+/// The report for `client` (described as `who`), as `dig CH TXT` asks it:
+/// the wire path has already attributed the client.
+pub fn report_for(
+    snap: &Snapshot,
+    qname: &Name,
+    rtype: RecordType,
+    client: Client,
+    who: &str,
+) -> Result<String, String> {
+    let mut out = String::new();
+    let balance =
+        service_of(snap, qname).filter(|(_, is_service_name)| *is_service_name).and_then(|(s, _)| s);
+    let _ = writeln!(out, "query: {qname} {rtype} from {who}");
     let family = match rtype {
         RecordType::A => Some(0),
         RecordType::AAAA => Some(1),
@@ -77,6 +91,21 @@ pub fn report(snap: &Snapshot, name: &str, qtype: &str, cluster: Option<&str>) -
         let _ = writeln!(out, "  {}", rec.to_string().trim_end());
     }
     Ok(out)
+}
+
+/// The report as the wire layer asks for it (`dig CH TXT <name>`).
+pub struct Report;
+
+impl Explain for Report {
+    fn explain(&self, snap: &Snapshot, qname: &[u8], qtype: u16, client: Client, who: &str) -> Vec<String> {
+        use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
+        let rtype = RecordType::from(qtype);
+        let name = Name::read(&mut BinDecoder::new(qname)).map_err(|e| e.to_string());
+        match name.and_then(|n| report_for(snap, &n, rtype, client, who)) {
+            Ok(text) => text.lines().map(str::to_owned).collect(),
+            Err(e) => vec![format!("error: {e}")],
+        }
+    }
 }
 
 /// The service a name belongs to, and whether it is the service name itself.

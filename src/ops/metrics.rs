@@ -230,6 +230,10 @@ const RRL: &str = "clusterset_dns_rrl_responses_total";
 const RRL_HELP: &str =
     "UDP responses over the rate limit (--rrl-rate): dropped, or slipped (sent truncated or as BADCOOKIE).";
 
+/// Debug queries over DNS, answered or refused (`--allow-debug`).
+const DEBUG: &str = "clusterset_dns_debug_queries_total";
+const DEBUG_HELP: &str = "CHAOS TXT debug queries (explain a name, whoami): answered, or refused to clients outside --allow-debug.";
+
 /// The `plugin` label of responses: what wrote them.
 const PLUGIN: &str = "clusterset";
 
@@ -247,6 +251,12 @@ impl QueryCollector {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut descs = descs;
+        descs.push(Desc::new(
+            DEBUG.into(),
+            DEBUG_HELP.into(),
+            vec!["server".into(), "result".into()],
+            Default::default(),
+        )?);
         descs.push(Desc::new(
             RRL.into(),
             RRL_HELP.into(),
@@ -392,16 +402,20 @@ impl Collector for QueryCollector {
                 }
             }
         }
-        let mut limited = Vec::new();
+        let (mut limited, mut debug) = (Vec::new(), Vec::new());
         for (server, s) in &self.servers {
             for (i, action) in ["dropped", "slipped"].into_iter().enumerate() {
                 limited
                     .push(counter(&[("server", server.as_str()), ("action", action)], load(&s.limited[i])));
             }
+            for (i, result) in ["answered", "refused"].into_iter().enumerate() {
+                debug.push(counter(&[("server", server.as_str()), ("result", result)], load(&s.debug[i])));
+            }
         }
         let [r, d, rs, du, rq, rp] = FAMILIES_DECLARED.map(|(name, help, _)| (name, help));
         [
             family(RRL, RRL_HELP, MetricType::COUNTER, limited),
+            family(DEBUG, DEBUG_HELP, MetricType::COUNTER, debug),
             family(r.0, r.1, MetricType::COUNTER, requests),
             family(d.0, d.1, MetricType::COUNTER, dos),
             family(rs.0, rs.1, MetricType::COUNTER, responses),

@@ -57,10 +57,21 @@ pub(crate) fn wire_len(name: &Name) -> usize {
 /// cut (one character-string).
 pub(crate) fn chaos_txt(text: &str) -> Records {
     let owner = Name::from_ascii("id.server.").unwrap_or_default();
-    let cut = text.char_indices().take_while(|(i, c)| i + c.len_utf8() <= 255).map(|(_, c)| c);
-    let mut record = Record::from_rdata(owner.clone(), 0, RData::TXT(TXT::new(vec![cut.collect()])));
-    record.dns_class = DNSClass::CH;
-    records(&owner, RecordType::TXT, &[record]).unwrap_or_default()
+    chaos_txt_lines(&owner, &[text.to_owned()])
+}
+
+/// One CHAOS TXT record per line, for `owner`.
+pub(crate) fn chaos_txt_lines(owner: &Name, lines: &[String]) -> Records {
+    let txt: Vec<Record> = lines
+        .iter()
+        .map(|line| {
+            let cut = line.char_indices().take_while(|(i, c)| i + c.len_utf8() <= 255).map(|(_, c)| c);
+            let mut record = Record::from_rdata(owner.clone(), 0, RData::TXT(TXT::new(vec![cut.collect()])));
+            record.dns_class = DNSClass::CH;
+            record
+        })
+        .collect();
+    records(owner, RecordType::TXT, &txt).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -77,6 +77,9 @@ pub struct Outcome {
     pub dnssec_ok: bool,
     /// What rate limiting did to the response.
     pub limited: Limited,
+    /// A debug query (`dig CH TXT <name>`): answered (`Some(true)`) or
+    /// refused to a client not allowed (`Some(false)`).
+    pub debug: Option<bool>,
 }
 
 /// What Response Rate Limiting did to a response.
@@ -115,6 +118,8 @@ macro_rules! layout {
             pub(crate) response_bytes: [$t; ZONES * PROTOS],
             /// Responses rate limiting dropped (0) and slipped (1).
             pub(crate) limited: [$t; 2],
+            /// Debug queries answered (0) and refused (1).
+            pub(crate) debug: [$t; 2],
         }
     };
 }
@@ -135,6 +140,7 @@ impl Default for LocalStats {
             response_size: [[0; SIZE]; ZONES * PROTOS],
             response_bytes: [0; ZONES * PROTOS],
             limited: [0; 2],
+            debug: [0; 2],
         }
     }
 }
@@ -152,6 +158,7 @@ impl Default for QueryStats {
             response_size: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             response_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             limited: std::array::from_fn(|_| AtomicU64::new(0)),
+            debug: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -191,6 +198,9 @@ impl LocalStats {
         self.requests[request_slot(zone, a.proto, a.family, type_slot(o.qtype))] += 1;
         if o.dnssec_ok {
             self.do_requests[zone] += 1;
+        }
+        if let Some(answered) = o.debug {
+            self.debug[usize::from(!answered)] += 1;
         }
         let zp = zone * PROTOS + a.proto;
         self.request_size[zp][bucket(&SIZE_BUCKETS, request_len as f64)] += 1;
@@ -237,6 +247,7 @@ impl LocalStats {
         add(&mut self.request_bytes, &shared.request_bytes);
         add(&mut self.response_bytes, &shared.response_bytes);
         add(&mut self.limited, &shared.limited);
+        add(&mut self.debug, &shared.debug);
         for (l, s) in self.duration.iter_mut().zip(&shared.duration) {
             add(l, s);
         }
@@ -351,6 +362,7 @@ mod tests {
             qtype: 33,
             dnssec_ok: true,
             limited: Limited::No,
+            debug: None,
         };
         local.record(&o, Arrival { proto: 0, family: 1 }, 60, 512);
         local.record_duration(true, 1, Duration::from_micros(300));

@@ -1,0 +1,108 @@
+//! Debugging with `dig` alone: which server answered (CHAOS TXT
+//! `id.server.`, `hostname.bind.`, `version.server.`, `version.bind.`, RFC
+//! 4892, and NSID, RFC 5001, so two replicas behind one Service can be told
+//! apart), how it would answer a name and why (`dig CH TXT <name>`), and
+//! what it knows of the asker (`dig CH TXT whoami.<zone>`).
+
+use crate::binary::Served;
+use crate::fleet::metric;
+
+#[test]
+fn chaos_txt_names_give_the_server_id_and_version_over_udp_and_tcp() {
+    let s = Served::start(&["--server-id", "replica-1"]);
+    for transport in ["+notcp", "+tcp"] {
+        for name in ["id.server", "hostname.bind", "ID.Server"] {
+            assert_eq!(s.dig(&["CH", "TXT", name, "+short", transport]).trim(), "\"replica-1\"", "{name}");
+        }
+        let version = format!("\"clusterset-dns {}\"", env!("CARGO_PKG_VERSION"));
+        for name in ["version.server", "version.bind"] {
+            assert_eq!(s.dig(&["CH", "TXT", name, "+short", transport]).trim(), version, "{name}");
+        }
+    }
+    let full = s.dig(&["CH", "TXT", "id.server"]);
+    assert!(full.contains("status: NOERROR") && full.contains("flags: qr aa"), "{full}");
+    assert!(full.contains("id.server.\t\t0\tCH\tTXT\t\"replica-1\""), "{full}");
+    // Other CHAOS names are not ours.
+    assert!(s.dig(&["CH", "TXT", "authors.bind"]).contains("status: REFUSED"));
+    // Names of the zone in CHAOS are debug queries (explained below).
+    assert!(s.dig(&["CH", "TXT", "web.shop.svc.clusterset.local", "+short"]).starts_with("\"query: "));
+    assert!(s.dig(&["CH", "A", "web.shop.svc.clusterset.local"]).contains("status: REFUSED"), "TXT only");
+}
+
+#[test]
+fn hide_version_refuses_the_version_and_keeps_the_id() {
+    let s = Served::start(&["--server-id", "replica-2", "--hide-version"]);
+    assert!(s.dig(&["CH", "TXT", "version.bind"]).contains("status: REFUSED"));
+    assert!(s.dig(&["CH", "TXT", "version.server"]).contains("status: REFUSED"));
+    assert_eq!(s.dig(&["CH", "TXT", "id.server", "+short"]).trim(), "\"replica-2\"");
+}
+
+#[test]
+fn nsid_tells_two_replicas_apart_and_defaults_to_the_pod_name() {
+    let a = Served::start_env("serve", &[], &[("HOSTNAME", "clusterset-dns-7d9f8-abcde")]);
+    let b = Served::start_env("serve", &[], &[("HOSTNAME", "clusterset-dns-7d9f8-xyz12")]);
+    for (s, id) in [(&a, "clusterset-dns-7d9f8-abcde"), (&b, "clusterset-dns-7d9f8-xyz12")] {
+        let out = s.dig(&["web.shop.svc.clusterset.local", "A", "+nsid"]);
+        assert!(out.contains("; NSID: ") && out.contains(&format!("(\"{id}\")")), "{out}");
+        assert!(out.contains("10.42.0.10"), "the answer is unchanged: {out}");
+        // Not asked, not sent.
+        assert!(!s.dig(&["web.shop.svc.clusterset.local", "A"]).contains("NSID"));
+        assert_eq!(s.dig(&["CH", "TXT", "hostname.bind", "+short"]).trim(), format!("\"{id}\""));
+    }
+}
+
+#[test]
+fn ch_txt_of_a_name_explains_its_answer_to_the_asker() {
+    let s = Served::start(&[
+        "--client-cluster",
+        "127.0.0.0/8=cluster-a/eu-west-1a",
+        "--answer-policy",
+        "local-first",
+    ]);
+    let out = s.dig(&["CH", "TXT", "db.shop.svc.clusterset.local", "+short", "+tcp"]);
+    let lines: Vec<&str> = out.lines().map(|l| l.trim_matches('"')).collect();
+    assert_eq!(
+        lines[0], "query: db.shop.svc.clusterset.local. A from 127.0.0.1 (cluster cluster-a)",
+        "{out}"
+    );
+    assert!(lines[1].starts_with("policy: local-first"), "{out}");
+    assert!(lines.contains(&"candidates (3):"), "{out}");
+    assert!(lines.iter().any(|l| l.starts_with("decision: ")), "{out}");
+    assert!(lines.contains(&"answer: NoError"), "{out}");
+    // The answer the asker itself gets: cluster-a's endpoints only (local-first).
+    let answer = s.dig(&["db.shop.svc.clusterset.local", "A", "+short"]);
+    for address in answer.lines() {
+        assert!(lines.iter().any(|l| l.ends_with(&format!(" IN A {address}"))), "{address} in {out}");
+    }
+    // Over UDP without EDNS it is cut at whole strings, with TC.
+    let udp = s.dig(&["CH", "TXT", "db.shop.svc.clusterset.local", "+noedns", "+ignore"]);
+    assert!(udp.contains("flags: qr aa tc"), "{udp}");
+    let cut = udp.lines().filter(|l| l.contains("\tCH\tTXT\t\"")).count();
+    assert!(cut > 0 && cut < lines.len(), "{cut} of {} strings over UDP", lines.len());
+}
+
+#[test]
+fn whoami_says_what_the_server_attributes_to_the_asker() {
+    let s = Served::start(&["--client-cluster", "127.0.0.0/8=cluster-a/eu-west-1a"]);
+    let plain = s.dig(&["CH", "TXT", "whoami.clusterset.local", "+short"]);
+    assert_eq!(plain, "\"address 127.0.0.1\"\n\"cluster cluster-a\"\n\"zone eu-west-1a\"\n");
+    let ecs = s.dig(&["CH", "TXT", "whoami.clusterset.local", "+short", "+subnet=198.51.100.0/24"]);
+    assert!(ecs.contains("\"ecs 198.51.100.0/24\"") && ecs.contains("\"cluster (unknown)\""), "{ecs}");
+}
+
+#[test]
+fn debug_queries_from_clients_not_allowed_are_refused_and_counted() {
+    let s = Served::start(&["--allow-debug", "192.0.2.0/24"]);
+    assert!(s.dig(&["CH", "TXT", "web.shop.svc.clusterset.local"]).contains("status: REFUSED"));
+    assert!(s.dig(&["CH", "TXT", "whoami.clusterset.local"]).contains("status: REFUSED"));
+    let server = format!("dns://{}", s.addr);
+    let refused = format!("clusterset_dns_debug_queries_total{{result=\"refused\",server=\"{server}\"}}");
+    // UDP workers add their counts at most about once a second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while metric(&s, &refused) != Some(2.0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(metric(&s, &refused), Some(2.0));
+    // Ordinary queries are untouched.
+    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.42.0.10");
+}
