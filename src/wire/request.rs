@@ -198,8 +198,10 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
     }
 }
 
-/// Walks an OPT record's options in place; returns the Client Subnet
-/// option, or `Err` when an option overruns the data or ECS is malformed.
+/// Walks an OPT record's options in place; returns the first Client Subnet
+/// option, or `Err` when an option overruns the data or any ECS option is
+/// malformed (RFC 7871 §6 asks FORMERR for each one, not only the first; the
+/// slow path's hickory-proto rejects them all too).
 fn options(mut rdata: &[u8]) -> Result<Option<ClientSubnet>, ()> {
     let mut ecs = None;
     while !rdata.is_empty() {
@@ -207,8 +209,9 @@ fn options(mut rdata: &[u8]) -> Result<Option<ClientSubnet>, ()> {
             return Err(());
         };
         let (data, rest) = rdata.get(4..).and_then(|r| r.split_at_checked(usize::from(len))).ok_or(())?;
-        if code == ECS && ecs.is_none() {
-            ecs = Some(ClientSubnet::read(data).ok_or(())?);
+        if code == ECS {
+            let subnet = ClientSubnet::read(data).ok_or(())?;
+            ecs.get_or_insert(subnet);
         }
         rdata = rest;
     }
@@ -286,5 +289,20 @@ mod tests {
         );
         assert!(ClientSubnet::read(&[0, 1, 24, 0, 198, 51, 100]).is_some());
         assert_eq!(ClientSubnet::read(&[0, 1, 23, 0, 198, 51, 101]), None, "bits beyond the prefix");
+    }
+
+    #[test]
+    fn a_malformed_client_subnet_after_a_valid_one_is_rejected() {
+        // Found by the differential fuzz target: only the first ECS option
+        // was checked, so a bad second one was answered instead of FORMERR.
+        let v4_24 = [0, 8, 0, 7, 0, 1, 24, 0, 198, 51, 100];
+        let bad = [0, 8, 0, 4, 0x21, 0x21, 0, 0];
+        assert_eq!(options(&[v4_24.as_slice(), &bad].concat()), Err(()));
+        let both = options(&[v4_24.as_slice(), &v4_24].concat());
+        assert_eq!(
+            both.map(|e| e.map(|e| e.source_prefix)),
+            Ok(Some(24)),
+            "two valid ones: the first is used"
+        );
     }
 }

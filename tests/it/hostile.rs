@@ -106,6 +106,12 @@ fn edns_records_that_overrun_their_bounds_get_formerr() {
         ("OPT cut inside its fixed part", packet(QNAME, 1, &[0, 0, 41, 0x04, 0xd0, 0])),
         ("ECS family 3", packet(QNAME, 1, &opt(8, &option(8, &[0, 3, 0, 0])))),
         ("ECS /33 for IPv4", packet(QNAME, 1, &opt(13, &option(8, &[0, 1, 33, 0, 1, 2, 3, 4, 5])))),
+        // Found by the differential fuzz target: only the first ECS option
+        // used to be checked.
+        ("a valid ECS, then one of family 0x2121", {
+            let rdata = [option(8, &[0, 1, 24, 0, 198, 51, 100]), option(8, &[0x21, 0x21, 0, 0])].concat();
+            packet(QNAME, 1, &opt(rdata.len() as u16, &rdata))
+        }),
     ];
     for (what, bytes) in shapes {
         expect(s.addr, what, &bytes, Some(FORMERR));
