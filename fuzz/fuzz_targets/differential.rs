@@ -96,7 +96,10 @@ fuzz_target!(|q: Query| {
                 // EDNS options the RFCs call malformed and hickory-proto reads
                 // anyway get FORMERR (without the question) from us.
                 let edns_formerr = rcode == ResponseCode::FormErr && malformed_edns(&packet, query);
-                if let ([question], false) = (query.queries.as_slice(), edns_formerr) {
+                // Only QUERY's format is ours to read (RFC 1035 §4.1.1); another
+                // opcode gets NOTIMP, with the question when it was readable.
+                let opcode_query = packet[2] & 0x78 == 0;
+                if let ([question], false, true) = (query.queries.as_slice(), edns_formerr, opcode_query) {
                     let [echo] = ours.queries.as_slice() else {
                         panic!("question not echoed over {t:?}: {rcode:?}");
                     };

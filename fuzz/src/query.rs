@@ -382,11 +382,6 @@ pub enum Family {
 }
 
 impl Query {
-    /// Whether the query carries at least one OPT record.
-    pub fn has_opt(&self) -> bool {
-        self.additional.iter().any(|a| matches!(a, Additional::Opt(_)))
-    }
-
     /// Whether QR is set.
     pub fn is_response(&self) -> bool {
         self.response == 0xFF
