@@ -9,8 +9,8 @@
 
 use clusterset_dns::source::SourceId;
 use clusterset_dns::source::objects;
-use clusterset_dns::store::{self, Update, ZoneConfig};
-use hickory_proto::rr::Name;
+use clusterset_dns::store::{self, Update};
+use clusterset_dns_fuzz::server::zone;
 use libfuzzer_sys::fuzz_target;
 
 const ORIGIN: &str = "fuzz.yaml";
@@ -45,13 +45,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(["ServiceImport", "EndpointSlice"].contains(&skipped.kind), "{skipped}");
                 assert!(!skipped.field.is_empty(), "a skipped object without its field: {skipped}");
             }
-            let (reader, mut writer) = store::new(ZoneConfig {
-                origin: Name::from_ascii("clusterset.local.").expect("zone"),
-                ttl: 5,
-                negative_ttl: 5,
-                advertise: vec!["192.0.2.53".parse().expect("ip")],
-                answers: store::AnswerConfig::standard(),
-            });
+            let (reader, mut writer) = store::new(zone());
             writer.apply(Update::Replace { source: SourceId(0), objects: parsed.objects });
             writer.publish();
             drop(reader.load());

@@ -13,17 +13,22 @@ use hickory_proto::rr::Name;
 /// default.
 pub const MAX_UDP_PAYLOAD: u16 = 1232;
 
+/// The zone as `serve` configures it by default (TTL 5).
+pub fn zone() -> ZoneConfig {
+    ZoneConfig {
+        origin: Name::from_ascii("clusterset.local.").expect("zone"),
+        ttl: 5,
+        negative_ttl: 5,
+        advertise: vec!["192.0.2.53".parse().expect("ip")],
+        answers: store::AnswerConfig::standard(),
+    }
+}
+
 /// The store holding the embedded example, built on first use.
 pub fn reader() -> &'static Reader {
     static READER: OnceLock<Reader> = OnceLock::new();
     READER.get_or_init(|| {
-        let (reader, mut writer) = store::new(ZoneConfig {
-            origin: Name::from_ascii("clusterset.local.").expect("zone"),
-            ttl: 5,
-            negative_ttl: 5,
-            advertise: vec!["192.0.2.53".parse().expect("ip")],
-            answers: store::AnswerConfig::standard(),
-        });
+        let (reader, mut writer) = store::new(zone());
         let objects = embedded::parse().expect("embedded example").objects;
         writer.apply(Update::Replace { source: SourceId(0), objects });
         writer.publish();
