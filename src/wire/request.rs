@@ -205,9 +205,11 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
     }
 }
 
-/// Walks an OPT record's options in place; returns the Client Subnet and
-/// COOKIE options, or `Err` (FORMERR) when an option overruns the data, or
-/// ECS (RFC 7871 §7.1.3) or COOKIE (RFC 7873 §5.2.2) is malformed.
+/// Walks an OPT record's options in place; returns the first Client Subnet
+/// and COOKIE options, or `Err` (FORMERR) when an option overruns the data,
+/// or any ECS (RFC 7871 §6: each one, not only the first; hickory-proto on
+/// the slow path rejects them all too) or COOKIE (RFC 7873 §5.2.2) option
+/// is malformed.
 fn options(mut rdata: &[u8]) -> Result<Options, ()> {
     let mut found = Options { ecs: None, cookie: None, nsid: false };
     while !rdata.is_empty() {
@@ -216,9 +218,13 @@ fn options(mut rdata: &[u8]) -> Result<Options, ()> {
         };
         let (data, rest) = rdata.get(4..).and_then(|r| r.split_at_checked(usize::from(len))).ok_or(())?;
         match code {
-            ECS if found.ecs.is_none() => found.ecs = Some(ClientSubnet::read(data).ok_or(())?),
-            cookie::CODE if found.cookie.is_none() => {
-                found.cookie = Some(ClientCookie::read(data).ok_or(())?)
+            ECS => {
+                let subnet = ClientSubnet::read(data).ok_or(())?;
+                found.ecs.get_or_insert(subnet);
+            }
+            cookie::CODE => {
+                let cookie = ClientCookie::read(data).ok_or(())?;
+                found.cookie.get_or_insert(cookie);
             }
             // RFC 5001 §2.1: the query's NSID is empty; any payload is ignored.
             NSID => found.nsid = true,
@@ -321,5 +327,20 @@ mod tests {
         );
         assert!(ClientSubnet::read(&[0, 1, 24, 0, 198, 51, 100]).is_some());
         assert_eq!(ClientSubnet::read(&[0, 1, 23, 0, 198, 51, 101]), None, "bits beyond the prefix");
+    }
+
+    #[test]
+    fn a_malformed_client_subnet_after_a_valid_one_is_rejected() {
+        // Found by the differential fuzz target: only the first ECS option
+        // was checked, so a bad second one was answered instead of FORMERR.
+        let v4_24 = [0, 8, 0, 7, 0, 1, 24, 0, 198, 51, 100];
+        let bad = [0, 8, 0, 4, 0x21, 0x21, 0, 0];
+        assert!(options(&[v4_24.as_slice(), &bad].concat()).is_err());
+        let both = options(&[v4_24.as_slice(), &v4_24].concat());
+        assert_eq!(
+            both.map(|o| o.ecs.map(|e| e.source_prefix)),
+            Ok(Some(24)),
+            "two valid ones: the first is used"
+        );
     }
 }

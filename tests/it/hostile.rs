@@ -132,6 +132,12 @@ fn edns_records_that_overrun_their_bounds_get_formerr() {
             packet(QNAME, 2, &[&SOME_A[..], &opt(7, &option(8, &[0, 1, 24]))].concat()),
         ),
         ("ECS /33 for IPv4", packet(QNAME, 1, &opt(13, &option(8, &[0, 1, 33, 0, 1, 2, 3, 4, 5])))),
+        // Found by the differential fuzz target: only the first ECS option
+        // used to be checked.
+        ("a valid ECS, then one of family 0x2121", {
+            let rdata = [option(8, &[0, 1, 24, 0, 198, 51, 100]), option(8, &[0x21, 0x21, 0, 0])].concat();
+            packet(QNAME, 1, &opt(rdata.len() as u16, &rdata))
+        }),
     ];
     for (what, bytes) in shapes {
         expect(s.addr, what, &bytes, Some(FORMERR));
