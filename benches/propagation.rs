@@ -37,10 +37,7 @@ const PROPAGATION_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn main() {
     main_of("propagation", |rt| {
-        let small = SmallFleet::start(rt)?;
-        propagation(rt, &small.client, &small.server, &small.fleet)?;
-        small.stop();
-        Ok(())
+        SmallFleet::run(rt, |small| propagation(rt, &small.client, &small.server, &small.fleet))
     });
 }
 

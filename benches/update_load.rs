@@ -40,10 +40,7 @@ const UPDATE_ROUNDS: usize = 3;
 
 fn main() {
     main_of("update_load", |rt| {
-        let small = SmallFleet::start(rt)?;
-        update_load(rt, &small.client, &small.server, &small.fleet)?;
-        small.stop();
-        Ok(())
+        SmallFleet::run(rt, |small| update_load(rt, &small.client, &small.server, &small.fleet))
     });
 }
 

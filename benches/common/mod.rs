@@ -93,9 +93,13 @@ impl SmallFleet {
         Ok(Self { clusters, client, server, fleet })
     }
 
-    /// Stops the server (SIGINT), then the cluster.
-    pub fn stop(mut self) {
-        self.server.stop();
-        drop(self.clusters);
+    /// Starts the cluster and the server, runs `bench` on them, then stops
+    /// the server (SIGINT) and the cluster.
+    pub fn run(rt: &tokio::runtime::Runtime, bench: impl FnOnce(&Self) -> Result<()>) -> Result<()> {
+        let mut small = Self::start(rt)?;
+        bench(&small)?;
+        small.server.stop();
+        drop(small.clusters);
+        Ok(())
     }
 }

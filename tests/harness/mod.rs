@@ -30,6 +30,19 @@ use std::time::{Duration, Instant};
 /// The `clusterset-dns` binary cargo built for this test or bench target.
 pub const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
 
+/// Polls `f` every 20 ms until it is true (then true) or `timeout` has
+/// passed (then false).
+pub fn within(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
 /// Polls until `f` is true (a bounded wait for asynchronous reloads); panics
 /// after 20 s. Returns how long it took.
 pub fn eventually(what: &str, mut f: impl FnMut() -> bool) -> Duration {

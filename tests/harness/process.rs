@@ -42,17 +42,55 @@ pub fn tied(program: &str) -> Command {
     command
 }
 
-/// Sends `signal` (`INT`, `TERM`) to `child` and waits up to `grace` for it
-/// to exit; then SIGKILL. Returns once it has exited.
-pub fn stop(child: &mut Child, signal: &str, grace: Duration) {
-    let _ = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status();
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        match child.try_wait() {
-            Ok(Some(_)) | Err(_) => return,
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+/// A child process, killed on drop unless [`Owned::stop`] stopped it first.
+pub struct Owned {
+    child: Child,
+    stopped: bool,
+}
+
+impl Owned {
+    pub fn new(child: Child) -> Self {
+        Self { child, stopped: false }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status, once it has exited.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// SIGKILL; returns once it has exited.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends `signal` (`INT`, `TERM`) and waits up to `grace` for it to
+    /// exit; then SIGKILL. Returns once it has exited; only the first call
+    /// does anything.
+    pub fn stop(&mut self, signal: &str, grace: Duration) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        let _ = Command::new("kill").args([&format!("-{signal}"), &self.id().to_string()]).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.kill();
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }

@@ -4,15 +4,15 @@
 //! benches its CPU time and memory.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::BIN;
 use super::http::{http_get, try_http_get};
-use super::process::{each_line, stop, tied};
+use super::process::{Owned, each_line, tied};
 use super::procfs;
+use super::{BIN, within};
 
 /// How long a start may take until both addresses are logged.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -20,7 +20,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// A running `clusterset-dns serve`; its stderr is collected; killed on drop
 /// unless [`Served::stop`] stopped it first.
 pub struct Served {
-    child: Child,
+    child: Owned,
     /// The DNS address (UDP and TCP).
     pub addr: SocketAddr,
     /// The HTTP address (`/health`, `/ready`, `/metrics`).
@@ -30,7 +30,6 @@ pub struct Served {
     /// The command line, as a shell would run it.
     pub command: String,
     log: Arc<Mutex<Vec<(Duration, String)>>>,
-    stopped: bool,
 }
 
 impl Served {
@@ -92,13 +91,12 @@ impl Served {
             sink.lock().expect("log lock").push((at, line));
         });
         let mut me = Self {
-            child,
+            child: Owned::new(child),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             http: SocketAddr::from(([127, 0, 0, 1], 0)),
             started,
             command: shown,
             log,
-            stopped: false,
         };
         let (mut addr, mut http) = (None, None);
         while addr.is_none() || http.is_none() {
@@ -123,16 +121,9 @@ impl Served {
         self.log.lock().expect("log lock").clone()
     }
 
-    /// Waits until the log contains `needle`.
+    /// Waits (20 s at most) until the log contains `needle`.
     pub fn wait_log(&self, needle: &str) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if self.log().contains(needle) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        within(Duration::from_secs(20), || self.log().contains(needle))
     }
 
     pub fn signal(&self, sig: &str) {
@@ -168,14 +159,14 @@ impl Served {
 
     /// True once the process has exited.
     pub fn exited(&mut self) -> bool {
-        self.child.try_wait().ok().flatten().is_some()
+        self.child.try_wait().is_some()
     }
 
     /// The exit status, once the process exits within `within`.
     pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Some(status) = self.child.try_wait() {
                 return Some(status);
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -205,18 +196,7 @@ impl Served {
     /// SIGINT: stops at once (SIGTERM would keep answering for the lameduck
     /// period); SIGKILL after 5 s.
     pub fn stop(&mut self) {
-        if !std::mem::replace(&mut self.stopped, true) {
-            stop(&mut self.child, "INT", Duration::from_secs(5));
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if !self.stopped {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.child.stop("INT", Duration::from_secs(5));
     }
 }
 

@@ -3,22 +3,21 @@
 //! its HTTP endpoint and metrics, its CPU time.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::BIN;
 use super::clusters::TestClusters;
 use super::http::{http_get, metric_value};
-use super::process::{capture_output, stop, tied};
+use super::process::{Owned, capture_output, tied};
 use super::procfs;
 
 /// A running `clusterset-dns sync`; killed on drop (its log printed when
 /// the drop is part of a panic) unless [`Syncing::stop`] stopped it first.
 pub struct Syncing {
-    child: Child,
+    child: Owned,
     log: Arc<Mutex<String>>,
-    stopped: bool,
 }
 
 impl Syncing {
@@ -52,7 +51,7 @@ impl Syncing {
             .spawn()
             .expect("start clusterset-dns sync (benches: under setpriv, from util-linux)");
         let log = capture_output(&mut child);
-        Self { child, log, stopped: false }
+        Self { child: Owned::new(child), log }
     }
 
     pub fn log(&self) -> String {
@@ -100,27 +99,22 @@ impl Syncing {
 
     /// The exit status, once it has exited.
     pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        self.child.try_wait()
     }
 
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
     /// SIGTERM (gives up the Lease), SIGKILL after 10 s.
     pub fn stop(&mut self) {
-        if !std::mem::replace(&mut self.stopped, true) {
-            stop(&mut self.child, "TERM", Duration::from_secs(10));
-        }
+        self.child.stop("TERM", Duration::from_secs(10));
     }
 }
 
 impl Drop for Syncing {
     fn drop(&mut self) {
-        if !self.stopped {
-            self.kill();
-        }
+        // The process itself is killed when `child` drops, after this.
         if std::thread::panicking() {
             eprintln!("--- clusterset-dns sync log ---\n{}", self.log());
         }

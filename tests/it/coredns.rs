@@ -359,14 +359,7 @@ impl CoreDns {
 
     /// Waits (10 s at most) until the log contains `needle`.
     fn wait_log(&self, needle: &str) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.log().contains(needle) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        crate::harness::within(Duration::from_secs(10), || self.log().contains(needle))
     }
 
     /// `dig` through this CoreDNS (UDP unless told otherwise).
