@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use hickory_proto::op::Message;
 use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
 
-use crate::binary::Served;
 use crate::fleet::metric;
+use crate::harness::served::Served;
 use crate::support::{decode, q, udp_raw};
 
 /// Every one of `n` good queries, each from its own UDP source port, and

@@ -1,7 +1,7 @@
 //! clusterset-dns behind a real CoreDNS, as a cluster runs it: `dig` →
 //! CoreDNS (stock 1.12.4 from `scripts/k8s-bins.sh coredns`, running the
 //! server block of `Corefile.example`) → `forward` → the `clusterset-dns`
-//! binary, fed by a real kube-apiserver (`cluster::shared()`).
+//! binary, fed by a real kube-apiserver (`harness::clusters::shared()`).
 //!
 //! What CoreDNS 1.12.4 does that these tests pin down (plugin/forward,
 //! plugin/cache, request/ of its source):
@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::binary::capture_output;
-use crate::binary::{Served, eventually};
-use crate::cluster::shared;
+use crate::harness::clusters::shared;
+use crate::harness::eventually;
+use crate::harness::process::capture_output;
+use crate::harness::served::Served;
 use crate::watch::{Kube, headless, runtime, vip};
 
 /// The forward target in `Corefile.example`, replaced by the server's address.
@@ -96,7 +97,7 @@ fn an_answer_too_large_for_udp_reaches_the_client_in_full_over_tcp() {
     let s = serve(1, ns);
     let big = format!("big.{ns}.svc.clusterset.local");
     eventually("all 100 endpoints served", || {
-        parse(&crate::binary::dig(s.addr, &[&big, "A", "+tcp"])).answer.len() == 100
+        parse(&crate::harness::served::dig(s.addr, &[&big, "A", "+tcp"])).answer.len() == 100
     });
     let c = CoreDns::start(s.addr, &[]);
 
@@ -358,19 +359,12 @@ impl CoreDns {
 
     /// Waits (10 s at most) until the log contains `needle`.
     fn wait_log(&self, needle: &str) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.log().contains(needle) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        crate::harness::within(Duration::from_secs(10), || self.log().contains(needle))
     }
 
     /// `dig` through this CoreDNS (UDP unless told otherwise).
     fn dig(&self, args: &[&str]) -> Reply {
-        parse(&crate::binary::dig(self.addr, args))
+        parse(&crate::harness::served::dig(self.addr, args))
     }
 }
 

@@ -1,5 +1,5 @@
 //! `deploy/`: every kustomization renders with `kubectl kustomize` and a real
-//! kube-apiserver (`cluster.rs`) accepts the result (`kubectl apply
+//! kube-apiserver (`tests/harness/clusters.rs`) accepts the result (`kubectl apply
 //! --dry-run=server`, client-side and server-side apply: schema, strict
 //! field validation, admission); the base holds what running clusterset-dns
 //! needs (replicas, disruption budget, spread, probes, security context,
@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::cluster::shared;
+use crate::harness::clusters::shared;
 
 const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
 const NS: &str = "clusterset-dns";

@@ -4,7 +4,7 @@
 //! apart), how it would answer a name and why (`dig CH TXT <name>`), and
 //! what it knows of the asker (`dig CH TXT whoami.<zone>`).
 
-use crate::binary::Served;
+use crate::harness::served::Served;
 use crate::fleet::metric;
 
 #[test]

@@ -10,8 +10,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::binary::{Served, eventually};
-use crate::cluster::{Component, TestClusters, shared};
+use crate::harness::clusters::{Component, TestClusters, shared};
+use crate::harness::eventually;
+use crate::harness::served::Served;
 use crate::watch::{Kube, runtime, short, status as rcode};
 
 const MANAGER: &str = "clusterset-dns-tests";
@@ -226,8 +227,7 @@ fn within(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> bool) -
 
 /// The value of one metric line (`name{labels}`) in a scrape.
 pub(crate) fn metric(s: &Served, line: &str) -> Option<f64> {
-    let (_, body) = s.get("/metrics");
-    body.lines().find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+    crate::harness::http::metric_value(&s.get("/metrics").1, line)
 }
 
 #[test]

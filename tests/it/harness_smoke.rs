@@ -1,4 +1,4 @@
-//! The real-cluster harness itself (`cluster.rs`, `scripts/clusters.sh`):
+//! The real-cluster harness itself (`tests/harness/clusters.rs`, `scripts/clusters.sh`):
 //! independent clusters, the serve identity's RBAC, components that stop and
 //! come back with their data, and nothing left running afterwards.
 
@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 
-use crate::cluster::{Component, TestClusters};
+use crate::harness::clusters::{Component, TestClusters};
 
 fn service_imports() -> ApiResource {
     crate::watch::import_resource("v1beta1")

@@ -29,9 +29,10 @@ use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::binary::{Served, eventually};
-use crate::cluster::shared;
 use crate::coredns::free_port;
+use crate::harness::clusters::shared;
+use crate::harness::eventually;
+use crate::harness::served::Served;
 
 /// The answer fields compared, in the order they are written.
 const FIELDS: [&str; 7] = ["status", "flags", "edns", "question", "answer", "authority", "additional"];
@@ -39,7 +40,7 @@ const FIELDS: [&str; 7] = ["status", "flags", "edns", "question", "answer", "aut
 const BASE_ARGS: [&str; 5] = ["+norec", "+nocookie", "+ignore", "+time=2", "+tries=1"];
 /// The namespaces of the fixture.
 const NAMESPACES: [&str; 3] = ["inc-a", "inc-b", "inc-empty"];
-/// Which cluster of `cluster::shared()` holds the fixture.
+/// Which cluster of `harness::clusters::shared()` holds the fixture.
 const CLUSTER: usize = 2;
 
 fn data(name: &str) -> PathBuf {
@@ -429,7 +430,7 @@ fn apply_fixture(kubeconfig: &Path) {
 /// incumbent serves before its EndpointSlice watch has listed).
 fn wait_for_fixture(addr: SocketAddr, who: &str) {
     let count = |name: &str| {
-        let out = crate::binary::dig(addr, &[name, "A", "+tcp", "+short"]);
+        let out = crate::harness::served::dig(addr, &[name, "A", "+tcp", "+short"]);
         out.lines().filter(|l| !l.trim().is_empty()).count()
     };
     eventually(&format!("{who} serves the fixture"), || {

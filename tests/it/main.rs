@@ -3,12 +3,14 @@
 
 #![allow(unreachable_pub)] // items are shared between the modules of this test binary
 
+// The fleet harness (clusters, the binary as serve and sync), shared with benches/.
+#[path = "../harness/mod.rs"]
+mod harness;
 mod support;
 
 mod abuse;
 mod binary;
 mod client;
-mod cluster;
 mod conformance;
 mod contract;
 mod coredns;

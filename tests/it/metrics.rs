@@ -1,7 +1,8 @@
 //! `/metrics` speaks CoreDNS's names and labels, so dashboards built for
 //! CoreDNS work unchanged; our own metrics sit under `clusterset_dns_`.
 
-use crate::binary::{Served, eventually};
+use crate::harness::eventually;
+use crate::harness::served::Served;
 
 fn value(body: &str, series: &str) -> Option<f64> {
     body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok())

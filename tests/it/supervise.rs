@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::binary::Served;
 use crate::fleet::metric;
+use crate::harness::served::Served;
 use crate::support::{q, tcp_raw, udp_raw};
 
 /// A query for a name whose first label is `panic`: the `query` fault
@@ -124,7 +124,9 @@ fn health_fails_once_a_task_that_cannot_be_restarted_died() {
             .to_owned();
         assert!(reason.contains("writer"), "{reason}");
         let (code, body) =
-            tokio::task::spawn_blocking(move || crate::binary::http_get(http, "/health")).await.expect("get");
+            tokio::task::spawn_blocking(move || crate::harness::http::http_get(http, "/health"))
+                .await
+                .expect("get");
         assert_eq!(code, 500, "{body}");
         assert!(body.contains("task writer panicked"), "{body}");
         running.stop();

@@ -5,8 +5,6 @@
 //! API, conflicts show the KEP's conditions, and leader failover and a
 //! crash mid-reconcile converge with no orphans.
 
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
@@ -14,82 +12,27 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::json;
 
-use crate::binary::{Served, capture_output, eventually, http_get};
-use crate::cluster::{TestClusters, shared};
 use crate::fleet::{User, export_resource};
+use crate::harness::clusters::{Component, TestClusters, shared};
+use crate::harness::eventually;
+use crate::harness::served::Served;
+use crate::harness::syncing::Syncing;
 use crate::watch::{import_resource, runtime, serve, short, status as rcode, wait_ready};
 
-const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
 const OURS: &str = "app.kubernetes.io/managed-by=clusterset-dns-sync";
 
-/// A running `clusterset-dns sync`; killed on drop.
-struct Syncing {
-    child: Child,
-    log: Arc<Mutex<String>>,
+/// `clusterset-dns sync` of namespace `ns` only, with a Lease of its own,
+/// so the tests of this binary (which share the clusters) never see each other.
+fn syncing(clusters: &TestClusters, ns: &str, extra: &[&str]) -> Syncing {
+    syncing_env(clusters, ns, extra, &[])
 }
 
-impl Syncing {
-    /// Syncs namespace `ns` only, with a Lease of its own, so the tests of
-    /// this binary (which share the clusters) never see each other.
-    fn start(clusters: &TestClusters, ns: &str, extra: &[&str]) -> Self {
-        Self::start_env(clusters, ns, extra, &[])
-    }
-
-    /// [`Syncing::start`] with extra environment variables.
-    fn start_env(clusters: &TestClusters, ns: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut args: Vec<String> = vec!["sync".into(), "--http-listen".into(), "127.0.0.1:0".into()];
-        args.extend(["--namespace".into(), ns.into(), "--lease-name".into(), format!("sync-{ns}")]);
-        for i in 0..clusters.len() {
-            args.push("--cluster".into());
-            args.push(format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "sync").display()));
-        }
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let mut child = Command::new(BIN)
-            .args(&args)
-            .env("RUST_LOG", std::env::var("SYNC_LOG").unwrap_or_else(|_| "info".into()))
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start clusterset-dns sync");
-        let log = capture_output(&mut child);
-        Self { child, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().expect("log").clone()
-    }
-
-    /// The body of `GET path` on its HTTP endpoint (address from its log).
-    fn get(&self, path: &str) -> String {
-        let log = self.log();
-        let addr = log
-            .lines()
-            .find(|l| l.contains("HTTP /health"))
-            .and_then(|l| l.split("addr=").nth(1))
-            .and_then(|a| a.split_whitespace().next())
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no HTTP address logged:\n{log}"));
-        http_get(addr, path).1
-    }
-
-    fn leading(&self) -> bool {
-        self.log().contains("leading: syncing") && !self.log().contains("lost the Lease")
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Syncing {
-    fn drop(&mut self) {
-        self.kill();
-        if std::thread::panicking() {
-            eprintln!("--- clusterset-dns sync log ---\n{}", self.log());
-        }
-    }
+/// [`syncing`] with extra environment variables.
+fn syncing_env(clusters: &TestClusters, ns: &str, extra: &[&str], env: &[(&str, &str)]) -> Syncing {
+    let lease = format!("sync-{ns}");
+    let mut args = vec!["--namespace", ns, "--lease-name", &lease];
+    args.extend_from_slice(extra);
+    Syncing::start(clusters, &args, env)
 }
 
 /// Reads one member's objects in one namespace.
@@ -173,7 +116,7 @@ fn an_export_resolves_by_the_same_name_in_every_cluster() {
     let ns = "sync-basic";
     let u = users(&rt, clusters, ns);
     let r = readers(&rt, clusters, ns);
-    let _sync = Syncing::start(clusters, ns, &["--lease-duration", "5"]);
+    let _sync = syncing(clusters, ns, &["--lease-duration", "5"]);
     rt.block_on(async {
         u[0].service("web", json!({})).await;
         u[0].endpoints("web-a", "web", json!([{"addresses": ["10.1.0.1"]}])).await;
@@ -257,7 +200,7 @@ fn conflicts_show_the_kep_conditions_and_the_oldest_export_wins() {
     let ns = "sync-conflict";
     let u = users(&rt, clusters, ns);
     let r = readers(&rt, clusters, ns);
-    let _sync = Syncing::start(clusters, ns, &["--no-leader-election"]);
+    let _sync = syncing(clusters, ns, &["--no-leader-election"]);
     // The oldest export is A's: creation timestamps have one-second
     // resolution, so B's comes a second later.
     let cases = [
@@ -368,9 +311,9 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
     let ns = "sync-ha";
     let u = users(&rt, clusters, ns);
     let r = readers(&rt, clusters, ns);
-    let mut first = Syncing::start(clusters, ns, &["--lease-duration", "5", "--identity", "first"]);
+    let mut first = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "first"]);
     eventually("first leads", || first.leading());
-    let second = Syncing::start(clusters, ns, &["--lease-duration", "5", "--identity", "second"]);
+    let second = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "second"]);
     std::thread::sleep(Duration::from_secs(1));
     assert!(!second.leading(), "two leaders:\n{}", second.log());
 
@@ -403,7 +346,7 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
         });
     }
     // A restarted replica stands by; nothing is duplicated.
-    let third = Syncing::start(clusters, ns, &["--lease-duration", "5", "--identity", "third"]);
+    let third = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "third"]);
     std::thread::sleep(Duration::from_secs(2));
     assert!(!third.leading());
     for reader in &r {
@@ -430,7 +373,7 @@ fn services_asking_for_it_are_exported_and_unexported() {
     let r = readers(&rt, clusters, ns);
     let t = rt.block_on(User::new(clusters, 0, team));
     let rt_team = rt.block_on(Reader::new(clusters, 0, team));
-    let _sync = Syncing::start(
+    let _sync = syncing(
         clusters,
         ns,
         &["--no-leader-election", "--namespace", team, "--auto-export-namespace-prefix", "autoexp-"],
@@ -491,14 +434,14 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
     };
     // Keep (the default): B's endpoints stay in A, marked, and the metric says how stale.
     {
-        let sync = Syncing::start(&clusters, ns, &["--no-leader-election"]);
+        let sync = syncing(&clusters, ns, &["--no-leader-election"]);
         eventually("both clusters' slices in A", || rt.block_on(r[0].ours()) == (1, 0, 2));
         assert_eq!(reachable(&r[0]).as_deref(), Some("True"));
         // DNS in A, fed by A's own API, sees both clusters...
         let dns = serve_in(&clusters, 0, ns);
         let web = format!("web.{ns}.svc.clusterset.local");
         eventually("both clusters answered in A", || short(&dns, &web, "A") == ["10.1.0.1", "10.2.0.1"]);
-        clusters.stop(1, crate::cluster::Component::ApiServer);
+        clusters.stop(1, Component::ApiServer);
         eventually("marked unreachable", || reachable(&r[0]).as_deref() == Some("False"));
         assert_eq!(rt.block_on(r[0].ours()), (1, 0, 2), "endpoints of the unreachable member were removed");
         // ...and demotes the unreachable one the import names (kept, not deleted).
@@ -516,25 +459,25 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no staleness for {}:\n{metrics}", clusters.name(1)));
         assert!(stale > 0.0, "{metrics}");
-        clusters.start_component(1, crate::cluster::Component::ApiServer);
+        clusters.start_component(1, Component::ApiServer);
         eventually("reachable again", || reachable(&r[0]).as_deref() == Some("True"));
         eventually("B answered again in A", || short(&dns, &web, "A") == ["10.1.0.1", "10.2.0.1"]);
     }
     // Remove after the window: B's endpoints leave A, and come back with B.
     eventually("B's API answers", || rt.block_on(r[1].import("web")).is_some());
-    let _sync = Syncing::start(
+    let _sync = syncing(
         &clusters,
         ns,
         &["--no-leader-election", "--on-member-lost", "remove", "--member-lost-after", "3"],
     );
     eventually("both again", || rt.block_on(r[0].ours()) == (1, 0, 2));
-    clusters.stop(1, crate::cluster::Component::ApiServer);
+    clusters.stop(1, Component::ApiServer);
     let stopped = Instant::now();
     eventually("B's endpoints removed from A", || rt.block_on(r[0].ours()) == (1, 0, 1));
     assert!(stopped.elapsed() >= Duration::from_secs(3), "removed before the window");
     let o = rt.block_on(r[0].import("web")).expect("import");
     assert_eq!(o["status"]["clusters"], json!([{"cluster": clusters.name(0)}]));
-    clusters.start_component(1, crate::cluster::Component::ApiServer);
+    clusters.start_component(1, Component::ApiServer);
     eventually("B's endpoints back", || rt.block_on(r[0].ours()) == (1, 0, 2));
 }
 
@@ -580,15 +523,11 @@ fn run_serves_dns_and_syncs_in_one_process() {
 #[test]
 fn a_controller_that_dies_fails_health_and_ends_sync_non_zero() {
     let clusters = shared();
-    let mut sync = Syncing::start_env(
-        clusters,
-        "dies",
-        &["--no-leader-election"],
-        &[("CLUSTERSET_DNS_FAULT", "controller")],
-    );
+    let mut sync =
+        syncing_env(clusters, "dies", &["--no-leader-election"], &[("CLUSTERSET_DNS_FAULT", "controller")]);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let status = loop {
-        if let Ok(Some(status)) = sync.child.try_wait() {
+        if let Some(status) = sync.try_wait() {
             break status;
         }
         assert!(std::time::Instant::now() < deadline, "sync still running:\n{}", sync.log());

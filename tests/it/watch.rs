@@ -1,5 +1,5 @@
 //! The Kubernetes watch source against real kube-apiservers and etcd
-//! (`cluster.rs`): answers follow the API, the server is not ready and says
+//! (`tests/harness/clusters.rs`): answers follow the API, the server is not ready and says
 //! SERVFAIL until the first list, outages of the API server, of etcd and of
 //! the network keep the last answers and converge afterwards, and bad
 //! objects are skipped by name. The server runs as the real binary under
@@ -17,8 +17,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::binary::{Served, eventually};
-use crate::cluster::{Component, TestClusters, shared};
+use crate::harness::clusters::{Component, TestClusters, shared};
+use crate::harness::eventually;
+use crate::harness::served::Served;
 
 const MANAGER: &str = "clusterset-dns-tests";
 
@@ -119,7 +120,7 @@ pub(crate) fn serve(kubeconfig: &Path, ns: &str) -> Served {
 }
 
 pub(crate) fn wait_ready(s: &Served) {
-    eventually("ready", || s.get("/ready").0 == 200);
+    s.wait_ready(Duration::from_secs(20));
 }
 
 #[test]

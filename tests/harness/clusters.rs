@@ -1,4 +1,4 @@
-//! Real Kubernetes clusters for tests: independent control planes (one etcd
+//! Real Kubernetes clusters for tests and benches: independent control planes (one etcd
 //! and one kube-apiserver each) on loopback, with RBAC, token auth, the MCS
 //! CRDs and the serve RBAC installed. A thin wrapper over
 //! `scripts/clusters.sh up N DIR`, which supervises the processes (see the
@@ -10,10 +10,6 @@
 //! Indices are 0-based here: index `i` is the script's cluster `i + 1`,
 //! named `cluster-{i+1}`.
 
-// The harness offers more than today's tests use (`shared`, `server`, …).
-#![allow(dead_code)]
-
-use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,6 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use super::process::each_line;
 
 /// A cold build of etcd and kube-apiserver (first run on a fresh machine).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
@@ -55,6 +53,8 @@ impl Component {
 struct Cluster {
     name: String,
     apiserver_port: u16,
+    apiserver_pid: u32,
+    etcd_pid: u32,
 }
 
 /// N running clusters; stopped (every process, and their directory removed)
@@ -179,6 +179,18 @@ impl TestClusters {
         self.control("start", i, component);
     }
 
+    /// The pids of cluster `i`'s (kube-apiserver, etcd), as `DIR/state` says
+    /// now (a restarted component has a new one).
+    pub fn pids(&self, i: usize) -> (u32, u32) {
+        let state = &read_state(&self.dir)[i];
+        (state.apiserver_pid, state.etcd_pid)
+    }
+
+    /// The pids of every kube-apiserver and etcd of every cluster.
+    pub fn control_plane_pids(&self) -> Vec<u32> {
+        read_state(&self.dir).iter().flat_map(|c| [c.apiserver_pid, c.etcd_pid]).collect()
+    }
+
     fn cluster(&self, i: usize) -> &Cluster {
         self.clusters.get(i).unwrap_or_else(|| panic!("no cluster {i}: there are {}", self.clusters.len()))
     }
@@ -246,11 +258,16 @@ fn read_state(dir: &Path) -> Vec<Cluster> {
                     .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
                     .unwrap_or_else(|| panic!("{}: no {key} in {line:?}", path.display()))
             };
+            let pid = |key: &str| -> u32 {
+                field(key).parse().unwrap_or_else(|e| panic!("{}: {key} in {line:?}: {e}", path.display()))
+            };
             Cluster {
                 name: field("name").to_owned(),
                 apiserver_port: field("apiserver_port")
                     .parse()
                     .unwrap_or_else(|e| panic!("{}: apiserver_port in {line:?}: {e}", path.display())),
+                apiserver_pid: pid("apiserver_pid"),
+                etcd_pid: pid("etcd_pid"),
             }
         })
         .collect()
@@ -272,14 +289,12 @@ impl Supervisor {
         let (tx, lines) = mpsc::channel();
         // Both pipes are drained until the script exits, so it never blocks on
         // (or dies of) a full or closed pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
+        each_line(stdout, move |line| {
+            let _ = tx.send(line);
         });
         let log = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&log);
-        std::thread::spawn(move || drain_stderr(stderr, &sink));
+        each_line(stderr, move |line| keep_stderr(line, &sink));
         Self { child, lines: Mutex::new(lines), log, stopped: false }
     }
 
@@ -350,18 +365,17 @@ impl Drop for Supervisor {
     }
 }
 
-/// Copies the script's stderr into `sink` (bounded) and to this test's stderr.
-fn drain_stderr(stderr: impl Read, sink: &Mutex<String>) {
-    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-        eprintln!("[clusters] {line}");
-        if let Ok(mut log) = sink.lock() {
-            if log.len() > LOG_LIMIT {
-                let cut = log.len() - LOG_LIMIT / 2;
-                let cut = (cut..log.len()).find(|&i| log.is_char_boundary(i)).unwrap_or(log.len());
-                log.drain(..cut);
-            }
-            log.push_str(&line);
-            log.push('\n');
+/// Keeps a line of the script's stderr in `sink` (bounded) and copies it to
+/// this process's stderr.
+fn keep_stderr(line: String, sink: &Mutex<String>) {
+    eprintln!("[clusters] {line}");
+    if let Ok(mut log) = sink.lock() {
+        if log.len() > LOG_LIMIT {
+            let cut = log.len() - LOG_LIMIT / 2;
+            let cut = (cut..log.len()).find(|&i| log.is_char_boundary(i)).unwrap_or(log.len());
+            log.drain(..cut);
         }
+        log.push_str(&line);
+        log.push('\n');
     }
 }

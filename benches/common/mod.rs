@@ -1,0 +1,105 @@
+//! What the Kubernetes benchmarks (`propagation`, `update_load`, `scale`,
+//! `sync`) share beyond the fleet harness of `tests/harness/`: a fleet of
+//! ServiceImports and EndpointSlices written with bounded concurrency, a UDP
+//! poller that times answers to the millisecond, and the report's format.
+//! The clusters and the server processes are the tests' own
+//! (`tests/harness/`, included by each bench next to this module).
+//!
+//! Each bench is `harness = false`: `cargo bench --bench NAME` runs it;
+//! without `--bench` (how `cargo test --all-targets` runs bench targets) it
+//! prints one line and exits. The server binary is the one cargo builds for
+//! the bench target (`CARGO_BIN_EXE_clusterset-dns`): `cargo bench` builds
+//! it with the bench profile, which inherits `release`, at
+//! `target/release/clusterset-dns`.
+
+// Each bench is its own crate and uses a part of this module.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod dns;
+pub mod objects;
+pub mod report;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::harness::BIN;
+use crate::harness::clusters::TestClusters;
+use crate::harness::procfs::{clk_tck, cpus};
+use crate::harness::served::Served;
+use objects::{Fleet, create_fleet};
+use report::{ms, secs};
+
+/// Server start to ready, at most, before a bench gives up.
+pub const SERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The `main` of a bench named `name`: prints the command, the binary and
+/// the machine, runs `run` on a 2-thread runtime, and exits 1 (after
+/// printing the error) when it fails.
+pub fn main_of(name: &str, run: impl FnOnce(&tokio::runtime::Runtime) -> Result<()>) {
+    if !std::env::args().skip(1).any(|a| a == "--bench") {
+        println!("{name} bench: skipped (needs real clusters; run `cargo bench --bench {name}`)");
+        return;
+    }
+    println!("command: cargo bench --bench {name}");
+    println!("server binary: {BIN}");
+    println!("clock ticks per second: {}; cpus: {}", clk_tck(), cpus());
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| run(&rt));
+    if let Err(e) = result {
+        println!("{name} bench failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// `n` clusters (`scripts/clusters.sh`); prints how long they took.
+pub fn start_clusters(n: usize) -> TestClusters {
+    let started = Instant::now();
+    let clusters = TestClusters::start(n);
+    println!("cluster ready in {:.1} s ({})", secs(started.elapsed()), clusters.dir().display());
+    clusters
+}
+
+/// `clusterset-dns serve` (tied to this process) watching through
+/// `kubeconfig`, all namespaces.
+pub fn serve(kubeconfig: &std::path::Path) -> Served {
+    Served::start_tied(&["--kubeconfig", &kubeconfig.to_string_lossy()])
+}
+
+/// The cluster `propagation` and `update_load` measure: 1,000 ClusterSetIP
+/// services in 10 namespaces, 3 slices each, and a ready server watching it
+/// through the serve identity.
+pub struct SmallFleet {
+    pub clusters: TestClusters,
+    pub client: kube::Client,
+    pub server: Served,
+    pub fleet: Fleet,
+}
+
+impl SmallFleet {
+    pub fn start(rt: &tokio::runtime::Runtime) -> Result<Self> {
+        let fleet = Fleet { prefix: "p", namespaces: 10, per_namespace: 100, headless_every: 0 };
+        println!("\n## cluster of 1,000 services");
+        let clusters = start_clusters(1);
+        let client = rt.block_on(clusters.client(0));
+        rt.block_on(create_fleet(&client, &fleet))?;
+        let server = serve(&clusters.serve_kubeconfig(0));
+        let ready = server.wait_ready(SERVER_READY_TIMEOUT);
+        println!("server ready {:.0} ms after start", ms(ready));
+        Ok(Self { clusters, client, server, fleet })
+    }
+
+    /// Starts the cluster and the server, runs `bench` on them, then stops
+    /// the server (SIGINT) and the cluster.
+    pub fn run(rt: &tokio::runtime::Runtime, bench: impl FnOnce(&Self) -> Result<()>) -> Result<()> {
+        let mut small = Self::start(rt)?;
+        bench(&small)?;
+        small.server.stop();
+        drop(small.clusters);
+        Ok(())
+    }
+}

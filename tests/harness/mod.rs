@@ -1,0 +1,57 @@
+//! The fleet harness shared by the over-the-wire tests (`tests/it`) and the
+//! benchmarks (`benches/*.rs`): real Kubernetes clusters
+//! (`scripts/clusters.sh`), the `clusterset-dns` binary as `serve` or `sync`,
+//! its HTTP endpoints, and what `/proc` says about a process.
+//!
+//! Not a crate: each consumer includes this directory with
+//! `#[path = "…/tests/harness/mod.rs"] mod harness;`, so the binary they
+//! run is their own `CARGO_BIN_EXE_clusterset-dns` (a debug build for the
+//! tests, the release build for `cargo bench`). It is a `mod.rs` (as the
+//! Rust book's `tests/common/mod.rs`) so that its modules resolve beside it
+//! from any includer.
+//!
+//! The tests stop at the first failure, so the harness panics with the
+//! process's output instead of returning errors; a bench that hits one
+//! fails the same way, and the `Drop`s stop what it started.
+
+// Every consumer uses a part of the harness; tests/it and each bench are
+// separate crates in which these items are `pub` for their sibling modules.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod clusters;
+pub mod http;
+pub mod process;
+pub mod procfs;
+pub mod served;
+pub mod syncing;
+
+use std::time::{Duration, Instant};
+
+/// The `clusterset-dns` binary cargo built for this test or bench target.
+pub const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
+
+/// Polls `f` every 20 ms until it is true (then true) or `timeout` has
+/// passed (then false).
+pub fn within(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Polls until `f` is true (a bounded wait for asynchronous reloads); panics
+/// after 20 s. Returns how long it took.
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if f() {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{what}: not within 20 s");
+}

@@ -1,0 +1,122 @@
+//! `clusterset-dns sync` (the real binary) over every cluster of a
+//! [`TestClusters`], as the identity of `deploy/sync/rbac.yaml`: its log,
+//! its HTTP endpoint and metrics, its CPU time.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::BIN;
+use super::clusters::TestClusters;
+use super::http::{http_get, metric_value};
+use super::process::{Owned, capture_output, tied};
+use super::procfs;
+
+/// A running `clusterset-dns sync`; killed on drop (its log printed when
+/// the drop is part of a panic) unless [`Syncing::stop`] stopped it first.
+pub struct Syncing {
+    child: Owned,
+    log: Arc<Mutex<String>>,
+}
+
+impl Syncing {
+    /// `clusterset-dns sync --http-listen 127.0.0.1:0 --cluster NAME=KUBECONFIG…`
+    /// (every cluster, sync identity) followed by `extra`, with `env` added.
+    /// `RUST_LOG` is `$SYNC_LOG`, else `info`.
+    pub fn start(clusters: &TestClusters, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(Command::new(BIN), clusters, extra, env)
+    }
+
+    /// [`Syncing::start`] tied to this process (see [`tied`]): for benches.
+    /// Call from the main thread.
+    pub fn start_tied(clusters: &TestClusters, extra: &[&str]) -> Self {
+        Self::spawn(tied(BIN), clusters, extra, &[])
+    }
+
+    fn spawn(mut program: Command, clusters: &TestClusters, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut args: Vec<String> = vec!["sync".into(), "--http-listen".into(), "127.0.0.1:0".into()];
+        for i in 0..clusters.len() {
+            args.push("--cluster".into());
+            args.push(format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "sync").display()));
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut child = program
+            .args(&args)
+            .env("RUST_LOG", std::env::var("SYNC_LOG").unwrap_or_else(|_| "info".into()))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start clusterset-dns sync (benches: under setpriv, from util-linux)");
+        let log = capture_output(&mut child);
+        Self { child: Owned::new(child), log }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log").clone()
+    }
+
+    /// Its HTTP address, from its log; waits up to 60 s for the line.
+    pub fn http(&self) -> SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = self.log();
+            let addr = log
+                .lines()
+                .find(|l| l.contains("HTTP /health"))
+                .and_then(|l| l.split("addr=").nth(1))
+                .and_then(|a| a.split_whitespace().next())
+                .and_then(|a| a.parse().ok());
+            match addr {
+                Some(addr) => return addr,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                None => panic!("no HTTP address logged:\n{log}"),
+            }
+        }
+    }
+
+    /// The body of `GET path` on its HTTP endpoint.
+    pub fn get(&self, path: &str) -> String {
+        http_get(self.http(), path).1
+    }
+
+    /// The value of one metric line (`name{labels}`) in a scrape of `/metrics`.
+    pub fn metric(&self, line: &str) -> Option<f64> {
+        metric_value(&self.get("/metrics"), line)
+    }
+
+    /// Whether it holds the Lease (by its log).
+    pub fn leading(&self) -> bool {
+        self.log().contains("leading: syncing") && !self.log().contains("lost the Lease")
+    }
+
+    /// utime + stime of every thread, in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        procfs::cpu_seconds(self.child.id()).expect("/proc/PID/stat of sync")
+    }
+
+    /// The exit status, once it has exited.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait()
+    }
+
+    pub fn kill(&mut self) {
+        self.child.kill();
+    }
+
+    /// SIGTERM (gives up the Lease), SIGKILL after 10 s.
+    pub fn stop(&mut self) {
+        self.child.stop("TERM", Duration::from_secs(10));
+    }
+}
+
+impl Drop for Syncing {
+    fn drop(&mut self) {
+        // The process itself is killed when `child` drops, after this.
+        if std::thread::panicking() {
+            eprintln!("--- clusterset-dns sync log ---\n{}", self.log());
+        }
+    }
+}
