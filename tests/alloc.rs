@@ -53,18 +53,27 @@ fn query(name: &str, rtype: RecordType, edns: bool) -> Vec<u8> {
     m.to_vec().expect("encode")
 }
 
-#[test]
-fn answering_common_queries_allocates_nothing() {
+/// The embedded example published with `answers`.
+fn example(answers: store::AnswerConfig) -> store::Reader {
     let (reader, mut writer) = store::new(ZoneConfig {
-        origin: Name::from_ascii("clusterset.local.").unwrap(),
+        origin: Name::from_ascii("clusterset.local.").expect("zone"),
         ttl: 5,
         negative_ttl: 5,
         advertise: vec![],
-        answers: store::AnswerConfig::standard(),
+        answers,
         identity: Default::default(),
     });
-    writer.apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
+    writer.apply(Update::Replace {
+        source: SourceId(0),
+        objects: embedded::parse().expect("embedded example").objects,
+    });
     writer.publish();
+    reader
+}
+
+#[test]
+fn answering_common_queries_allocates_nothing() {
+    let reader = example(store::AnswerConfig::standard());
     let cfg = WireConfig::default();
     let mut scratch = Scratch::default();
     let mut out = Vec::with_capacity(65535);
@@ -126,17 +135,7 @@ fn answering_with_every_policy_allocates_nothing() {
                     zone: None,
                 });
             }
-            let (reader, mut writer) = store::new(ZoneConfig {
-                origin: Name::from_ascii("clusterset.local.").unwrap(),
-                ttl: 5,
-                negative_ttl: 5,
-                advertise: vec![],
-                answers,
-                identity: Default::default(),
-            });
-            writer
-                .apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
-            writer.publish();
+            let reader = example(answers);
             let cfg = WireConfig::default();
             let mut scratch = Scratch::default();
             let mut out = Vec::with_capacity(65535);
@@ -171,16 +170,7 @@ fn answering_with_every_policy_allocates_nothing() {
 fn cookies_and_rate_limiting_allocate_nothing() {
     use clusterset_dns::wire::cookie::CookieSecret;
     use clusterset_dns::wire::rrl::{RateLimiter, RrlConfig};
-    let (reader, mut writer) = store::new(ZoneConfig {
-        origin: Name::from_ascii("clusterset.local.").unwrap(),
-        ttl: 5,
-        negative_ttl: 5,
-        advertise: vec![],
-        answers: store::AnswerConfig::standard(),
-        identity: Default::default(),
-    });
-    writer.apply(Update::Replace { source: SourceId(0), objects: embedded::parse().unwrap().objects });
-    writer.publish();
+    let reader = example(store::AnswerConfig::standard());
     let cfg = WireConfig {
         cookies: Some(CookieSecret::from_hex("00112233445566778899aabbccddeeff").unwrap()),
         rrl: Some(std::sync::Arc::new(RateLimiter::new(RrlConfig {

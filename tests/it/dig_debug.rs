@@ -4,8 +4,8 @@
 //! apart), how it would answer a name and why (`dig CH TXT <name>`), and
 //! what it knows of the asker (`dig CH TXT whoami.<zone>`).
 
-use crate::harness::served::Served;
 use crate::fleet::metric;
+use crate::harness::served::Served;
 
 #[test]
 fn chaos_txt_names_give_the_server_id_and_version_over_udp_and_tcp() {

@@ -93,9 +93,6 @@ fn a_dead_store_writer_fails_health_and_ends_the_process_non_zero() {
 
 #[test]
 fn health_fails_once_a_task_that_cannot_be_restarted_died() {
-    use clap::Parser;
-    use clusterset_dns::cli::{Cli, Command};
-    use clusterset_dns::config::ServeConfig;
     use clusterset_dns::fault::Faults;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("objects.yaml"), "").expect("write");
@@ -110,8 +107,7 @@ fn health_fails_once_a_task_that_cannot_be_restarted_died() {
         "--objects",
         objects,
     ];
-    let Command::Serve(args) = Cli::try_parse_from(argv).expect("argv").command else { unreachable!() };
-    let mut cfg = ServeConfig::from_args(&args).expect("config");
+    let mut cfg = crate::support::serve_config(&argv);
     cfg.wire.faults = Faults::parse("writer").expect("fault point");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {

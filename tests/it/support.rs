@@ -70,8 +70,7 @@ impl TestServer {
     }
 
     fn start_argv(argv: &[&str], dir: tempfile::TempDir) -> Self {
-        let Command::Serve(args) = Cli::try_parse_from(argv).expect("argv").command else { unreachable!() };
-        let cfg = ServeConfig::from_args(&args).expect("config");
+        let cfg = serve_config(argv);
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -90,6 +89,12 @@ impl TestServer {
         let (addr, reader) = ready_rx.recv_timeout(Duration::from_secs(20)).expect("server started");
         Self { addr, reader, _dir: dir, stop: Some(stop_tx), thread: Some(thread) }
     }
+}
+
+/// `serve`'s configuration from a full command line.
+pub fn serve_config(argv: &[&str]) -> ServeConfig {
+    let Command::Serve(args) = Cli::try_parse_from(argv).expect("argv").command else { unreachable!() };
+    ServeConfig::from_args(&args).expect("config")
 }
 
 impl Drop for TestServer {
