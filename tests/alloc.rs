@@ -11,7 +11,7 @@ use std::cell::Cell;
 use clusterset_dns::model::{ClusterId, PolicyKind};
 use clusterset_dns::source::embedded;
 use clusterset_dns::store::{self, SourceId, Update, ZoneConfig};
-use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond, respond_from};
+use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond_from};
 use hickory_proto::op::{Edns, Message, Query};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
 use hickory_proto::rr::{Name, RecordType};
@@ -71,6 +71,29 @@ fn example(answers: store::AnswerConfig) -> store::Reader {
     reader
 }
 
+/// Allocations made answering `q` from `peer` 100 times over `transport`,
+/// after one warm-up answer (the first load on a thread may register with
+/// arc-swap), which must be a response.
+fn allocations(
+    reader: &store::Reader,
+    q: &[u8],
+    peer: Option<std::net::IpAddr>,
+    transport: Transport,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> usize {
+    let snap = reader.load();
+    assert!(respond_from(&snap, q, peer, transport, cfg, scratch, out).is_some());
+    drop(snap);
+    let before = ALLOCATIONS.with(Cell::get);
+    for _ in 0..100 {
+        let snap = reader.load();
+        respond_from(&snap, q, peer, transport, cfg, scratch, out);
+    }
+    ALLOCATIONS.with(Cell::get) - before
+}
+
 #[test]
 fn answering_common_queries_allocates_nothing() {
     let reader = example(store::AnswerConfig::standard());
@@ -91,16 +114,7 @@ fn answering_common_queries_allocates_nothing() {
     ];
     for transport in [Transport::Udp, Transport::Tcp] {
         for q in &queries {
-            // Warm up: the first load on a thread may register with arc-swap.
-            let snap = reader.load();
-            assert!(respond(&snap, q, transport, &cfg, &mut scratch, &mut out).is_some());
-            drop(snap);
-            let before = ALLOCATIONS.with(Cell::get);
-            for _ in 0..100 {
-                let snap = reader.load();
-                respond(&snap, q, transport, &cfg, &mut scratch, &mut out);
-            }
-            let allocated = ALLOCATIONS.with(Cell::get) - before;
+            let allocated = allocations(&reader, q, None, transport, &cfg, &mut scratch, &mut out);
             assert_eq!(allocated, 0, "{transport:?} {:?}", Message::from_vec(q).unwrap().queries);
         }
     }
@@ -142,15 +156,7 @@ fn answering_with_every_policy_allocates_nothing() {
             let peer = Some("127.0.0.1".parse().unwrap());
             for transport in [Transport::Udp, Transport::Tcp] {
                 for q in &queries {
-                    let snap = reader.load();
-                    assert!(respond_from(&snap, q, peer, transport, &cfg, &mut scratch, &mut out).is_some());
-                    drop(snap);
-                    let before = ALLOCATIONS.with(Cell::get);
-                    for _ in 0..100 {
-                        let snap = reader.load();
-                        respond_from(&snap, q, peer, transport, &cfg, &mut scratch, &mut out);
-                    }
-                    let allocated = ALLOCATIONS.with(Cell::get) - before;
+                    let allocated = allocations(&reader, q, peer, transport, &cfg, &mut scratch, &mut out);
                     assert_eq!(
                         allocated,
                         0,
@@ -211,15 +217,7 @@ fn cookies_and_rate_limiting_allocate_nothing() {
     ];
     for transport in [Transport::Udp, Transport::Tcp] {
         for q in &queries {
-            let snap = reader.load();
-            assert!(respond_from(&snap, q, peer, transport, &cfg, &mut scratch, &mut out).is_some());
-            drop(snap);
-            let before = ALLOCATIONS.with(Cell::get);
-            for _ in 0..100 {
-                let snap = reader.load();
-                respond_from(&snap, q, peer, transport, &cfg, &mut scratch, &mut out);
-            }
-            let allocated = ALLOCATIONS.with(Cell::get) - before;
+            let allocated = allocations(&reader, q, peer, transport, &cfg, &mut scratch, &mut out);
             assert_eq!(allocated, 0, "{transport:?} {:?}", Message::from_vec(q).unwrap().queries);
         }
     }
