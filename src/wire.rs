@@ -279,48 +279,50 @@ fn answer_as(
         _ => cookie::Verdict::None,
     };
     let (client, ecs_bits) = who(snap, &req);
+    // The lower-case QNAME, read once: the lookup, the debug answers and
+    // rate limiting's key all use it. Both readers keep QNAME within 255
+    // bytes; `get` makes that a FORMERR rather than a panic should either
+    // ever fail to.
+    let lower = match (req.error, req.question) {
+        (None, Some(q)) => match (q.get(..req.qname_len), scratch.lower.get_mut(..req.qname_len)) {
+            (Some(name), Some(lower)) => {
+                lower.copy_from_slice(name);
+                lower.make_ascii_lowercase(); // length bytes are < 64, never letters
+                Some(&*lower)
+            }
+            _ => None,
+        },
+        _ => None,
+    };
     // Debug answers (CHAOS TXT for names of the zone), built per query.
     let mut debug_records = None;
-    if let (Some(debug), None, Some(q), 3) = (&cfg.debug, req.error, req.question, req.qclass) {
-        let name = q.get(..req.qname_len).unwrap_or_default();
-        let lower = name.to_ascii_lowercase();
-        if (req.qtype == 16 || req.qtype == 255) && within(&lower, &snap.zone().wire) {
-            let ecs = req.edns.and_then(|e| e.ecs);
-            debug_records =
-                Some(debug_lines(debug, snap, &lower, req.qtype, peer, ecs, client).map(|lines| {
-                    let owner = hickory_proto::rr::Name::from_labels(label_iter(&lower)).unwrap_or_default();
-                    crate::store::chaos_txt_answer(&owner, &lines)
-                }));
-        }
+    if let (Some(debug), Some(name), 3) = (&cfg.debug, lower, req.qclass)
+        && (req.qtype == 16 || req.qtype == 255)
+        && within(name, &snap.zone().wire)
+    {
+        let ecs = req.edns.and_then(|e| e.ecs);
+        debug_records = Some(debug_lines(debug, snap, name, req.qtype, peer, ecs, client).map(|lines| {
+            let owner = hickory_proto::rr::Name::from_labels(label_iter(name)).unwrap_or_default();
+            crate::store::chaos_txt_answer(&owner, &lines)
+        }));
     }
-    let mut answer = match (req.error, req.question, &debug_records) {
-        (None, Some(_), Some(Some(records))) => {
+    let mut answer = match (req.error, lower, &debug_records) {
+        (_, _, Some(Some(records))) => {
             Answer { answer: Some(records), in_zone: false, ..Answer::bare(Rcode::NoError, true) }
         }
-        (None, Some(_), Some(None)) => Answer::bare(Rcode::Refused, false),
-        (error, question, _) => match (error, question) {
-            (Some(rcode), _) => Answer::bare(rcode, false),
-            (None, None) => Answer::bare(Rcode::FormErr, false),
-            (None, Some(q)) => {
-                // Both readers keep QNAME within 255 bytes; `get` makes that
-                // a FORMERR rather than a panic should either ever fail to.
-                match (q.get(..req.qname_len), scratch.lower.get_mut(..req.qname_len)) {
-                    (Some(name), Some(lower)) => {
-                        lower.copy_from_slice(name);
-                        lower.make_ascii_lowercase(); // length bytes are < 64, never letters
-                        let q = Question { name: lower, qtype: req.qtype, qclass: req.qclass };
-                        answer::lookup_for(snap, &q, &client, &mut scratch.picks)
-                    }
-                    _ => Answer::bare(Rcode::FormErr, false),
-                }
-            }
-        },
+        (_, _, Some(None)) => Answer::bare(Rcode::Refused, false),
+        (Some(rcode), _, None) => Answer::bare(rcode, false),
+        (None, None, None) => Answer::bare(Rcode::FormErr, false),
+        (None, Some(name), None) => {
+            let q = Question { name, qtype: req.qtype, qclass: req.qclass };
+            answer::lookup_for(snap, &q, &client, &mut scratch.picks)
+        }
     };
     // Rate limiting: UDP only (a TCP client has proved its address, as has
     // one with a valid cookie).
     let action = match (transport, &cfg.rrl, peer) {
         (Transport::Udp, Some(rrl), Some(ip)) if cookie != cookie::Verdict::Valid => {
-            rrl.check(ip, rrl_class(answer.rcode, scratch.lower.get(..req.qname_len), req.qtype))
+            rrl.check(ip, rrl_class(answer.rcode, lower, req.qtype))
         }
         _ => Action::Send,
     };
