@@ -155,6 +155,11 @@ pub struct ServeArgs {
     /// are refused. Repeatable. Default: loopback only.
     #[arg(long = "allow-debug", value_name = "CIDR", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
     pub allow_debug: Vec<String>,
+    /// Clients in CIDR may transfer the zone (`dig axfr clusterset.local`):
+    /// every name and record the server answers, from one snapshot, over
+    /// TCP. Others are refused. Repeatable. Default: loopback only.
+    #[arg(long = "allow-transfer", value_name = "CIDR", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
+    pub allow_transfer: Vec<String>,
     /// Buckets of the rate-limiting table (8 bytes each).
     #[arg(long, value_name = "N", default_value_t = 65536)]
     pub rrl_table_size: usize,

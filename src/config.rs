@@ -203,11 +203,7 @@ fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
     if !(1..=1 << 24).contains(&a.rrl_table_size) {
         return Err(bad("--rrl-table-size", format!("{} is outside 1-16777216", a.rrl_table_size)));
     }
-    let exempt = a
-        .rrl_exempt
-        .iter()
-        .map(|c| Cidr::parse(c).map_err(|e| bad("--rrl-exempt", format!("{c:?}: {e}"))))
-        .collect::<Result<Vec<_>, _>>()?;
+    let exempt = cidrs("--rrl-exempt", &a.rrl_exempt)?;
     if a.rrl_rate == 0 && (a.rrl_errors_rate.is_some() || !exempt.is_empty()) {
         return Err(bad("--rrl-rate", "rate limiting options were given but --rrl-rate is 0 (off)"));
     }
@@ -223,13 +219,15 @@ fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
         }))
     });
     let faults = Faults::from_env().map_err(|e| bad("CLUSTERSET_DNS_FAULT", e))?;
-    let allow = a
-        .allow_debug
-        .iter()
-        .map(|c| Cidr::parse(c).map_err(|e| bad("--allow-debug", format!("{c:?}: {e}"))))
-        .collect::<Result<Vec<_>, _>>()?;
+    let allow = cidrs("--allow-debug", &a.allow_debug)?;
     let debug = Some(Arc::new(DebugAnswers { allow, explain: Arc::new(crate::ops::explain::Report) }));
-    Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug })
+    let allow_transfer = cidrs("--allow-transfer", &a.allow_transfer)?;
+    Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug, allow_transfer })
+}
+
+/// The networks of a repeatable CIDR flag, or the flag and the bad value.
+fn cidrs(flag: &'static str, values: &[String]) -> Result<Vec<Cidr>, ConfigError> {
+    values.iter().map(|c| Cidr::parse(c).map_err(|e| bad(flag, format!("{c:?}: {e}")))).collect()
 }
 
 /// The `--probe-…` flags, checked even without `--probe` (a typo there

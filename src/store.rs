@@ -18,6 +18,7 @@ mod localities;
 mod names;
 mod records;
 mod snapshot;
+mod transfer;
 mod writer;
 
 pub use answer_config::{AnswerConfig, ClientNet};
@@ -27,6 +28,7 @@ pub use input::{Object, ObjectId, SourceId, Update};
 pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};
 pub use snapshot::{Identity, ServiceNames, Snapshot, Zone, ZoneConfig, version};
+pub use transfer::ZoneWalk;
 pub use writer::Writer;
 
 use std::sync::Arc;

@@ -13,6 +13,7 @@ mod response;
 pub mod rrl;
 pub mod stats;
 pub mod tcp;
+pub mod transfer;
 pub mod udp;
 
 pub use request::{ClientEdns, ClientSubnet, Request, parse};
@@ -25,7 +26,7 @@ use crate::fault::{Faults, Point};
 use crate::store::{Client, Snapshot};
 use cookie::CookieSecret;
 use rrl::{Action, RateLimiter};
-use stats::{Limited, Outcome};
+use stats::{Limited, Outcome, TransferAsk};
 
 /// The labels of a lower-case wire-form name, for building a `Name`.
 fn label_iter(name: &[u8]) -> impl Iterator<Item = &[u8]> {
@@ -63,12 +64,22 @@ pub struct WireConfig {
     pub faults: Faults,
     /// Debug answers over DNS (`dig CH TXT <name>`, `whoami.<zone>`), when on.
     pub debug: Option<Arc<DebugAnswers>>,
+    /// Clients that may transfer the zone (AXFR, IXFR); others are refused.
+    pub allow_transfer: Vec<rrl::Cidr>,
 }
 
 impl Default for WireConfig {
-    /// 1232-byte UDP answers, no cookies, no rate limiting, no debug answers.
+    /// 1232-byte UDP answers, no cookies, no rate limiting, no debug
+    /// answers, no zone transfers.
     fn default() -> Self {
-        Self { max_udp_payload: 1232, cookies: None, rrl: None, faults: Faults::default(), debug: None }
+        Self {
+            max_udp_payload: 1232,
+            cookies: None,
+            rrl: None,
+            faults: Faults::default(),
+            debug: None,
+            allow_transfer: Vec::new(),
+        }
     }
 }
 
@@ -294,6 +305,33 @@ fn answer_as(
         },
         _ => None,
     };
+    // Zone transfers (AXFR, IXFR of the apex): only to `allow_transfer`
+    // (no peer: asked in process, trusted). Over TCP the connection streams
+    // the zone (`transfer`); over UDP, IXFR gets the SOA alone, which RFC
+    // 1995 §2 says tells the client to ask again over TCP, and AXFR, which
+    // has no UDP form (RFC 5936 §4.2), FORMERR as BIND answers it.
+    let mut transfer = None;
+    if let (None, Some(name), answer::rtype::AXFR | answer::rtype::IXFR, answer::class::IN) =
+        (req.error, lower, req.qtype, req.qclass)
+        && name == &*snap.zone().wire
+    {
+        let allowed = peer.is_none_or(|ip| cfg.allow_transfer.iter().any(|c| c.contains(ip)));
+        transfer = Some(match (allowed, transport) {
+            (false, _) => TransferAsk::Refused,
+            (true, Transport::Udp) => TransferAsk::Udp,
+            (true, Transport::Tcp) => {
+                return Some(Outcome {
+                    rcode: Rcode::NoError,
+                    in_zone: true,
+                    qtype: req.qtype,
+                    dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
+                    limited: Limited::No,
+                    debug: None,
+                    transfer: Some(TransferAsk::Stream),
+                });
+            }
+        });
+    }
     // Debug answers (CHAOS TXT for names of the zone), built per query.
     let mut debug_records = None;
     if let (Some(debug), Some(name), 3) = (&cfg.debug, lower, req.qclass)
@@ -307,6 +345,17 @@ fn answer_as(
         }));
     }
     let mut answer = match (req.error, lower, &debug_records) {
+        _ if transfer == Some(TransferAsk::Refused) => {
+            Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) }
+        }
+        _ if transfer == Some(TransferAsk::Udp) => {
+            match (req.qtype, snap.zone_name(&[]).and_then(|apex| apex.get(answer::rtype::SOA))) {
+                (answer::rtype::IXFR, Some(soa)) => {
+                    Answer { answer: Some(&soa.answer), ..Answer::bare(Rcode::NoError, true) }
+                }
+                _ => Answer { in_zone: true, ..Answer::bare(Rcode::FormErr, false) },
+            }
+        }
         (_, _, Some(Some(records))) => {
             Answer { answer: Some(records), in_zone: false, ..Answer::bare(Rcode::NoError, true) }
         }
@@ -338,6 +387,7 @@ fn answer_as(
                 dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
                 limited: Limited::Dropped,
                 debug: debug_records.as_ref().map(Option::is_some),
+                transfer,
             });
         }
         Action::Slip => {
@@ -382,5 +432,6 @@ fn answer_as(
         dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
         limited,
         debug: debug_records.as_ref().map(Option::is_some),
+        transfer,
     })
 }

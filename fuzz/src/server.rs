@@ -11,6 +11,8 @@ use clusterset_dns::ops::explain::Report;
 use clusterset_dns::source::embedded;
 use clusterset_dns::store::{self, Reader, SourceId, Update, ZoneConfig};
 use clusterset_dns::wire::cookie::CookieSecret;
+use clusterset_dns::wire::stats::TransferAsk;
+use clusterset_dns::wire::transfer::Transfer;
 use clusterset_dns::wire::{DebugAnswers, Scratch, Transport, WireConfig, respond};
 use hickory_proto::rr::Name;
 
@@ -64,7 +66,21 @@ pub fn answer_both(packet: &[u8]) -> [Answered; 2] {
     let mut scratch = Scratch::default();
     [Transport::Udp, Transport::Tcp].map(|transport| {
         let mut out = Vec::new();
-        let response = respond(&snap, packet, transport, &cfg, &mut scratch, &mut out).map(|_| out);
+        let response = respond(&snap, packet, transport, &cfg, &mut scratch, &mut out).map(|outcome| {
+            if outcome.transfer != Some(TransferAsk::Stream) {
+                return out;
+            }
+            // A zone transfer: the TCP connection streams it from here.
+            // Every message is checked; the first stands for the response.
+            let mut xfr = Transfer::new(Arc::clone(&*snap), packet).expect("an accepted transfer starts");
+            let mut first = Vec::new();
+            assert!(xfr.next_message(&mut first).expect("first message"), "a transfer has a message");
+            let mut next = Vec::new();
+            while xfr.next_message(&mut next).expect("next message") {
+                assert!(next.len() <= 65535, "{} bytes in one transfer message", next.len());
+            }
+            first
+        });
         Answered { transport, response }
     })
 }

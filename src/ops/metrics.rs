@@ -12,7 +12,8 @@ use prometheus::proto::{Bucket, Counter, LabelPair, Metric, MetricFamily, Metric
 use prometheus::{Encoder, Histogram, HistogramOpts, IntGauge, Registry, TextEncoder};
 
 use crate::wire::stats::{
-    self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES, ZONES,
+    self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES,
+    TransferAsk, ZONES,
 };
 
 use crate::fault::{Failures, Task};
@@ -234,6 +235,10 @@ const RRL_HELP: &str =
 const DEBUG: &str = "clusterset_dns_debug_queries_total";
 const DEBUG_HELP: &str = "CHAOS TXT debug queries (explain a name, whoami): answered, or refused to clients outside --allow-debug.";
 
+/// Zone transfer requests by what they got (`--allow-transfer`).
+const TRANSFERS: &str = "clusterset_dns_transfers_total";
+const TRANSFERS_HELP: &str = "Zone transfer requests (AXFR, IXFR): streamed over TCP, answered over UDP (IXFR: the SOA; AXFR: FORMERR), or refused to clients outside --allow-transfer.";
+
 /// The `plugin` label of responses: what wrote them.
 const PLUGIN: &str = "clusterset";
 
@@ -254,6 +259,12 @@ impl QueryCollector {
         descs.push(Desc::new(
             DEBUG.into(),
             DEBUG_HELP.into(),
+            vec!["server".into(), "result".into()],
+            Default::default(),
+        )?);
+        descs.push(Desc::new(
+            TRANSFERS.into(),
+            TRANSFERS_HELP.into(),
             vec!["server".into(), "result".into()],
             Default::default(),
         )?);
@@ -402,7 +413,7 @@ impl Collector for QueryCollector {
                 }
             }
         }
-        let (mut limited, mut debug) = (Vec::new(), Vec::new());
+        let (mut limited, mut debug, mut transfers) = (Vec::new(), Vec::new(), Vec::new());
         for (server, s) in &self.servers {
             for (i, action) in ["dropped", "slipped"].into_iter().enumerate() {
                 limited
@@ -411,11 +422,16 @@ impl Collector for QueryCollector {
             for (i, result) in ["answered", "refused"].into_iter().enumerate() {
                 debug.push(counter(&[("server", server.as_str()), ("result", result)], load(&s.debug[i])));
             }
+            for (i, result) in TransferAsk::LABELS.into_iter().enumerate() {
+                let n = load(&s.transfers[i]);
+                transfers.push(counter(&[("server", server.as_str()), ("result", result)], n));
+            }
         }
         let [r, d, rs, du, rq, rp] = FAMILIES_DECLARED.map(|(name, help, _)| (name, help));
         [
             family(RRL, RRL_HELP, MetricType::COUNTER, limited),
             family(DEBUG, DEBUG_HELP, MetricType::COUNTER, debug),
+            family(TRANSFERS, TRANSFERS_HELP, MetricType::COUNTER, transfers),
             family(r.0, r.1, MetricType::COUNTER, requests),
             family(d.0, d.1, MetricType::COUNTER, dos),
             family(rs.0, rs.1, MetricType::COUNTER, responses),

@@ -80,6 +80,33 @@ pub struct Outcome {
     /// A debug query (`dig CH TXT <name>`): answered (`Some(true)`) or
     /// refused to a client not allowed (`Some(false)`).
     pub debug: Option<bool>,
+    /// A zone transfer request (AXFR or IXFR of the apex), and what it got.
+    pub transfer: Option<TransferAsk>,
+}
+
+/// What a zone transfer request got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferAsk {
+    /// Over TCP from an allowed client: the connection streams the zone.
+    Stream,
+    /// Over UDP from an allowed client: IXFR got the SOA alone (ask again
+    /// over TCP), AXFR a FORMERR.
+    Udp,
+    /// From a client outside `--allow-transfer`: REFUSED.
+    Refused,
+}
+
+impl TransferAsk {
+    /// Its slot in the counters and its `result` label.
+    pub(crate) const LABELS: [&'static str; 3] = ["streamed", "udp", "refused"];
+
+    fn slot(self) -> usize {
+        match self {
+            Self::Stream => 0,
+            Self::Udp => 1,
+            Self::Refused => 2,
+        }
+    }
 }
 
 /// What Response Rate Limiting did to a response.
@@ -120,6 +147,8 @@ macro_rules! layout {
             pub(crate) limited: [$t; 2],
             /// Debug queries answered (0) and refused (1).
             pub(crate) debug: [$t; 2],
+            /// Zone transfer requests by [`TransferAsk`] slot.
+            pub(crate) transfers: [$t; 3],
         }
     };
 }
@@ -141,6 +170,7 @@ impl Default for LocalStats {
             response_bytes: [0; ZONES * PROTOS],
             limited: [0; 2],
             debug: [0; 2],
+            transfers: [0; 3],
         }
     }
 }
@@ -159,6 +189,7 @@ impl Default for QueryStats {
             response_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             limited: std::array::from_fn(|_| AtomicU64::new(0)),
             debug: std::array::from_fn(|_| AtomicU64::new(0)),
+            transfers: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -201,6 +232,9 @@ impl LocalStats {
         }
         if let Some(answered) = o.debug {
             self.debug[usize::from(!answered)] += 1;
+        }
+        if let Some(t) = o.transfer {
+            self.transfers[t.slot()] += 1;
         }
         let zp = zone * PROTOS + a.proto;
         self.request_size[zp][bucket(&SIZE_BUCKETS, request_len as f64)] += 1;
@@ -248,6 +282,7 @@ impl LocalStats {
         add(&mut self.response_bytes, &shared.response_bytes);
         add(&mut self.limited, &shared.limited);
         add(&mut self.debug, &shared.debug);
+        add(&mut self.transfers, &shared.transfers);
         for (l, s) in self.duration.iter_mut().zip(&shared.duration) {
             add(l, s);
         }
@@ -363,6 +398,7 @@ mod tests {
             dnssec_ok: true,
             limited: Limited::No,
             debug: None,
+            transfer: None,
         };
         local.record(&o, Arrival { proto: 0, family: 1 }, 60, 512);
         local.record_duration(true, 1, Duration::from_micros(300));

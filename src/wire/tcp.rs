@@ -25,9 +25,10 @@ use futures::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-use super::stats::{Arrival, LocalStats, QueryStats};
+use super::stats::{Arrival, LocalStats, QueryStats, TransferAsk};
+use super::transfer::Transfer;
 use super::{Scratch, Transport, WireConfig, respond_from};
 use crate::fault::{Failures, Point, Task};
 use crate::store::Reader;
@@ -210,7 +211,7 @@ async fn connection(
         .await
         .map_err(|_| timed_out("query"))??;
         let started = std::time::Instant::now();
-        let outcome = {
+        let (outcome, snap) = {
             let snap = server.reader.load();
             let outcome = respond_from(
                 &snap,
@@ -222,20 +223,69 @@ async fn connection(
                 &mut out,
             );
             scratch.flush_answers(&snap.zone().answer_stats);
-            outcome
+            // A zone transfer is streamed from the snapshot it was decided on.
+            let transfer = outcome.is_some_and(|o| o.transfer == Some(TransferAsk::Stream));
+            (outcome, transfer.then(|| Arc::clone(&*snap)))
         };
         if let Some(outcome) = outcome {
-            tokio::time::timeout(server.cfg.io_timeout, async {
-                wr.write_all(&(out.len() as u16).to_be_bytes()).await?;
-                wr.write_all(&out).await
-            })
-            .await
-            .map_err(|_| timed_out("response write"))??;
+            let mut sent = out.len();
+            if let Some(snap) = snap {
+                sent = transfer(snap, &packet[..len], peer, server, &mut wr, &mut out).await?;
+            } else {
+                tokio::time::timeout(server.cfg.io_timeout, async {
+                    wr.write_all(&(out.len() as u16).to_be_bytes()).await?;
+                    wr.write_all(&out).await
+                })
+                .await
+                .map_err(|_| timed_out("response write"))??;
+            }
             // TCP carries little of the load: add every message's counts
             // to the shared ones at once.
-            local.record(&outcome, arrival, len, out.len());
+            local.record(&outcome, arrival, len, sent);
             local.record_duration(outcome.in_zone, 1, started.elapsed());
             local.flush(&server.stats);
         }
     }
+}
+
+/// Streams a zone transfer of `snap` answering `query`, each message
+/// written within the I/O timeout; returns the bytes sent. Logged once
+/// per transfer (a rare, operator-initiated event, like BIND's and Knot's
+/// transfer log lines).
+async fn transfer(
+    snap: Arc<crate::store::Snapshot>,
+    query: &[u8],
+    peer: SocketAddr,
+    server: &TcpServer,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    out: &mut Vec<u8>,
+) -> io::Result<usize> {
+    let Some(mut xfr) = Transfer::new(snap, query) else {
+        warn!(%peer, "zone transfer could not start: query unreadable or zone without SOA");
+        return Err(io::Error::other("zone transfer could not start"));
+    };
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    while xfr.next_message(out)? {
+        let len = u16::try_from(out.len()).map_err(io::Error::other)?;
+        tokio::time::timeout(server.cfg.io_timeout, async {
+            wr.write_all(&len.to_be_bytes()).await?;
+            wr.write_all(out).await
+        })
+        .await
+        .map_err(|_| {
+            io::Error::new(io::ErrorKind::TimedOut, "zone transfer write not completed in time")
+        })??;
+        sent += out.len() + 2;
+    }
+    info!(
+        %peer,
+        serial = xfr.serial(),
+        records = xfr.records,
+        messages = xfr.messages,
+        bytes = sent,
+        took_ms = started.elapsed().as_millis() as u64,
+        "zone transferred"
+    );
+    Ok(sent)
 }

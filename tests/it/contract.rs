@@ -403,11 +403,14 @@ fn any_gets_the_rfc8482_hinfo() {
 }
 
 #[test]
-fn zone_transfers_are_refused() {
-    let s = server();
+fn zone_transfers_are_refused_outside_the_allow_list() {
+    // Loopback is allowed by default; this server allows another network
+    // only (the allowed transfers are tests/it/transfer.rs's).
+    let s = TestServer::start(&[("contract.yaml", FIXTURE)], &["--allow-transfer", "192.0.2.0/24"]);
     for t in ["AXFR", "IXFR"] {
         let m = q("clusterset.local.", t).tcp(s.addr);
         assert_eq!(m.metadata.response_code, hickory_proto::op::ResponseCode::Refused, "{t}");
+        assert!(m.answers.is_empty(), "{t}");
     }
 }
 

@@ -25,4 +25,5 @@ mod policy;
 mod readiness;
 mod supervise;
 mod sync;
+mod transfer;
 mod watch;
