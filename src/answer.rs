@@ -27,6 +27,8 @@ pub mod rtype {
     pub const A: u16 = 1;
     /// AAAA.
     pub const AAAA: u16 = 28;
+    /// PTR.
+    pub const PTR: u16 = 12;
 }
 
 /// Query classes.
@@ -155,6 +157,60 @@ fn chaos<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
     }
 }
 
+/// The answer for the reverse name of `ip`: its PTR records when a
+/// service names it (a clusterset VIP, a headless endpoint), NODATA for
+/// other types of such a name (no SOA: the reverse zone is not ours), and
+/// REFUSED for every other address, whose reverse names belong to the
+/// cluster's own DNS or to no one.
+fn reverse(snap: &Snapshot, ip: std::net::IpAddr, qtype: u16) -> Answer<'_> {
+    match (snap.reverse(ip), qtype) {
+        (None, _) => Answer::bare(Rcode::Refused, false),
+        (Some(ptr), rtype::PTR | rtype::ANY) => {
+            Answer { answer: Some(ptr), ..Answer::bare(Rcode::NoError, true) }
+        }
+        (Some(_), _) => Answer::bare(Rcode::NoError, true),
+    }
+}
+
+/// The address whose reverse name `name` is (lower-case wire form, its
+/// labels starting at `starts`): `d.c.b.a.in-addr.arpa.` with four decimal
+/// octets written as `inet_ntoa` would (no leading zeros), or 32 single hex
+/// digits then `ip6.arpa.`. Any other name, shorter (a reverse zone) or
+/// longer, is not an address.
+fn reverse_address(name: &[u8], starts: &[u8]) -> Option<std::net::IpAddr> {
+    const V4: &[u8] = b"\x07in-addr\x04arpa\x00";
+    const V6: &[u8] = b"\x03ip6\x04arpa\x00";
+    let label = |j: usize| {
+        let s = usize::from(*starts.get(j)?);
+        name.get(s + 1..s + 1 + usize::from(*name.get(s)?))
+    };
+    let tail = |j: usize| name.get(usize::from(*starts.get(j)?)..);
+    if starts.len() == 6 && tail(4) == Some(V4) {
+        let mut octets = [0u8; 4];
+        for (i, octet) in octets.iter_mut().rev().enumerate() {
+            let digits = label(i)?;
+            if digits.is_empty() || digits.len() > 3 || (digits.len() > 1 && digits[0] == b'0') {
+                return None;
+            }
+            let mut v: u16 = 0;
+            for &d in digits {
+                v = v * 10 + u16::from(d.checked_sub(b'0').filter(|d| *d < 10)?);
+            }
+            *octet = u8::try_from(v).ok()?;
+        }
+        return Some(std::net::Ipv4Addr::from(octets).into());
+    }
+    if starts.len() == 34 && tail(32) == Some(V6) {
+        let mut bits: u128 = 0;
+        for i in (0..32).rev() {
+            let [d] = label(i)? else { return None };
+            bits = bits << 4 | u128::from(char::from(*d).to_digit(16)?);
+        }
+        return Some(std::net::Ipv6Addr::from(bits).into());
+    }
+    None
+}
+
 /// Most labels a 255-byte name can have.
 const MAX_LABELS: usize = 128;
 
@@ -189,6 +245,9 @@ pub fn lookup_for<'s>(
         i += 1 + name[i] as usize;
     }
     let zone = snap.zone();
+    if let Some(ip) = reverse_address(name, &starts[..n]) {
+        return reverse(snap, ip, q.qtype);
+    }
     if n < zone.labels {
         return Answer::bare(Rcode::Refused, false);
     }
@@ -259,5 +318,49 @@ pub fn lookup_for<'s>(
         // The name exists without this type (or is an empty non-terminal,
         // RFC 8020): NODATA.
         None => Answer::negative(Rcode::NoError, apex),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+
+    /// `reverse_address` of a presentation-form name.
+    fn parse(name: &str) -> Option<IpAddr> {
+        let mut wire = Vec::new();
+        let mut starts = Vec::new();
+        for label in name.trim_end_matches('.').split('.') {
+            starts.push(wire.len() as u8);
+            wire.push(label.len() as u8);
+            wire.extend_from_slice(label.to_ascii_lowercase().as_bytes());
+        }
+        wire.push(0);
+        reverse_address(&wire, &starts)
+    }
+
+    #[test]
+    fn reverse_names_are_read_as_addresses_and_nothing_else_is() {
+        assert_eq!(parse("10.0.42.10.in-addr.arpa."), Some("10.42.0.10".parse().unwrap()));
+        assert_eq!(parse("255.0.0.0.in-addr.arpa"), Some("0.0.0.255".parse().unwrap()));
+        let v6 = "1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.D.F.ip6.arpa.";
+        assert_eq!(parse(v6), Some("fd00::1".parse().unwrap()));
+        for not in [
+            "0.42.10.in-addr.arpa.",      // a reverse zone, not an address
+            "1.10.0.42.10.in-addr.arpa.", // one label too many
+            "010.0.42.10.in-addr.arpa.",  // not how an octet is written
+            "256.0.42.10.in-addr.arpa.",
+            "a.0.42.10.in-addr.arpa.",
+            ".0.42.10.in-addr.arpa.",
+            "10.0.42.10.in-addr.arpa.example.",
+            "10.0.42.10.ip6.arpa.",
+            "10.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa.",
+            "g.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa.",
+            "0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa.",
+            "web.shop.svc.clusterset.local.",
+        ] {
+            assert_eq!(parse(not), None, "{not}");
+        }
     }
 }

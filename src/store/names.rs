@@ -7,7 +7,7 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, SOA, SRV, TXT};
+use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use rustc_hash::FxHashMap;
 use tracing::warn;
@@ -155,7 +155,16 @@ pub(crate) fn service_names(
         }
         balance = Some(Arc::new(b));
     }
-    Some(ServiceNames { names: Arc::new(names), balance })
+    // Reverse names: a ClusterSetIP service's VIPs name the service (never
+    // its endpoints, which are answered under no name of their own); a
+    // headless endpoint's addresses name the endpoint.
+    let reverse: Vec<(IpAddr, Name)> = match import.kind {
+        ImportType::ClusterSetIp => import.ips.iter().map(|ip| (*ip, base.clone())).collect(),
+        ImportType::Headless => {
+            d.targets.iter().flat_map(|(name, addrs)| addrs.iter().map(|ip| (*ip, name.clone()))).collect()
+        }
+    };
+    Some(ServiceNames { names: Arc::new(names), balance, reverse: reverse.into() })
 }
 
 /// The ready endpoints with an address, merged across a cluster's IPv4 and
@@ -489,4 +498,17 @@ fn rrset(owner: &Name, rtype: RecordType, answer: &[Record], additional: &[Recor
         answer: encode::records(owner, rtype, answer)?,
         additional: encode::records(owner, rtype, additional)?,
     })
+}
+
+/// The PTR records of `ip`: one per name in `targets`, TTL `ttl`, encoded
+/// as answers to a question for the address's reverse name.
+pub(crate) fn ptr_records<'a>(
+    ip: IpAddr,
+    targets: impl Iterator<Item = &'a Name>,
+    ttl: u32,
+) -> Option<Records> {
+    let owner = Name::from(ip);
+    let records: Vec<Record> =
+        targets.map(|t| Record::from_rdata(owner.clone(), ttl, RData::PTR(PTR(t.clone())))).collect();
+    encode::records(&owner, RecordType::PTR, &records)
 }

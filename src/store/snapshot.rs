@@ -116,6 +116,10 @@ pub struct ServiceNames {
     /// Present when the service name answers endpoints: which records are
     /// answered, in which order, is chosen per query from this.
     pub(crate) balance: Option<Arc<Balance>>,
+    /// The addresses this service names, for reverse (PTR) answers: its
+    /// clusterset VIPs to the service name, its headless endpoints to
+    /// their own names.
+    pub(crate) reverse: Arc<[(IpAddr, Name)]>,
 }
 
 impl ServiceNames {
@@ -168,6 +172,9 @@ pub struct Snapshot {
     pub(crate) negative_soa: Box<[u8]>,
     /// RFC 8482's synthesized `HINFO "RFC8482" ""` answer to ANY.
     pub(crate) any_hinfo: Records,
+    /// PTR answers for the addresses the services name (`in-addr.arpa` and
+    /// `ip6.arpa`), each encoded behind a question for its reverse name.
+    pub(crate) reverse: Arc<FxHashMap<IpAddr, Arc<Records>>>,
 }
 
 impl Snapshot {
@@ -182,6 +189,7 @@ impl Snapshot {
             zone_names: names.names,
             negative_soa: names.negative_soa,
             any_hinfo: names.any_hinfo,
+            reverse: Arc::default(),
         }
     }
 
@@ -214,5 +222,11 @@ impl Snapshot {
     /// A node outside the services, by its prefix in front of the apex.
     pub fn zone_name(&self, prefix: &[u8]) -> Option<&NameNode> {
         self.zone_names.get(prefix)
+    }
+
+    /// The PTR records of an address a service names (a clusterset VIP or
+    /// a headless endpoint), encoded as answers to its reverse name.
+    pub fn reverse(&self, ip: IpAddr) -> Option<&Records> {
+        self.reverse.get(&ip).map(|r| &**r)
     }
 }

@@ -7,12 +7,14 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
+use hickory_proto::rr::Name;
 use rustc_hash::FxHashMap;
 use tracing::debug;
 
 use super::input::{Object, ObjectId, SourceId, Update};
 use super::intern::Interner;
 use super::names::{self, BuildCtx};
+use super::records::Records;
 use super::snapshot::{ServiceNames, Snapshot, Zone};
 use crate::model::{ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey};
 
@@ -49,6 +51,9 @@ pub struct Writer {
     dead_clusters: BTreeSet<ClusterId>,
     /// Services whose health overlay changed since the last publish.
     health_dirty: BTreeSet<ServiceKey>,
+    /// The names each address is the reverse of, over every service (a Pod
+    /// behind two headless services has two).
+    reverse: HashMap<IpAddr, BTreeSet<Name>>,
 }
 
 impl Writer {
@@ -58,6 +63,7 @@ impl Writer {
             down: HashMap::new(),
             dead_clusters: BTreeSet::new(),
             health_dirty: BTreeSet::new(),
+            reverse: HashMap::new(),
             zone,
             current,
             sources: BTreeMap::new(),
@@ -137,6 +143,37 @@ impl Writer {
             && self.down.get(key).is_none_or(|down| !addresses.iter().any(|a| down.contains(a)))
     }
 
+    /// The PTR answers of the next snapshot: `old`'s, with those of the
+    /// `touched` addresses encoded again from their current names (or
+    /// removed when none is left). Shared with `old` when nothing changed.
+    fn reverse_answers(
+        &mut self,
+        old: &Arc<FxHashMap<IpAddr, Arc<Records>>>,
+        touched: BTreeSet<IpAddr>,
+    ) -> Arc<FxHashMap<IpAddr, Arc<Records>>> {
+        if touched.is_empty() {
+            return old.clone();
+        }
+        let mut map = FxHashMap::clone(old);
+        for ip in touched {
+            let records = self
+                .reverse
+                .get(&ip)
+                .filter(|names| !names.is_empty())
+                .and_then(|names| names::ptr_records(ip, names.iter(), self.zone.config.ttl));
+            match records {
+                Some(r) => {
+                    map.insert(ip, Arc::new(r));
+                }
+                None => {
+                    self.reverse.remove(&ip);
+                    map.remove(&ip);
+                }
+            }
+        }
+        Arc::new(map)
+    }
+
     /// A service's names with the current health overlay, sharing every
     /// record with `old`; `None` when its health did not change.
     fn rehealth(&self, key: &ServiceKey, old: &ServiceNames) -> Option<ServiceNames> {
@@ -157,6 +194,7 @@ impl Writer {
         Some(ServiceNames {
             names: old.names.clone(),
             balance: Some(Arc::new(b.with_health(healthy, weights))),
+            reverse: old.reverse.clone(),
         })
     }
 
@@ -259,6 +297,9 @@ impl Writer {
         let mut services = FxHashMap::clone(&old.services);
         let dirty = std::mem::take(&mut self.dirty);
         let rebuilt = dirty.len();
+        // Addresses whose reverse names changed: their PTR answers are
+        // encoded again below.
+        let mut touched = BTreeSet::new();
         for key in std::mem::take(&mut self.health_dirty).difference(&dirty) {
             let wire = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]);
             if let Some(names) = services.get(&wire[..]).and_then(|old| self.rehealth(key, old)) {
@@ -276,8 +317,19 @@ impl Writer {
                 names::service_names(&self.zone, import, &slices, &mut cx)
             });
             self.interner = interner;
+            let old_reverse = services.get(&*wire).map(|old| old.reverse.clone());
+            for (ip, name) in old_reverse.iter().flat_map(|r| r.iter()) {
+                if let Some(names) = self.reverse.get_mut(ip) {
+                    names.remove(name);
+                }
+                touched.insert(*ip);
+            }
             match built {
                 Some(names) => {
+                    for (ip, name) in names.reverse.iter() {
+                        self.reverse.entry(*ip).or_default().insert(name.clone());
+                        touched.insert(*ip);
+                    }
                     services.insert(wire, Arc::new(names));
                 }
                 None => {
@@ -293,6 +345,7 @@ impl Writer {
         // every change within a second.
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0);
         self.serial = self.serial.wrapping_add(1).max(now);
+        let reverse = self.reverse_answers(&old.reverse, touched);
         let zone_names = names::zone_names(&self.zone, self.serial, self.namespaces.keys());
         let snap = Snapshot {
             zone: self.zone.clone(),
@@ -302,6 +355,7 @@ impl Writer {
             zone_names: zone_names.names,
             negative_soa: zone_names.negative_soa,
             any_hinfo: zone_names.any_hinfo,
+            reverse,
         };
         debug!(
             serial = snap.serial,
@@ -371,6 +425,58 @@ mod tests {
             &before.services[&*wire_key("ns", "svc7")],
             &after.services[&*wire_key("ns", "svc7")]
         ));
+    }
+
+    /// The PTR targets answered for `ip`.
+    fn ptr(reader: &Reader, ip: &str) -> Vec<String> {
+        use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
+        let snap = reader.load();
+        let Some(records) = snap.reverse(IpAddr::from_str(ip).unwrap()) else { return vec![] };
+        (0..records.len())
+            .map(|i| {
+                // Each record follows a question for the reverse name; a
+                // pointer to it is all the owner is, so any question works.
+                let mut buf = vec![0u8; 12];
+                buf.extend_from_slice(b"\x01x\x00\x00\x0c\x00\x01");
+                let start = buf.len();
+                buf.extend_from_slice(records.get(i));
+                let mut d = BinDecoder::new(&buf);
+                d.read_slice(start).unwrap();
+                hickory_proto::rr::Record::read(&mut d).unwrap().data.to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reverse_names_follow_every_edit_and_are_shared_when_untouched() {
+        let (reader, mut w) = store();
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+        w.publish();
+        assert_eq!(ptr(&reader, "10.0.0.1"), ["a.ns.svc.clusterset.local."]);
+        // The VIP moves: the old address is no longer named.
+        w.apply(Update::Upsert { source: SourceId(1), object: import("ns", "a", "10.0.0.2") });
+        w.publish();
+        assert!(ptr(&reader, "10.0.0.1").is_empty());
+        assert_eq!(ptr(&reader, "10.0.0.2"), ["a.ns.svc.clusterset.local."]);
+        // Two services naming one address: both answered.
+        w.apply(Update::Upsert { source: SourceId(1), object: import("ns", "b", "10.0.0.2") });
+        w.publish();
+        assert_eq!(ptr(&reader, "10.0.0.2"), ["a.ns.svc.clusterset.local.", "b.ns.svc.clusterset.local."]);
+        // A publish that rebuilds no service shares them.
+        let before = reader.load_full();
+        w.apply(Update::Register(SourceId(2)));
+        w.publish();
+        let after = reader.load_full();
+        assert!(after.serial() > before.serial());
+        assert!(Arc::ptr_eq(&before.reverse, &after.reverse), "no service rebuilt: shared");
+        // Gone with the services.
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "b", "10.0.0.2")] });
+        w.publish();
+        assert_eq!(ptr(&reader, "10.0.0.2"), ["b.ns.svc.clusterset.local."]);
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
+        w.publish();
+        assert!(ptr(&reader, "10.0.0.2").is_empty());
+        assert!(reader.load().reverse.is_empty() && w.reverse.is_empty(), "nothing left behind");
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod incumbent;
 mod metrics;
 mod policy;
 mod readiness;
+mod reverse;
 mod supervise;
 mod sync;
 mod transfer;
