@@ -225,6 +225,81 @@ fn the_forward_health_check_counts_our_refused_as_healthy() {
     assert_eq!(relay.counts.hc_refused.load(Ordering::SeqCst), refused);
 }
 
+#[test]
+fn reverse_lookups_of_clusterset_addresses_go_through_coredns_and_never_show_the_vip_service() {
+    // Three clusters: `sync` gives cluster-1 a VIP Service and ServiceImport
+    // for `web` (exported from cluster-1 and -2) and the headless `db` of
+    // cluster-2; cluster-1 also has a Service of its own, `plain`. Pods of
+    // cluster-N are in 198.18.N.0/24 (RFC 2544's benchmarking range).
+    let clusters = shared();
+    let ns = "coredns-e2e-reverse";
+    let rt = runtime();
+    let plain = rt.block_on(async {
+        let mut users = Vec::new();
+        for i in 0..2 {
+            users.push(crate::fleet::User::new(clusters, i, ns).await);
+        }
+        for (i, u) in users.iter().enumerate() {
+            u.service("web", json!({})).await;
+            let ip = format!("198.18.{}.10", i + 1);
+            u.endpoints("web-x", "web", json!([{"addresses": [ip], "conditions": {"ready": true}}])).await;
+            u.export("web").await;
+        }
+        users[1].service("db", json!({"clusterIP": "None"})).await;
+        let db0 = json!([{"addresses": ["198.18.2.20"], "hostname": "db-0", "conditions": {"ready": true}}]);
+        users[1].endpoints("db-x", "db", db0).await;
+        users[1].export("db").await;
+        users[0].service("plain", json!({})).await.expect("plain has a ClusterIP")
+    });
+    let lease = format!("sync-{ns}");
+    let sync =
+        crate::harness::syncing::Syncing::start(clusters, &["--namespace", ns, "--lease-name", &lease], &[]);
+    let s = serve(0, ns);
+    let zone = format!("{ns}.svc.clusterset.local");
+    let direct = |name: &str, t: &str| crate::harness::served::dig(s.addr, &[name, t, "+short"]);
+    let mut vip = String::new();
+    eventually("sync imported web and db into cluster-1", || {
+        vip = direct(&format!("web.{zone}"), "A").trim().to_owned();
+        !vip.is_empty() && !direct(&format!("db-0.cluster-2.db.{zone}"), "A").trim().is_empty()
+    });
+    let (main, reverse) = reverse_corefile(s.addr, clusters.kubeconfig(0).as_path());
+    // Control: the stock kubernetes plugin alone answers the VIP with the
+    // internal Service name, which is what the example's blocks prevent.
+    let stock = CoreDns::start_conf(
+        &main.replace("        labels !multicluster.kubernetes.io/service-name\n", ""),
+        ".",
+    );
+    let ptr = |c: &CoreDns, ip: &str| -> Vec<String> {
+        let mut last = Vec::new();
+        // The kubernetes plugin serves before its first list completes.
+        poll(&format!("PTR of {ip}"), Duration::from_secs(20), || {
+            let r = c.dig(&["-x", ip]);
+            last = r.rdata("PTR");
+            r.status == "NOERROR" || r.status == "REFUSED" || r.status == "NXDOMAIN"
+        });
+        last
+    };
+    let internal = ptr(&stock, &vip);
+    assert!(internal.iter().any(|n| n.starts_with("web-clusterset-")), "control: {internal:?}");
+    drop(stock);
+
+    let c = CoreDns::start_conf(&format!("{main}{reverse}"), ".");
+    assert_eq!(ptr(&c, &vip), [format!("web.{zone}.")], "the VIP names the service");
+    assert_eq!(
+        ptr(&c, &plain),
+        [format!("plain.{ns}.svc.cluster.local.")],
+        "local Services keep their names"
+    );
+    assert_eq!(ptr(&c, "198.18.2.20"), [format!("db-0.cluster-2.db.{zone}.")], "a remote headless endpoint");
+    // A local Pod behind the exported service: named by the local Service
+    // only, not again under the VIP Service that mirrors it.
+    let local = ptr(&c, "198.18.1.10");
+    assert!(local.iter().all(|n| !n.contains("-clusterset-")), "{local:?}");
+    // An address nobody names in a range sent to clusterset-dns: REFUSED.
+    assert_eq!(c.dig(&["-x", "198.18.3.99"]).status, "REFUSED");
+    drop(sync);
+}
+
 // ---------------------------------------------------------------------------
 // CoreDNS
 
@@ -250,13 +325,18 @@ fn coredns_bin() -> &'static Path {
 
 /// The `clusterset.local:53 { … }` server block of `Corefile.example`.
 fn example_block() -> String {
+    example_block_at("clusterset.local:53 {")
+}
+
+/// The server block of `Corefile.example` whose first line starts with `start`.
+fn example_block_at(start: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("Corefile.example");
     let text = std::fs::read_to_string(&path).expect("read Corefile.example");
     let mut block = Vec::new();
     let mut depth = 0usize;
     for line in text.lines() {
         let code = line.split('#').next().unwrap_or_default();
-        if block.is_empty() && !code.trim_start().starts_with("clusterset.local:53 {") {
+        if block.is_empty() && !code.trim_start().starts_with(start) {
             continue;
         }
         block.push(line);
@@ -266,7 +346,7 @@ fn example_block() -> String {
             return block.join("\n") + "\n";
         }
     }
-    panic!("Corefile.example has no complete `clusterset.local:53 {{` block");
+    panic!("Corefile.example has no complete `{start}` block");
 }
 
 /// The example block on 127.0.0.1:`port`, forwarding to `upstream`, with a
@@ -292,6 +372,41 @@ fn corefile(port: u16, upstream: SocketAddr, extra: &[&str]) -> String {
         lines.insert(close + i, format!("        {option}"));
     }
     lines.join("\n") + "\n"
+}
+
+/// A cluster's CoreDNS with the reverse blocks of `Corefile.example`, as
+/// templates with `{PORT}` for the port: the `.:53` block a cluster runs
+/// (the kubernetes plugin of shared cluster-1 through `kubeconfig`, with
+/// the example's label selector), and the example's Service CIDR and
+/// remote Pod CIDR blocks for cluster-1 (Services in 10.101.0.0/16,
+/// `scripts/clusters.sh`; the other clusters' Pods in 198.18.2-3.0/24),
+/// forwarding to `upstream`.
+fn reverse_corefile(upstream: SocketAddr, kubeconfig: &Path) -> (String, String) {
+    let kubeconfig = kubeconfig.to_str().expect("utf-8 path");
+    let main = format!(
+        ".:{{PORT}} {{\n    bind 127.0.0.1\n    errors\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {kubeconfig}\n        labels !multicluster.kubernetes.io/service-name\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n}}\n"
+    );
+    let mut reverse = String::new();
+    for (start, zones) in [
+        ("SERVICE_CIDR:53 {", "10.101.0.0/16:{PORT}"),
+        ("REMOTE_POD_CIDRS:53 {", "198.18.2.0/24:{PORT} 198.18.3.0/24:{PORT}"),
+    ] {
+        let block = example_block_at(start);
+        let (key, _) = start.split_once(':').expect("zone:port");
+        let mut lines: Vec<String> = block
+            .replacen(&format!("{key}:53"), zones, 1)
+            .replace(key, "10.101.0.0/16")
+            .replace(PLACEHOLDER, &upstream.to_string())
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines.insert(1, "    bind 127.0.0.1".into());
+        if let Some(k) = lines.iter().position(|l| l.trim_start().starts_with("kubernetes ")) {
+            lines.insert(k + 1, format!("        kubeconfig {kubeconfig}"));
+        }
+        reverse.push_str(&(lines.join("\n") + "\n"));
+    }
+    (main, reverse)
 }
 
 /// A running CoreDNS on 127.0.0.1; stdout and stderr collected; killed on drop.
@@ -344,6 +459,38 @@ impl CoreDns {
                     break;
                 }
                 assert!(Instant::now() < deadline, "CoreDNS did not start in 20 s:\n{}\n{conf}", c.log());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if !last.contains("address already in use") {
+                break;
+            }
+        }
+        panic!("{last}");
+    }
+
+    /// Runs `conf`, `{PORT}` replaced by a free port, and waits until the
+    /// block of `zone` serves.
+    fn start_conf(conf: &str, zone: &str) -> Self {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let dir = tempfile::tempdir().expect("tempdir");
+            let conf = conf.replace("{PORT}", &port.to_string());
+            let (child, log) = spawn_coredns(coredns_bin(), dir.path(), &conf);
+            let mut c = Self { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), log, _dir: dir };
+            let banner = format!("{}:{port} on 127.0.0.1", zone.trim_end_matches('.').to_owned() + ".");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if c.log().contains(&banner) {
+                    eprintln!("CoreDNS on {}:\n{conf}", c.addr);
+                    return c;
+                }
+                if let Ok(Some(status)) = c.child.try_wait() {
+                    std::thread::sleep(Duration::from_millis(100));
+                    last = format!("CoreDNS exited ({status}):\n{}\n--- Corefile ---\n{conf}", c.log());
+                    break;
+                }
+                assert!(Instant::now() < deadline, "CoreDNS did not start in 30 s:\n{}\n{conf}", c.log());
                 std::thread::sleep(Duration::from_millis(20));
             }
             if !last.contains("address already in use") {
