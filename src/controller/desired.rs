@@ -7,7 +7,9 @@ use serde_json::{Value, json};
 
 use crate::fleet::export::{ServicePortSpec, SessionAffinity};
 use crate::fleet::merge::{Condition, ImportSpec};
-use crate::fleet::objects::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::fleet::objects::{
+    ANNOTATION_CONSUMER_CLUSTERS, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY,
+};
 use crate::k8s::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{ANNOTATION_UNREACHABLE_CLUSTERS, AddressFamily, ClusterId, ImportType, ServiceKey};
 
@@ -147,13 +149,86 @@ pub fn import_status(
     })
 }
 
-/// A ServiceExport created for a Service that asks to be exported.
-pub fn export(api_version: &str, key: &ServiceKey) -> Value {
-    json!({
+/// Which members import a service, from the oldest export's
+/// `clusterset-dns.io/consumer-clusters`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Consumers {
+    /// No list: every member (the KEP's default).
+    All,
+    /// The listed clusters only (sorted; names that are not members are
+    /// kept, to be reported).
+    Only(Vec<ClusterId>),
+    /// A list that does not parse: no member, until it is fixed. Failing
+    /// closed, because the list exists to keep a service from clusters.
+    Invalid(String),
+}
+
+impl Consumers {
+    /// Reads the export annotations the import is configured from.
+    pub fn of(annotations: &std::collections::BTreeMap<String, String>) -> Self {
+        match annotations.get(ANNOTATION_CONSUMER_CLUSTERS) {
+            None => Self::All,
+            Some(v) => match crate::model::parse_clusters(v) {
+                Ok(list) => Self::Only(list),
+                Err(e) => Self::Invalid(format!("{ANNOTATION_CONSUMER_CLUSTERS}: {e}")),
+            },
+        }
+    }
+
+    /// True when `cluster` imports the service.
+    pub fn includes(&self, cluster: &ClusterId) -> bool {
+        match self {
+            Self::All => true,
+            Self::Only(list) => list.contains(cluster),
+            Self::Invalid(_) => false,
+        }
+    }
+
+    /// What the export's Ready condition says about where it is imported,
+    /// given the member clusters.
+    pub fn describe(&self, members: &[&ClusterId]) -> String {
+        match self {
+            Self::All => "Imported into every member cluster that has the namespace.".into(),
+            Self::Only(list) => {
+                let names = |pick: bool| {
+                    list.iter()
+                        .filter(|c| members.contains(c) == pick)
+                        .map(|c| c.as_str())
+                        .collect::<Vec<_>>()
+                };
+                let (known, unknown) = (names(true), names(false));
+                let mut m = if known.is_empty() {
+                    format!(
+                        "Imported into no member cluster: {ANNOTATION_CONSUMER_CLUSTERS} lists none of them."
+                    )
+                } else {
+                    format!(
+                        "Imported into {} only ({ANNOTATION_CONSUMER_CLUSTERS}), where the namespace exists.",
+                        known.join(", ")
+                    )
+                };
+                if !unknown.is_empty() {
+                    m.push_str(&format!(" Not member clusters: {}.", unknown.join(", ")));
+                }
+                m
+            }
+            Self::Invalid(e) => format!("Imported nowhere until fixed: {e}"),
+        }
+    }
+}
+
+/// A ServiceExport created for a Service that asks to be exported, with
+/// the Service's consumer clusters when it names them.
+pub fn export(api_version: &str, key: &ServiceKey, consumers: Option<&str>) -> Value {
+    let mut body = json!({
         "apiVersion": api_version, "kind": "ServiceExport",
         "metadata": {"name": key.name.as_str(), "namespace": key.namespace.as_str(),
                      "labels": {LABEL_APP_MANAGED_BY: FIELD_MANAGER}},
-    })
+    });
+    if let Some(c) = consumers {
+        body["metadata"]["annotations"] = json!({ ANNOTATION_CONSUMER_CLUSTERS: c });
+    }
+    body
 }
 
 /// The clusterset VIP: a selector-less ClusterIP Service with the merged
@@ -277,6 +352,42 @@ mod tests {
         let converted = crate::k8s::convert::service_import(&obj).unwrap();
         assert_eq!(converted.answers.unreachable, [c("cluster-2"), c("cluster-3")]);
         assert_eq!(converted.answers.policy, Some(crate::model::PolicyKind::Random));
+    }
+
+    #[test]
+    fn consumer_clusters_choose_the_importing_members_and_fail_closed() {
+        let c = |s: &str| ClusterId::parse(s).unwrap();
+        let (a, b, x) = (c("cluster-a"), c("cluster-b"), c("cluster-x"));
+        let members = [&a, &b];
+        let of = |v: Option<&str>| {
+            Consumers::of(
+                &v.map(|v| (ANNOTATION_CONSUMER_CLUSTERS.to_owned(), v.to_owned())).into_iter().collect(),
+            )
+        };
+        let all = of(None);
+        assert!(all.includes(&a) && all.includes(&b));
+        let only = of(Some(" cluster-b , cluster-x"));
+        assert!(!only.includes(&a) && only.includes(&b));
+        assert_eq!(
+            only.describe(&members),
+            "Imported into cluster-b only (clusterset-dns.io/consumer-clusters), where the namespace exists. Not member clusters: cluster-x."
+        );
+        let none = of(Some(""));
+        assert!(!none.includes(&a) && none.describe(&members).starts_with("Imported into no member cluster"));
+        let bad = of(Some("cluster-a,Not_A_Cluster"));
+        assert!(matches!(bad, Consumers::Invalid(_)) && !bad.includes(&a), "{bad:?}");
+        assert!(bad.describe(&members).contains("Not_A_Cluster"), "{}", bad.describe(&members));
+        let _ = x;
+        assert_eq!(
+            export("multicluster.x-k8s.io/v1alpha1", &key("web"), Some("cluster-b"))["metadata"]["annotations"]
+                [ANNOTATION_CONSUMER_CLUSTERS],
+            "cluster-b"
+        );
+        assert!(
+            export("multicluster.x-k8s.io/v1alpha1", &key("web"), None)["metadata"]
+                .get("annotations")
+                .is_none()
+        );
     }
 
     #[test]

@@ -23,9 +23,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::desired::{self, FIELD_MANAGER, LABEL_APP_MANAGED_BY};
+use super::desired::{self, Consumers, FIELD_MANAGER, LABEL_APP_MANAGED_BY};
 use crate::fleet::member::{self, Member};
 use crate::fleet::merge::{Condition, Status, condition, merge};
+use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
 use crate::fleet::state::{FleetState, MemberEvent};
 use crate::k8s::mcs::{LABEL_SERVICE_NAME, discover_mcs, mcs_resource};
 use crate::k8s::watch::{Reporter, WatchHealth, scopes};
@@ -431,21 +432,37 @@ impl KeyState {
     async fn auto_export(&mut self, cx: &Ctx<'_>, i: usize, key: &ServiceKey) -> Result<(), kube::Error> {
         let prefixed =
             cx.behaviour.auto_export_prefixes.iter().any(|p| key.namespace.as_str().starts_with(p.as_str()));
-        let wants = cx.state.service_of(i, key).is_some_and(|s| s.auto_export || prefixed);
+        let service = cx.state.service_of(i, key);
+        let wants = service.is_some_and(|s| s.auto_export || prefixed);
+        let consumers = service.and_then(|s| s.consumers.as_deref());
         let has = cx.state.export_of(i, key);
         let ar = cx.apis[i].export.clone();
         let api: Api<DynamicObject> =
             Api::namespaced_with(cx.members[i].client.clone(), key.namespace.as_str(), &ar);
+        // An export of ours follows the Service's consumer clusters.
+        let stale = |e: &crate::fleet::state::ExportInfo| {
+            e.ours && e.annotations.get(ANNOTATION_CONSUMER_CLUSTERS).map(String::as_str) != consumers
+        };
         match (wants, has) {
             (true, None) => {
                 cx.stats.writes.fetch_add(1, Ordering::Relaxed);
                 api.patch(
                     key.name.as_str(),
                     &PatchParams::apply(FIELD_MANAGER),
-                    &Patch::Apply(&desired::export(&ar.api_version, key)),
+                    &Patch::Apply(&desired::export(&ar.api_version, key, consumers)),
                 )
                 .await?;
                 info!(member = %cx.members[i].name, service = %key, "auto-exported");
+            }
+            (true, Some(e)) if stale(&e) => {
+                cx.stats.writes.fetch_add(1, Ordering::Relaxed);
+                api.patch(
+                    key.name.as_str(),
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(&desired::export(&ar.api_version, key, consumers)),
+                )
+                .await?;
+                info!(member = %cx.members[i].name, service = %key, consumers = ?consumers, "auto-export: consumer clusters updated");
             }
             (false, Some(e)) if e.ours => {
                 cx.stats.writes.fetch_add(1, Ordering::Relaxed);
@@ -477,6 +494,10 @@ impl KeyState {
         let exports: Vec<_> =
             cx.state.exports(key).into_iter().filter(|e| !removed.contains(&&e.cluster)).collect();
         let merged = merge(&exports);
+        let consumers = merged.spec.as_ref().map_or(Consumers::All, |s| Consumers::of(&s.annotations));
+        if let Consumers::Invalid(e) = &consumers {
+            warn!(service = %key, "{e}: imported nowhere until the export's annotation is fixed");
+        }
         let unreachable: Vec<(crate::model::ClusterId, String)> = (0..cx.members.len())
             .filter_map(|i| Some((cx.members[i].cluster.clone(), cx.unreachable[i].clone()?)))
             .filter(|(c, _)| merged.clusters.contains(c))
@@ -486,7 +507,9 @@ impl KeyState {
         want.extend(self.owned.iter().filter(|r| !cx.writable(r.member)).cloned());
         if let Some(spec) = &merged.spec {
             for i in 0..cx.members.len() {
-                if !cx.writable(i) {
+                // Members outside the consumer clusters import nothing:
+                // what we own there is not wanted, so it is deleted below.
+                if !cx.writable(i) || !consumers.includes(&cx.members[i].cluster) {
                     continue;
                 }
                 match self.member_objects(cx, i, key, spec, &merged.clusters, &unreachable, &mut want).await {
@@ -520,7 +543,9 @@ impl KeyState {
         }
         kept.extend(want);
         self.owned = kept;
-        self.conditions(cx, key, &merged.conditions, merged.spec.is_some() && written_everywhere).await?;
+        let ready =
+            merged.spec.is_some() && written_everywhere && !matches!(consumers, Consumers::Invalid(_));
+        self.conditions(cx, key, &merged.conditions, ready, &consumers).await?;
         match failed {
             Some(e) => Err(e),
             None => Ok(()),
@@ -639,7 +664,10 @@ impl KeyState {
         key: &ServiceKey,
         conditions: &[(crate::model::ClusterId, Vec<Condition>)],
         ready: bool,
+        consumers: &Consumers,
     ) -> Result<(), kube::Error> {
+        let members: Vec<&crate::model::ClusterId> = cx.members.iter().map(|m| &m.cluster).collect();
+        let imported = consumers.describe(&members);
         for (cluster, conds) in conditions {
             let Some(i) = cx.members.iter().position(|m| &m.cluster == cluster) else { continue };
             if !cx.writable(i) {
@@ -652,19 +680,15 @@ impl KeyState {
                     kind: condition::READY,
                     status: Status::True,
                     reason: "Exported".into(),
-                    message: "Imported into every member cluster that has the namespace.".into(),
+                    message: imported.clone(),
                 }
             } else {
-                Condition {
-                    kind: condition::READY,
-                    status: Status::False,
-                    reason: if valid { "Pending".into() } else { "Failed".into() },
-                    message: if valid {
-                        "Not yet written to every member cluster.".into()
-                    } else {
-                        "The export is not valid.".into()
-                    },
-                }
+                let (reason, message) = match (valid, consumers) {
+                    (false, _) => ("Failed", "The export is not valid.".to_owned()),
+                    (true, Consumers::Invalid(_)) => ("InvalidConsumerClusters", imported.clone()),
+                    (true, _) => ("Pending", "Not yet written to every member cluster.".to_owned()),
+                };
+                Condition { kind: condition::READY, status: Status::False, reason: reason.into(), message }
             });
             let now = now_rfc3339();
             let timed: Vec<(Condition, String)> = all

@@ -189,6 +189,7 @@ fn service_entry(cluster: &ClusterId, s: &Service) -> Option<Entry<ServiceInfo>>
     let info = ServiceInfo {
         exported: objects::exported(cluster, s),
         auto_export: objects::asks_export(&s.metadata),
+        consumers: objects::consumers(&s.metadata),
     };
     Some((object_id(s)?, key, info))
 }

@@ -26,6 +26,16 @@ pub const MANAGED_BY: &str = "sync.clusterset-dns.io";
 pub const ANNOTATION_EXPORT: &str = "clusterset-dns.io/export";
 /// Kosmos's annotation with the same meaning, honoured for users moving over.
 pub const ANNOTATION_KOSMOS_EXPORT: &str = "kosmos.io/auto-create-mcs";
+/// On a ServiceExport (or on a Service that asks to be auto-exported, which
+/// passes it to the export it gets): the member clusters that import the
+/// service, `cluster-a,cluster-c`. Without it every member imports (the
+/// KEP's default); members outside the list get no import, no VIP and no
+/// slices, and a change of the list adds and removes them. The oldest
+/// export's list counts, like every `clusterset-dns.io/` annotation. The
+/// same as Karmada's MultiClusterService `consumerClusters` and the open
+/// KEP-1645 change kubernetes/enhancements#6329.
+pub const ANNOTATION_CONSUMER_CLUSTERS: &str = "clusterset-dns.io/consumer-clusters";
+
 /// Label on every object the sync controller owns.
 pub const LABEL_APP_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Our value of [`LABEL_APP_MANAGED_BY`] (also the field manager).
@@ -50,6 +60,12 @@ pub fn our_annotations(meta: &ObjectMeta) -> std::collections::BTreeMap<String, 
         .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX) && k.as_str() != ANNOTATION_EXPORT)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
+}
+
+/// The Service's consumer clusters annotation, passed on to the export
+/// auto-export creates for it.
+pub fn consumers(meta: &ObjectMeta) -> Option<String> {
+    meta.annotations.as_ref()?.get(ANNOTATION_CONSUMER_CLUSTERS).cloned()
 }
 
 /// True for objects the sync controller created.

@@ -29,6 +29,9 @@ pub struct ServiceInfo {
     /// It asks to be exported (annotation `clusterset-dns.io/export` or
     /// `kosmos.io/auto-create-mcs`).
     pub auto_export: bool,
+    /// Its `clusterset-dns.io/consumer-clusters`, for the export
+    /// auto-export creates.
+    pub consumers: Option<String>,
 }
 use super::objects;
 use crate::model::{ClusterId, EndpointSet, ServiceKey, SliceKey};

@@ -191,7 +191,7 @@ fn parse_count(s: &str) -> Result<u16, String> {
 }
 
 /// `cluster-a,cluster-b` (spaces allowed; empty is none), sorted.
-fn parse_clusters(s: &str) -> Result<Vec<ClusterId>, String> {
+pub fn parse_clusters(s: &str) -> Result<Vec<ClusterId>, String> {
     let mut out = Vec::new();
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         out.push(ClusterId::parse(item).map_err(|e| format!("{item:?} {e}"))?);

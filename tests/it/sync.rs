@@ -408,6 +408,77 @@ fn services_asking_for_it_are_exported_and_unexported() {
 }
 
 #[test]
+fn consumer_clusters_choose_which_members_import_and_follow_every_change() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-consumers";
+    let u = users(&rt, clusters, ns);
+    let r = readers(&rt, clusters, ns);
+    let _sync = syncing(clusters, ns, &["--no-leader-election"]);
+    let (c1, c2, c3) = (clusters.name(0), clusters.name(1), clusters.name(2));
+    const CONSUMERS: &str = "clusterset-dns.io/consumer-clusters";
+    // Which members hold the import (and each member's objects of ours).
+    let imported =
+        |name: &str| -> Vec<bool> { r.iter().map(|m| rt.block_on(m.import(name)).is_some()).collect() };
+    let settle = |what: &str, name: &str, want: [bool; 3]| {
+        eventually(what, || imported(name) == want);
+        // Members outside the list hold nothing of ours for the service.
+        for (i, m) in r.iter().enumerate() {
+            if !want[i] {
+                eventually(&format!("{what}: nothing in {}", clusters.name(i)), || {
+                    rt.block_on(m.ours()).0 == 0
+                });
+            }
+        }
+    };
+    rt.block_on(async {
+        u[0].service("ledger", json!({})).await;
+        u[0].endpoints("ledger-a", "ledger", json!([{"addresses": ["10.1.0.9"]}])).await;
+        u[0].annotated_export("ledger", json!({ CONSUMERS: format!("{c1}, {c3}") })).await;
+    });
+    settle("imported into the listed members only", "ledger", [true, false, true]);
+    let ready = rt.block_on(r[0].conditions("ledger"));
+    assert!(
+        ready.iter().any(|c| c.starts_with(&format!("Ready=True Exported: Imported into {c1}, {c3} only"))),
+        "{ready:?}"
+    );
+    // serve in a listed member answers; the others have nothing to answer.
+    let s = serve_in(clusters, 2, ns);
+    let ledger = format!("ledger.{ns}.svc.clusterset.local");
+    eventually("ledger answered in cluster-3", || short(&s, &ledger, "A").len() == 1);
+
+    // A change of the list adds and removes imports.
+    rt.block_on(u[0].annotated_export("ledger", json!({ CONSUMERS: c2 })));
+    settle("moved to the new list", "ledger", [false, true, false]);
+    eventually("gone from cluster-3's answers", || rcode(&s, &ledger) == "NXDOMAIN");
+    // Not a list: imported nowhere, and the condition says why.
+    rt.block_on(u[0].annotated_export("ledger", json!({ CONSUMERS: "cluster-2,Not_A_Cluster" })));
+    settle("an invalid list imports nowhere", "ledger", [false, false, false]);
+    eventually("Ready=False names the annotation", || {
+        rt.block_on(r[0].conditions("ledger"))
+            .iter()
+            .any(|c| c.starts_with("Ready=False InvalidConsumerClusters") && c.contains("Not_A_Cluster"))
+    });
+    // No list: every member, as without the annotation.
+    rt.block_on(u[0].annotated_export("ledger", json!({})));
+    settle("every member again", "ledger", [true, true, true]);
+    rt.block_on(u[0].unexport("ledger"));
+    settle("unexported", "ledger", [false, false, false]);
+
+    // Auto-export passes the Service's list on to the export it creates.
+    rt.block_on(async {
+        let ask = json!({"clusterset-dns.io/export": "true", CONSUMERS: c3});
+        u[1].annotated_service("invoices", json!({}), ask).await;
+    });
+    settle("auto-exported to the Service's list", "invoices", [false, false, true]);
+    rt.block_on(async {
+        let ask = json!({"clusterset-dns.io/export": "true", CONSUMERS: format!("{c1},{c2}")});
+        u[1].annotated_service("invoices", json!({}), ask).await;
+    });
+    settle("the Service's new list reaches the export", "invoices", [true, true, false]);
+}
+
+#[test]
 fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
     // Its own clusters: this test stops an API server.
     let clusters = TestClusters::start(2);
