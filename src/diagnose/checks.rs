@@ -102,6 +102,12 @@ impl<'a> Checks<'a> {
         self.o.members.iter().find(|m| m.cluster.as_str() == cluster)
     }
 
+    /// True when every member's exports and Services were read: only then
+    /// does "nobody exports it" (stale imports and slices) hold.
+    fn exports_known(&self) -> bool {
+        self.o.members.iter().all(|m| m.export.read().is_some() && m.service.read().is_some())
+    }
+
     /// A cluster id as people know it: its member's name.
     fn shown(&self, cluster: &ClusterId) -> String {
         self.member_of(cluster.as_str()).map_or_else(|| cluster.to_string(), |m| m.name.clone())
@@ -176,7 +182,7 @@ impl<'a> Checks<'a> {
             } else {
                 format!("no member exports {name} (Services exist in {})", with_service.join(", "))
             };
-            if importers == 0 {
+            if importers == 0 && self.exports_known() {
                 self.push(
                     Severity::Error,
                     "NotExported",
@@ -279,7 +285,7 @@ impl<'a> Checks<'a> {
                     ),
                     format!(
                         "make {who}'s Service {} like {winner}'s (clusterIP cannot change: recreate it), or unexport it there",
-                        kind(first.kind)
+                        if first.kind == ImportType::Headless { "headless (clusterIP: None)" } else { "a ClusterIP Service" }
                     ),
                 );
             }
@@ -443,7 +449,7 @@ impl<'a> Checks<'a> {
         for m in &self.o.members {
             let Seen::Read(import) = &m.import else { continue };
             let Some(spec) = &merged.spec else {
-                if import.is_some() {
+                if import.is_some() && self.exports_known() {
                     self.push(
                         Severity::Warning,
                         "StaleImport",
@@ -496,7 +502,7 @@ impl<'a> Checks<'a> {
             }
             let listed: BTreeSet<&str> = import.clusters.iter().map(String::as_str).collect();
             let valid: BTreeSet<&str> = merged.clusters.iter().map(ClusterId::as_str).collect();
-            if listed != valid {
+            if listed != valid && self.exports_known() {
                 self.push(
                     Severity::Warning,
                     "ImportClusters",
@@ -653,6 +659,8 @@ impl<'a> Checks<'a> {
                         "label them with their source cluster, or delete them".into(),
                     ),
                     Some(s) if valid.iter().any(|c| c.as_str() == *s) => {}
+                    // Unknown exports cannot make slices stale.
+                    Some(_) if !self.exports_known() => {}
                     Some(s) => match self.member_of(s) {
                         Some(src) => self.push(
                             Severity::Error,
@@ -1240,6 +1248,9 @@ mod tests {
         o.members[2].import = Seen::Forbidden("serviceimports is forbidden".into());
         assert_eq!(codes(&o), ["Forbidden"]);
         assert_eq!(exit_status(&o, &verdicts(&o)), PROBLEMS);
+        // Exports that cannot be read make nothing stale.
+        o.members[1].export = Seen::Forbidden("serviceexports is forbidden".into());
+        assert!(!codes(&o).contains(&"StaleSlices"), "{:#?}", verdicts(&o));
         o.members[1].service = Seen::Failed("connection refused".into());
         assert!(codes(&o).contains(&"Unreachable"));
         assert_eq!(exit_status(&o, &verdicts(&o)), INCOMPLETE);
