@@ -157,6 +157,14 @@ fn lines(m: &MemberSeen) -> Vec<(String, String)> {
             }),
         ),
     ];
+    // The messages of the conditions that say something is wrong, as the
+    // controller (ours or another MCS implementation) wrote them.
+    for c in m.export.found().map(|e| e.conditions.as_slice()).unwrap_or_default() {
+        let wrong = if c.type_ == "Conflict" { c.status == "True" } else { c.status != "True" };
+        if wrong && !c.message.is_empty() {
+            v.push(("  condition".into(), format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message)));
+        }
+    }
     if let Seen::Read(Some(ips)) = &m.vip {
         v.push(("clusterset VIP".into(), or_none(&ips.join(", "))));
     }

@@ -168,8 +168,11 @@ fn doctor_passes_a_healthy_service_and_names_what_is_broken_in_the_others() {
         typey.shown()
     );
     assert!(
-        typey.out.contains("Conflict=True TypeConflict"),
-        "the export's condition is shown:\n{}",
+        typey
+            .out
+            .lines()
+            .any(|l| l.starts_with("    condition     Conflict=True TypeConflict: Conflicting type.")),
+        "the export's condition and its message are shown:\n{}",
         typey.shown()
     );
 
