@@ -32,6 +32,14 @@ pub enum Command {
     /// Ask a running server how it would answer a name: the candidates,
     /// their health, the policy's decision and the exact answer.
     Explain(ExplainArgs),
+    /// Diagnose one multi-cluster service across the members: each
+    /// member's Service, ServiceExport (conditions), ServiceImport and VIP,
+    /// MCS EndpointSlices per source cluster and (with --dns) the answers,
+    /// then a list of what is inconsistent and what to do. Only reads (list
+    /// requests): the read-only identity of deploy/centralized/rbac.yaml is
+    /// enough. Exit code 0: healthy; 1: problems found; 2: a member could
+    /// not be read; 64: invalid command line.
+    Doctor(DoctorArgs),
 }
 
 /// `serve` options.
@@ -236,6 +244,32 @@ pub struct ExplainArgs {
     /// The running server's --http-listen address.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9153")]
     pub server: SocketAddr,
+}
+
+/// `doctor` options.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The service: `NAME.NAMESPACE` or `NAME.NAMESPACE.svc.ZONE`, e.g.
+    /// web.shop or web.shop.svc.clusterset.local.
+    pub name: String,
+    /// The members to inspect (read only).
+    #[command(flatten)]
+    pub members: MembersArgs,
+    /// Ask this member's DNS (clusterset-dns, or the cluster's CoreDNS
+    /// forwarding to it) for the name's A, AAAA and SRV records, and compare
+    /// the answers with that member's ServiceImport and endpoints.
+    /// ADDR is IP or IP:PORT (default port 53). Repeatable.
+    #[arg(long = "dns", value_name = "CLUSTER=ADDR")]
+    pub dns: Vec<String>,
+    /// The zone the names are served in.
+    #[arg(long, default_value = "clusterset.local")]
+    pub zone: String,
+    /// Seconds each member's reads, and each DNS query, may take.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub timeout: f64,
+    /// `text` (for people) or `json` (for scripts).
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub output: String,
 }
 
 /// The member clusters of a fleet.

@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::{MembersArgs, RunArgs, ServeArgs, SyncArgs, SyncOptions};
+use crate::cli::{DoctorArgs, MembersArgs, RunArgs, ServeArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
+use crate::diagnose::report::Format;
 use crate::fault::Faults;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
-use crate::model::{ClusterId, DnsLabel, PolicyKind};
+use crate::model::{ClusterId, DnsLabel, PolicyKind, ServiceKey};
 use crate::source::kube::KubeSource;
 use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
 use crate::wire::cookie::CookieSecret;
@@ -343,6 +344,83 @@ impl RunConfig {
     }
 }
 
+/// Everything `doctor` needs.
+#[derive(Debug, Clone)]
+pub struct DoctorConfig {
+    /// The service diagnosed.
+    pub key: ServiceKey,
+    /// The zone it is served in (lower case, fully qualified).
+    pub zone: Name,
+    /// The members read.
+    pub members: Vec<MemberConfig>,
+    /// The DNS server asked per member: (member name, address).
+    pub dns: Vec<(String, SocketAddr)>,
+    /// How long one member's reads, or one DNS query, may take.
+    pub timeout: Duration,
+    /// Text or JSON.
+    pub format: Format,
+}
+
+impl DoctorConfig {
+    /// Validates command-line values.
+    pub fn from_args(a: &DoctorArgs) -> Result<Self, ConfigError> {
+        let mut zone = Name::from_ascii(&a.zone)
+            .map_err(|e| bad("--zone", format!("{:?} is not a domain name: {e}", a.zone)))?;
+        zone.set_fqdn(true);
+        if zone.is_root() {
+            return Err(bad("--zone", "the root zone cannot be served"));
+        }
+        let zone = zone.to_lowercase();
+        let key = service_name(&a.name, &zone).map_err(|problem| bad("NAME", problem))?;
+        let members = members(&a.members)?;
+        if members.is_empty() {
+            return Err(bad("--cluster", "doctor needs the members to read (--cluster or --members)"));
+        }
+        let mut dns = Vec::new();
+        for spec in &a.dns {
+            let (member, addr) =
+                spec.split_once('=').ok_or_else(|| bad("--dns", format!("{spec:?} is not CLUSTER=ADDR")))?;
+            if !members.iter().any(|m| m.name == member) {
+                return Err(bad("--dns", format!("{member:?} is not one of the members given")));
+            }
+            let addr = addr
+                .parse::<SocketAddr>()
+                .or_else(|_| addr.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                .map_err(|_| bad("--dns", format!("{addr:?} is not IP or IP:PORT")))?;
+            if dns.iter().any(|(m, _)| m == member) {
+                return Err(bad("--dns", format!("member {member:?} is given twice")));
+            }
+            dns.push((member.to_owned(), addr));
+        }
+        if !(a.timeout.is_finite() && (0.1..=300.0).contains(&a.timeout)) {
+            return Err(bad("--timeout", format!("{} is outside 0.1-300 seconds", a.timeout)));
+        }
+        let format = match a.output.as_str() {
+            "text" => Format::Text,
+            "json" => Format::Json,
+            other => return Err(bad("--output", format!("{other:?} is not text or json"))),
+        };
+        Ok(Self { key, zone, members, dns, timeout: Duration::from_secs_f64(a.timeout), format })
+    }
+}
+
+/// `NAME.NAMESPACE` or `NAME.NAMESPACE.svc.ZONE` (any letter case, with or
+/// without the final dot) → the service.
+fn service_name(text: &str, zone: &Name) -> Result<ServiceKey, String> {
+    let lower = text.trim_end_matches('.').to_ascii_lowercase();
+    let zone_text = zone.to_string();
+    let suffix = format!(".svc.{}", zone_text.trim_end_matches('.'));
+    let short = lower.strip_suffix(&suffix).unwrap_or(&lower);
+    let wanted =
+        || format!("{text:?} is not NAME.NAMESPACE or NAME.NAMESPACE.svc.{zone_text} (e.g. web.shop)");
+    let (name, namespace) = short.split_once('.').ok_or_else(wanted)?;
+    if namespace.contains('.') {
+        return Err(wanted());
+    }
+    let label = |what: &str, v: &str| DnsLabel::parse(v).map_err(|e| format!("{text:?}: {what} {v:?} {e}"));
+    Ok(ServiceKey { name: label("service name", name)?, namespace: label("namespace", namespace)? })
+}
+
 /// The controller behaviour of `sync` options.
 pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour, ConfigError> {
     let on_member_lost = match o.on_member_lost.as_str() {
@@ -633,6 +711,46 @@ mod tests {
         assert_eq!(nets[1].addr, "fd00::".parse::<IpAddr>().unwrap());
         assert_eq!(c.zone.answers.policy, PolicyKind::Rotation);
         assert!(c.zone.answers.fail_open);
+    }
+
+    fn doctor(args: &[&str]) -> Result<DoctorConfig, ConfigError> {
+        let cli = Cli::try_parse_from([&["clusterset-dns", "doctor"], args].concat()).unwrap();
+        let Command::Doctor(a) = cli.command else { unreachable!() };
+        DoctorConfig::from_args(&a)
+    }
+
+    #[test]
+    fn doctor_takes_the_short_or_the_full_name_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let kc = dir.path().join("kc");
+        std::fs::write(&kc, "apiVersion: v1").unwrap();
+        let a = format!("a={}", kc.display());
+        for name in ["web.shop", "Web.Shop.svc.clusterset.local", "web.shop.svc.clusterset.local."] {
+            let c = doctor(&[name, "--cluster", &a]).unwrap();
+            assert_eq!(c.key.to_string(), "shop/web", "{name}");
+        }
+        let c = doctor(&["web.shop.svc.fleet.example", "--zone", "fleet.example", "--cluster", &a]).unwrap();
+        assert_eq!(c.key.to_string(), "shop/web");
+        for name in [
+            "web",
+            "web.shop.svc",
+            "web.shop.svc.cluster.local",
+            "a.b.c",
+            "web_x.shop",
+            "web.shop.svc.clusterset.local.x",
+        ] {
+            let e = doctor(&[name, "--cluster", &a]).unwrap_err();
+            assert_eq!(e.flag, "NAME", "{name}: {e}");
+        }
+        assert_eq!(doctor(&["web.shop"]).unwrap_err().flag, "--cluster");
+        let c = doctor(&["web.shop", "--cluster", &a, "--dns", "a=127.0.0.1:5353"]).unwrap();
+        assert_eq!(c.dns, [("a".to_owned(), "127.0.0.1:5353".parse().unwrap())]);
+        let c = doctor(&["web.shop", "--cluster", &a, "--dns", "a=10.0.0.10"]).unwrap();
+        assert_eq!(c.dns[0].1, "10.0.0.10:53".parse::<SocketAddr>().unwrap());
+        assert_eq!(doctor(&["web.shop", "--cluster", &a, "--dns", "b=10.0.0.10"]).unwrap_err().flag, "--dns");
+        assert_eq!(doctor(&["web.shop", "--cluster", &a, "--dns", "a=nowhere"]).unwrap_err().flag, "--dns");
+        assert_eq!(doctor(&["web.shop", "--cluster", &a, "--output", "yaml"]).unwrap_err().flag, "--output");
+        assert_eq!(doctor(&["web.shop", "--cluster", &a, "--timeout", "0"]).unwrap_err().flag, "--timeout");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cmd;
 pub mod config;
 pub mod controller;
+pub mod diagnose;
 pub mod fault;
 pub mod fleet;
 pub mod health;

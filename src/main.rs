@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clusterset_dns::cli::{Cli, Command};
-use clusterset_dns::config::{RunConfig, ServeConfig, SyncConfig};
+use clusterset_dns::config::{DoctorConfig, RunConfig, ServeConfig, SyncConfig};
 use tracing_subscriber::EnvFilter;
 
 /// BSD sysexits: a bad command line or configuration.
@@ -45,6 +45,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Doctor(args) => match DoctorConfig::from_args(&args) {
+            Ok(cfg) => doctor(cfg),
+            Err(e) => usage(&e),
+        },
         Command::Check(args) => {
             let (report, ok) = clusterset_dns::cmd::check::run(&args);
             // The report is the command's output.
@@ -57,6 +61,29 @@ fn main() -> ExitCode {
 fn usage(e: &dyn std::fmt::Display) -> ExitCode {
     eprintln!("error: invalid configuration: {e}");
     ExitCode::from(EX_USAGE)
+}
+
+/// `doctor`: the report on stdout; exit 0 healthy, 1 problems, 2 when a
+/// member could not be read (the report says which) or not even connected.
+fn doctor(cfg: DoctorConfig) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(clusterset_dns::diagnose::report::INCOMPLETE);
+        }
+    };
+    match runtime.block_on(clusterset_dns::cmd::doctor::run(cfg)) {
+        Ok((report, status)) => {
+            // The report is the command's output.
+            let _ = std::io::stdout().write_all(report.as_bytes());
+            ExitCode::from(status)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(clusterset_dns::diagnose::report::INCOMPLETE)
+        }
+    }
 }
 
 /// Runs a command on a two-thread runtime (the answering threads are our

@@ -33,6 +33,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("health", &["model", "store"]),
     // The sync controller: writes Kubernetes objects, never touches the store.
     ("controller", &["model", "k8s", "fleet"]),
+    // `doctor`: reads members (list only), asks DNS, judges by the fleet's rules.
+    ("diagnose", &["model", "k8s", "fleet"]),
     // HTTP endpoints and metrics: read the store, the answer path and watch health.
     ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault"]),
     // Restarts or fails tasks; used by the command roots.

@@ -16,6 +16,7 @@ mod contract;
 mod coredns;
 mod deploy;
 mod dig_debug;
+mod doctor;
 mod fleet;
 mod harness_smoke;
 mod hostile;
