@@ -201,6 +201,7 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
         family,
         ports,
         endpoints,
+        origin: crate::model::SliceOrigin::Mcs,
     }))
 }
 
