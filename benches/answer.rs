@@ -69,6 +69,7 @@ fn objects(ip_offset: u32) -> Vec<Object> {
                     family: AddressFamily::V4,
                     ports: vec![port.clone()],
                     endpoints,
+                    origin: clusterset_dns::model::SliceOrigin::Mcs,
                 }));
             }
         }

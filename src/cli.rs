@@ -63,6 +63,16 @@ pub struct ServeArgs {
     /// Namespace to watch (repeatable); all namespaces when none is given.
     #[arg(long = "namespace", value_name = "NS")]
     pub namespaces: Vec<String>,
+    /// Also read the objects these fleet managers write in a member cluster
+    /// (comma-separated: karmada, kosmos): an import without spec.ips
+    /// answers the cluster IP of its backing Service (Karmada's
+    /// derived-<svc>, Kosmos's same-name Service), their EndpointSlices
+    /// give headless answers, Karmada's CrossCluster MultiClusterService
+    /// Services are served, Kosmos's disconnected addresses are demoted.
+    /// Watches Services and EndpointSlices without MCS labels (RBAC:
+    /// services list/watch). Applies to --objects and the embedded example too.
+    #[arg(long, value_name = "LIST", default_value = "")]
+    pub interop: String,
     /// Member clusters to answer for directly (centralized mode): their
     /// ServiceExports, Services and EndpointSlices, no ServiceImports needed.
     #[command(flatten)]
@@ -367,4 +377,8 @@ pub struct CheckArgs {
     /// File or directory of Kubernetes objects. Repeatable.
     #[arg(long = "objects", value_name = "PATH", required = true)]
     pub objects: Vec<PathBuf>,
+    /// Read these fleet managers' shapes too, as `serve --interop` does
+    /// (karmada, kosmos).
+    #[arg(long, value_name = "LIST", default_value = "")]
+    pub interop: String,
 }

@@ -15,7 +15,7 @@ use crate::fault::Faults;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
-use crate::model::{ClusterId, DnsLabel, PolicyKind, ServiceKey};
+use crate::model::{ClusterId, DnsLabel, Interop, PolicyKind, ServiceKey};
 use crate::source::kube::KubeSource;
 use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
 use crate::wire::cookie::CookieSecret;
@@ -69,6 +69,8 @@ pub struct ServeConfig {
     pub cluster_dead_after: Duration,
     /// Active probes of endpoints, when `--probe` is given.
     pub probe: Option<ProbeConfig>,
+    /// Which fleet managers' shapes are read (`--interop`).
+    pub interop: Interop,
 }
 
 impl ServeConfig {
@@ -138,9 +140,15 @@ impl ServeConfig {
             ));
         }
         let probe = probe_config(a)?;
+        let interop = Interop::parse(&a.interop).map_err(|e| bad("--interop", e))?;
         Ok(Self {
+            interop,
             objects: a.objects.clone(),
-            kube: connection.map(|connection| KubeSource { connection, namespaces: a.namespaces.clone() }),
+            kube: connection.map(|connection| KubeSource {
+                connection,
+                namespaces: a.namespaces.clone(),
+                interop,
+            }),
             members: members(&a.members)?,
             listen: a.listen.clone(),
             http_listen: a.http_listen,

@@ -8,9 +8,11 @@
 //! - `mcs`: the MCS API group, its labels, ClusterProperty, version discovery.
 //! - `crd`: the ServiceImport object, reduced to the fields DNS uses.
 //! - `convert`: API object → model value, or an error naming object and field.
+//! - `interop`: the same for Karmada's and Kosmos's shapes (`--interop`).
 
 pub mod client;
 pub mod convert;
 pub mod crd;
+pub mod interop;
 pub mod mcs;
 pub mod watch;

@@ -6,10 +6,12 @@
 //! store can trust them: every name is a valid DNS label, every address parses,
 //! every port is in range.
 
+mod fleets;
 mod label;
 mod policy;
 mod service;
 
+pub use fleets::{BackingKind, BackingService, Interop, KOSMOS_ROOT_CLUSTER, SliceOrigin};
 pub use label::{ClusterId, DnsLabel, LabelError};
 pub use policy::{
     ANNOTATION_ENDPOINT_ANSWERS, ANNOTATION_LOCAL_MIN_HEALTHY, ANNOTATION_MAX_ANSWERS, ANNOTATION_POLICY,

@@ -17,6 +17,7 @@ mod intern;
 mod localities;
 mod names;
 mod records;
+mod resolve;
 mod snapshot;
 mod transfer;
 mod writer;

@@ -65,7 +65,7 @@ fn example(answers: store::AnswerConfig) -> store::Reader {
     });
     writer.apply(Update::Replace {
         source: SourceId(0),
-        objects: embedded::parse().expect("embedded example").objects,
+        objects: embedded::parse(Default::default()).expect("embedded example").objects,
     });
     writer.publish();
     reader

@@ -37,7 +37,7 @@ pub fn reader() -> &'static Reader {
     static READER: OnceLock<Reader> = OnceLock::new();
     READER.get_or_init(|| {
         let (reader, mut writer) = store::new(zone());
-        let objects = embedded::parse().expect("embedded example").objects;
+        let objects = embedded::parse(Default::default()).expect("embedded example").objects;
         writer.apply(Update::Replace { source: SourceId(0), objects });
         writer.publish();
         reader

@@ -358,6 +358,7 @@ mod tests {
                     family,
                     ports: vec![],
                     endpoints,
+                    origin: crate::model::SliceOrigin::Mcs,
                 }));
             }
         }

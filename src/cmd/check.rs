@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::cli::CheckArgs;
+use crate::model::Interop;
 use crate::source::files::FileSource;
 use crate::source::objects;
 use crate::store::{Object, SourceId};
@@ -12,6 +13,10 @@ use crate::store::{Object, SourceId};
 pub fn run(args: &CheckArgs) -> (String, bool) {
     let mut report = String::new();
     let mut ok = true;
+    let interop = match Interop::parse(&args.interop) {
+        Ok(i) => i,
+        Err(e) => return (format!("--interop: {e}\n"), false),
+    };
     for path in &args.objects {
         // The same files `serve` reads (hidden ConfigMap entries left out).
         let files = match FileSource::new(SourceId(0), path.clone()).files() {
@@ -32,15 +37,19 @@ pub fn run(args: &CheckArgs) -> (String, bool) {
                     continue;
                 }
             };
-            match objects::parse(&text, &name) {
+            match objects::parse_with(&text, &name, interop) {
                 Err(e) => {
                     ok = false;
                     report += &format!("{e}\n");
                 }
                 Ok(p) => {
                     let imports = p.objects.iter().filter(|o| matches!(o, Object::Import(_))).count();
-                    let slices = p.objects.len() - imports;
+                    let services = p.objects.iter().filter(|o| matches!(o, Object::Service(_))).count();
+                    let slices = p.objects.len() - imports - services;
                     report += &format!("{name}: {imports} ServiceImports, {slices} EndpointSlices");
+                    if interop.any() {
+                        report += &format!(", {services} Services");
+                    }
                     let ignored: usize = p.ignored.values().sum();
                     if ignored > 0 {
                         let kinds: BTreeMap<_, _> = p.ignored;

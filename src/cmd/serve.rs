@@ -111,7 +111,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     let mut healths = Vec::new();
     let mut liveness = None;
     if cfg.objects.is_empty() && cfg.kube.is_none() && cfg.members.is_empty() {
-        let parsed = embedded::parse()?;
+        let parsed = embedded::parse(cfg.interop)?;
         info!(
             objects = parsed.objects.len(),
             "no --objects given: serving the embedded example fleet (zones/)"
@@ -120,7 +120,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     } else {
         let mut sources = Vec::new();
         for (i, path) in cfg.objects.iter().enumerate() {
-            let mut source = FileSource::new(SourceId(i as u32 + 1), path.clone());
+            let mut source = FileSource::new(SourceId(i as u32 + 1), path.clone()).with_interop(cfg.interop);
             let objects = source.load(true, false)?;
             writer.apply(Update::Replace { source: source.id, objects });
             sources.push(source);
@@ -128,11 +128,11 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         // A restarted watch starts from fresh sources: it re-reads every file.
         let paths: Vec<(SourceId, PathBuf)> = sources.iter().map(|s| (s.id, s.path().to_owned())).collect();
         let mut first = Some(sources);
-        let (tx, reload) = (tx.clone(), reload.clone());
+        let (tx, reload, interop) = (tx.clone(), reload.clone(), cfg.interop);
         tasks.push(sup.restartable(Task::Files, move || {
-            let sources = first
-                .take()
-                .unwrap_or_else(|| paths.iter().map(|(id, p)| FileSource::new(*id, p.clone())).collect());
+            let sources = first.take().unwrap_or_else(|| {
+                paths.iter().map(|(id, p)| FileSource::new(*id, p.clone()).with_interop(interop)).collect()
+            });
             files::watch(sources, tx.clone(), reload.clone())
         }));
     }

@@ -268,6 +268,7 @@ mod tests {
                         target: None,
                     })
                     .collect(),
+                origin: crate::model::SliceOrigin::Mcs,
             }),
         ]
     }

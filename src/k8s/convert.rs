@@ -6,13 +6,14 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::warn;
 
 use super::crd;
 use super::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{
     AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, LabelError, Port,
-    Protocol, ServiceImport, ServiceKey, SliceKey,
+    Protocol, ServiceImport, ServiceKey, SliceKey, SliceOrigin,
 };
 
 /// Why an object was skipped.
@@ -41,14 +42,15 @@ pub enum SliceOutcome {
     Fqdn,
 }
 
-struct Ctx<'a> {
-    kind: &'static str,
-    namespace: &'a str,
-    name: &'a str,
+/// The object being converted, for error messages.
+pub(super) struct Ctx<'a> {
+    pub(super) kind: &'static str,
+    pub(super) namespace: &'a str,
+    pub(super) name: &'a str,
 }
 
 impl Ctx<'_> {
-    fn err(&self, field: impl Into<String>, problem: impl ToString) -> ConvertError {
+    pub(super) fn err(&self, field: impl Into<String>, problem: impl ToString) -> ConvertError {
         ConvertError {
             kind: self.kind,
             namespace: self.namespace.to_owned(),
@@ -58,11 +60,11 @@ impl Ctx<'_> {
         }
     }
 
-    fn label(&self, field: &str, value: &str) -> Result<DnsLabel, ConvertError> {
+    pub(super) fn label(&self, field: &str, value: &str) -> Result<DnsLabel, ConvertError> {
         DnsLabel::parse(value).map_err(|e: LabelError| self.err(field, e))
     }
 
-    fn key(&self) -> Result<ServiceKey, ConvertError> {
+    pub(super) fn key(&self) -> Result<ServiceKey, ConvertError> {
         Ok(ServiceKey {
             namespace: self.label("metadata.namespace", self.namespace)?,
             name: self.label("metadata.name", self.name)?,
@@ -125,6 +127,39 @@ pub fn answer_overrides(obj: &crd::ServiceImport) -> (AnswerOverrides, Vec<crate
 
 /// Converts an MCS EndpointSlice.
 pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, ConvertError> {
+    endpoint_slice_of(obj, |cx, meta| {
+        let label = |key: &str| meta_value(meta.labels.as_ref(), key);
+        let service_field = format!("metadata.labels[{LABEL_SERVICE_NAME}]");
+        let service = label(LABEL_SERVICE_NAME).ok_or_else(|| cx.err(&service_field, "is missing"))?;
+        let service = ServiceKey {
+            namespace: cx.label("metadata.namespace", cx.namespace)?,
+            name: cx.label(&service_field, service)?,
+        };
+        let cluster_field = format!("metadata.labels[{LABEL_SOURCE_CLUSTER}]");
+        let cluster = label(LABEL_SOURCE_CLUSTER).ok_or_else(|| cx.err(&cluster_field, "is missing"))?;
+        let cluster = ClusterId::parse(cluster).map_err(|e| cx.err(&cluster_field, e))?;
+        Ok((service, cluster, SliceOrigin::Mcs))
+    })
+}
+
+/// A slice's service, source cluster and origin, read from its metadata by
+/// whoever knows its shape.
+pub(super) type SliceIdentity = (ServiceKey, ClusterId, SliceOrigin);
+
+/// A label or annotation of an object.
+pub(super) fn meta_value<'a>(
+    map: Option<&'a std::collections::BTreeMap<String, String>>,
+    key: &str,
+) -> Option<&'a str> {
+    map.and_then(|m| m.get(key)).map(String::as_str)
+}
+
+/// Converts an EndpointSlice whose service and cluster `identify` reads:
+/// MCS labels here, a fleet manager's metadata in `interop`.
+pub(super) fn endpoint_slice_of(
+    obj: &discovery::EndpointSlice,
+    identify: impl FnOnce(&Ctx<'_>, &ObjectMeta) -> Result<SliceIdentity, ConvertError>,
+) -> Result<SliceOutcome, ConvertError> {
     let namespace = obj.metadata.namespace.as_deref().unwrap_or("");
     let cx = Ctx { kind: "EndpointSlice", namespace, name: obj.metadata.name.as_deref().unwrap_or("") };
     if cx.name.is_empty() {
@@ -138,17 +173,7 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
             return Err(cx.err("addressType", format!("{other:?} is not IPv4, IPv6 or FQDN")));
         }
     };
-    let labels = obj.metadata.labels.as_ref();
-    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
-    let service_field = format!("metadata.labels[{LABEL_SERVICE_NAME}]");
-    let service = label(LABEL_SERVICE_NAME).ok_or_else(|| cx.err(&service_field, "is missing"))?;
-    let service = ServiceKey {
-        namespace: cx.label("metadata.namespace", namespace)?,
-        name: cx.label(&service_field, service)?,
-    };
-    let cluster_field = format!("metadata.labels[{LABEL_SOURCE_CLUSTER}]");
-    let cluster = label(LABEL_SOURCE_CLUSTER).ok_or_else(|| cx.err(&cluster_field, "is missing"))?;
-    let cluster = ClusterId::parse(cluster).map_err(|e| cx.err(&cluster_field, e))?;
+    let (service, cluster, origin) = identify(&cx, &obj.metadata)?;
 
     let ports = obj
         .ports
@@ -201,10 +226,11 @@ pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, Co
         family,
         ports,
         endpoints,
+        origin,
     }))
 }
 
-fn port(
+pub(super) fn port(
     cx: &Ctx<'_>,
     field: &str,
     name: Option<&str>,

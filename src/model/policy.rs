@@ -116,13 +116,18 @@ pub struct AnswerOverrides {
     /// `clusterset-dns.io/unreachable-clusters`, sorted: health, not
     /// records, so a change of it re-encodes nothing.
     pub unreachable: Vec<ClusterId>,
+    /// Kosmos's `kosmos.io/disconnected-address` (read with `--interop
+    /// kosmos`), sorted: addresses its probe found unreachable, demoted like
+    /// our own probe's failures. Health, not records.
+    pub disconnected: Vec<std::net::IpAddr>,
 }
 
 impl AnswerOverrides {
     /// True when `self` and `other` differ at most in what only the health
-    /// overlay reads (the unreachable clusters).
+    /// overlay reads (the unreachable clusters, the disconnected addresses).
     pub fn same_records(&self, other: &Self) -> bool {
-        Self { unreachable: Vec::new(), ..self.clone() } == Self { unreachable: Vec::new(), ..other.clone() }
+        let records = |o: &Self| Self { unreachable: Vec::new(), disconnected: Vec::new(), ..o.clone() };
+        records(self) == records(other)
     }
 }
 

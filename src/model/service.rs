@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use super::{AnswerOverrides, ClusterId, DnsLabel};
+use super::{AnswerOverrides, ClusterId, DnsLabel, SliceOrigin};
 
 /// A service across the clusterset: `<name>.<namespace>.svc.<zone>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -134,9 +134,11 @@ pub struct Endpoint {
 pub struct EndpointSet {
     /// The slice's identity.
     pub slice: SliceKey,
-    /// The service it belongs to (label `multicluster.kubernetes.io/service-name`).
+    /// The service it belongs to (label `multicluster.kubernetes.io/service-name`,
+    /// or the fleet manager's equivalent).
     pub service: ServiceKey,
-    /// The cluster the endpoints run in (label `multicluster.kubernetes.io/source-cluster`).
+    /// The cluster the endpoints run in (label `multicluster.kubernetes.io/source-cluster`,
+    /// or where the fleet manager records it).
     pub cluster: ClusterId,
     /// IPv4 or IPv6.
     pub family: AddressFamily,
@@ -144,4 +146,6 @@ pub struct EndpointSet {
     pub ports: Vec<Port>,
     /// The endpoints.
     pub endpoints: Vec<Endpoint>,
+    /// Who wrote the slice: MCS, or a fleet manager read with `--interop`.
+    pub origin: SliceOrigin,
 }

@@ -15,6 +15,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{error, info, warn};
 
 use super::objects::{self, ParseError};
+use crate::model::Interop;
 use crate::store::{Object, SourceId, Update};
 
 /// How long a burst of file events settles before the reload.
@@ -48,12 +49,20 @@ pub struct FileSource {
     path: PathBuf,
     /// Last good state of each file.
     files: BTreeMap<PathBuf, FileState>,
+    /// Which fleet managers' shapes are read (`--interop`).
+    interop: Interop,
 }
 
 impl FileSource {
     /// A source for `path` (nothing is read yet).
     pub fn new(id: SourceId, path: PathBuf) -> Self {
-        Self { id, path, files: BTreeMap::new() }
+        Self { id, path, files: BTreeMap::new(), interop: Interop::NONE }
+    }
+
+    /// Reads the fleet managers' shapes `interop` names too.
+    pub fn with_interop(mut self, interop: Interop) -> Self {
+        self.interop = interop;
+        self
     }
 
     /// The configured path.
@@ -114,7 +123,7 @@ impl FileSource {
             if !force && self.files.get(&file).is_some_and(|s| s.digest == digest) {
                 continue;
             }
-            match objects::parse(&text, &file.display().to_string()) {
+            match objects::parse_with(&text, &file.display().to_string(), self.interop) {
                 Ok(parsed) => {
                     for e in &parsed.skipped {
                         warn!(file = %file.display(), "skipping object: {e}");

@@ -1,6 +1,10 @@
 //! Kubernetes watches as store sources: ServiceImports (v1beta1, or
 //! v1alpha1 where the API server lacks it) and MCS EndpointSlices (label
 //! `multicluster.kubernetes.io/service-name`), in all namespaces or a list.
+//! With `--interop`, two more per scope: Services (the ones backing an
+//! import are kept, `k8s::interop`) and EndpointSlices without MCS labels
+//! (Karmada's by their controller label; every Service's slice for Kosmos,
+//! whose copies are marked only by an annotation).
 //!
 //! Each watch is one store source. Its first complete list (`InitDone`)
 //! replaces the source's state and marks it synced; until every source has
@@ -12,6 +16,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::{Api, DynamicObject};
@@ -22,9 +27,12 @@ use tracing::warn;
 use crate::k8s::client::Connection;
 use crate::k8s::convert::{self, SliceOutcome};
 use crate::k8s::crd;
+use crate::k8s::interop::{
+    self, KARMADA_DISPATCH_CONTROLLER, KARMADA_SLICE_CONTROLLER, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY,
+};
 use crate::k8s::mcs::{LABEL_SERVICE_NAME, discover_mcs};
 use crate::k8s::watch::{self, Reporter, Translate, WatchHealth};
-use crate::model::{DnsLabel, ServiceKey, SliceKey};
+use crate::model::{DnsLabel, Interop, ServiceKey, SliceKey};
 use crate::store::{Object, ObjectId, SourceId, Update};
 
 /// What to watch.
@@ -34,6 +42,8 @@ pub struct KubeSource {
     pub connection: Connection,
     /// Namespaces to watch; all when empty.
     pub namespaces: Vec<String>,
+    /// Which fleet managers' shapes are watched too (`--interop`).
+    pub interop: Interop,
 }
 
 /// One planned watch.
@@ -45,22 +55,31 @@ pub struct Watch {
     pub health: Arc<WatchHealth>,
     kind: Kind,
     namespace: Option<String>,
+    interop: Interop,
 }
 
 #[derive(Clone, Copy)]
 enum Kind {
     ServiceImport,
     EndpointSlice,
+    /// `--interop`: slices without MCS labels.
+    ForeignSlice,
+    /// `--interop`: Services.
+    Service,
 }
 
 /// Plans the watches for `src`, numbering their sources from `first`.
 pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
     let mut watches = Vec::new();
     for ns in watch::scopes(&src.namespaces) {
-        for kind in [Kind::ServiceImport, Kind::EndpointSlice] {
+        let interop = [Kind::ForeignSlice, Kind::Service];
+        let extra: &[Kind] = if src.interop.any() { &interop } else { &[] };
+        for &kind in [Kind::ServiceImport, Kind::EndpointSlice].iter().chain(extra) {
             let what = match kind {
                 Kind::ServiceImport => "ServiceImports",
                 Kind::EndpointSlice => "EndpointSlices",
+                Kind::ForeignSlice => "EndpointSlices without MCS labels",
+                Kind::Service => "Services",
             };
             let scope =
                 ns.as_deref().map_or_else(|| "all namespaces".to_owned(), |n| format!("namespace {n}"));
@@ -69,6 +88,7 @@ pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
                 health: Arc::new(WatchHealth::new(format!("{what} ({scope})"))),
                 kind,
                 namespace: ns.clone(),
+                interop: src.interop,
             });
         }
     }
@@ -84,29 +104,58 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
         Kind::EndpointSlice => {
             let api: Api<EndpointSlice> = watch::scoped(client, scope);
             let cfg = watcher::Config::default().labels(LABEL_SERVICE_NAME);
-            let to_store = ToStore { source: watch.source, object: slice_object, id: slice_id };
+            let to_store = watch.to_store(slice_object, slice_id);
             watch::relist(api, cfg, reporter, to_store, updates).await;
+        }
+        Kind::ForeignSlice => {
+            let api: Api<EndpointSlice> = watch::scoped(client, scope);
+            // Kosmos marks its copies by annotation only, so every Service's
+            // slices are listed; Karmada's are found by their controller.
+            let wanted = if watch.interop.kosmos {
+                LABEL_K8S_SERVICE_NAME.to_owned()
+            } else {
+                format!("{LABEL_MANAGED_BY} in ({KARMADA_SLICE_CONTROLLER},{KARMADA_DISPATCH_CONTROLLER})")
+            };
+            let cfg = watcher::Config::default().labels(&format!("{wanted},!{LABEL_SERVICE_NAME}"));
+            let to_store = watch.to_store(foreign_slice_object, slice_id);
+            watch::relist(api, cfg, reporter, to_store, updates).await;
+        }
+        Kind::Service => {
+            let api: Api<Service> = watch::scoped(client, scope);
+            let to_store = watch.to_store(service_object, service_id);
+            watch::relist(api, watcher::Config::default(), reporter, to_store, updates).await;
         }
         Kind::ServiceImport => {
             let resource = discover_mcs(&client, "ServiceImport", "serviceimports", &mut reporter).await;
             let api: Api<DynamicObject> = watch::scoped_with(client, scope, &resource);
-            let to_store = ToStore { source: watch.source, object: import_object, id: import_id };
+            let to_store = watch.to_store(import_object, import_id);
             watch::relist(api, watcher::Config::default(), reporter, to_store, updates).await;
         }
     }
 }
 
+impl Watch {
+    fn to_store<K>(&self, object: Convert<K>, id: fn(&K) -> Option<ObjectId>) -> ToStore<K> {
+        ToStore { source: self.source, interop: self.interop, object, id }
+    }
+}
+
+/// Converts one watched object: `Ok(None)` when it is not one the store
+/// serves from (someone else's Service or slice, an FQDN slice).
+type Convert<K> = fn(&K, Interop) -> Result<Option<Object>, String>;
+
 /// A watch's objects as one store source: the list replaces the source's
 /// state, changes upsert and remove.
 struct ToStore<K> {
     source: SourceId,
-    object: fn(&K) -> Result<Option<Object>, String>,
+    interop: Interop,
+    object: Convert<K>,
     id: fn(&K) -> Option<ObjectId>,
 }
 
 impl<K> ToStore<K> {
     fn convert(&self, k: &K) -> Option<Object> {
-        match (self.object)(k) {
+        match (self.object)(k, self.interop) {
             Ok(o) => o,
             Err(e) => {
                 warn!("skipping object: {e}");
@@ -129,9 +178,17 @@ impl<K> Translate<K> for ToStore<K> {
     }
 
     fn applied(&self, k: &K) -> Option<Update> {
-        // An object that became invalid keeps its last good state.
-        let object = self.convert(k)?;
-        Some(Update::Upsert { source: self.source, object })
+        match (self.object)(k, self.interop) {
+            Ok(Some(object)) => Some(Update::Upsert { source: self.source, object }),
+            // No longer one the store serves from (a Service that lost its
+            // annotation): gone, like a deleted one.
+            Ok(None) => self.deleted(k),
+            // An object that became invalid keeps its last good state.
+            Err(e) => {
+                warn!("skipping object: {e}");
+                None
+            }
+        }
     }
 
     fn deleted(&self, k: &K) -> Option<Update> {
@@ -139,12 +196,31 @@ impl<K> Translate<K> for ToStore<K> {
     }
 }
 
-fn slice_object(s: &EndpointSlice) -> Result<Option<Object>, String> {
+fn slice_object(s: &EndpointSlice, _: Interop) -> Result<Option<Object>, String> {
     match convert::endpoint_slice(s) {
         Ok(SliceOutcome::Endpoints(set)) => Ok(Some(Object::Slice(set))),
         Ok(SliceOutcome::Fqdn) => Ok(None),
         Err(e) => Err(e.to_string()),
     }
+}
+
+fn foreign_slice_object(s: &EndpointSlice, interop: Interop) -> Result<Option<Object>, String> {
+    match interop::foreign_slice(s, interop) {
+        Ok(Some(SliceOutcome::Endpoints(set))) => Ok(Some(Object::Slice(set))),
+        Ok(Some(SliceOutcome::Fqdn) | None) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn service_object(s: &Service, interop: Interop) -> Result<Option<Object>, String> {
+    interop::backing_service(s, interop).map(|b| b.map(Object::Service)).map_err(|e| e.to_string())
+}
+
+fn service_id(s: &Service) -> Option<ObjectId> {
+    Some(ObjectId::Service(SliceKey {
+        namespace: s.metadata.namespace.clone()?,
+        name: s.metadata.name.clone()?,
+    }))
 }
 
 fn slice_id(s: &EndpointSlice) -> Option<ObjectId> {
@@ -154,7 +230,7 @@ fn slice_id(s: &EndpointSlice) -> Option<ObjectId> {
     }))
 }
 
-fn import_object(o: &DynamicObject) -> Result<Option<Object>, String> {
+fn import_object(o: &DynamicObject, interop: Interop) -> Result<Option<Object>, String> {
     let name = |o: &DynamicObject| {
         format!(
             "ServiceImport {}/{}",
@@ -166,7 +242,7 @@ fn import_object(o: &DynamicObject) -> Result<Option<Object>, String> {
     let spec: crd::ServiceImportSpec = serde_path_to_error::deserialize(spec)
         .map_err(|e| format!("{}: spec.{}: {}", name(o), e.path(), e.inner()))?;
     let import = crd::ServiceImport { metadata: o.metadata.clone(), spec };
-    convert::service_import(&import).map(|i| Some(Object::Import(i))).map_err(|e| e.to_string())
+    interop::service_import(&import, interop).map(|i| Some(Object::Import(i))).map_err(|e| e.to_string())
 }
 
 fn import_id(o: &DynamicObject) -> Option<ObjectId> {

@@ -10,12 +10,14 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Deserialize;
 
 use crate::k8s::convert::{self, ConvertError, SliceOutcome};
-use crate::k8s::crd;
-use crate::k8s::mcs::{MCS_GROUP, MCS_VERSIONS};
+use crate::k8s::mcs::{LABEL_SERVICE_NAME, MCS_GROUP, MCS_VERSIONS};
+use crate::k8s::{crd, interop};
+use crate::model::Interop;
 use crate::store::Object;
 
 /// What a text held.
@@ -56,8 +58,16 @@ struct TypeMeta {
     kind: String,
 }
 
-/// Parses every document of `text`. `origin` names the text in errors.
+/// Parses every document of `text` (MCS objects only). `origin` names the
+/// text in errors.
 pub fn parse(text: &str, origin: &str) -> Result<Parsed, ParseError> {
+    parse_with(text, origin, Interop::NONE)
+}
+
+/// Parses every document of `text`, reading the fleet managers' shapes
+/// `interop` names too (Services, slices without MCS labels, Kosmos's
+/// disconnected addresses), as `serve --interop` reads them from a cluster.
+pub fn parse_with(text: &str, origin: &str, interop: Interop) -> Result<Parsed, ParseError> {
     let mut parsed = Parsed::default();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
@@ -71,7 +81,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Parsed, ParseError> {
         if value.is_null() {
             continue; // an empty document, e.g. a trailing `---`
         }
-        add_object(&mut parsed, value, "").map_err(|(field, message)| fail(field, message))?;
+        add_object(&mut parsed, value, "", interop).map_err(|(field, message)| fail(field, message))?;
     }
     Ok(parsed)
 }
@@ -81,6 +91,7 @@ fn add_object(
     parsed: &mut Parsed,
     value: serde_yaml::Value,
     path: &str,
+    interop: Interop,
 ) -> Result<(), (Option<String>, String)> {
     let at = |f: &str| {
         if path.is_empty() { f.to_owned() } else { format!("{path}.{f}") }
@@ -104,21 +115,36 @@ fn add_object(
                 }
             };
             for (i, item) in items.into_iter().enumerate() {
-                add_object(parsed, item, &at(&format!("items[{i}]")))?;
+                add_object(parsed, item, &at(&format!("items[{i}]")), interop)?;
             }
         }
         (MCS_GROUP, v, "ServiceImport") if MCS_VERSIONS.contains(&v) => {
             let obj: crd::ServiceImport = typed(value, path)?;
-            match convert::service_import(&obj) {
+            match interop::service_import(&obj, interop) {
                 Ok(import) => parsed.objects.push(Object::Import(import)),
+                Err(e) => parsed.skipped.push(e),
+            }
+        }
+        ("", "v1", "Service") if interop.any() => {
+            let obj: Service = typed(value, path)?;
+            match interop::backing_service(&obj, interop) {
+                Ok(Some(service)) => parsed.objects.push(Object::Service(service)),
+                Ok(None) => *parsed.ignored.entry("v1/Service".into()).or_default() += 1,
                 Err(e) => parsed.skipped.push(e),
             }
         }
         ("discovery.k8s.io", "v1", "EndpointSlice") => {
             let obj: EndpointSlice = typed(value, path)?;
-            match convert::endpoint_slice(&obj) {
-                Ok(SliceOutcome::Endpoints(set)) => parsed.objects.push(Object::Slice(set)),
-                Ok(SliceOutcome::Fqdn) => {
+            let mcs = obj.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_SERVICE_NAME));
+            let converted = if mcs || !interop.any() {
+                convert::endpoint_slice(&obj).map(Some)
+            } else {
+                interop::foreign_slice(&obj, interop)
+            };
+            match converted {
+                Ok(None) => *parsed.ignored.entry("EndpointSlice (not MCS)".into()).or_default() += 1,
+                Ok(Some(SliceOutcome::Endpoints(set))) => parsed.objects.push(Object::Slice(set)),
+                Ok(Some(SliceOutcome::Fqdn)) => {
                     *parsed.ignored.entry("EndpointSlice (FQDN)".into()).or_default() += 1
                 }
                 Err(e) => parsed.skipped.push(e),

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use crate::model::{ClusterId, EndpointSet, ServiceImport, ServiceKey, SliceKey};
+use crate::model::{BackingService, ClusterId, EndpointSet, ServiceImport, ServiceKey, SliceKey};
 
 /// Identifies one source of objects (one `--objects` path, one watch). The
 /// store keeps each source's objects apart, so a source can be replaced whole
@@ -27,8 +27,10 @@ impl std::fmt::Display for SourceId {
 pub enum Object {
     /// A ServiceImport.
     Import(ServiceImport),
-    /// An MCS EndpointSlice.
+    /// An EndpointSlice (MCS, or a fleet manager's read with `--interop`).
     Slice(EndpointSet),
+    /// A Service backing an import without `spec.ips` (`--interop`).
+    Service(BackingService),
 }
 
 /// Identity of an object within one source.
@@ -38,6 +40,8 @@ pub enum ObjectId {
     Import(ServiceKey),
     /// An EndpointSlice, by namespace and name.
     Slice(SliceKey),
+    /// A Service, by namespace and name.
+    Service(SliceKey),
 }
 
 impl Object {
@@ -46,6 +50,7 @@ impl Object {
         match self {
             Self::Import(i) => ObjectId::Import(i.key.clone()),
             Self::Slice(s) => ObjectId::Slice(s.slice.clone()),
+            Self::Service(s) => ObjectId::Service(s.object.clone()),
         }
     }
 
@@ -53,6 +58,7 @@ impl Object {
         match self {
             Self::Import(i) => &i.key,
             Self::Slice(s) => &s.service,
+            Self::Service(s) => &s.service,
         }
     }
 }

@@ -9,14 +9,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use hickory_proto::rr::Name;
 use rustc_hash::FxHashMap;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::input::{Object, ObjectId, SourceId, Update};
 use super::intern::Interner;
 use super::names::{self, BuildCtx};
 use super::records::Records;
+use super::resolve;
 use super::snapshot::{ServiceNames, Snapshot, Zone};
-use crate::model::{ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey};
+use crate::model::{
+    BackingKind, BackingService, ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey,
+};
 
 #[derive(Default)]
 struct SourceState {
@@ -30,6 +33,22 @@ struct ServiceState {
     imports: BTreeMap<SourceId, ServiceImport>,
     /// Slices of every source and cluster.
     slices: BTreeMap<(SourceId, SliceKey), EndpointSet>,
+    /// Services backing an import without `spec.ips` (`--interop`).
+    backing: BTreeMap<(SourceId, SliceKey), BackingService>,
+    /// Whether this service counts for its namespace's existence.
+    counted: bool,
+}
+
+impl ServiceState {
+    /// A service exists in DNS while it has an import, or a Service that
+    /// stands for one (Karmada's `CrossCluster` MultiClusterService).
+    fn has_import(&self) -> bool {
+        !self.imports.is_empty() || self.backing.values().any(|b| b.kind == BackingKind::KarmadaCrossCluster)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.imports.is_empty() && self.slices.is_empty() && self.backing.is_empty()
+    }
 }
 
 /// Owns the model and publishes snapshots. Exactly one exists per store.
@@ -54,6 +73,13 @@ pub struct Writer {
     /// The names each address is the reverse of, over every service (a Pod
     /// behind two headless services has two).
     reverse: HashMap<IpAddr, BTreeSet<Name>>,
+    /// ClusterSetIP services answered NODATA for want of an address, and why
+    /// (see `resolve`).
+    unresolved: BTreeMap<ServiceKey, String>,
+    /// Those of `unresolved` already logged: each is logged once, when the
+    /// store is ready (before, its backing Service may just not be listed
+    /// yet).
+    reported: BTreeSet<ServiceKey>,
 }
 
 impl Writer {
@@ -64,6 +90,8 @@ impl Writer {
             dead_clusters: BTreeSet::new(),
             health_dirty: BTreeSet::new(),
             reverse: HashMap::new(),
+            unresolved: BTreeMap::new(),
+            reported: BTreeSet::new(),
             zone,
             current,
             sources: BTreeMap::new(),
@@ -132,14 +160,13 @@ impl Writer {
     /// or one of its addresses was probed down.
     ///
     /// The served import's unreachable clusters (the sync controller's
-    /// annotation) count as not alive for that service only.
+    /// annotation) count as not alive for that service only, and its
+    /// disconnected addresses (Kosmos's probe's annotation) as probed down.
     fn healthy(&self, key: &ServiceKey, cluster: &ClusterId, addresses: &[IpAddr]) -> bool {
+        let import = self.services.get(key).and_then(|s| s.imports.values().next());
         !self.dead_clusters.contains(cluster)
-            && !self
-                .services
-                .get(key)
-                .and_then(|s| s.imports.values().next())
-                .is_some_and(|i| i.answers.unreachable.contains(cluster))
+            && !import.is_some_and(|i| i.answers.unreachable.contains(cluster))
+            && !import.is_some_and(|i| addresses.iter().any(|a| i.answers.disconnected.contains(a)))
             && self.down.get(key).is_none_or(|down| !addresses.iter().any(|a| down.contains(a)))
     }
 
@@ -209,16 +236,13 @@ impl Writer {
         let state = self.services.entry(key.clone()).or_default();
         let changed = match object {
             Object::Import(import) => {
-                let was_served = state.imports.keys().next().copied();
                 let old = state.imports.insert(source, import.clone());
                 match old {
-                    None => {
-                        self.count_namespace(&key, was_served.is_none());
-                        true
-                    }
+                    None => true,
                     Some(old) if old == import => false,
-                    // Only the unreachable clusters changed: health, not
-                    // records (the sync controller's annotation).
+                    // Only the unreachable clusters or disconnected
+                    // addresses changed: health, not records (the sync
+                    // controller's and Kosmos's annotations).
                     Some(old)
                         if ServiceImport { answers: import.answers.clone(), ..old.clone() } == import
                             && old.answers.same_records(&import.answers) =>
@@ -232,7 +256,12 @@ impl Writer {
             Object::Slice(slice) => {
                 state.slices.insert((source, slice.slice.clone()), slice.clone()).as_ref() != Some(&slice)
             }
+            Object::Service(service) => {
+                state.backing.insert((source, service.object.clone()), service.clone()).as_ref()
+                    != Some(&service)
+            }
         };
+        self.recount(&key);
         if changed {
             self.dirty.insert(key);
         }
@@ -250,41 +279,55 @@ impl Writer {
             return;
         };
         let removed = match id {
-            ObjectId::Import(_) => {
-                let removed = state.imports.remove(&source).is_some();
-                let now_empty = state.imports.is_empty();
-                if removed && now_empty {
-                    self.uncount_namespace(key);
-                }
-                removed
-            }
+            ObjectId::Import(_) => state.imports.remove(&source).is_some(),
             ObjectId::Slice(slice) => state.slices.remove(&(source, slice.clone())).is_some(),
+            ObjectId::Service(service) => state.backing.remove(&(source, service.clone())).is_some(),
         };
+        self.recount(key);
         if removed {
             self.dirty.insert(key.clone());
         }
     }
 
-    fn count_namespace(&mut self, key: &ServiceKey, first_import: bool) {
-        if first_import {
-            *self.namespaces.entry(key.namespace.clone()).or_default() += 1;
-            self.zone_dirty = true;
+    /// Counts the service for its namespace while it has an import (a
+    /// namespace exists in DNS while it holds one).
+    fn recount(&mut self, key: &ServiceKey) {
+        let Some(state) = self.services.get_mut(key) else {
+            return;
+        };
+        let has = state.has_import();
+        if has == state.counted {
+            return;
         }
-    }
-
-    fn uncount_namespace(&mut self, key: &ServiceKey) {
-        if let Some(n) = self.namespaces.get_mut(&key.namespace) {
+        state.counted = has;
+        self.zone_dirty = true;
+        if has {
+            *self.namespaces.entry(key.namespace.clone()).or_default() += 1;
+        } else if let Some(n) = self.namespaces.get_mut(&key.namespace) {
             *n -= 1;
             if *n == 0 {
                 self.namespaces.remove(&key.namespace);
             }
-            self.zone_dirty = true;
         }
     }
 
     /// True when every registered source has delivered its complete state.
     pub fn is_ready(&self) -> bool {
         self.sources.values().all(|s| s.synced)
+    }
+
+    /// Logs each newly unresolved service once the store is ready, naming
+    /// the objects (the read path must not log; this runs per publish).
+    fn report_unresolved(&mut self) {
+        self.reported.retain(|k| self.unresolved.contains_key(k));
+        if !self.is_ready() {
+            return;
+        }
+        for (key, why) in &self.unresolved {
+            if self.reported.insert(key.clone()) {
+                warn!(service = %key, "{why}: answering NODATA");
+            }
+        }
     }
 
     /// Publishes a new snapshot if anything changed since the last one, and
@@ -309,14 +352,25 @@ impl Writer {
         for key in dirty {
             let wire: Arc<[u8]> = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]).into();
             let mut interner = std::mem::take(&mut self.interner);
+            let mut unresolved = None;
             let built = self.services.get(&key).and_then(|state| {
-                let import = state.imports.values().next()?;
-                let slices: Vec<&EndpointSet> = state.slices.values().collect();
+                let served =
+                    resolve::served(&key, state.imports.values().next(), &state.backing, &state.slices)?;
+                unresolved = served.unresolved;
+                let slices: Vec<&EndpointSet> = served.slices;
                 let healthy = |c: &ClusterId, a: &[IpAddr]| self.healthy(&key, c, a);
                 let mut cx = BuildCtx { interner: &mut interner, healthy: &healthy };
-                names::service_names(&self.zone, import, &slices, &mut cx)
+                names::service_names(&self.zone, &served.import, &slices, &mut cx)
             });
             self.interner = interner;
+            match unresolved {
+                Some(why) => {
+                    self.unresolved.insert(key.clone(), why);
+                }
+                None => {
+                    self.unresolved.remove(&key);
+                }
+            }
             let old_reverse = services.get(&*wire).map(|old| old.reverse.clone());
             for (ip, name) in old_reverse.iter().flat_map(|r| r.iter()) {
                 if let Some(names) = self.reverse.get_mut(ip) {
@@ -336,11 +390,12 @@ impl Writer {
                     services.remove(&*wire);
                 }
             }
-            if self.services.get(&key).is_some_and(|s| s.imports.is_empty() && s.slices.is_empty()) {
+            if self.services.get(&key).is_some_and(ServiceState::is_empty) {
                 self.services.remove(&key);
             }
         }
         self.zone_dirty = false;
+        self.report_unresolved();
         // Serials follow the clock across restarts and still increase on
         // every change within a second.
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0);

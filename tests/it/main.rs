@@ -21,6 +21,7 @@ mod fleet;
 mod harness_smoke;
 mod hostile;
 mod incumbent;
+mod interop;
 mod metrics;
 mod policy;
 mod readiness;

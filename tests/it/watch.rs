@@ -363,3 +363,122 @@ impl Proxy {
         self.cut.store(false, Ordering::SeqCst);
     }
 }
+
+/// Applies every document of a fixture of `tests/data/interop/` into `ns`
+/// as the fleet manager would have written it; Services get their cluster
+/// IP from this API server (the fixture's are another cluster's). Returns
+/// the allocated cluster IP of each Service, by name.
+async fn apply_fixture(
+    client: kube::Client,
+    ns: &str,
+    text: &str,
+) -> std::collections::BTreeMap<String, String> {
+    use k8s_openapi::api::core::v1::Service;
+    use serde::Deserialize;
+    Kube::new(client.clone(), ns).await;
+    let mut ips = std::collections::BTreeMap::new();
+    // The MultiClusterService's namespace is the Service's own.
+    let text = text.replace(
+        "multiclusterservice.karmada.io/namespace: shop",
+        &format!("multiclusterservice.karmada.io/namespace: {ns}"),
+    );
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let mut v: Value = Value::deserialize(doc).expect("fixture document");
+        v["metadata"]["namespace"] = json!(ns);
+        let name = v["metadata"]["name"].as_str().expect("name").to_owned();
+        let ar = match v["kind"].as_str().expect("kind") {
+            "ServiceImport" => {
+                import_resource(v["apiVersion"].as_str().expect("version").rsplit('/').next().expect("v"))
+            }
+            "Service" => {
+                if v["spec"]["clusterIP"] != json!("None") {
+                    let spec = v["spec"].as_object_mut().expect("spec");
+                    spec.remove("clusterIP");
+                    spec.remove("clusterIPs");
+                }
+                ApiResource::erase::<Service>(&())
+            }
+            "EndpointSlice" => ApiResource::erase::<EndpointSlice>(&()),
+            other => panic!("unexpected kind {other} in fixture"),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+        let applied = api
+            .patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&v))
+            .await
+            .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+        if let Some(ip) = applied.data["spec"]["clusterIP"].as_str() {
+            ips.insert(name, ip.to_owned());
+        }
+    }
+    ips
+}
+
+/// Karmada's member-cluster objects (tests/data/interop/karmada.yaml) on a
+/// real API server: the derived Service's cluster IP for the import without
+/// `ips`, the collected slices for the headless import and its hostnames,
+/// the CrossCluster Service; the same answers as the files (interop.rs).
+#[test]
+fn karmada_member_objects_are_answered_from_the_api() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "interop-karmada";
+    let ips =
+        rt.block_on(async { apply_fixture(clusters.client(0).await, ns, crate::interop::KARMADA).await });
+    let kubeconfig = clusters.kubeconfig(0);
+    let s = Served::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().expect("path"),
+        "--namespace",
+        ns,
+        "--interop",
+        "karmada",
+    ]);
+    wait_ready(&s);
+    let name = |svc: &str| format!("{svc}.{ns}.svc.clusterset.local");
+    eventually("derived Service's cluster IP served", || {
+        short(&s, &name("web"), "A") == [ips["derived-web"].clone()]
+    });
+    assert_eq!(short(&s, &name("db"), "A"), ["10.244.1.31", "10.244.1.32"]);
+    assert_eq!(short(&s, &format!("db-1.member1.{}", name("db")), "A"), ["10.244.1.32"]);
+    assert_eq!(short(&s, &name("cache"), "A"), [ips["cache"].clone()]);
+    // The conflict rule: the import's own ips win over the derived Service.
+    let k = rt.block_on(async { Kube::new(clusters.client(0).await, ns).await });
+    rt.block_on(k.import_as("v1alpha1", "web", vip(&["10.77.5.5"])));
+    eventually("import ips win", || short(&s, &name("web"), "A") == ["10.77.5.5"]);
+}
+
+/// Kosmos's leaf-cluster objects (tests/data/interop/kosmos.yaml) on a real
+/// API server: the same-name Service's cluster IP, the copied slices for
+/// the headless Service with the disconnected address demoted, and a change
+/// of `kosmos.io/disconnected-address` followed live.
+#[test]
+fn kosmos_leaf_objects_are_answered_from_the_api() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "interop-kosmos";
+    let ips =
+        rt.block_on(async { apply_fixture(clusters.client(1).await, ns, crate::interop::KOSMOS).await });
+    let kubeconfig = clusters.kubeconfig(1);
+    let s = Served::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().expect("path"),
+        "--namespace",
+        ns,
+        "--interop",
+        "kosmos",
+    ]);
+    wait_ready(&s);
+    let name = |svc: &str| format!("{svc}.{ns}.svc.clusterset.local");
+    eventually("same-name Service's cluster IP served", || {
+        short(&s, &name("web"), "A") == [ips["web"].clone()]
+    });
+    assert_eq!(short(&s, &name("db"), "A"), ["10.233.64.31"]);
+    // The probe now finds the other Pod unreachable instead.
+    rt.block_on(async {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(clusters.client(1).await, ns, &import_resource("v1alpha1"));
+        let patch = json!({"metadata": {"annotations": {"kosmos.io/disconnected-address": "10.233.64.31"}}});
+        api.patch("db", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("annotate");
+    });
+    eventually("disconnected address followed", || short(&s, &name("db"), "A") == ["10.233.65.32"]);
+}
