@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use hickory_proto::op::{Message, OpCode, Query};
+use hickory_proto::op::{Edns, Message, OpCode, Query};
 use hickory_proto::rr::Record;
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
@@ -26,6 +26,7 @@ pub struct Transfer {
     walk: ZoneWalk,
     id: u16,
     query: Query,
+    edns: Option<Edns>,
     soa: Record,
     pending: VecDeque<Record>,
     group: Vec<Record>,
@@ -51,10 +52,17 @@ enum State {
 
 impl Transfer {
     /// A transfer of `snap` answering `query` (the AXFR or IXFR message as
-    /// received). `None` when the query cannot be read back or the zone has
-    /// no SOA, neither of which a query that got this far should cause.
-    pub fn new(snap: Arc<Snapshot>, query: &[u8]) -> Option<Self> {
+    /// received); each message carries an OPT offering `payload` when the
+    /// query had one (RFC 6891 §7). `None` when the query cannot be read
+    /// back or the zone has no SOA, neither of which a query that got this
+    /// far should cause.
+    pub fn new(snap: Arc<Snapshot>, query: &[u8], payload: u16) -> Option<Self> {
         let msg = Message::from_vec(query).ok()?;
+        let edns = msg.edns.as_ref().map(|_| {
+            let mut e = Edns::new();
+            e.set_max_payload(payload.max(512));
+            e
+        });
         let question = msg.queries.first()?.clone();
         let walk = ZoneWalk::new(snap);
         let soa = walk.soa()?;
@@ -62,6 +70,7 @@ impl Transfer {
             walk,
             id: msg.metadata.id,
             query: question,
+            edns,
             soa,
             pending: VecDeque::new(),
             group: Vec::new(),
@@ -88,6 +97,10 @@ impl Transfer {
         let mut msg = Message::response(self.id, OpCode::Query);
         msg.metadata.authoritative = true;
         let mut size = 12;
+        if let Some(e) = &self.edns {
+            msg.set_edns(e.clone());
+            size += 11;
+        }
         if self.state == State::Start {
             // RFC 5936 §2.2.1: the question in the first message only.
             msg.add_query(self.query.clone());

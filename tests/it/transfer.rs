@@ -62,7 +62,9 @@ fn records(messages: &[Message], id: u16) -> Vec<Record> {
 fn axfr_lists_every_record_the_server_answers_between_two_soas() {
     let s = TestServer::embedded();
     let query = q("clusterset.local.", "AXFR").no_edns();
-    let all = records(&transfer(s.addr, &query.msg), query.msg.metadata.id);
+    let messages = transfer(s.addr, &query.msg);
+    assert!(messages.iter().all(|m| m.edns.is_none()), "no OPT asked, none sent");
+    let all = records(&messages, query.msg.metadata.id);
     // Grouped into RRsets; each is exactly what a query for it answers
     // (the default policies answer every endpoint, in rotating order).
     let mut sets: BTreeMap<(String, RecordType), BTreeSet<String>> = BTreeMap::new();
@@ -115,6 +117,8 @@ fn a_10000_service_zone_transfers_completely_in_several_messages() {
     let query = q("clusterset.local.", "AXFR");
     let messages = transfer(s.addr, &query.msg);
     assert!(messages.len() > 1, "{} messages", messages.len());
+    // The query had an OPT: so has every message (RFC 6891 §7).
+    assert!(messages.iter().all(|m| m.edns.is_some()), "an OPT in every message");
     let all = records(&messages, query.msg.metadata.id);
     // Per service: the A of its VIP, the SRV of the bare name and of
     // `_http._tcp`; then the apex SOA twice, its NS and dns-version's TXT.
