@@ -89,6 +89,7 @@ fn store_with(answers: store::AnswerConfig) -> (Reader, Writer) {
         advertise: vec![],
         answers,
         identity: Default::default(),
+        also: None,
     });
     writer.apply(Update::Replace { source: SourceId(1), objects: objects(0) });
     writer.publish();

@@ -248,21 +248,27 @@ pub fn lookup_for<'s>(
     if let Some(ip) = reverse_address(name, &starts[..n]) {
         return reverse(snap, ip, q.qtype);
     }
-    if n < zone.labels {
-        return Answer::bare(Rcode::Refused, false);
-    }
-    let k = n - zone.labels; // labels in front of the apex
-    let apex = if k == 0 { 0 } else { starts[k] as usize };
-    if name.get(apex..) != Some(&zone.wire[..]) {
-        return Answer::bare(Rcode::Refused, false);
-    }
-    if q.qtype == rtype::AXFR || q.qtype == rtype::IXFR {
-        return Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) };
-    }
     let label = |j: usize| {
         let s = starts[j] as usize;
         &name[s..s + 1 + name[s] as usize]
     };
+    // Labels in front of the apex, where the apex starts, and whether the
+    // name is in the second zone (`--also-zone`).
+    let within = |wire: &[u8], labels: usize| {
+        let k = n.checked_sub(labels)?;
+        let apex = if k == 0 { 0 } else { starts[k] as usize };
+        (name.get(apex..) == Some(wire)).then_some((k, apex))
+    };
+    let also_zone = zone.also_wire.as_deref().and_then(|w| within(w, zone.also_labels));
+    let (k, apex, also) = match (within(&zone.wire, zone.labels), also_zone) {
+        (Some((k, apex)), _) => (k, apex, false),
+        // Of the second zone, only the service subtree is ours.
+        (None, Some((k, apex))) if k > 0 && label(k - 1) == b"\x03svc" => (k, apex, true),
+        _ => return Answer::bare(Rcode::Refused, false),
+    };
+    if q.qtype == rtype::AXFR || q.qtype == rtype::IXFR {
+        return Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) };
+    }
     let mut balance = None;
     let node: Option<&NameNode> = if k >= 3 && label(k - 1) == b"\x03svc" {
         // <prefix>.<svc>.<ns>.svc.<zone>
@@ -310,11 +316,19 @@ pub fn lookup_for<'s>(
         };
     }
     match node.get(q.qtype) {
-        Some(set) => Answer {
-            answer: Some(&set.answer),
-            additional: Some(&set.additional).filter(|a| !a.is_empty()),
-            ..Answer::bare(Rcode::NoError, true)
-        },
+        Some(set) => {
+            // SRV targets name the zone they are in: the second zone has
+            // its own encoding of them.
+            let (answer, additional) = match (&set.also, also) {
+                (Some(a), true) => (&a.0, &a.1),
+                _ => (&set.answer, &set.additional),
+            };
+            Answer {
+                answer: Some(answer),
+                additional: Some(additional).filter(|a| !a.is_empty()),
+                ..Answer::bare(Rcode::NoError, true)
+            }
+        }
         // The name exists without this type (or is an empty non-terminal,
         // RFC 8020): NODATA.
         None => Answer::negative(Rcode::NoError, apex),

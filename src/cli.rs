@@ -91,6 +91,13 @@ pub struct ServeArgs {
     /// The zone served.
     #[arg(long, default_value = "clusterset.local")]
     pub zone: String,
+    /// Also answer every multi-cluster service under this zone, e.g.
+    /// `cluster.local`: `<svc>.<ns>.svc.cluster.local` and the names below
+    /// it, as in --zone, for a cluster DNS that falls through to this server
+    /// for names it does not have (README: "The same name in every
+    /// cluster"). Other names there: NXDOMAIN below `svc`, else REFUSED.
+    #[arg(long, value_name = "ZONE")]
+    pub also_zone: Option<String>,
     /// TTL of answers, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     pub ttl: u32,

@@ -86,6 +86,25 @@ impl ServeConfig {
         if origin.len() > 240 {
             return Err(bad("--zone", "longer than 240 characters"));
         }
+        let also = match &a.also_zone {
+            None => None,
+            Some(z) => {
+                let mut also = Name::from_ascii(z)
+                    .map_err(|e| bad("--also-zone", format!("{z:?} is not a domain name: {e}")))?
+                    .to_lowercase();
+                also.set_fqdn(true);
+                let origin = origin.to_lowercase();
+                if also.is_root() || also.zone_of(&origin) || origin.zone_of(&also) {
+                    return Err(bad(
+                        "--also-zone",
+                        format!(
+                            "{also} must be a zone apart from --zone {origin} (not the root, not above or below it)"
+                        ),
+                    ));
+                }
+                Some(also)
+            }
+        };
         for (flag, ttl) in [("--ttl", a.ttl), ("--negative-ttl", a.negative_ttl.unwrap_or(a.ttl))] {
             if ttl > MAX_TTL {
                 return Err(bad(flag, format!("{ttl} is above the largest TTL, {MAX_TTL}")));
@@ -160,6 +179,7 @@ impl ServeConfig {
                 advertise: a.advertise_address.clone(),
                 answers,
                 identity: identity(a)?,
+                also,
             },
             cluster_id,
             udp_workers,
@@ -764,5 +784,11 @@ mod tests {
     #[test]
     fn zone_names_are_folded_to_lower_case() {
         assert_eq!(config(&["--zone", "Fleet.Example."]).unwrap().zone.origin.to_string(), "fleet.example.");
+        let also = config(&["--also-zone", "Cluster.Local"]).unwrap().zone.also;
+        assert_eq!(also.map(|a| a.to_string()).as_deref(), Some("cluster.local."));
+        for bad_zone in [".", "clusterset.local", "local", "x.clusterset.local", "a..b"] {
+            let e = config(&["--also-zone", bad_zone]).unwrap_err().to_string();
+            assert!(e.contains("--also-zone"), "{bad_zone}: {e}");
+        }
     }
 }

@@ -62,6 +62,7 @@ fn example(answers: store::AnswerConfig) -> store::Reader {
         advertise: vec![],
         answers,
         identity: Default::default(),
+        also: None,
     });
     writer.apply(Update::Replace {
         source: SourceId(0),

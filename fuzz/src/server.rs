@@ -29,6 +29,7 @@ pub fn zone() -> ZoneConfig {
         advertise: vec!["192.0.2.53".parse().expect("ip")],
         answers: store::AnswerConfig::standard(),
         identity: store::Identity::default(),
+        also: None,
     }
 }
 

@@ -327,6 +327,7 @@ mod tests {
             advertise: vec![],
             answers,
             identity: Default::default(),
+            also: None,
         });
         let mut objects = vec![Object::Import(ServiceImport {
             key: key(),

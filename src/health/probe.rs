@@ -283,6 +283,7 @@ mod tests {
             advertise: vec![],
             answers: AnswerConfig::standard(),
             identity: Default::default(),
+            also: None,
         });
         w.apply(Update::Replace { source: SourceId(1), objects });
         w.publish();

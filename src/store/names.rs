@@ -135,6 +135,9 @@ pub(crate) fn service_names(
             Some((key.clone().into_boxed_slice(), node?))
         })
         .collect();
+    if let Some(also) = &zone.config.also {
+        also_srv(&zone.config.origin, also, ttl, &d, &mut names);
+    }
     let mut balance = None;
     if !candidates.is_empty() {
         // Endpoints listen on the slices' (target) ports, not the service's.
@@ -235,6 +238,7 @@ fn balanced(
                 rtype: u16::from(rtype),
                 answer: encode::records(owner, rtype, &records)?,
                 additional: Records::default(),
+                also: None,
             });
         }
     }
@@ -333,6 +337,42 @@ fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> 
     any_ready
 }
 
+/// `name` of the zone `origin` moved to the zone `also` (the same labels in
+/// front); `None` when it would be longer than a name can be.
+fn rezone(name: &Name, origin: &Name, also: &Name) -> Option<Name> {
+    let keep = usize::from(name.num_labels()).checked_sub(usize::from(origin.num_labels()))?;
+    Name::from_labels(name.iter().take(keep)).ok()?.append_name(also).ok()
+}
+
+/// Encodes every SRV RRset of the service again for the zone `also`, with
+/// owners, targets and the targets' addresses there, beside the original.
+fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHashMap<Box<[u8]>, NameNode>) {
+    let targets: FxHashMap<Name, Vec<IpAddr>> =
+        d.targets.iter().filter_map(|(n, a)| Some((rezone(n, origin, also)?, a.clone()))).collect();
+    for (key, (owner, draft)) in &d.nodes {
+        if draft.srv.is_empty() {
+            continue;
+        }
+        let srv =
+            draft.srv.iter().map(|(p, t)| Some((*p, rezone(t, origin, also)?))).collect::<Option<Vec<_>>>();
+        let encoded = srv.zip(rezone(owner, origin, also)).and_then(|(srv, owner)| {
+            let node = encode_node(&owner, &Draft { a: Vec::new(), srv }, ttl, &targets)?;
+            let set = node.get(u16::from(RecordType::SRV))?;
+            Some((set.answer.clone(), set.additional.clone()))
+        });
+        let set = names
+            .get_mut(&key[..])
+            .and_then(|node| node.sets.iter_mut().find(|s| s.rtype == u16::from(RecordType::SRV)));
+        match (set, encoded) {
+            (Some(set), Some(also_set)) => set.also = Some(Box::new(also_set)),
+            (Some(_), None) => {
+                warn!(name = %owner, zone = %also, "SRV name too long for the second zone; left out there")
+            }
+            _ => {}
+        }
+    }
+}
+
 fn encode_node(
     owner: &Name,
     draft: &Draft,
@@ -351,6 +391,7 @@ fn encode_node(
                 rtype: u16::from(rtype),
                 answer: encode::records(owner, rtype, &records)?,
                 additional: Records::default(),
+                also: None,
             });
         }
     }
@@ -382,6 +423,7 @@ fn encode_node(
             rtype: u16::from(RecordType::SRV),
             answer: encode::records(owner, RecordType::SRV, &records)?,
             additional: encode::records(owner, RecordType::SRV, &extra)?,
+            also: None,
         });
     }
     Some(NameNode { sets: sets.into() })
@@ -497,6 +539,7 @@ fn rrset(owner: &Name, rtype: RecordType, answer: &[Record], additional: &[Recor
         rtype: u16::from(rtype),
         answer: encode::records(owner, rtype, answer)?,
         additional: encode::records(owner, rtype, additional)?,
+        also: None,
     })
 }
 

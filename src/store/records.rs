@@ -51,6 +51,10 @@ pub struct RRset {
     pub answer: Records,
     /// Additional records (A/AAAA of SRV targets, NS glue).
     pub additional: Records,
+    /// For the second zone (`--also-zone`), when this RRset holds names (SRV
+    /// targets) that must be in it: its own answer and additional records.
+    /// Address records hold no name and serve both zones as they are.
+    pub also: Option<Box<(Records, Records)>>,
 }
 
 /// A name that exists in the zone. An empty node is an empty non-terminal.

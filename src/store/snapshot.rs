@@ -35,6 +35,10 @@ pub struct ZoneConfig {
     pub answers: AnswerConfig,
     /// Who this server is, for CHAOS TXT queries and NSID.
     pub identity: Identity,
+    /// A second zone answering the same service names (`--also-zone
+    /// cluster.local`): `<...>.<svc>.<ns>.svc.<also>`, with owners and SRV
+    /// targets in it; nothing else of it is ours.
+    pub also: Option<Name>,
 }
 
 /// The server's identity (RFC 4892 CHAOS TXT names, RFC 5001 NSID).
@@ -67,6 +71,10 @@ pub struct Zone {
     pub wire: Box<[u8]>,
     /// Number of labels of the apex, root excluded.
     pub labels: usize,
+    /// The same for `config.also`.
+    pub also_wire: Option<Box<[u8]>>,
+    /// Number of labels of `config.also`.
+    pub also_labels: usize,
     /// Client networks and localities of `config.answers`, interned.
     pub localities: Localities,
     /// Answers per (service, cluster), shared by every snapshot.
@@ -84,26 +92,41 @@ impl Zone {
     pub fn new(mut config: ZoneConfig) -> Self {
         config.origin = config.origin.to_lowercase();
         config.origin.set_fqdn(true);
-        let mut wire = Vec::with_capacity(config.origin.len() + 1);
-        for label in config.origin.iter() {
-            wire.push(label.len() as u8); // labels are at most 63 bytes (hickory checks)
-            wire.extend_from_slice(label);
-        }
-        wire.push(0);
+        let wire = wire_of(&config.origin);
         let labels = config.origin.num_labels() as usize;
+        config.also = config.also.map(|mut a| {
+            a = a.to_lowercase();
+            a.set_fqdn(true);
+            a
+        });
+        let also_wire = config.also.as_ref().map(wire_of);
+        let also_labels = config.also.as_ref().map_or(0, |a| a.num_labels() as usize);
         let localities = Localities::new(&config.answers);
         let id_txt = encode::chaos_txt(&config.identity.server_id);
         let version_txt = config.identity.version.as_deref().map(encode::chaos_txt);
         Self {
             config,
-            wire: wire.into(),
+            wire,
             labels,
+            also_wire,
+            also_labels,
             localities,
             answer_stats: Arc::default(),
             id_txt,
             version_txt,
         }
     }
+}
+
+/// A name in lower-case wire form, root label included.
+fn wire_of(name: &Name) -> Box<[u8]> {
+    let mut wire = Vec::with_capacity(name.len() + 2);
+    for label in name.iter() {
+        wire.push(label.len() as u8); // labels are at most 63 bytes (hickory checks)
+        wire.extend_from_slice(&label.to_ascii_lowercase());
+    }
+    wire.push(0);
+    wire.into()
 }
 
 /// Every name at and below one service, keyed by the lower-case wire bytes

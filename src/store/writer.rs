@@ -443,6 +443,7 @@ mod tests {
             advertise: vec![],
             answers: store::AnswerConfig::standard(),
             identity: Default::default(),
+            also: None,
         })
     }
 

@@ -300,6 +300,97 @@ fn reverse_lookups_of_clusterset_addresses_go_through_coredns_and_never_show_the
     drop(sync);
 }
 
+#[test]
+fn the_same_name_in_every_cluster_keeps_local_answers_and_resolves_the_rest_through_us() {
+    // cluster-1 has `plain` and `web` of its own; `web` is also exported by
+    // cluster-2, and `api` and the headless `db` only by cluster-2.
+    let clusters = shared();
+    let ns = "coredns-e2e-samename";
+    let rt = runtime();
+    let (plain, web) = rt.block_on(async {
+        let mut users = Vec::new();
+        for i in 0..2 {
+            users.push(crate::fleet::User::new(clusters, i, ns).await);
+        }
+        let mut local_web = None;
+        for (i, u) in users.iter().enumerate() {
+            let ip = u.service("web", json!({})).await;
+            local_web = local_web.or(ip);
+            u.endpoints("web-x", "web", json!([{"addresses": [format!("198.18.{}.11", i + 1)]}])).await;
+            u.export("web").await;
+        }
+        users[1].service("api", json!({})).await;
+        users[1].endpoints("api-x", "api", json!([{"addresses": ["198.18.2.12"]}])).await;
+        users[1].export("api").await;
+        users[1].service("db", json!({"clusterIP": "None"})).await;
+        let db0 = json!([{"addresses": ["198.18.2.20"], "hostname": "db-0", "conditions": {"ready": true}}]);
+        users[1].endpoints("db-x", "db", db0).await;
+        users[1].export("db").await;
+        let plain = users[0].service("plain", json!({})).await.expect("plain has a ClusterIP");
+        (plain, local_web.expect("web has a ClusterIP"))
+    });
+    let lease = format!("sync-{ns}");
+    let sync =
+        crate::harness::syncing::Syncing::start(clusters, &["--namespace", ns, "--lease-name", &lease], &[]);
+    let kubeconfig = shared().serve_kubeconfig(0);
+    let s = Served::start(&[
+        "--kubeconfig",
+        kubeconfig.to_str().expect("path"),
+        "--namespace",
+        ns,
+        "--also-zone",
+        "cluster.local",
+    ]);
+    eventually("ready", || s.get("/ready").0 == 200);
+    let local = |name: &str| format!("{name}.{ns}.svc.cluster.local");
+    let direct = |name: &str| crate::harness::served::dig(s.addr, &[name, "A", "+short"]).trim().to_owned();
+    eventually("sync imported api and db into cluster-1", || {
+        !direct(&local("api")).is_empty()
+            && !direct(&format!("db-0.cluster-2.db.{ns}.svc.cluster.local")).is_empty()
+    });
+    let vip = direct(&format!("api.{ns}.svc.clusterset.local"));
+
+    let block = example_block_at("cluster.local:53 {");
+    assert_eq!(block.matches(PLACEHOLDER).count(), 1, "{block}");
+    let kc = clusters.kubeconfig(0);
+    let mut lines: Vec<String> = block
+        .replacen("cluster.local:53", "cluster.local:{PORT}", 1)
+        .replace(PLACEHOLDER, &s.addr.to_string())
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines.insert(1, "    bind 127.0.0.1".into());
+    let k = lines.iter().position(|l| l.trim_start().starts_with("kubernetes ")).expect("kubernetes line");
+    lines.insert(k + 1, format!("        kubeconfig {}", kc.display()));
+    let c = CoreDns::start_conf(&(lines.join("\n") + "\n"), "cluster.local.");
+    let a = |name: &str| {
+        let mut last = Reply::default();
+        poll(&format!("{name} answered"), Duration::from_secs(20), || {
+            last = c.dig(&[name, "A"]);
+            last.status != "SERVFAIL" && last.status != "no answer"
+        });
+        last
+    };
+    assert_eq!(a(&local("plain")).rdata("A"), [plain], "a local-only Service: the cluster's answer");
+    assert_eq!(
+        a(&local("web")).rdata("A"),
+        [web],
+        "exists here and elsewhere: the local answer wins"
+    );
+    assert_eq!(a(&local("api")).rdata("A"), [vip], "only in another cluster: the clusterset VIP");
+    assert_eq!(a(&format!("db-0.cluster-2.db.{ns}.svc.cluster.local")).rdata("A"), ["198.18.2.20"]);
+    let srv = c.dig(&[&format!("_http._tcp.db.{ns}.svc.cluster.local"), "SRV", "+tcp"]);
+    assert_eq!(
+        srv.rdata("SRV"),
+        [format!("0 100 8080 db-0.cluster-2.db.{ns}.svc.cluster.local.")],
+        "{}",
+        srv.text
+    );
+    let nope = a(&local("nope"));
+    assert_eq!(nope.status, "NXDOMAIN", "{}", nope.text);
+    drop(sync);
+}
+
 // ---------------------------------------------------------------------------
 // CoreDNS
 

@@ -26,6 +26,7 @@ mod metrics;
 mod policy;
 mod readiness;
 mod reverse;
+mod same_name;
 mod supervise;
 mod sync;
 mod transfer;

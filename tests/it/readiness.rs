@@ -19,6 +19,7 @@ fn names_not_found_are_servfail_until_every_source_synced() {
         advertise: vec![],
         answers: store::AnswerConfig::standard(),
         identity: Default::default(),
+        also: None,
     });
     writer.apply(Update::Register(SourceId(1)));
     writer.publish();

@@ -53,20 +53,24 @@ impl TestServer {
 
     /// Serves the embedded example fleet.
     pub fn embedded() -> Self {
+        Self::embedded_with(&[])
+    }
+
+    /// Serves the embedded example fleet with extra `args`.
+    pub fn embedded_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_argv(
-            &[
-                "clusterset-dns",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--udp-workers",
-                "1",
-            ],
-            dir,
-        )
+        let mut argv = vec![
+            "clusterset-dns",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--udp-workers",
+            "1",
+        ];
+        argv.extend_from_slice(args);
+        Self::start_argv(&argv, dir)
     }
 
     fn start_argv(argv: &[&str], dir: tempfile::TempDir) -> Self {
