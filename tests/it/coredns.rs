@@ -372,11 +372,7 @@ fn the_same_name_in_every_cluster_keeps_local_answers_and_resolves_the_rest_thro
         last
     };
     assert_eq!(a(&local("plain")).rdata("A"), [plain], "a local-only Service: the cluster's answer");
-    assert_eq!(
-        a(&local("web")).rdata("A"),
-        [web],
-        "exists here and elsewhere: the local answer wins"
-    );
+    assert_eq!(a(&local("web")).rdata("A"), [web], "exists here and elsewhere: the local answer wins");
     assert_eq!(a(&local("api")).rdata("A"), [vip], "only in another cluster: the clusterset VIP");
     assert_eq!(a(&format!("db-0.cluster-2.db.{ns}.svc.cluster.local")).rdata("A"), ["198.18.2.20"]);
     let srv = c.dig(&[&format!("_http._tcp.db.{ns}.svc.cluster.local"), "SRV", "+tcp"]);

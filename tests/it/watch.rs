@@ -413,6 +413,64 @@ async fn apply_fixture(
     ips
 }
 
+/// The least-privilege identity of `serve --interop` in shared cluster `i`:
+/// a ServiceAccount with exactly serve's ClusterRole (deploy/serve) and the
+/// ClusterRole of deploy/interop, so a rule missing from either fails the
+/// test. Its own account, so serve's identity in other tests keeps serve's
+/// rules only. Returns its kubeconfig.
+fn interop_kubeconfig(clusters: &TestClusters, i: usize) -> PathBuf {
+    let rbac =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/interop/rbac.yaml"))
+            .expect("read deploy/interop/rbac.yaml");
+    let role = rbac
+        .split("\n---")
+        .find(|doc| doc.contains("kind: ClusterRole\n"))
+        .expect("deploy/interop/rbac.yaml has a ClusterRole");
+    let bind = |name: &str, role: &str| {
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: {name}\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: {role}\nsubjects:\n- kind: ServiceAccount\n  name: clusterset-dns-interop\n  namespace: clusterset-dns\n"
+        )
+    };
+    let docs = [
+        role.trim().to_owned(),
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: clusterset-dns-interop\n  namespace: clusterset-dns\n".into(),
+        bind("clusterset-dns-interop-serve", "clusterset-dns-serve"),
+        bind("clusterset-dns-interop", "clusterset-dns-serve-interop"),
+    ]
+    .join("\n---\n");
+    let admin = clusters.kubeconfig(i);
+    let kubectl = |args: &[&str], stdin: &str| {
+        let mut child = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+        let out = child.wait_with_output().expect("kubectl ran");
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    kubectl(&["apply", "--server-side", "--field-manager=tests", "-f", "-"], &docs);
+    let token =
+        kubectl(&["create", "token", "clusterset-dns-interop", "-n", "clusterset-dns", "--duration=2h"], "");
+    // serve's kubeconfig (server, CA), with this account's token.
+    let serve = std::fs::read_to_string(clusters.serve_kubeconfig(i)).expect("read serve kubeconfig");
+    let text: String = serve
+        .lines()
+        .map(|l| match l.split_once("token: ") {
+            Some((indent, _)) => format!("{indent}token: {token}\n"),
+            None => format!("{l}\n"),
+        })
+        .collect();
+    let path = clusters.dir().join(format!("interop-{i}.kubeconfig"));
+    std::fs::write(&path, text).expect("write interop kubeconfig");
+    path
+}
+
 /// Karmada's member-cluster objects (tests/data/interop/karmada.yaml) on a
 /// real API server: the derived Service's cluster IP for the import without
 /// `ips`, the collected slices for the headless import and its hostnames,
@@ -424,7 +482,7 @@ fn karmada_member_objects_are_answered_from_the_api() {
     let ns = "interop-karmada";
     let ips =
         rt.block_on(async { apply_fixture(clusters.client(0).await, ns, crate::interop::KARMADA).await });
-    let kubeconfig = clusters.kubeconfig(0);
+    let kubeconfig = interop_kubeconfig(clusters, 0);
     let s = Served::start(&[
         "--kubeconfig",
         kubeconfig.to_str().expect("path"),
@@ -458,7 +516,7 @@ fn kosmos_leaf_objects_are_answered_from_the_api() {
     let ns = "interop-kosmos";
     let ips =
         rt.block_on(async { apply_fixture(clusters.client(1).await, ns, crate::interop::KOSMOS).await });
-    let kubeconfig = clusters.kubeconfig(1);
+    let kubeconfig = interop_kubeconfig(clusters, 1);
     let s = Served::start(&[
         "--kubeconfig",
         kubeconfig.to_str().expect("path"),
