@@ -40,6 +40,56 @@ pub enum Command {
     /// enough. Exit code 0: healthy; 1: problems found; 2: a member could
     /// not be read; 64: invalid command line.
     Doctor(DoctorArgs),
+    /// Wire this cluster's DNS to clusterset-dns and prove it: find how the
+    /// cluster DNS is configured (kubeadm/EKS Corefile, AKS/k3s
+    /// coredns-custom, GKE kube-dns stubDomains, OpenShift's DNS operator,
+    /// NodeLocal DNSCache; RKE2 is told what to add), show the change as a
+    /// diff, apply it idempotently (a marked block or a key of its own;
+    /// --remove takes it out), then resolve dns-version.<zone> through the
+    /// cluster's DNS Service. Exit 0: proven (or --dry-run); 1: written but
+    /// not proven; 2: nothing changed (layout not recognised, a manual step,
+    /// or an API error); 64: invalid command line.
+    SetupDns(SetupDnsArgs),
+}
+
+/// `setup-dns` options.
+#[derive(Debug, Args)]
+pub struct SetupDnsArgs {
+    /// The cluster, through this kubeconfig (default: $KUBECONFIG, else
+    /// ~/.kube/config).
+    #[arg(long, value_name = "PATH", conflicts_with = "in_cluster")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context of --kubeconfig to use (default: its current context).
+    #[arg(long, value_name = "NAME")]
+    pub kube_context: Option<String>,
+    /// The cluster this Pod runs in (its service account).
+    #[arg(long)]
+    pub in_cluster: bool,
+    /// clusterset-dns's address, IP or IP:PORT. Default: the ClusterIP of
+    /// Service clusterset-dns/clusterset-dns.
+    #[arg(long, value_name = "ADDR")]
+    pub server: Option<String>,
+    /// The zone to forward.
+    #[arg(long, default_value = "clusterset.local")]
+    pub zone: String,
+    /// Show the change, write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Take the change out again.
+    #[arg(long)]
+    pub remove: bool,
+    /// The cluster DNS to prove it through, IP or IP:PORT. Default: the
+    /// ClusterIP of Service kube-system/kube-dns (reachable from inside the
+    /// cluster; from outside, pass an address that reaches it).
+    #[arg(long, value_name = "ADDR")]
+    pub verify: Option<String>,
+    /// Do not prove it.
+    #[arg(long, conflicts_with = "verify")]
+    pub no_verify: bool,
+    /// Seconds to keep asking (CoreDNS reloads an edited ConfigMap within
+    /// about two minutes).
+    #[arg(long, value_name = "SECONDS", default_value_t = 150.0)]
+    pub verify_timeout: f64,
 }
 
 /// `serve` options.

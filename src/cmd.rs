@@ -9,6 +9,7 @@ pub mod doctor;
 pub mod explain;
 pub mod run;
 pub mod serve;
+pub mod setup_dns;
 pub mod sync;
 
 use std::sync::Arc;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::{DoctorArgs, MembersArgs, RunArgs, ServeArgs, SyncArgs, SyncOptions};
+use crate::cli::{DoctorArgs, MembersArgs, RunArgs, ServeArgs, SetupDnsArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::diagnose::report::Format;
 use crate::fault::Faults;
@@ -369,6 +369,82 @@ impl RunConfig {
             faults: serve.wire.faults.clone(),
         };
         Ok(Self { serve, sync })
+    }
+}
+
+/// Everything `setup-dns` needs.
+#[derive(Debug, Clone)]
+pub struct SetupDnsConfig {
+    /// The cluster.
+    pub connection: Connection,
+    /// clusterset-dns's address as the cluster DNS's `forward` takes it
+    /// (`IP`, or `IP:PORT` when the port is not 53); `None`: the ClusterIP
+    /// of Service clusterset-dns/clusterset-dns.
+    pub server: Option<String>,
+    /// The zone forwarded (no final dot).
+    pub zone: String,
+    /// Show, do not write.
+    pub dry_run: bool,
+    /// Take the change out.
+    pub remove: bool,
+    /// Where to prove it: `None` with `verify` true is kube-dns's ClusterIP.
+    pub verify_at: Option<SocketAddr>,
+    /// Prove it at all.
+    pub verify: bool,
+    /// How long to keep asking.
+    pub verify_timeout: Duration,
+}
+
+/// `IP` or `IP:PORT` (port 53 by default).
+fn socket_addr(flag: &'static str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value
+        .parse::<SocketAddr>()
+        .or_else(|_| value.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| bad(flag, format!("{value:?} is not IP or IP:PORT")))
+}
+
+impl SetupDnsConfig {
+    /// Validates command-line values.
+    pub fn from_args(a: &SetupDnsArgs) -> Result<Self, ConfigError> {
+        let mut zone = Name::from_ascii(&a.zone)
+            .map_err(|e| bad("--zone", format!("{:?} is not a domain name: {e}", a.zone)))?;
+        zone.set_fqdn(true);
+        if zone.is_root() {
+            return Err(bad("--zone", "the root zone cannot be forwarded"));
+        }
+        let server = a
+            .server
+            .as_deref()
+            .map(|v| {
+                socket_addr("--server", v)
+                    .map(|s| if s.port() == 53 { s.ip().to_string() } else { s.to_string() })
+            })
+            .transpose()?;
+        let verify_at = a.verify.as_deref().map(|v| socket_addr("--verify", v)).transpose()?;
+        if !(a.verify_timeout.is_finite() && (1.0..=3600.0).contains(&a.verify_timeout)) {
+            return Err(bad("--verify-timeout", format!("{} is outside 1-3600 seconds", a.verify_timeout)));
+        }
+        let connection = if a.in_cluster {
+            Connection::InCluster
+        } else {
+            let path = a
+                .kubeconfig
+                .clone()
+                .or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from))
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config")))
+                .ok_or_else(|| bad("--kubeconfig", "no kubeconfig given, no $KUBECONFIG and no $HOME"))?;
+            Connection::Kubeconfig { path, context: a.kube_context.clone() }
+        };
+        Ok(Self {
+            connection,
+            server,
+            zone: zone.to_lowercase().to_string().trim_end_matches('.').to_owned(),
+            dry_run: a.dry_run,
+            remove: a.remove,
+            verify_at,
+            verify: !a.no_verify && !a.dry_run,
+            verify_timeout: Duration::from_secs_f64(a.verify_timeout),
+        })
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod answer;
 pub mod cli;
+pub mod cluster_dns;
 pub mod cmd;
 pub mod config;
 pub mod controller;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clusterset_dns::cli::{Cli, Command};
-use clusterset_dns::config::{DoctorConfig, RunConfig, ServeConfig, SyncConfig};
+use clusterset_dns::config::{DoctorConfig, RunConfig, ServeConfig, SetupDnsConfig, SyncConfig};
 use tracing_subscriber::EnvFilter;
 
 /// BSD sysexits: a bad command line or configuration.
@@ -49,6 +49,10 @@ fn main() -> ExitCode {
             Ok(cfg) => doctor(cfg),
             Err(e) => usage(&e),
         },
+        Command::SetupDns(args) => match SetupDnsConfig::from_args(&args) {
+            Ok(cfg) => setup_dns(cfg),
+            Err(e) => usage(&e),
+        },
         Command::Check(args) => {
             let (report, ok) = clusterset_dns::cmd::check::run(&args);
             // The report is the command's output.
@@ -84,6 +88,21 @@ fn doctor(cfg: DoctorConfig) -> ExitCode {
             ExitCode::from(clusterset_dns::diagnose::report::INCOMPLETE)
         }
     }
+}
+
+/// `setup-dns`: the report on stdout, the exit status it chose.
+fn setup_dns(cfg: SetupDnsConfig) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(clusterset_dns::cmd::setup_dns::UNCHANGED);
+        }
+    };
+    let (report, status) = runtime.block_on(clusterset_dns::cmd::setup_dns::run(cfg));
+    // The report is the command's output.
+    let _ = std::io::stdout().write_all(report.as_bytes());
+    ExitCode::from(status)
 }
 
 /// Runs a command on a two-thread runtime (the answering threads are our

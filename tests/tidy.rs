@@ -35,6 +35,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("controller", &["model", "k8s", "fleet"]),
     // `doctor`: reads members (list only), asks DNS, judges by the fleet's rules.
     ("diagnose", &["model", "k8s", "fleet"]),
+    // `setup-dns`: reads and edits the cluster DNS's configuration, asks DNS.
+    ("cluster_dns", &["k8s"]),
     // HTTP endpoints and metrics: read the store, the answer path and watch health.
     ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault"]),
     // Restarts or fails tasks; used by the command roots.

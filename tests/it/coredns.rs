@@ -391,7 +391,7 @@ fn the_same_name_in_every_cluster_keeps_local_answers_and_resolves_the_rest_thro
 // CoreDNS
 
 /// The stock CoreDNS binary, built (once, cached) by `scripts/k8s-bins.sh`.
-fn coredns_bin() -> &'static Path {
+pub(crate) fn coredns_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/k8s-bins.sh");

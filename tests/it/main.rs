@@ -27,6 +27,7 @@ mod policy;
 mod readiness;
 mod reverse;
 mod same_name;
+mod setup_dns;
 mod supervise;
 mod sync;
 mod transfer;
