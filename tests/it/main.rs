@@ -10,6 +10,7 @@ mod support;
 
 mod abuse;
 mod binary;
+mod chart;
 mod client;
 mod conformance;
 mod contract;
