@@ -22,6 +22,7 @@ mod harness_smoke;
 mod hostile;
 mod incumbent;
 mod metrics;
+mod monitoring;
 mod policy;
 mod readiness;
 mod reverse;
