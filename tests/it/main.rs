@@ -20,6 +20,7 @@ mod dig_debug;
 mod fleet;
 mod harness_smoke;
 mod hostile;
+mod image;
 mod incumbent;
 mod metrics;
 mod monitoring;
