@@ -164,7 +164,7 @@ build_kube_apiserver() {
 build_kubectl() {
     local v="$K8S_VERSION" name="kubectl-$K8S_VERSION"
     have "$name" kubectl && return 0
-    log "building kubectl $v (~2 min on 2 cores after kube-apiserver, ~4 min alone)..."
+    log "building kubectl $v (~1 min on 2 cores after kube-apiserver, whose build cache it shares)..."
     k8s_module
     (cd "$K8S_DIR" && run_timed "kubectl $v" "$GO" build -mod=mod -trimpath -ldflags "$K8S_LDFLAGS" \
         -o "$BIN/.$name.tmp" k8s.io/kubernetes/cmd/kubectl)
