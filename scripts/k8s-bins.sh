@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Build real kube-apiserver, etcd and CoreDNS binaries from the Go module proxy
-# for the integration tests, cached by version.
+# Build real kube-apiserver, etcd and CoreDNS binaries, and the kubectl and helm
+# clients, from the Go module proxy for the integration tests, cached by version.
 #
-# Usage: scripts/k8s-bins.sh [all | kube-apiserver | etcd | coredns | coredns-multicluster]...
+# Usage: scripts/k8s-bins.sh [all | kube-apiserver | kubectl | etcd | coredns | helm | coredns-multicluster]...
 #
 # Builds whatever is missing and prints the bin directory on the last line of
 # stdout; everything else (progress, go output) goes to stderr. Idempotent:
 # existing versioned binaries are reused, a stable symlink (kube-apiserver,
-# etcd, coredns, coredns-multicluster) points at the pinned version.
+# kubectl, etcd, coredns, helm, coredns-multicluster) points at the pinned version.
 #
 # Environment:
 #   CLUSTERSET_DNS_CACHE   cache root (default ~/.cache/clusterset-dns);
 #                          binaries in $CLUSTERSET_DNS_CACHE/bin, wrapper modules in .../src
-#   K8S_VERSION            k8s.io/kubernetes tag            (default below)
+#   K8S_VERSION            k8s.io/kubernetes tag of kube-apiserver and kubectl (default below)
 #   ETCD_VERSION           go.etcd.io/etcd/server/v3 tag    (default below)
 #   COREDNS_VERSION        github.com/coredns/coredns tag for the stock coredns
+#   HELM_VERSION           helm.sh/helm/v3 tag
 #   MC_COREDNS_VERSION     coredns version paired with the multicluster plugin
 #   MULTICLUSTER_VERSION   github.com/coredns/multicluster pseudo-version
 #                          (coredns-multicluster is built only from the module
@@ -29,6 +30,8 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.33.13}"
 ETCD_VERSION="${ETCD_VERSION:-v3.5.35}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
+# The newest Helm 3 whose go.mod asks for no Go newer than 1.24.
+HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 # The multicluster plugin's own go.mod requires coredns v1.11.4; keep that pairing.
 MC_COREDNS_VERSION="${MC_COREDNS_VERSION:-v1.11.4}"
 MULTICLUSTER_VERSION="${MULTICLUSTER_VERSION:-v0.0.0-20250326123025-edbcb64886f6}"
@@ -100,14 +103,16 @@ mod_field() { # mod_field MODULE@VERSION FIELD  (from go mod download -json)
     "$GO" mod download -json "$1" | sed -n "s/^[[:space:]]*\"$2\": \"\(.*\)\",\{0,1\}$/\1/p"
 }
 
-build_kube_apiserver() {
-    local v="$K8S_VERSION" name="kube-apiserver-$K8S_VERSION"
-    have "$name" kube-apiserver && return 0
+# k8s_module: a wrapper module requiring k8s.io/kubernetes@$K8S_VERSION in
+# $SRC/kubernetes-$K8S_VERSION (kube-apiserver and kubectl are built in it, so
+# the second shares the first's downloads and build cache); sets K8S_DIR and
+# K8S_LDFLAGS.
+k8s_module() {
+    local v="$K8S_VERSION"
     [[ "$v" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.N.M, got $v"
     local minor="${BASH_REMATCH[1]}" staging_v="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
-    log "building kube-apiserver $v (cold build takes ~4-7 min on 2 cores, ~15 s warm)..."
-    local dir="$SRC/kube-apiserver-$v"
-    mkdir -p "$dir"
+    K8S_DIR="$SRC/kubernetes-$v"
+    mkdir -p "$K8S_DIR"
     local upstream_mod
     upstream_mod="$(mod_field "k8s.io/kubernetes@$v" GoMod)"
     [ -f "$upstream_mod" ] || die "cannot download k8s.io/kubernetes@$v"
@@ -115,9 +120,9 @@ build_kube_apiserver() {
     local golang godebug
     golang="$(awk '$1 == "go" {print $2; exit}' "$upstream_mod")"
     godebug="$(awk '$1 == "godebug" && $2 ~ /^default=/ {print $2; exit}' "$upstream_mod")"
-    rm -f "$dir/go.mod" "$dir/go.sum"
+    rm -f "$K8S_DIR/go.mod" "$K8S_DIR/go.sum"
     (
-        cd "$dir"
+        cd "$K8S_DIR"
         "$GO" mod init local/k8sbins >/dev/null 2>&1
         "$GO" mod edit -go="$golang" -require="k8s.io/kubernetes@$v"
         if [ -n "$godebug" ]; then "$GO" mod edit -godebug="$godebug"; fi
@@ -129,18 +134,68 @@ build_kube_apiserver() {
         local args=()
         for m in "${mods[@]}"; do args+=("-replace=$m=$m@$staging_v"); done
         "$GO" mod edit "${args[@]}"
-        log "kube-apiserver: wrapper module $dir (${#mods[@]} staging replaces at $staging_v)"
-        local ld="-s -w"
-        ld+=" -X k8s.io/component-base/version.gitVersion=$v"
-        ld+=" -X k8s.io/component-base/version.gitMajor=1"
-        ld+=" -X k8s.io/component-base/version.gitMinor=$minor"
-        ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
-        ld+=" -X k8s.io/component-base/version.buildDate=$(date -u '+%Y-%m-%dT%H:%M:%SZ')"
-        run_timed "kube-apiserver $v" "$GO" build -mod=mod -trimpath -ldflags "$ld" \
-            -o "$BIN/.$name.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+        log "k8s.io/kubernetes: wrapper module $K8S_DIR (${#mods[@]} staging replaces at $staging_v)"
     )
+    K8S_LDFLAGS="-s -w"
+    K8S_LDFLAGS+=" -X k8s.io/component-base/version.gitVersion=$v"
+    K8S_LDFLAGS+=" -X k8s.io/component-base/version.gitMajor=1"
+    K8S_LDFLAGS+=" -X k8s.io/component-base/version.gitMinor=$minor"
+    K8S_LDFLAGS+=" -X k8s.io/component-base/version.gitTreeState=clean"
+    K8S_LDFLAGS+=" -X k8s.io/component-base/version.buildDate=$(date -u '+%Y-%m-%dT%H:%M:%SZ')"
+    # kubectl reads its own version from client-go's copy of these.
+    K8S_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitVersion=$v"
+    K8S_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
+    K8S_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+}
+
+build_kube_apiserver() {
+    local v="$K8S_VERSION" name="kube-apiserver-$K8S_VERSION"
+    have "$name" kube-apiserver && return 0
+    log "building kube-apiserver $v (cold build takes ~4-7 min on 2 cores, ~15 s warm)..."
+    k8s_module
+    (cd "$K8S_DIR" && run_timed "kube-apiserver $v" "$GO" build -mod=mod -trimpath -ldflags "$K8S_LDFLAGS" \
+        -o "$BIN/.$name.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
     install_bin "$BIN/.$name.tmp" "$name" kube-apiserver
     "$BIN/kube-apiserver" --version >&2
+}
+
+# The client the tests (and scripts/clusters.sh) apply manifests with, from the
+# same Kubernetes release as the API server.
+build_kubectl() {
+    local v="$K8S_VERSION" name="kubectl-$K8S_VERSION"
+    have "$name" kubectl && return 0
+    log "building kubectl $v (~1 min on 2 cores after kube-apiserver, whose build cache it shares)..."
+    k8s_module
+    (cd "$K8S_DIR" && run_timed "kubectl $v" "$GO" build -mod=mod -trimpath -ldflags "$K8S_LDFLAGS" \
+        -o "$BIN/.$name.tmp" k8s.io/kubernetes/cmd/kubectl)
+    install_bin "$BIN/.$name.tmp" "$name" kubectl
+    "$BIN/kubectl" version --client >&2
+}
+
+build_helm() {
+    local v="$HELM_VERSION" name="helm-$HELM_VERSION"
+    have "$name" helm && return 0
+    log "building helm $v (cold build takes ~2-4 min on 2 cores)..."
+    local gobin
+    gobin="$(mktemp -d "$BIN/.gobin.XXXXXX")"
+    # What helm's Makefile sets: its version, and the Kubernetes version that
+    # `helm template` and `helm lint` assume (a chart's kubeVersion is checked
+    # against it), from the client-go it is built with (v0.N.M: 1.N).
+    local helm_mod client_go ld
+    helm_mod="$(mod_field "helm.sh/helm/v3@$v" GoMod)"
+    client_go="$(awk '$1 == "k8s.io/client-go" {print $2; exit}' "$helm_mod")"
+    [[ "$client_go" =~ ^v0\.([0-9]+)\. ]] || die "helm $v: no k8s.io/client-go version in $helm_mod"
+    ld="-s -w -X helm.sh/helm/v3/internal/version.version=$v"
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+        ld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=${BASH_REMATCH[1]}"
+    done
+    if ! GOBIN="$gobin" run_timed "helm $v" "$GO" install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$v"; then
+        rm -rf "$gobin"; return 1
+    fi
+    mv -f "$gobin/helm" "$BIN/.$name.tmp"
+    rm -rf "$gobin"
+    install_bin "$BIN/.$name.tmp" "$name" helm
+    "$BIN/helm" version >&2
 }
 
 build_etcd() {
@@ -251,12 +306,12 @@ EOF
 main() {
     local targets=("$@") explicit=1
     if [ "${#targets[@]}" -eq 0 ] || [ "${targets[*]}" = all ]; then
-        targets=(etcd kube-apiserver coredns coredns-multicluster); explicit=0
+        targets=(etcd kube-apiserver kubectl coredns helm coredns-multicluster); explicit=0
     fi
     for t in "${targets[@]}"; do
         case "$t" in
-            kube-apiserver|etcd|coredns|coredns-multicluster) ;;
-            *) die "unknown target '$t' (kube-apiserver, etcd, coredns, coredns-multicluster, all)";;
+            kube-apiserver|kubectl|etcd|coredns|helm|coredns-multicluster) ;;
+            *) die "unknown target '$t' (kube-apiserver, kubectl, etcd, coredns, helm, coredns-multicluster, all)";;
         esac
     done
     mkdir -p "$BIN" "$SRC"

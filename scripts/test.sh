@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test of clusterset-dns on a fresh Debian machine, installing
-# what the tests need first: formatting and lint gates, unit tests, the
-# over-the-wire suite (real sockets, real `dig` and `nslookup`), the
-# Kubernetes suite against real kube-apiservers and etcd (built from the Go
-# module proxy with the machine's Go, cached under ~/.cache/clusterset-dns),
+# what the tests need first (only rustup is assumed): formatting and lint
+# gates, unit tests, the over-the-wire suite (real sockets, real `dig` and
+# `nslookup`), the Kubernetes suite against real kube-apiservers and etcd,
+# the Helm chart (helm, kubectl), the container image (buildah, podman, runc)
 # and a bounded fuzzing run of each fuzz target (fuzz/README.md).
+#
+# Installed when missing: Debian packages (apt-get), a Go toolchain >= 1.24
+# (the golang.org/toolchain module, through Debian's go), and kube-apiserver,
+# etcd, CoreDNS, kubectl and helm built from the Go module proxy
+# (scripts/k8s-bins.sh); everything built is cached under ~/.cache/clusterset-dns.
 #
 # usage: scripts/test.sh            everything
 #        FUZZ_SECONDS=N scripts/test.sh   fuzz each target N seconds (default 45;
@@ -26,11 +31,42 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v ss >/dev/null || need_apt+=(iproute2)
 command -v flock >/dev/null && command -v setpriv >/dev/null || need_apt+=(util-linux)
+# The image (scripts/image.sh, tests/it/image.rs).
+command -v musl-gcc >/dev/null || need_apt+=(musl-tools)
+command -v setcap >/dev/null || need_apt+=(libcap2-bin)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
+command -v buildah >/dev/null || need_apt+=(buildah)
+command -v podman >/dev/null || need_apt+=(podman)
+command -v runc >/dev/null || need_apt+=(runc)
+# Go >= 1.24 builds the Kubernetes parts; Debian's go only fetches that toolchain.
+CACHE="${CLUSTERSET_DNS_CACHE:-$HOME/.cache/clusterset-dns}"
+GO_TOOLCHAIN=go1.24.13
+go_ok() { # go_ok GO: GO is 1.24 or newer
+  local v; v="$("$1" env GOVERSION 2>/dev/null)" || return 1
+  [[ "$v" =~ ^go1\.([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge 24 ]
+}
+if [ -x "$CACHE/go/bin/go" ] && ! go_ok go; then export PATH="$CACHE/go/bin:$PATH"; fi
+if ! go_ok go && ! command -v go >/dev/null; then need_apt+=(golang-go); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
   echo "installing ${need_apt[*]} (Debian packages)"
+  start=$SECONDS
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  echo "installed in $((SECONDS - start)) s"
+fi
+if ! go_ok go; then
+  # The toolchain the go command itself would switch to (GOTOOLCHAIN), as a
+  # module: any go can download it; it lands unpacked in the module cache.
+  echo "go $(go env GOVERSION 2>/dev/null) is older than 1.24: fetching $GO_TOOLCHAIN"
+  root="$(go mod download -json "golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$(go env GOARCH)" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [ -f "$root/bin/go" ] || { echo "could not fetch $GO_TOOLCHAIN" >&2; exit 1; }
+  # The module cache keeps no executable bits; the go command sets them too.
+  chmod +x "$root"/bin/* "$root"/pkg/tool/*/*
+  ln -sfn "$root" "$CACHE/go"
+  export PATH="$CACHE/go/bin:$PATH"
+  go_ok go || { echo "$CACHE/go/bin/go does not run" >&2; exit 1; }
 fi
 if ! command -v cargo >/dev/null; then
   echo "cargo not found: install Rust with rustup (https://rustup.rs), then run this again" >&2
@@ -38,14 +74,15 @@ if ! command -v cargo >/dev/null; then
 fi
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 cargo --version; dig -v 2>&1 | sed -n 1p
-# The cluster tests need Go (to build kube-apiserver and etcd) and kubectl;
-# both come with this project's machine image. Missing means failing, not skipping.
-command -v go >/dev/null || { echo "go not found: the Kubernetes tests build kube-apiserver and etcd with it" >&2; exit 1; }
-command -v kubectl >/dev/null || { echo "kubectl not found: the Kubernetes tests install CRDs with it" >&2; exit 1; }
-go version; kubectl version --client 2>/dev/null | sed -n 1p
+go version
 
-say "real Kubernetes components (a cold build takes ~5-10 min, then cached)"
-scripts/k8s-bins.sh etcd kube-apiserver coredns
+say "real Kubernetes components (a cold build takes ~20 min on 2 cores, then cached)"
+scripts/k8s-bins.sh etcd kube-apiserver coredns helm
+# kubectl: the machine's, else one built from the same release as kube-apiserver.
+if ! command -v kubectl >/dev/null; then
+  export PATH="$(scripts/k8s-bins.sh kubectl | tail -1):$PATH"
+fi
+kubectl version --client 2>/dev/null | sed -n 1p
 
 say "format and lints"
 cargo fmt --check

@@ -208,11 +208,13 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     let mut addrs = Vec::new();
     let mut udp = Vec::new();
     let mut servers = Vec::new();
+    let mut workers_alive = Vec::new();
     for &addr in &cfg.listen {
         let stats = Arc::new(QueryStats::default());
         let (workers, listener) = bind_pair(addr, cfg, &reader, &stats, &failures).await?;
         let bound = workers.local_addr;
         servers.push((server_label(bound), stats.clone()));
+        workers_alive.push((server_label(bound), workers.alive.clone()));
         let listener = Arc::new(listener);
         let server = tcp::TcpServer::new(reader.clone(), cfg.wire.clone(), cfg.tcp, stats, failures.clone());
         tasks.push(sup.restartable(Task::TcpAccept, move || tcp::serve(listener.clone(), server.clone())));
@@ -221,6 +223,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         info!(addr = %bound, zone = %cfg.zone.origin, udp_workers = cfg.udp_workers, "listening on UDP and TCP");
     }
     metrics.register_queries(cfg.zone.origin.to_string(), servers)?;
+    metrics.register_udp_workers(workers_alive)?;
     Ok(Running { addrs, http_addr, reader, draining, failures, _updates: tx, reload, udp, tasks })
 }
 

@@ -206,6 +206,12 @@ const SYNC_FAMILIES: &[FamilyDecl] = &[
     ),
     ("clusterset_dns_sync_reconciles_total", "Services reconciled.", MetricType::COUNTER, &[]),
     (
+        "clusterset_dns_sync_conflicts",
+        "Services whose exports conflict now (their ServiceExports carry Conflict=True; the oldest export's spec wins).",
+        MetricType::GAUGE,
+        &[],
+    ),
+    (
         "clusterset_dns_sync_member_stale_seconds",
         "Seconds since a member's API last answered its watches (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.",
         MetricType::GAUGE,
@@ -227,6 +233,7 @@ fn sync_collector(
             count(&s.reads),
             count(&s.unchanged),
             count(&s.reconciles),
+            vec![metrics::gauge(&[], s.conflicts.load(Ordering::Relaxed) as f64)],
             members
                 .iter()
                 .map(|(name, health)| {

@@ -84,6 +84,8 @@ pub struct SyncStats {
     pub unchanged: AtomicU64,
     /// Services reconciled.
     pub reconciles: AtomicU64,
+    /// Services whose exports conflict now (a Conflict condition is True).
+    pub conflicts: AtomicU64,
 }
 
 /// Which object of which member.
@@ -129,11 +131,13 @@ struct KeyState {
     owned: BTreeSet<ObjectRef>,
     /// lastTransitionTime per (member, condition type), with its status.
     transitions: HashMap<(usize, &'static str), (Status, String)>,
+    /// Counted in [`SyncStats::conflicts`].
+    conflicted: bool,
 }
 
 impl KeyState {
     fn is_empty(&self) -> bool {
-        self.applied.is_empty() && self.owned.is_empty() && self.transitions.is_empty()
+        self.applied.is_empty() && self.owned.is_empty() && self.transitions.is_empty() && !self.conflicted
     }
 }
 
@@ -497,6 +501,17 @@ impl KeyState {
         let consumers = merged.spec.as_ref().map_or(Consumers::All, |s| Consumers::of(&s.annotations));
         if let Consumers::Invalid(e) = &consumers {
             warn!(service = %key, "{e}: imported nowhere until the export's annotation is fixed");
+        }
+        let conflicted = merged.conditions.iter().any(|(_, conds)| {
+            conds.iter().any(|c| c.kind == condition::CONFLICT && c.status == Status::True)
+        });
+        if conflicted != self.conflicted {
+            self.conflicted = conflicted;
+            if conflicted {
+                cx.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            } else {
+                cx.stats.conflicts.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         let unreachable: Vec<(crate::model::ClusterId, String)> = (0..cx.members.len())
             .filter_map(|i| Some((cx.members[i].cluster.clone(), cx.unreachable[i].clone()?)))

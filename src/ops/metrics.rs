@@ -69,6 +69,23 @@ impl Metrics {
         self.registry.register(Box::new(QueryCollector::new(zone, servers)?))
     }
 
+    /// Exposes `clusterset_dns_udp_workers{server}`: the UDP worker threads
+    /// of each listener that are running (0: that address answers no UDP).
+    pub fn register_udp_workers(
+        &self,
+        servers: Vec<(String, Arc<std::sync::atomic::AtomicUsize>)>,
+    ) -> Result<(), prometheus::Error> {
+        let collector = ScrapeCollector::new(UDP_WORKERS, move || {
+            vec![
+                servers
+                    .iter()
+                    .map(|(server, alive)| gauge(&[("server", server)], alive.load(Ordering::Relaxed) as f64))
+                    .collect(),
+            ]
+        })?;
+        self.registry.register(Box::new(collector))
+    }
+
     /// Exposes the health overlay, read from the current snapshot at scrape
     /// time: `clusterset_dns_endpoints{service,cluster,state}` and, with
     /// members, `clusterset_dns_cluster_alive{cluster}`. Never per address.
@@ -153,6 +170,13 @@ impl Collector for ScrapeCollector {
         (self.collect)()
     }
 }
+
+const UDP_WORKERS: &[FamilyDecl] = &[(
+    "clusterset_dns_udp_workers",
+    "UDP worker threads running per listener (--udp-workers when healthy; 0: no UDP answers there).",
+    MetricType::GAUGE,
+    &["server"],
+)];
 
 const PANICS: &[FamilyDecl] = &[(
     "clusterset_dns_panics_total",

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,26 @@ pub struct UdpWorkers {
     threads: Vec<JoinHandle<()>>,
     /// The bound address (the port is resolved when 0 was asked for).
     pub local_addr: SocketAddr,
+    /// Worker threads running their loop now (`clusterset_dns_udp_workers`):
+    /// a thread leaves it only when stopped, or if it dies despite the
+    /// restart on panic.
+    pub alive: Arc<AtomicUsize>,
+}
+
+/// Counts a worker thread in [`UdpWorkers::alive`] while it lives, however it ends.
+struct Alive(Arc<AtomicUsize>);
+
+impl Alive {
+    fn new(count: Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Binds `workers` sockets on `addr` and starts one thread per socket; they
@@ -57,6 +77,7 @@ pub fn start(
     failures: Arc<Failures>,
 ) -> io::Result<UdpWorkers> {
     let stop = Arc::new(AtomicBool::new(false));
+    let alive = Arc::new(AtomicUsize::new(0));
     let first = bind(addr)?;
     // With port 0, the first socket picks the port and the rest join it.
     let local_addr = first.local_addr()?;
@@ -70,7 +91,9 @@ pub fn start(
         .map(|(i, socket)| {
             let (reader, stop, stats, cfg, failures) =
                 (reader.clone(), stop.clone(), stats.clone(), cfg.clone(), failures.clone());
+            let alive = Alive::new(alive.clone());
             std::thread::Builder::new().name(format!("udp-{i}")).spawn(move || {
+                let _alive = alive;
                 loop {
                     let run = catch_unwind(AssertUnwindSafe(|| {
                         serve(&socket, &reader, &cfg, &stats, &stop, &failures)
@@ -90,7 +113,7 @@ pub fn start(
             })
         })
         .collect::<io::Result<_>>()?;
-    Ok(UdpWorkers { stop, threads, local_addr })
+    Ok(UdpWorkers { stop, threads, local_addr, alive })
 }
 
 impl UdpWorkers {

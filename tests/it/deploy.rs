@@ -20,7 +20,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_clusterset-dns");
 const NS: &str = "clusterset-dns";
 const NAME: &str = "clusterset-dns";
 
-fn deploy_dir() -> PathBuf {
+pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
 }
 
@@ -57,7 +57,7 @@ fn relative(dir: &Path) -> String {
 
 /// Runs kubectl against `kubeconfig` (so the gcloud dispatcher picks the
 /// client matching that API server), with `stdin` as its input.
-fn kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> Output {
+pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(kubeconfig)
@@ -75,7 +75,7 @@ fn kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> Output {
 }
 
 /// `kubectl args` must succeed; returns its stdout and stderr.
-fn kubectl_ok(kubeconfig: &Path, args: &[&str], stdin: &str) -> (String, String) {
+pub fn kubectl_ok(kubeconfig: &Path, args: &[&str], stdin: &str) -> (String, String) {
     let out = kubectl(kubeconfig, args, stdin);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -85,26 +85,26 @@ fn kubectl_ok(kubeconfig: &Path, args: &[&str], stdin: &str) -> (String, String)
     (stdout, stderr)
 }
 
-fn render(kubeconfig: &Path, dir: &Path) -> String {
+pub fn render(kubeconfig: &Path, dir: &Path) -> String {
     kubectl_ok(kubeconfig, &["kustomize", &dir.to_string_lossy()], "").0
 }
 
 /// The documents of a multi-document YAML text.
-fn objects(yaml: &str) -> Vec<Value> {
+pub fn objects(yaml: &str) -> Vec<Value> {
     serde_yaml::Deserializer::from_str(yaml)
         .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{yaml}")))
         .filter(|v| !v.is_null())
         .collect()
 }
 
-fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
         .iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name} among {:?}", summary(objects)))
 }
 
-fn summary(objects: &[Value]) -> Vec<String> {
+pub fn summary(objects: &[Value]) -> Vec<String> {
     objects
         .iter()
         .map(|o| format!("{}/{}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"]))
@@ -113,7 +113,7 @@ fn summary(objects: &[Value]) -> Vec<String> {
 
 /// Warnings kubectl printed, except the one about objects first created by
 /// server-side apply (the harness applies `deploy/serve/rbac.yaml` that way).
-fn warnings(stderr: &str) -> Vec<&str> {
+pub fn warnings(stderr: &str) -> Vec<&str> {
     stderr
         .lines()
         .filter(|l| l.contains("Warning:") && !l.contains("kubectl.kubernetes.io/last-applied-configuration"))
@@ -123,7 +123,7 @@ fn warnings(stderr: &str) -> Vec<&str> {
 /// Client-side and server-side apply of `yaml`, dry run on the server: the
 /// API server validates (strictly: unknown fields fail), defaults and admits
 /// every object, and stores nothing.
-fn apply_dry_run(kubeconfig: &Path, what: &str, yaml: &str) {
+pub fn apply_dry_run(kubeconfig: &Path, what: &str, yaml: &str) {
     for mode in [
         &["apply", "--dry-run=server", "-f", "-"][..],
         &["apply", "--server-side", "--dry-run=server", "-f", "-"],

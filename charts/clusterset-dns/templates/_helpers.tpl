@@ -1,0 +1,106 @@
+{{/* Object names: the release name, with the chart name appended unless it is in it. */}}
+{{- define "clusterset-dns.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "clusterset-dns.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "clusterset-dns.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The subcommand the pods run, also their app.kubernetes.io/component. */}}
+{{- define "clusterset-dns.component" -}}
+{{- if eq .Values.shape "sync" }}sync{{ else }}serve{{ end -}}
+{{- end -}}
+
+{{/* The Deployment's (and its Service's) name. */}}
+{{- define "clusterset-dns.workloadName" -}}
+{{- $full := include "clusterset-dns.fullname" . -}}
+{{- if eq .Values.shape "sync" }}{{ $full }}-sync{{ else }}{{ $full }}{{ end -}}
+{{- end -}}
+
+{{/* Selector labels: stable for the life of a release. $ctx: (dict "root" $ "component" "...") */}}
+{{- define "clusterset-dns.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "clusterset-dns.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "clusterset-dns.labels" -}}
+{{ include "clusterset-dns.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The port of an ADDR:PORT value. */}}
+{{- define "clusterset-dns.port" -}}
+{{- regexReplaceAll "^.*:" (toString .) "" -}}
+{{- end -}}
+
+{{/*
+Flags from a map of values: key fooBar is flag --foo-bar; null or an empty
+list leaves the flag out (the binary's default), a list repeats it, the
+switches (no argument) appear when true. Sorted by key.
+*/}}
+{{- define "clusterset-dns.flags" -}}
+{{- $switches := list "hideVersion" "endpointAnswers" "probe" "noLeaderElection" -}}
+{{- range $key := keys .values | sortAlpha }}
+{{- if not (has $key $.skip) }}
+{{- $v := get $.values $key }}
+{{- $flag := printf "--%s" (regexReplaceAll "([a-z0-9])([A-Z])" $key "${1}-${2}" | lower) }}
+{{- if has $key $switches }}
+{{- if $v }}
+- {{ $flag }}
+{{- end }}
+{{- else if kindIs "slice" $v }}
+{{- range $v }}
+- {{ $flag }}
+- {{ include "clusterset-dns.arg" . }}
+{{- end }}
+{{- else if not (kindIs "invalid" $v) }}
+- {{ $flag }}
+- {{ include "clusterset-dns.arg" $v }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* One argument, quoted; whole numbers without an exponent (YAML numbers arrive as float64). */}}
+{{- define "clusterset-dns.arg" -}}
+{{- if kindIs "float64" . }}{{ int64 . | toString | quote }}{{ else }}{{ toString . | quote }}{{ end -}}
+{{- end -}}
+
+{{/* Values that make no sense fail here, naming the value. */}}
+{{- define "clusterset-dns.validate" -}}
+{{- $shape := .Values.shape -}}
+{{- if not (has $shape (list "serve" "sync" "centralized")) -}}
+{{- fail (printf "shape: %q is not a shape; use serve, sync or centralized" (toString $shape)) -}}
+{{- end -}}
+{{- if and .Values.workload.enabled (ne $shape "sync") .Values.podDisruptionBudget.enabled (not .Values.autoscaling.enabled) -}}
+{{- if le (int .Values.replicas) (int .Values.podDisruptionBudget.minAvailable) -}}
+{{- fail (printf "replicas: %v with podDisruptionBudget.minAvailable: %v: the PodDisruptionBudget would block every node drain; use replicas of at least %v, or podDisruptionBudget.enabled: false" .Values.replicas .Values.podDisruptionBudget.minAvailable (add1 (int .Values.podDisruptionBudget.minAvailable))) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.autoscaling.enabled (le (int .Values.autoscaling.minReplicas) (int .Values.podDisruptionBudget.minAvailable)) .Values.podDisruptionBudget.enabled -}}
+{{- fail (printf "autoscaling.minReplicas: %v with podDisruptionBudget.minAvailable: %v: the PodDisruptionBudget would block every node drain" .Values.autoscaling.minReplicas .Values.podDisruptionBudget.minAvailable) -}}
+{{- end -}}
+{{- if and .Values.autoscaling.enabled (eq $shape "sync") -}}
+{{- fail "autoscaling.enabled: sync has one leader at a time; more replicas add standbys, not capacity" -}}
+{{- end -}}
+{{- if and (eq $shape "sync") .Values.sync.noLeaderElection (gt (int .Values.replicas) 1) -}}
+{{- fail (printf "sync.noLeaderElection: true with replicas: %v: without leader election only one replica may run" .Values.replicas) -}}
+{{- end -}}
+{{- $lameduck := .Values.serve.lameduck | default 5 -}}
+{{- if and (ne $shape "sync") (ge (int $lameduck) (int .Values.terminationGracePeriodSeconds)) -}}
+{{- fail (printf "serve.lameduck: %v is not below terminationGracePeriodSeconds: %v; the pod would be killed while it still answers" $lameduck .Values.terminationGracePeriodSeconds) -}}
+{{- end -}}
+{{- end -}}
