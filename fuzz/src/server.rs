@@ -73,7 +73,8 @@ pub fn answer_both(packet: &[u8]) -> [Answered; 2] {
             }
             // A zone transfer: the TCP connection streams it from here.
             // Every message is checked; the first stands for the response.
-            let mut xfr = Transfer::new(Arc::clone(&*snap), packet, MAX_UDP_PAYLOAD).expect("an accepted transfer starts");
+            let mut xfr = Transfer::new(Arc::clone(&*snap), packet, MAX_UDP_PAYLOAD)
+                .expect("an accepted transfer starts");
             let mut first = Vec::new();
             assert!(xfr.next_message(&mut first).expect("first message"), "a transfer has a message");
             let mut next = Vec::new();
