@@ -170,6 +170,53 @@ fn every_layout_gets_its_change_once_and_loses_it_exactly_and_coredns_then_forwa
             .expect("json");
     assert_eq!(stub, json!({"acme.local": ["1.2.3.4"], "clusterset.local": [server]}));
 
+    // OpenShift: the DNS operator's servers (its CRD as a minimal stand-in
+    // for the operator's, which owns the Corefile), other entries kept.
+    rt.block_on(k.delete_all());
+    rt.block_on(async {
+        let client = clusters.client(0).await;
+        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+            Api::all(client.clone());
+        let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "dnses.operator.openshift.io"},
+            "spec": {"group": "operator.openshift.io", "scope": "Cluster",
+                     "names": {"plural": "dnses", "singular": "dns", "kind": "DNS", "listKind": "DNSList"},
+                     "versions": [{"name": "v1", "served": true, "storage": true,
+                                   "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}});
+        crds.patch("dnses.operator.openshift.io", &PatchParams::apply("tests").force(), &Patch::Apply(&crd))
+            .await
+            .expect("CRD");
+        let ar = kube::api::ApiResource {
+            group: "operator.openshift.io".into(),
+            version: "v1".into(),
+            api_version: "operator.openshift.io/v1".into(),
+            kind: "DNS".into(),
+            plural: "dnses".into(),
+        };
+        let dns: Api<kube::api::DynamicObject> = Api::all_with(client, &ar);
+        let body = json!({"apiVersion": "operator.openshift.io/v1", "kind": "DNS", "metadata": {"name": "default"},
+            "spec": {"servers": [{"name": "corp", "zones": ["corp.example"], "forwardPlugin": {"upstreams": ["192.0.2.1"]}}]}});
+        // The CRD serves once established: retry the create briefly.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = dns.patch("default", &PatchParams::apply("tests").force(), &Patch::Apply(&body)).await {
+            assert!(Instant::now() < deadline, "DNS default: {e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (code, out) = setup(&clusters, &no_verify);
+        assert!(code == 0 && out.contains("OpenShift DNS operator"), "{out}");
+        let o = dns.get("default").await.expect("DNS default");
+        let servers = o.data["spec"]["servers"].as_array().cloned().unwrap_or_default();
+        assert_eq!(servers.len(), 2, "{servers:?}");
+        assert_eq!(servers[0]["name"], "corp", "other servers kept");
+        assert_eq!(servers[1]["forwardPlugin"]["upstreams"][0], server.as_str());
+        assert_eq!(servers[1]["zones"][0], "clusterset.local");
+        let (code, out) = setup(&clusters, &["--server", &server, "--remove"]);
+        assert_eq!(code, 0, "{out}");
+        let o = dns.get("default").await.expect("DNS default");
+        assert_eq!(o.data["spec"]["servers"].as_array().map(Vec::len), Some(1), "{o:?}");
+        crds.delete("dnses.operator.openshift.io", &DeleteParams::default()).await.expect("delete CRD");
+    });
+
     // RKE2: Helm owns its ConfigMap: nothing written, the chart values shown.
     rt.block_on(k.delete_all());
     rt.block_on(k.put("rke2-coredns-rke2-coredns", json!({"Corefile": fixture("kubeadm.Corefile")})));
