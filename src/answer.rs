@@ -245,9 +245,6 @@ pub fn lookup_for<'s>(
         i += 1 + name[i] as usize;
     }
     let zone = snap.zone();
-    if let Some(ip) = reverse_address(name, &starts[..n]) {
-        return reverse(snap, ip, q.qtype);
-    }
     let label = |j: usize| {
         let s = starts[j] as usize;
         &name[s..s + 1 + name[s] as usize]
@@ -259,12 +256,20 @@ pub fn lookup_for<'s>(
         let apex = if k == 0 { 0 } else { starts[k] as usize };
         (name.get(apex..) == Some(wire)).then_some((k, apex))
     };
-    let also_zone = zone.also_wire.as_deref().and_then(|w| within(w, zone.also_labels));
-    let (k, apex, also) = match (within(&zone.wire, zone.labels), also_zone) {
-        (Some((k, apex)), _) => (k, apex, false),
-        // Of the second zone, only the service subtree is ours.
-        (None, Some((k, apex))) if k > 0 && label(k - 1) == b"\x03svc" => (k, apex, true),
-        _ => return Answer::bare(Rcode::Refused, false),
+    // Names of the zone are the common case: the second zone and reverse
+    // names are looked at only for names outside it.
+    let (k, apex, also) = match within(&zone.wire, zone.labels) {
+        Some((k, apex)) => (k, apex, false),
+        None => match zone.also_wire.as_deref().and_then(|w| within(w, zone.also_labels)) {
+            // Of the second zone, only the service subtree is ours.
+            Some((k, apex)) if k > 0 && label(k - 1) == b"\x03svc" => (k, apex, true),
+            _ => {
+                return match reverse_address(name, &starts[..n]) {
+                    Some(ip) => reverse(snap, ip, q.qtype),
+                    None => Answer::bare(Rcode::Refused, false),
+                };
+            }
+        },
     };
     if q.qtype == rtype::AXFR || q.qtype == rtype::IXFR {
         return Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) };
