@@ -190,8 +190,6 @@ async fn connection(
     let mut out = Vec::with_capacity(65535 + 2);
     let mut scratch = Scratch::default();
     let mut local = LocalStats::default();
-    let timed_out =
-        |what: &str| io::Error::new(io::ErrorKind::TimedOut, format!("{what} not completed in time"));
     loop {
         // Idle until the next message starts; under pressure, closed.
         let first = tokio::select! {
@@ -232,12 +230,7 @@ async fn connection(
             if let Some(snap) = snap {
                 sent = transfer(snap, &packet[..len], peer, server, &mut wr, &mut out).await?;
             } else {
-                tokio::time::timeout(server.cfg.io_timeout, async {
-                    wr.write_all(&(out.len() as u16).to_be_bytes()).await?;
-                    wr.write_all(&out).await
-                })
-                .await
-                .map_err(|_| timed_out("response write"))??;
+                write_message(&mut wr, &out, server.cfg.io_timeout, "response write").await?;
             }
             // TCP carries little of the load: add every message's counts
             // to the shared ones at once.
@@ -246,6 +239,10 @@ async fn connection(
             local.flush(&server.stats);
         }
     }
+}
+
+fn timed_out(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, format!("{what} not completed in time"))
 }
 
 /// Streams a zone transfer of `snap` answering `query`, each message
@@ -267,15 +264,7 @@ async fn transfer(
     let started = std::time::Instant::now();
     let mut sent = 0;
     while xfr.next_message(out)? {
-        let len = u16::try_from(out.len()).map_err(io::Error::other)?;
-        tokio::time::timeout(server.cfg.io_timeout, async {
-            wr.write_all(&len.to_be_bytes()).await?;
-            wr.write_all(out).await
-        })
-        .await
-        .map_err(|_| {
-            io::Error::new(io::ErrorKind::TimedOut, "zone transfer write not completed in time")
-        })??;
+        write_message(wr, out, server.cfg.io_timeout, "zone transfer write").await?;
         sent += out.len() + 2;
     }
     info!(
@@ -288,4 +277,21 @@ async fn transfer(
         "zone transferred"
     );
     Ok(sent)
+}
+
+/// Writes one length-prefixed message within `timeout` (`what` names it in
+/// the error when it does not complete in time).
+async fn write_message(
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    msg: &[u8],
+    timeout: Duration,
+    what: &str,
+) -> io::Result<()> {
+    let len = u16::try_from(msg.len()).map_err(io::Error::other)?;
+    tokio::time::timeout(timeout, async {
+        wr.write_all(&len.to_be_bytes()).await?;
+        wr.write_all(msg).await
+    })
+    .await
+    .map_err(|_| timed_out(what))?
 }
