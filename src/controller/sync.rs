@@ -447,36 +447,31 @@ impl KeyState {
         let stale = |e: &crate::fleet::state::ExportInfo| {
             e.ours && e.annotations.get(ANNOTATION_CONSUMER_CLUSTERS).map(String::as_str) != consumers
         };
-        match (wants, has) {
-            (true, None) => {
-                cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-                api.patch(
-                    key.name.as_str(),
-                    &PatchParams::apply(FIELD_MANAGER),
-                    &Patch::Apply(&desired::export(&ar.api_version, key, consumers)),
-                )
-                .await?;
-                info!(member = %cx.members[i].name, service = %key, "auto-exported");
+        let apply = match (wants, &has) {
+            (true, None) => Some("auto-exported"),
+            (true, Some(e)) if stale(e) => Some("auto-export: consumer clusters updated"),
+            _ => None,
+        };
+        if let Some(done) = apply {
+            cx.stats.writes.fetch_add(1, Ordering::Relaxed);
+            api.patch(
+                key.name.as_str(),
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(&desired::export(&ar.api_version, key, consumers)),
+            )
+            .await?;
+            info!(member = %cx.members[i].name, service = %key, consumers = ?consumers, "{done}");
+            return Ok(());
+        }
+        if let (false, Some(e)) = (wants, has)
+            && e.ours
+        {
+            cx.stats.writes.fetch_add(1, Ordering::Relaxed);
+            match api.delete(key.name.as_str(), &DeleteParams::default()).await {
+                Ok(_) => info!(member = %cx.members[i].name, service = %key, "auto-export removed"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
             }
-            (true, Some(e)) if stale(&e) => {
-                cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-                api.patch(
-                    key.name.as_str(),
-                    &PatchParams::apply(FIELD_MANAGER),
-                    &Patch::Apply(&desired::export(&ar.api_version, key, consumers)),
-                )
-                .await?;
-                info!(member = %cx.members[i].name, service = %key, consumers = ?consumers, "auto-export: consumer clusters updated");
-            }
-            (false, Some(e)) if e.ours => {
-                cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-                match api.delete(key.name.as_str(), &DeleteParams::default()).await {
-                    Ok(_) => info!(member = %cx.members[i].name, service = %key, "auto-export removed"),
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            _ => {}
         }
         Ok(())
     }
