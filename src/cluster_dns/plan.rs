@@ -217,6 +217,16 @@ fn bind_line(corefile: &str) -> Option<&str> {
     corefile.lines().map(str::trim).find(|l| l.starts_with("bind "))
 }
 
+/// The edit putting `block` into (or, `remove`, taking ours out of) the
+/// `Corefile` of ConfigMap `kube-system/<name>`; `None` when it is already so.
+fn corefile_change(name: &'static str, corefile: &str, block: &str, remove: bool) -> Option<Change> {
+    let next = with_block(corefile, (!remove).then_some(block));
+    (next != corefile).then(|| Change {
+        diff: diff(&format!("kube-system/{name} Corefile"), corefile, &next),
+        edit: Edit::ConfigMapKey { name, key: "Corefile", value: Some(next), create: false },
+    })
+}
+
 /// Decides the layout and the edits.
 pub fn plan(seen: &Observed, want: &Want) -> Result<Plan, Unrecognised> {
     let block = server_block(want, None);
@@ -257,18 +267,7 @@ pub fn plan(seen: &Observed, want: &Want) -> Result<Plan, Unrecognised> {
             }
             Layout::CorednsCustom
         } else {
-            let next = with_block(corefile, (!want.remove).then_some(block.as_str()));
-            if &next != corefile {
-                changes.push(Change {
-                    diff: diff("kube-system/coredns Corefile", corefile, &next),
-                    edit: Edit::ConfigMapKey {
-                        name: "coredns",
-                        key: "Corefile",
-                        value: Some(next),
-                        create: false,
-                    },
-                });
-            }
+            changes.extend(corefile_change("coredns", corefile, &block, want.remove));
             Layout::Corefile
         }
     } else if seen.rke2 {
@@ -319,18 +318,7 @@ pub fn plan(seen: &Observed, want: &Want) -> Result<Plan, Unrecognised> {
     };
     if let Some(corefile) = &seen.nodelocal {
         let local = server_block(want, bind_line(corefile));
-        let next = with_block(corefile, (!want.remove).then_some(local.as_str()));
-        if &next != corefile {
-            changes.push(Change {
-                diff: diff("kube-system/node-local-dns Corefile", corefile, &next),
-                edit: Edit::ConfigMapKey {
-                    name: "node-local-dns",
-                    key: "Corefile",
-                    value: Some(next),
-                    create: false,
-                },
-            });
-        }
+        changes.extend(corefile_change("node-local-dns", corefile, &local, want.remove));
     }
     Ok(Plan { layout, changes, manual: None })
 }
