@@ -377,10 +377,9 @@ impl RunConfig {
 pub struct SetupDnsConfig {
     /// The cluster.
     pub connection: Connection,
-    /// clusterset-dns's address as the cluster DNS's `forward` takes it
-    /// (`IP`, or `IP:PORT` when the port is not 53); `None`: the ClusterIP
-    /// of Service clusterset-dns/clusterset-dns.
-    pub server: Option<String>,
+    /// clusterset-dns's address; `None`: the ClusterIP of Service
+    /// clusterset-dns/clusterset-dns, port 53.
+    pub server: Option<SocketAddr>,
     /// The zone forwarded (no final dot).
     pub zone: String,
     /// Show, do not write.
@@ -412,14 +411,7 @@ impl SetupDnsConfig {
         if zone.is_root() {
             return Err(bad("--zone", "the root zone cannot be forwarded"));
         }
-        let server = a
-            .server
-            .as_deref()
-            .map(|v| {
-                socket_addr("--server", v)
-                    .map(|s| if s.port() == 53 { s.ip().to_string() } else { s.to_string() })
-            })
-            .transpose()?;
+        let server = a.server.as_deref().map(|v| socket_addr("--server", v)).transpose()?;
         let verify_at = a.verify.as_deref().map(|v| socket_addr("--verify", v)).transpose()?;
         if !(a.verify_timeout.is_finite() && (1.0..=3600.0).contains(&a.verify_timeout)) {
             return Err(bad("--verify-timeout", format!("{} is outside 1-3600 seconds", a.verify_timeout)));
@@ -487,10 +479,7 @@ impl DoctorConfig {
             if !members.iter().any(|m| m.name == member) {
                 return Err(bad("--dns", format!("{member:?} is not one of the members given")));
             }
-            let addr = addr
-                .parse::<SocketAddr>()
-                .or_else(|_| addr.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-                .map_err(|_| bad("--dns", format!("{addr:?} is not IP or IP:PORT")))?;
+            let addr = socket_addr("--dns", addr)?;
             if dns.iter().any(|(m, _)| m == member) {
                 return Err(bad("--dns", format!("member {member:?} is given twice")));
             }

@@ -35,14 +35,19 @@ pub async fn run(cfg: SetupDnsConfig) -> (String, u8) {
 
 async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, Box<dyn std::error::Error>> {
     let client = client::connect(&cfg.connection).await?;
-    let server = match &cfg.server {
-        Some(s) => s.clone(),
-        None => kube::cluster_ip(&client, "clusterset-dns", "clusterset-dns").await?.ok_or(
-            "no --server given and Service clusterset-dns/clusterset-dns has no ClusterIP: install clusterset-dns first, or pass --server",
-        )?,
+    let server = match cfg.server {
+        Some(s) => s,
+        None => {
+            let ip = kube::cluster_ip(&client, "clusterset-dns", "clusterset-dns").await?.ok_or(
+                "no --server given and Service clusterset-dns/clusterset-dns has no ClusterIP: install clusterset-dns first, or pass --server",
+            )?;
+            SocketAddr::new(ip.parse::<IpAddr>()?, 53)
+        }
     };
+    // As `forward` takes it: the port only when it is not 53.
+    let upstream = if server.port() == 53 { server.ip().to_string() } else { server.to_string() };
     let read = kube::read(&client).await?;
-    let want = plan::Want { zone: cfg.zone.clone(), upstream: server.clone(), remove: cfg.remove };
+    let want = plan::Want { zone: cfg.zone.clone(), upstream, remove: cfg.remove };
     let plan = match plan::plan(&read.observed, &want) {
         Ok(p) => p,
         Err(e) => {
@@ -90,15 +95,6 @@ async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, Box<dyn std
     };
     let name = Name::from_ascii(format!("dns-version.{}.", cfg.zone))?;
     let (outcome, took) = verify::until_answered(at, &name, cfg.verify_timeout).await;
-    let direct = || async {
-        let addr = server
-            .parse::<SocketAddr>()
-            .or_else(|_| server.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)));
-        match addr {
-            Ok(a) => format!("{:?}", verify::ask(a, &name, std::time::Duration::from_secs(2)).await),
-            Err(_) => "not asked".to_owned(),
-        }
-    };
     match outcome {
         Outcome::Answered(text) => {
             let _ = writeln!(
@@ -111,10 +107,10 @@ async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, Box<dyn std
         Outcome::Code(code) => {
             let _ = writeln!(
                 out,
-                "not proven: the cluster DNS at {at} answers {name} with {code} after {:.0} s, so it does not forward {zone} yet. CoreDNS reloads an edited ConfigMap within about two minutes when its Corefile has `reload`; otherwise restart it (kubectl -n kube-system rollout restart deployment coredns). clusterset-dns itself, asked directly at {server}: {direct}",
+                "not proven: the cluster DNS at {at} answers {name} with {code} after {:.0} s, so it does not forward {zone} yet. CoreDNS reloads an edited ConfigMap within about two minutes when its Corefile has `reload`; otherwise restart it (kubectl -n kube-system rollout restart deployment coredns). clusterset-dns itself, asked directly at {server}: {direct:?}",
                 took.as_secs_f64(),
                 zone = cfg.zone,
-                direct = direct().await,
+                direct = verify::ask(server, &name, std::time::Duration::from_secs(2)).await,
             );
             Ok(UNPROVEN)
         }
