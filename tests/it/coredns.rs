@@ -352,17 +352,13 @@ fn the_same_name_in_every_cluster_keeps_local_answers_and_resolves_the_rest_thro
 
     let block = example_block_at("cluster.local:53 {");
     assert_eq!(block.matches(PLACEHOLDER).count(), 1, "{block}");
-    let kc = clusters.kubeconfig(0);
-    let mut lines: Vec<String> = block
-        .replacen("cluster.local:53", "cluster.local:{PORT}", 1)
-        .replace(PLACEHOLDER, &s.addr.to_string())
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    lines.insert(1, "    bind 127.0.0.1".into());
-    let k = lines.iter().position(|l| l.trim_start().starts_with("kubernetes ")).expect("kubernetes line");
-    lines.insert(k + 1, format!("        kubeconfig {}", kc.display()));
-    let c = CoreDns::start_conf(&(lines.join("\n") + "\n"), "cluster.local.");
+    assert!(block.lines().any(|l| l.trim_start().starts_with("kubernetes ")), "kubernetes line: {block}");
+    let conf = on_loopback(
+        &block.replacen("cluster.local:53", "cluster.local:{PORT}", 1),
+        s.addr,
+        &clusters.kubeconfig(0),
+    );
+    let c = CoreDns::start_conf(&conf, "cluster.local.");
     let a = |name: &str| {
         let mut last = Reply::default();
         poll(&format!("{name} answered"), Duration::from_secs(20), || {
@@ -478,22 +474,25 @@ fn reverse_corefile(upstream: SocketAddr, kubeconfig: &Path) -> (String, String)
         ("SERVICE_CIDR:53 {", "10.101.0.0/16:{PORT}"),
         ("REMOTE_POD_CIDRS:53 {", "198.18.2.0/24:{PORT} 198.18.3.0/24:{PORT}"),
     ] {
-        let block = example_block_at(start);
         let (key, _) = start.split_once(':').expect("zone:port");
-        let mut lines: Vec<String> = block
-            .replacen(&format!("{key}:53"), zones, 1)
-            .replace(key, "10.101.0.0/16")
-            .replace(PLACEHOLDER, &upstream.to_string())
-            .lines()
-            .map(str::to_owned)
-            .collect();
-        lines.insert(1, "    bind 127.0.0.1".into());
-        if let Some(k) = lines.iter().position(|l| l.trim_start().starts_with("kubernetes ")) {
-            lines.insert(k + 1, format!("        kubeconfig {kubeconfig}"));
-        }
-        reverse.push_str(&(lines.join("\n") + "\n"));
+        let block =
+            example_block_at(start).replacen(&format!("{key}:53"), zones, 1).replace(key, "10.101.0.0/16");
+        reverse.push_str(&on_loopback(&block, upstream, Path::new(kubeconfig)));
     }
     (main, reverse)
+}
+
+/// A server block of `Corefile.example` made runnable here: forwarding to
+/// `upstream`, bound to 127.0.0.1, its kubernetes plugin (if any) reading
+/// the API server of `kubeconfig`.
+fn on_loopback(block: &str, upstream: SocketAddr, kubeconfig: &Path) -> String {
+    let mut lines: Vec<String> =
+        block.replace(PLACEHOLDER, &upstream.to_string()).lines().map(str::to_owned).collect();
+    lines.insert(1, "    bind 127.0.0.1".into());
+    if let Some(k) = lines.iter().position(|l| l.trim_start().starts_with("kubernetes ")) {
+        lines.insert(k + 1, format!("        kubeconfig {}", kubeconfig.display()));
+    }
+    lines.join("\n") + "\n"
 }
 
 /// A running CoreDNS on 127.0.0.1; stdout and stderr collected; killed on drop.

@@ -97,16 +97,7 @@ fn health_fails_once_a_task_that_cannot_be_restarted_died() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("objects.yaml"), "").expect("write");
     let objects = dir.path().to_str().expect("utf-8");
-    let argv = [
-        "clusterset-dns",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-        "--objects",
-        objects,
-    ];
+    let argv = [&crate::support::SERVE_ARGV[..], &["--objects", objects]].concat();
     let mut cfg = crate::support::serve_config(&argv);
     cfg.wire.faults = Faults::parse("writer").expect("fault point");
     let rt = tokio::runtime::Runtime::new().expect("runtime");

@@ -26,6 +26,11 @@ pub struct TestServer {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// `serve` on loopback ports it picks itself: the start of every test
+/// server's command line.
+pub const SERVE_ARGV: [&str; 6] =
+    ["clusterset-dns", "serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"];
+
 impl TestServer {
     /// Serves `files` (name, YAML) written into a temporary directory, which
     /// is passed as one `--objects` directory.
@@ -35,20 +40,10 @@ impl TestServer {
             std::fs::write(dir.path().join(name), text).expect("write fixture");
         }
         let objects = dir.path().to_str().expect("utf-8 path").to_owned();
-        let mut argv = vec![
-            "clusterset-dns",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--udp-workers",
-            "1",
-            "--objects",
-            &objects,
-        ];
-        argv.extend_from_slice(args);
-        Self::start_argv(&argv, dir)
+        Self::start_argv(
+            &[&SERVE_ARGV[..], &["--udp-workers", "1", "--objects", &objects], args].concat(),
+            dir,
+        )
     }
 
     /// Serves the embedded example fleet.
@@ -59,18 +54,7 @@ impl TestServer {
     /// Serves the embedded example fleet with extra `args`.
     pub fn embedded_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut argv = vec![
-            "clusterset-dns",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--udp-workers",
-            "1",
-        ];
-        argv.extend_from_slice(args);
-        Self::start_argv(&argv, dir)
+        Self::start_argv(&[&SERVE_ARGV[..], &["--udp-workers", "1"], args].concat(), dir)
     }
 
     fn start_argv(argv: &[&str], dir: tempfile::TempDir) -> Self {

@@ -471,6 +471,25 @@ fn interop_kubeconfig(clusters: &TestClusters, i: usize) -> PathBuf {
     path
 }
 
+/// Applies the fixture `yaml` into `ns` of shared cluster `i` and serves
+/// that namespace with `--interop shapes` as its least-privilege identity;
+/// returns the server, once ready, and the fixture's allocated ClusterIPs.
+fn serve_interop(
+    rt: &tokio::runtime::Runtime,
+    clusters: &TestClusters,
+    i: usize,
+    ns: &str,
+    yaml: &str,
+    shapes: &str,
+) -> (Served, std::collections::BTreeMap<String, String>) {
+    let ips = rt.block_on(async { apply_fixture(clusters.client(i).await, ns, yaml).await });
+    let kubeconfig = interop_kubeconfig(clusters, i);
+    let args = ["--kubeconfig", kubeconfig.to_str().expect("path"), "--namespace", ns, "--interop", shapes];
+    let s = Served::start(&args);
+    wait_ready(&s);
+    (s, ips)
+}
+
 /// Karmada's member-cluster objects (tests/data/interop/karmada.yaml) on a
 /// real API server: the derived Service's cluster IP for the import without
 /// `ips`, the collected slices for the headless import and its hostnames,
@@ -480,18 +499,7 @@ fn karmada_member_objects_are_answered_from_the_api() {
     let clusters = shared();
     let rt = runtime();
     let ns = "interop-karmada";
-    let ips =
-        rt.block_on(async { apply_fixture(clusters.client(0).await, ns, crate::interop::KARMADA).await });
-    let kubeconfig = interop_kubeconfig(clusters, 0);
-    let s = Served::start(&[
-        "--kubeconfig",
-        kubeconfig.to_str().expect("path"),
-        "--namespace",
-        ns,
-        "--interop",
-        "karmada",
-    ]);
-    wait_ready(&s);
+    let (s, ips) = serve_interop(&rt, clusters, 0, ns, crate::interop::KARMADA, "karmada");
     let name = |svc: &str| format!("{svc}.{ns}.svc.clusterset.local");
     eventually("derived Service's cluster IP served", || {
         short(&s, &name("web"), "A") == [ips["derived-web"].clone()]
@@ -514,18 +522,7 @@ fn kosmos_leaf_objects_are_answered_from_the_api() {
     let clusters = shared();
     let rt = runtime();
     let ns = "interop-kosmos";
-    let ips =
-        rt.block_on(async { apply_fixture(clusters.client(1).await, ns, crate::interop::KOSMOS).await });
-    let kubeconfig = interop_kubeconfig(clusters, 1);
-    let s = Served::start(&[
-        "--kubeconfig",
-        kubeconfig.to_str().expect("path"),
-        "--namespace",
-        ns,
-        "--interop",
-        "kosmos",
-    ]);
-    wait_ready(&s);
+    let (s, ips) = serve_interop(&rt, clusters, 1, ns, crate::interop::KOSMOS, "kosmos");
     let name = |svc: &str| format!("{svc}.{ns}.svc.clusterset.local");
     eventually("same-name Service's cluster IP served", || {
         short(&s, &name("web"), "A") == [ips["web"].clone()]
