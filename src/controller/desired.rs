@@ -94,12 +94,24 @@ pub fn import(
     if let Some(t) = &spec.traffic_distribution {
         s["trafficDistribution"] = json!(t);
     }
+    if let Some(p) = &spec.internal_traffic_policy {
+        s["internalTrafficPolicy"] = json!(p);
+    }
+    // The export's exportedLabels/-Annotations first: our own keys, which
+    // serve and the controller rely on, win over an exported one of the
+    // same name.
+    let mut all_labels: serde_json::Map<String, Value> =
+        spec.metadata.labels.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    if let Value::Object(ours) = labels(key) {
+        all_labels.extend(ours);
+    }
     let mut metadata =
-        json!({"name": key.name.as_str(), "namespace": key.namespace.as_str(), "labels": labels(key)});
+        json!({"name": key.name.as_str(), "namespace": key.namespace.as_str(), "labels": all_labels});
+    let mut annotations: serde_json::Map<String, Value> =
+        spec.metadata.annotations.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     // The export's answer configuration travels with the import, so
     // `serve` in every member answers the service the same way.
-    let mut annotations: serde_json::Map<String, Value> =
-        spec.annotations.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    annotations.extend(spec.annotations.iter().map(|(k, v)| (k.clone(), json!(v))));
     if !unreachable.is_empty() {
         let mut names: Vec<&str> = unreachable.iter().map(ClusterId::as_str).collect();
         // Sorted: the same set is the same body, so no write.
@@ -231,14 +243,75 @@ pub fn export(api_version: &str, key: &ServiceKey, consumers: Option<&str>) -> V
     body
 }
 
+/// The ports of a VIP Service: the import's, each named. The API server
+/// refuses a Service with several ports unless every one has a name, and
+/// kube-proxy matches a slice's ports to the Service's by name, so an
+/// unnamed port of the union (each cluster exports at most one: a Service
+/// with two ports names both) gets `<protocol>-<port>` there, and the
+/// slices mirrored from the cluster that exports it carry that name too
+/// ([`VipPorts::unnamed_in`]). A single port keeps its name, or none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VipPorts {
+    ports: Vec<(ServicePortSpec, Option<String>)>,
+}
+
+impl VipPorts {
+    /// Names the import's ports for the VIP Service.
+    pub fn new(ports: &[ServicePortSpec]) -> Self {
+        let mut taken: Vec<String> =
+            ports.iter().filter_map(|p| p.name.as_ref().map(|n| n.as_str().to_owned())).collect();
+        let named = ports
+            .iter()
+            .map(|p| {
+                let name = match &p.name {
+                    Some(n) => Some(n.as_str().to_owned()),
+                    None if ports.len() == 1 => None,
+                    None => {
+                        let mut n = format!("{}-{}", p.protocol.srv_label(), p.port);
+                        // A user's port may already be called so.
+                        while taken.contains(&n) {
+                            n.push_str("-x");
+                        }
+                        taken.push(n.clone());
+                        Some(n)
+                    }
+                };
+                (p.clone(), name)
+            })
+            .collect();
+        Self { ports: named }
+    }
+
+    /// The name the VIP Service gives the unnamed port of a cluster that
+    /// exports `exported`, if it exports one and the VIP Service renames it.
+    pub fn unnamed_in(&self, exported: &[ServicePortSpec]) -> Option<&str> {
+        let unnamed = exported.iter().find(|p| p.name.is_none())?;
+        self.ports.iter().find(|(p, _)| p == unnamed).and_then(|(_, n)| n.as_deref())
+    }
+
+    fn body(&self) -> Vec<Value> {
+        let specs: Vec<ServicePortSpec> = self.ports.iter().map(|(p, _)| p.clone()).collect();
+        let mut body = ports(&specs);
+        for (v, (_, name)) in body.iter_mut().zip(&self.ports) {
+            if let Some(n) = name {
+                v["name"] = json!(n);
+            }
+        }
+        body
+    }
+}
+
 /// The clusterset VIP: a selector-less ClusterIP Service with the merged
-/// ports, one ClusterIP per family; kube-proxy routes it through the
-/// EndpointSlices labelled with its name.
+/// ports ([`VipPorts`]), one ClusterIP per family; kube-proxy routes it
+/// through the EndpointSlices labelled with its name.
 pub fn vip_service(key: &ServiceKey, spec: &ImportSpec) -> Value {
     let policy = if spec.ip_families.len() > 1 { "PreferDualStack" } else { "SingleStack" };
+    // internalTrafficPolicy stays Cluster here whatever the import says:
+    // `Local` would make kube-proxy drop every endpoint whose node is not
+    // this node, i.e. every endpoint of another cluster.
     let mut s = json!({
         "type": "ClusterIP",
-        "ports": ports(&spec.ports),
+        "ports": VipPorts::new(&spec.ports).body(),
         "ipFamilyPolicy": policy,
         "ipFamilies": families(&spec.ip_families),
         "sessionAffinity": spec.session_affinity.as_str(),
@@ -256,7 +329,13 @@ pub fn vip_service(key: &ServiceKey, spec: &ImportSpec) -> Value {
 /// The MCS EndpointSlice mirroring one source slice of `cluster`: its
 /// addresses, readiness, hostname, zone and targetRef. For ClusterSetIP services it is
 /// also the VIP Service's slice (`kubernetes.io/service-name`).
-pub fn slice(key: &ServiceKey, cluster: &ClusterId, source: &EndpointSlice, vip: bool) -> Value {
+pub fn slice(
+    key: &ServiceKey,
+    cluster: &ClusterId,
+    source: &EndpointSlice,
+    vip: bool,
+    unnamed_as: Option<&str>,
+) -> Value {
     let source_name = source.metadata.name.as_deref().unwrap_or("");
     let mut l = labels(key);
     l[LABEL_SOURCE_CLUSTER] = json!(cluster.as_str());
@@ -269,14 +348,33 @@ pub fn slice(key: &ServiceKey, cluster: &ClusterId, source: &EndpointSlice, vip:
         .iter()
         .map(|e| {
             let mut v = json!({"addresses": e.addresses});
-            if let Some(r) = e.conditions.as_ref().and_then(|c| c.ready) {
-                v["conditions"] = json!({"ready": r});
+            // serving and terminating let kube-proxy fall back to terminating
+            // endpoints behind the VIP while a rollout drains the last ready ones.
+            if let Some(c) = &e.conditions {
+                let mut conditions = serde_json::Map::new();
+                for (k, value) in [("ready", c.ready), ("serving", c.serving), ("terminating", c.terminating)]
+                {
+                    if let Some(b) = value {
+                        conditions.insert(k.into(), json!(b));
+                    }
+                }
+                if !conditions.is_empty() {
+                    v["conditions"] = Value::Object(conditions);
+                }
             }
             if let Some(h) = &e.hostname {
                 v["hostname"] = json!(h);
             }
+            if let Some(n) = &e.node_name {
+                v["nodeName"] = json!(n);
+            }
             if let Some(z) = &e.zone {
                 v["zone"] = json!(z);
+            }
+            if let Some(h) = &e.hints
+                && let Ok(h) = serde_json::to_value(h)
+            {
+                v["hints"] = h;
             }
             // Pairs an endpoint's IPv4 and IPv6 slices for answer policies.
             if let Some(t) = &e.target_ref {
@@ -289,9 +387,28 @@ pub fn slice(key: &ServiceKey, cluster: &ClusterId, source: &EndpointSlice, vip:
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": slice_name(key, cluster, source_name), "namespace": key.namespace.as_str(), "labels": l},
         "addressType": source.address_type,
-        "ports": source.ports.clone().unwrap_or_default(),
+        "ports": slice_ports(source, unnamed_as),
         "endpoints": endpoints,
     })
+}
+
+/// A mirrored slice's ports: the source's, its unnamed port renamed as the
+/// VIP Service names it.
+fn slice_ports(source: &EndpointSlice, unnamed_as: Option<&str>) -> Vec<Value> {
+    source
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            let mut v = serde_json::to_value(p).unwrap_or_default();
+            if let Some(n) = unnamed_as
+                && p.name.as_deref().is_none_or(str::is_empty)
+            {
+                v["name"] = json!(n);
+            }
+            v
+        })
+        .collect()
 }
 
 /// A ServiceExport's status conditions; `times` gives each condition's
@@ -329,6 +446,8 @@ mod tests {
             affinity_timeout: None,
             ip_families: vec![AddressFamily::V4],
             traffic_distribution: None,
+            internal_traffic_policy: None,
+            metadata: Default::default(),
             annotations: [("clusterset-dns.io/answer-policy".to_owned(), "random".to_owned())].into(),
         };
         let all = import("multicluster.x-k8s.io/v1alpha1", &key("db"), &spec, &[], &[]);
@@ -388,6 +507,78 @@ mod tests {
                 .get("annotations")
                 .is_none()
         );
+    }
+
+    fn port(name: Option<&str>, protocol: crate::model::Protocol, port: u16) -> ServicePortSpec {
+        ServicePortSpec {
+            name: name.map(|n| DnsLabel::parse(n).unwrap()),
+            protocol,
+            port,
+            app_protocol: None,
+        }
+    }
+
+    #[test]
+    fn vip_services_name_unnamed_ports_and_mirrored_slices_follow() {
+        use crate::model::Protocol::{Tcp, Udp};
+        // One unnamed port stays unnamed, as the exported Service has it.
+        let one = VipPorts::new(&[port(None, Tcp, 80)]);
+        assert_eq!(one.body(), vec![json!({"protocol": "TCP", "port": 80})]);
+        assert_eq!(one.unnamed_in(&[port(None, Tcp, 80)]), None);
+        // Two clusters' unnamed ports: both named, never colliding with a
+        // user's name.
+        let union = [port(None, Tcp, 80), port(None, Tcp, 8080), port(Some("tcp-80"), Udp, 53)];
+        let vip = VipPorts::new(&union);
+        let body = vip.body();
+        let names: Vec<&str> = body.iter().map(|p| p["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["tcp-80-x", "tcp-8080", "tcp-80"]);
+        assert_eq!(vip.unnamed_in(&[port(None, Tcp, 8080)]), Some("tcp-8080"));
+        assert_eq!(vip.unnamed_in(&[port(Some("tcp-80"), Udp, 53)]), None);
+
+        let source: EndpointSlice = serde_yaml::from_str(
+            "metadata: {name: web-abc, namespace: shop}
+addressType: IPv4
+ports: [{port: 8443, protocol: TCP}]
+endpoints:
+- addresses: [10.1.0.5]
+  conditions: {ready: false, serving: true, terminating: true}
+  nodeName: node-7
+  zone: zone-a
+  hints: {forZones: [{name: zone-a}]}",
+        )
+        .unwrap();
+        let c = ClusterId::parse("b").unwrap();
+        let body = slice(&key("web"), &c, &source, true, Some("tcp-8080"));
+        assert_eq!(body["ports"], json!([{"name": "tcp-8080", "port": 8443, "protocol": "TCP"}]));
+        let e = &body["endpoints"][0];
+        assert_eq!(e["conditions"], json!({"ready": false, "serving": true, "terminating": true}));
+        assert_eq!((e["nodeName"].as_str(), e["zone"].as_str()), (Some("node-7"), Some("zone-a")));
+        assert_eq!(e["hints"], json!({"forZones": [{"name": "zone-a"}]}));
+        // Not renamed when the VIP Service keeps the port unnamed.
+        assert_eq!(slice(&key("web"), &c, &source, true, None)["ports"][0].get("name"), None);
+    }
+
+    #[test]
+    fn exported_labels_reach_the_import_but_never_replace_ours() {
+        let spec = ImportSpec {
+            kind: ImportType::ClusterSetIp,
+            ports: vec![],
+            session_affinity: SessionAffinity::None,
+            affinity_timeout: None,
+            ip_families: vec![AddressFamily::V4],
+            traffic_distribution: None,
+            internal_traffic_policy: Some("Cluster".into()),
+            metadata: crate::fleet::export::ExportedMetadata {
+                labels: [("team".into(), "a".into()), (LABEL_APP_MANAGED_BY.into(), "someone".into())].into(),
+                annotations: [("note".into(), "x".into())].into(),
+            },
+            annotations: Default::default(),
+        };
+        let body = import("multicluster.x-k8s.io/v1alpha1", &key("web"), &spec, &[], &[]);
+        assert_eq!(body["metadata"]["labels"]["team"], "a");
+        assert_eq!(body["metadata"]["labels"][LABEL_APP_MANAGED_BY], FIELD_MANAGER);
+        assert_eq!(body["metadata"]["annotations"]["note"], "x");
+        assert_eq!(body["spec"]["internalTrafficPolicy"], "Cluster");
     }
 
     #[test]

@@ -133,6 +133,9 @@ struct KeyState {
     transitions: HashMap<(usize, &'static str), (Status, String)>,
     /// Counted in [`SyncStats::conflicts`].
     conflicted: bool,
+    /// The uid of each member's export whose conditions `transitions` and
+    /// `applied` hold.
+    export_uids: HashMap<usize, Option<String>>,
 }
 
 impl KeyState {
@@ -515,14 +518,33 @@ impl KeyState {
         let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
         // What we own in unreachable members stays until they answer again.
         want.extend(self.owned.iter().filter(|r| !cx.writable(r.member)).cloned());
+        // Members that should import but cannot be written now: Ready says so.
+        let not_reached: Vec<&str> = (0..cx.members.len())
+            .filter(|i| !cx.writable(*i) && !cx.removed[*i] && consumers.includes(&cx.members[*i].cluster))
+            .map(|i| cx.members[i].name.as_str())
+            .collect();
         if let Some(spec) = &merged.spec {
+            // How each exporting cluster's unnamed port is called behind the VIP.
+            let vip_ports = desired::VipPorts::new(&spec.ports);
+            let unnamed: HashMap<&crate::model::ClusterId, &str> = exports
+                .iter()
+                .filter_map(|e| match &e.service {
+                    crate::fleet::export::Exported::Service(s) => {
+                        Some((&e.cluster, vip_ports.unnamed_in(&s.ports)?))
+                    }
+                    _ => None,
+                })
+                .collect();
             for i in 0..cx.members.len() {
                 // Members outside the consumer clusters import nothing:
                 // what we own there is not wanted, so it is deleted below.
                 if !cx.writable(i) || !consumers.includes(&cx.members[i].cluster) {
                     continue;
                 }
-                match self.member_objects(cx, i, key, spec, &merged.clusters, &unreachable, &mut want).await {
+                match self
+                    .member_objects(cx, i, key, spec, &merged.clusters, &unreachable, &unnamed, &mut want)
+                    .await
+                {
                     Ok(()) => {}
                     // No such namespace in this member: namespace sameness
                     // means the service is not imported there.
@@ -555,7 +577,9 @@ impl KeyState {
         self.owned = kept;
         let ready =
             merged.spec.is_some() && written_everywhere && !matches!(consumers, Consumers::Invalid(_));
-        self.conditions(cx, key, &merged.conditions, ready, &consumers).await?;
+        if let Err(e) = self.conditions(cx, key, &merged.conditions, ready, &consumers, &not_reached).await {
+            failed = Some(e);
+        }
         match failed {
             Some(e) => Err(e),
             None => Ok(()),
@@ -572,6 +596,7 @@ impl KeyState {
         spec: &crate::fleet::merge::ImportSpec,
         clusters: &[crate::model::ClusterId],
         unreachable: &[(crate::model::ClusterId, String)],
+        unnamed: &HashMap<&crate::model::ClusterId, &str>,
         want: &mut BTreeSet<ObjectRef>,
     ) -> Result<(), kube::Error> {
         let ns = key.namespace.as_str();
@@ -591,7 +616,7 @@ impl KeyState {
         }
         for cluster in clusters {
             for (name, source) in cx.state.source_slices(cluster, key) {
-                let body = desired::slice(key, cluster, &source, vip);
+                let body = desired::slice(key, cluster, &source, vip, unnamed.get(cluster).copied());
                 let r = object(i, "EndpointSlice", key, desired::slice_name(key, cluster, &name));
                 want.insert(r.clone());
                 let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);
@@ -675,13 +700,36 @@ impl KeyState {
         conditions: &[(crate::model::ClusterId, Vec<Condition>)],
         ready: bool,
         consumers: &Consumers,
+        not_reached: &[&str],
     ) -> Result<(), kube::Error> {
         let members: Vec<&crate::model::ClusterId> = cx.members.iter().map(|m| &m.cluster).collect();
-        let imported = consumers.describe(&members);
+        let mut imported = consumers.describe(&members);
+        if !not_reached.is_empty() {
+            // "Imported into every member cluster …, except cluster-3: …"
+            if imported.ends_with('.') {
+                imported.pop();
+            }
+            imported.push_str(&format!(
+                ", except {}: unreachable; written when it answers again.",
+                not_reached.join(", ")
+            ));
+        }
+        // One member refusing a status write must not cost the others
+        // theirs: the first error is returned once every member had its turn.
+        let mut failed = None;
         for (cluster, conds) in conditions {
             let Some(i) = cx.members.iter().position(|m| &m.cluster == cluster) else { continue };
             if !cx.writable(i) {
                 continue;
+            }
+            // A deleted and re-created export is a new object: its conditions
+            // start afresh (times included) and must be written even when the
+            // body equals the one its predecessor got.
+            let uid = cx.state.export_of(i, key).and_then(|e| e.uid);
+            if self.export_uids.get(&i) != Some(&uid) {
+                self.transitions.retain(|(m, _), _| *m != i);
+                self.applied.remove(&object(i, "ServiceExport/status", key, key.name.to_string()));
+                self.export_uids.insert(i, uid);
             }
             let mut all = conds.clone();
             let valid = conds.iter().any(|c| c.kind == condition::VALID && c.status == Status::True);
@@ -731,10 +779,16 @@ impl KeyState {
                 }
                 // The export went meanwhile.
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                Err(e) => {
+                    warn!(member = %cx.members[i].name, service = %key, "cannot write the export's conditions: {e}");
+                    failed = Some(e);
+                }
             }
         }
-        Ok(())
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

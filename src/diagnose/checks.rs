@@ -247,6 +247,7 @@ impl<'a> Checks<'a> {
                 exported_at: export.created,
                 service,
                 annotations: export.annotations.clone(),
+                metadata: export.metadata.clone(),
             });
         }
         let merged = merge::merge(&exports);
@@ -974,6 +975,7 @@ mod tests {
                 ip_families: vec![AddressFamily::V4],
                 cluster_ips: vec![],
                 traffic_distribution: None,
+                internal_traffic_policy: None,
             }),
         }
     }
@@ -994,6 +996,7 @@ mod tests {
             created_text: format!("t{created}"),
             conditions: vec![c("Valid", "True", "Valid"), conflict, c("Ready", "True", "Exported")],
             annotations: Default::default(),
+            metadata: Default::default(),
         }
     }
 

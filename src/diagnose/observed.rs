@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::fleet::export::{Exported, ServicePortSpec};
+use crate::fleet::export::{Exported, ExportedMetadata, ServicePortSpec};
 use crate::model::{ClusterId, ServiceKey};
 
 /// One read of one kind of object in one member.
@@ -72,6 +72,8 @@ pub struct SeenExport {
     pub conditions: Vec<SeenCondition>,
     /// Its `clusterset-dns.io/…` annotations (carried to the import).
     pub annotations: BTreeMap<String, String>,
+    /// Its `spec.exportedLabels` and `spec.exportedAnnotations`.
+    pub metadata: ExportedMetadata,
 }
 
 impl SeenExport {

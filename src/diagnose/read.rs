@@ -113,14 +113,19 @@ impl<'a> Reads<'a> {
 
     /// The ServiceExport or ServiceImport of the name, in the newest MCS
     /// version the member serves.
-    async fn mcs<T>(&self, kind: &str, plural: &str, parse: fn(&DynamicObject) -> T) -> Seen<Option<T>> {
+    async fn mcs<T>(
+        &self,
+        kind: &str,
+        plural: &str,
+        parse: fn(&ClusterId, &DynamicObject) -> T,
+    ) -> Seen<Option<T>> {
         for version in MCS_VERSIONS {
             let ar = mcs_resource(version, kind, plural);
             let api: Api<DynamicObject> =
                 Api::namespaced_with(self.client.clone(), self.key.namespace.as_str(), &ar);
             match self.list(api, &self.by_name(self.key.name.as_str())).await {
                 Err(ListError::NoSuchResource) => continue,
-                found => return self.seen(kind, found.map(|v| v.first().map(parse))),
+                found => return self.seen(kind, found.map(|v| v.first().map(|o| parse(self.cluster, o)))),
             }
         }
         Seen::Failed(format!("the API serves no {kind}s ({MCS_GROUP} CRDs not installed)"))
@@ -154,7 +159,7 @@ fn service(cluster: &ClusterId, s: &Service) -> SeenService {
     }
 }
 
-fn export(o: &DynamicObject) -> SeenExport {
+fn export(cluster: &ClusterId, o: &DynamicObject) -> SeenExport {
     let conditions = o
         .data
         .pointer("/status/conditions")
@@ -176,10 +181,11 @@ fn export(o: &DynamicObject) -> SeenExport {
         created_text: o.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
         conditions,
         annotations: objects::our_annotations(&o.metadata),
+        metadata: objects::exported_metadata(cluster, o),
     }
 }
 
-fn import(o: &DynamicObject) -> SeenImport {
+fn import(_: &ClusterId, o: &DynamicObject) -> SeenImport {
     let spec = o.data.get("spec");
     let strings = |v: Option<&Value>| -> Vec<String> {
         v.and_then(Value::as_array)

@@ -67,6 +67,19 @@ pub struct ExportedService {
     pub cluster_ips: Vec<IpAddr>,
     /// `trafficDistribution`.
     pub traffic_distribution: Option<String>,
+    /// `internalTrafficPolicy` (`Cluster` or `Local`; the API server sets
+    /// one on every Service that has a cluster IP).
+    pub internal_traffic_policy: Option<String>,
+}
+
+/// What a ServiceExport's spec asks to carry to the ServiceImport
+/// (`spec.exportedLabels`, `spec.exportedAnnotations`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExportedMetadata {
+    /// Labels for the ServiceImport.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations for the ServiceImport.
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// What stands behind a ServiceExport.
@@ -93,6 +106,8 @@ pub struct ClusterExport {
     /// The ServiceExport's `clusterset-dns.io/…` annotations (answer
     /// policy and the like), carried to the ServiceImport.
     pub annotations: BTreeMap<String, String>,
+    /// Its `spec.exportedLabels` and `spec.exportedAnnotations`.
+    pub metadata: ExportedMetadata,
 }
 
 impl ClusterExport {

@@ -178,6 +178,8 @@ fn export_entry(cluster: &ClusterId, o: &DynamicObject) -> Option<Entry<ExportIn
         exported_at: objects::exported_at(&o.metadata),
         ours: objects::is_ours(&o.metadata),
         annotations: objects::our_annotations(&o.metadata),
+        metadata: objects::exported_metadata(cluster, o),
+        uid: o.metadata.uid.clone(),
     };
     Some((object_id(o)?, key, info))
 }
@@ -186,6 +188,12 @@ fn service_entry(cluster: &ClusterId, s: &Service) -> Option<Entry<ServiceInfo>>
     // Services whose names are not DNS labels can never be exported; they
     // are not worth a warning each.
     let key = objects::key_of(cluster, "Service", &s.metadata).ok()?;
+    // Our own VIP Services are not services of the fleet: indexed, they would
+    // be auto-exported in a prefixed namespace, whose import makes a new VIP
+    // Service, which is exported in turn, without end.
+    if objects::is_ours(&s.metadata) {
+        return None;
+    }
     let info = ServiceInfo {
         exported: objects::exported(cluster, s),
         auto_export: objects::asks_export(&s.metadata),

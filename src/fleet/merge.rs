@@ -12,7 +12,9 @@
 use std::collections::BTreeSet;
 use std::fmt::Display;
 
-use super::export::{ClusterExport, Exported, ExportedService, ServicePortSpec, SessionAffinity};
+use super::export::{
+    ClusterExport, Exported, ExportedMetadata, ExportedService, ServicePortSpec, SessionAffinity,
+};
 use crate::model::{AddressFamily, ClusterId, ImportType};
 
 /// Condition types on a ServiceExport (mcs-api v1beta1).
@@ -82,6 +84,11 @@ pub struct ImportSpec {
     pub ip_families: Vec<AddressFamily>,
     /// `trafficDistribution`.
     pub traffic_distribution: Option<String>,
+    /// `internalTrafficPolicy`.
+    pub internal_traffic_policy: Option<String>,
+    /// The oldest valid export's `spec.exportedLabels` and
+    /// `spec.exportedAnnotations`, for the ServiceImport's metadata.
+    pub metadata: ExportedMetadata,
     /// The oldest valid export's `clusterset-dns.io/…` annotations: how the
     /// service is answered, configured where the service is exported.
     pub annotations: std::collections::BTreeMap<String, String>,
@@ -115,6 +122,8 @@ pub fn merge(exports: &[ClusterExport]) -> Merged {
             _ => None,
         })
         .collect();
+    let valid_exports: Vec<&ClusterExport> =
+        sorted.iter().copied().filter(|e| matches!(e.service, Exported::Service(_))).collect();
 
     let mut conflicts = Vec::new();
     let spec = valid.first().map(|_| {
@@ -134,6 +143,25 @@ pub fn merge(exports: &[ClusterExport]) -> Merged {
         global("trafficDistribution", "TrafficDistributionConflict", &|s| {
             s.traffic_distribution.clone().unwrap_or_else(|| "unset".to_owned())
         });
+        global("internalTrafficPolicy", "InternalTrafficPolicyConflict", &|s| {
+            s.internal_traffic_policy.clone().unwrap_or_else(|| "unset".to_owned())
+        });
+        // Exported labels and annotations are properties of the ServiceExport,
+        // not the Service, but resolve the same way (KEP "Labels and
+        // annotations"): the oldest export's set wins whole.
+        let mut carried = |what: &str, reason: &'static str, value: &dyn Fn(&ExportedMetadata) -> String| {
+            let oldest = valid_exports[0];
+            let winner = value(&oldest.metadata);
+            let disagree = valid_exports.iter().filter(|e| value(&e.metadata) != winner).count();
+            if disagree > 0 {
+                conflicts.push(Conflict {
+                    reason,
+                    message: message(what, &winner, &oldest.cluster, disagree, valid_exports.len()),
+                });
+            }
+        };
+        carried("exportedLabels", "LabelsConflict", &|m| pairs(&m.labels));
+        carried("exportedAnnotations", "AnnotationsConflict", &|m| pairs(&m.annotations));
         // The config only means something between exports that agree on
         // affinity (the API server fills in a timeout for every ClientIP).
         let same_affinity: Vec<&ExportedService> = valid
@@ -176,6 +204,8 @@ pub fn merge(exports: &[ClusterExport]) -> Merged {
             affinity_timeout: first.affinity_timeout,
             ip_families: first.ip_families.clone(),
             traffic_distribution: first.traffic_distribution.clone(),
+            internal_traffic_policy: first.internal_traffic_policy.clone(),
+            metadata: valid_exports[0].metadata.clone(),
             annotations: sorted
                 .iter()
                 .find(|e| matches!(e.service, Exported::Service(_)))
@@ -245,15 +275,46 @@ fn merge_ports(
             }
         }
     }
+    let mut ports: Vec<ServicePortSpec> = merged.into_iter().map(|(p, _)| p).collect();
+    ports.sort();
     if let Some((kept, owner)) = first {
         conflicts.push(Conflict {
             reason: "PortConflict",
             message: message("ports", &kept, owner, disagree.len(), valid.len()),
         });
+    } else {
+        // No port collides, but the clusters do not export the same ports:
+        // the import offers the union, so a client may reach a port that some
+        // clusters' backends do not serve. The conformance suite ("should
+        // expose the union of the constituent service ports and raise a
+        // conflict") reads the KEP as requiring a Conflict for it.
+        let lacking: Vec<&ClusterId> =
+            valid.iter().filter(|(_, s)| s.ports.len() != ports.len()).map(|(c, _)| *c).collect();
+        if !lacking.is_empty() {
+            let union: Vec<String> = ports.iter().map(ToString::to_string).collect();
+            let names: Vec<&str> = lacking.iter().map(|c| c.as_str()).collect();
+            conflicts.push(Conflict {
+                reason: "PortConflict",
+                message: format!(
+                    "Exported ports differ. Using the union [{}]; {}/{} clusters do not export all of them: {}.",
+                    union.join(", "),
+                    lacking.len(),
+                    valid.len(),
+                    names.join(", ")
+                ),
+            });
+        }
     }
-    let mut ports: Vec<ServicePortSpec> = merged.into_iter().map(|(p, _)| p).collect();
-    ports.sort();
     ports
+}
+
+/// A label or annotation map as one comparable, readable value.
+fn pairs(map: &std::collections::BTreeMap<String, String>) -> String {
+    if map.is_empty() {
+        return "none".to_owned();
+    }
+    let p: Vec<String> = map.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    p.join(",")
 }
 
 fn message(what: &str, winner: &dyn Display, oldest: &ClusterId, disagree: usize, total: usize) -> String {
@@ -304,6 +365,7 @@ mod tests {
             ip_families: vec![AddressFamily::V4],
             cluster_ips: vec![],
             traffic_distribution: None,
+            internal_traffic_policy: Some("Cluster".into()),
         }
     }
 
@@ -313,6 +375,7 @@ mod tests {
             exported_at: at,
             service: Exported::Service(s),
             annotations: Default::default(),
+            metadata: Default::default(),
         }
     }
 
@@ -343,8 +406,84 @@ mod tests {
             export("a", 10, service(ImportType::ClusterSetIp, vec![http()])),
             export("b", 20, service(ImportType::ClusterSetIp, vec![http(), sctp.clone()])),
         ]);
-        assert_eq!(m.spec.as_ref().unwrap().ports, vec![http(), sctp]);
-        assert_eq!(conflict_of(&m, "b").unwrap().status, Status::False);
+        assert_eq!(m.spec.as_ref().unwrap().ports, vec![http(), sctp.clone()]);
+        // Different port sets are a conflict, on every export, though the
+        // import keeps the union (the conformance suite's reading of the KEP).
+        for c in ["a", "b"] {
+            let cond = conflict_of(&m, c).unwrap();
+            assert_eq!((cond.status, cond.reason.as_str()), (Status::True, "PortConflict"));
+            assert_eq!(
+                cond.message,
+                "Exported ports differ. Using the union [http (TCP/80), stcp (SCTP/142)]; 1/2 clusters do not export all of them: a."
+            );
+        }
+        // The same ports in every cluster: no conflict.
+        let m = merge(&[
+            export("a", 10, service(ImportType::ClusterSetIp, vec![http(), sctp.clone()])),
+            export("b", 20, service(ImportType::ClusterSetIp, vec![sctp, http()])),
+        ]);
+        assert_eq!(conflict_of(&m, "b").unwrap().reason, "NoConflicts");
+    }
+
+    #[test]
+    fn unnamed_ports_of_different_clusters_merge_as_a_conflicting_union() {
+        let m = merge(&[
+            export("a", 10, service(ImportType::ClusterSetIp, vec![port(None, Protocol::Tcp, 80)])),
+            export("b", 20, service(ImportType::ClusterSetIp, vec![port(None, Protocol::Tcp, 8080)])),
+        ]);
+        assert_eq!(
+            m.spec.as_ref().unwrap().ports,
+            vec![port(None, Protocol::Tcp, 80), port(None, Protocol::Tcp, 8080)]
+        );
+        assert_eq!(conflict_of(&m, "a").unwrap().reason, "PortConflict");
+    }
+
+    #[test]
+    fn internal_traffic_policy_follows_the_oldest_export_and_conflicts() {
+        let mut local = service(ImportType::ClusterSetIp, vec![]);
+        local.internal_traffic_policy = Some("Local".into());
+        let m = merge(&[export("b", 20, local), export("a", 10, service(ImportType::ClusterSetIp, vec![]))]);
+        assert_eq!(m.spec.as_ref().unwrap().internal_traffic_policy.as_deref(), Some("Cluster"));
+        let cond = conflict_of(&m, "b").unwrap();
+        assert_eq!(cond.reason, "InternalTrafficPolicyConflict");
+        assert!(
+            cond.message.starts_with("Conflicting internalTrafficPolicy. Using \"Cluster\""),
+            "{}",
+            cond.message
+        );
+    }
+
+    #[test]
+    fn exported_labels_and_annotations_come_from_the_oldest_export_whole() {
+        let with = |cluster: &str, at: i64, label: &str, annotation: &str| {
+            let mut e = export(cluster, at, service(ImportType::ClusterSetIp, vec![]));
+            e.metadata.labels.insert(label.into(), "true".into());
+            e.metadata.annotations.insert(annotation.into(), "true".into());
+            e
+        };
+        let m = merge(&[with("a", 10, "dummy-label", "dummy-annotation")]);
+        let spec = m.spec.as_ref().unwrap();
+        assert_eq!(spec.metadata.labels, [("dummy-label".to_owned(), "true".to_owned())].into());
+        assert_eq!(spec.metadata.annotations, [("dummy-annotation".to_owned(), "true".to_owned())].into());
+        assert_eq!(conflict_of(&m, "a").unwrap().reason, "NoConflicts");
+
+        let m = merge(&[
+            with("b", 20, "dummy-label2", "dummy-annotation2"),
+            with("a", 10, "dummy-label", "dummy-annotation"),
+        ]);
+        let spec = m.spec.as_ref().unwrap();
+        assert_eq!(spec.metadata.labels.keys().collect::<Vec<_>>(), ["dummy-label"]);
+        assert_eq!(spec.metadata.annotations.keys().collect::<Vec<_>>(), ["dummy-annotation"]);
+        for c in ["a", "b"] {
+            let cond = conflict_of(&m, c).unwrap();
+            assert_eq!(cond.status, Status::True);
+            assert_eq!(cond.reason, "LabelsConflict,AnnotationsConflict");
+        }
+        // An export without any disagrees with one that has some.
+        let m = merge(&[with("a", 10, "l", "a"), export("b", 20, service(ImportType::ClusterSetIp, vec![]))]);
+        assert!(
+            conflict_of(&m, "b").unwrap().message.contains("Conflicting exportedLabels. Using \"l=true\"")
+        );
     }
 
     #[test]
@@ -482,12 +621,14 @@ mod tests {
                 exported_at: 1,
                 service: Exported::NoService,
                 annotations: Default::default(),
+                metadata: Default::default(),
             },
             ClusterExport {
                 cluster: ClusterId::parse("b").unwrap(),
                 exported_at: 2,
                 service: Exported::InvalidType("ExternalName".into()),
                 annotations: Default::default(),
+                metadata: Default::default(),
             },
         ]);
         assert_eq!(m.spec, None);
@@ -505,6 +646,7 @@ mod tests {
                 exported_at: 1,
                 service: Exported::InvalidType("ExternalName".into()),
                 annotations: Default::default(),
+                metadata: Default::default(),
             },
             export("b", 2, service(ImportType::Headless, vec![])),
         ]);

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ObjectMeta;
 
-use super::export::{Exported, ExportedService, ServicePortSpec, SessionAffinity};
+use super::export::{Exported, ExportedMetadata, ExportedService, ServicePortSpec, SessionAffinity};
 use crate::k8s::convert::{self, SliceOutcome};
 use crate::k8s::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{AddressFamily, ClusterId, DnsLabel, EndpointSet, ImportType, Protocol, ServiceKey};
@@ -119,6 +119,78 @@ pub fn exported_at(meta: &ObjectMeta) -> i64 {
     meta.creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second())
 }
 
+/// A ServiceExport's `spec.exportedLabels` and `spec.exportedAnnotations`.
+/// An entry the API server would refuse on the ServiceImport (a bad key or
+/// label value) is left out with a warning naming it, so one bad entry
+/// never blocks the import.
+pub fn exported_metadata(cluster: &ClusterId, export: &kube::api::DynamicObject) -> ExportedMetadata {
+    let spec = export.data.get("spec");
+    let read = |field: &str, value_ok: fn(&str) -> bool| {
+        let mut out = std::collections::BTreeMap::new();
+        let Some(map) = spec.and_then(|s| s.get(field)) else { return out };
+        let Some(map) = map.as_object() else {
+            let e =
+                object_error(cluster, "ServiceExport", &export.metadata, format!("spec.{field}: not a map"));
+            tracing::warn!("ignoring {field}: {e}");
+            return out;
+        };
+        for (k, v) in map {
+            let problem = match v.as_str() {
+                None => Some("the value is not a string".to_owned()),
+                Some(_) if !qualified_name(k) => Some("not a qualified name".to_owned()),
+                Some(v) if !value_ok(v) => Some(format!("{v:?} is not a valid label value")),
+                Some(v) => {
+                    out.insert(k.clone(), v.to_owned());
+                    None
+                }
+            };
+            if let Some(problem) = problem {
+                let e = object_error(
+                    cluster,
+                    "ServiceExport",
+                    &export.metadata,
+                    format!("spec.{field}[{k:?}]: {problem}"),
+                );
+                tracing::warn!("not carried to the ServiceImport: {e}");
+            }
+        }
+        out
+    };
+    ExportedMetadata {
+        labels: read("exportedLabels", label_value),
+        annotations: read("exportedAnnotations", |_| true),
+    }
+}
+
+/// A label or annotation key: `[prefix/]name`, the prefix a DNS subdomain.
+fn qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let subdomain = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    };
+    !name.is_empty() && label_value(name) && prefix.is_none_or(subdomain)
+}
+
+/// A label value: empty, or at most 63 alphanumerics, `-`, `_` and `.`,
+/// starting and ending alphanumeric.
+fn label_value(v: &str) -> bool {
+    let edge = |b: Option<u8>| b.is_none_or(|b| b.is_ascii_alphanumeric());
+    v.len() <= 63
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && edge(v.bytes().next())
+        && edge(v.bytes().last())
+}
+
 /// What a Service offers for export.
 pub fn exported(cluster: &ClusterId, svc: &Service) -> Exported {
     let Some(spec) = &svc.spec else { return Exported::InvalidType("without spec".into()) };
@@ -194,6 +266,7 @@ fn exported_service(spec: &k8s_openapi::api::core::v1::ServiceSpec) -> Result<Ex
         ip_families,
         cluster_ips,
         traffic_distribution: spec.traffic_distribution.clone(),
+        internal_traffic_policy: spec.internal_traffic_policy.clone(),
     })
 }
 
@@ -250,6 +323,29 @@ mod tests {
 
     fn service(yaml: &str) -> Exported {
         exported(&cluster(), &serde_yaml::from_str(yaml).unwrap())
+    }
+
+    #[test]
+    fn exported_labels_and_annotations_drop_only_what_the_api_would_refuse() {
+        let export: kube::api::DynamicObject = serde_yaml::from_str(
+            "apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: web, namespace: shop}
+spec:
+  exportedLabels: {team: payments, example.com/tier: gold, bad key: x, 'example.com/too': '-dash', empty: ''}
+  exportedAnnotations: {note: 'any text: at all', 'Not_A/Prefix/x': y}",
+        )
+        .unwrap();
+        let m = exported_metadata(&cluster(), &export);
+        let keys = |m: &std::collections::BTreeMap<String, String>| m.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&m.labels), ["empty", "example.com/tier", "team"]);
+        assert_eq!(keys(&m.annotations), ["note"]);
+        assert_eq!(m.annotations["note"], "any text: at all");
+        let none: kube::api::DynamicObject = serde_yaml::from_str(
+            "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: web, namespace: shop}",
+        )
+        .unwrap();
+        assert_eq!(exported_metadata(&cluster(), &none), ExportedMetadata::default());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::export::{ClusterExport, Exported};
+use super::export::{ClusterExport, Exported, ExportedMetadata};
 
 /// A ServiceExport as the fleet keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +19,11 @@ pub struct ExportInfo {
     pub ours: bool,
     /// Its `clusterset-dns.io/…` annotations.
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// Its `spec.exportedLabels` and `spec.exportedAnnotations`.
+    pub metadata: ExportedMetadata,
+    /// Its `metadata.uid`: a deleted and re-created export is a new one
+    /// (fresh conditions), even within the same second.
+    pub uid: Option<String>,
 }
 
 /// A Service as the fleet keeps it.
@@ -211,9 +216,14 @@ impl FleetState {
             .iter()
             .filter_map(|m| {
                 let export = m.exports.of(key).next()?;
-                let (exported_at, annotations) = (export.exported_at, export.annotations.clone());
                 let service = m.services.of(key).next().map_or(Exported::NoService, |s| s.exported.clone());
-                Some(ClusterExport { cluster: m.cluster.clone(), exported_at, service, annotations })
+                Some(ClusterExport {
+                    cluster: m.cluster.clone(),
+                    exported_at: export.exported_at,
+                    service,
+                    annotations: export.annotations.clone(),
+                    metadata: export.metadata.clone(),
+                })
             })
             .collect()
     }
@@ -303,7 +313,13 @@ mod tests {
     }
 
     fn info(exported_at: i64) -> ExportInfo {
-        ExportInfo { exported_at, ours: false, annotations: Default::default() }
+        ExportInfo {
+            exported_at,
+            ours: false,
+            annotations: Default::default(),
+            metadata: Default::default(),
+            uid: None,
+        }
     }
 
     #[test]

@@ -69,12 +69,18 @@ impl User {
     /// The Service's own EndpointSlice, as the EndpointSlice controller
     /// would write it: `endpoints` as in the API.
     pub(crate) async fn endpoints(&self, slice: &str, service: &str, endpoints: Value) {
+        let ports = json!([{"name": "http", "protocol": "TCP", "port": 8080}]);
+        self.endpoints_on(slice, service, ports, endpoints).await;
+    }
+
+    /// [`Self::endpoints`] with the slice's `ports` as in the API.
+    pub(crate) async fn endpoints_on(&self, slice: &str, service: &str, ports: Value, endpoints: Value) {
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
         let body = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": slice, "namespace": self.ns,
                          "labels": {"kubernetes.io/service-name": service,
                                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-            "addressType": "IPv4", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+            "addressType": "IPv4", "ports": ports,
             "endpoints": endpoints});
         api.patch(slice, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
             .await
@@ -91,6 +97,17 @@ impl User {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &ar);
         let body = json!({"apiVersion": ar.api_version, "kind": "ServiceExport",
                           "metadata": {"name": name, "namespace": self.ns, "annotations": annotations}});
+        api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .expect("apply ServiceExport");
+    }
+
+    /// A ServiceExport with a `spec` (exportedLabels, exportedAnnotations).
+    pub(crate) async fn export_with(&self, name: &str, spec: Value) {
+        let ar = export_resource();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &ar);
+        let body = json!({"apiVersion": ar.api_version, "kind": "ServiceExport",
+                          "metadata": {"name": name, "namespace": self.ns}, "spec": spec});
         api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
             .await
             .expect("apply ServiceExport");

@@ -33,5 +33,6 @@ mod same_name;
 mod setup_dns;
 mod supervise;
 mod sync;
+mod sync_kep;
 mod transfer;
 mod watch;

@@ -263,7 +263,7 @@ fn conflicts_show_the_kep_conditions_and_the_oldest_export_wins() {
     assert_eq!(typey["spec"]["type"], "ClusterSetIP");
     let affcfg = rt.block_on(r[2].import("affcfg")).expect("affcfg import");
     assert_eq!(affcfg["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"], 60);
-    // Different ports under different names merge into their union, without conflict.
+    // Different ports under different names merge into their union...
     rt.block_on(async {
         u[0].service("union", json!({})).await;
         u[0].export("union").await;
@@ -282,8 +282,11 @@ fn conflicts_show_the_kep_conditions_and_the_oldest_export_wins() {
                           {"name": "stcp", "protocol": "SCTP", "port": 142}])
         })
     });
-    eventually("no conflict for a union", || {
-        rt.block_on(r[1].conditions("union")).iter().any(|c| c.starts_with("Conflict=False"))
+    // ...with a conflict all the same, as the conformance suite reads the KEP.
+    eventually("a conflict for a union", || {
+        rt.block_on(r[1].conditions("union"))
+            .iter()
+            .any(|c| c.starts_with("Conflict=True PortConflict: Exported ports differ"))
     });
     // Invalid exports: conditions, and no import.
     eventually("ExternalName is not valid", || {
@@ -514,6 +517,13 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
         eventually("both clusters answered in A", || short(&dns, &web, "A") == ["10.1.0.1", "10.2.0.1"]);
         clusters.stop(1, Component::ApiServer);
         eventually("marked unreachable", || reachable(&r[0]).as_deref() == Some("False"));
+        // Ready on A's export names the member its import could not reach.
+        let except = format!("except {}: unreachable", clusters.name(1));
+        eventually("Ready names the unreachable member", || {
+            rt.block_on(r[0].conditions("web"))
+                .iter()
+                .any(|c| c.starts_with("Ready=True") && c.contains(&except))
+        });
         assert_eq!(rt.block_on(r[0].ours()), (1, 0, 2), "endpoints of the unreachable member were removed");
         // ...and demotes the unreachable one the import names (kept, not deleted).
         eventually("B demoted in A's answers", || short(&dns, &web, "A") == ["10.1.0.1"]);
@@ -536,12 +546,17 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
     }
     // Remove after the window: B's endpoints leave A, and come back with B.
     eventually("B's API answers", || rt.block_on(r[1].import("web")).is_some());
-    let _sync = syncing(
+    let sync = syncing(
         &clusters,
         ns,
         &["--no-leader-election", "--on-member-lost", "remove", "--member-lost-after", "3"],
     );
     eventually("both again", || rt.block_on(r[0].ours()) == (1, 0, 2));
+    // The window counts from this controller's first failed read of B: wait
+    // until it reads B (a watch that failed while B was restarting would
+    // start the window before the stop).
+    let fresh = format!("clusterset_dns_sync_member_stale_seconds{{member=\"{}\"}}", clusters.name(1));
+    eventually("the new controller reads B", || sync.metric(&fresh) == Some(0.0));
     clusters.stop(1, Component::ApiServer);
     let stopped = Instant::now();
     eventually("B's endpoints removed from A", || rt.block_on(r[0].ours()) == (1, 0, 1));

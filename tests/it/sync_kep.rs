@@ -1,0 +1,360 @@
+//! The sync controller against the parts of KEP-1645 and the mcs-api
+//! conformance suite that reach past the basics, and regressions of bugs a
+//! review found, each on real clusters: our own VIP Services are never
+//! auto-exported; unnamed ports that differ across clusters give a working
+//! import; a re-created export gets fresh conditions; exported labels,
+//! annotations and `internalTrafficPolicy` reach the import (with their
+//! conflicts); mirrored slices keep what kube-proxy needs.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::{Value, json};
+
+use crate::fleet::{User, export_resource};
+use crate::harness::clusters::{TestClusters, shared};
+use crate::harness::syncing::Syncing;
+use crate::harness::{eventually, within};
+use crate::watch::{import_resource, runtime};
+
+const OURS: &str = "app.kubernetes.io/managed-by=clusterset-dns-sync";
+
+fn syncing(clusters: &TestClusters, namespaces: &[&str], extra: &[&str]) -> Syncing {
+    let lease = format!("sync-{}", namespaces[0]);
+    let mut args = vec!["--no-leader-election", "--lease-name", &lease];
+    for ns in namespaces {
+        args.extend(["--namespace", ns]);
+    }
+    args.extend_from_slice(extra);
+    Syncing::start(clusters, &args, &[])
+}
+
+/// Polls `f` for up to `secs` seconds; panics naming `what` otherwise.
+fn until(secs: u64, what: &str, f: impl FnMut() -> bool) {
+    assert!(within(Duration::from_secs(secs), f), "{what}: not within {secs} s");
+}
+
+async fn client(clusters: &TestClusters, i: usize) -> kube::Client {
+    clusters.client(i).await
+}
+
+async fn get(c: &kube::Client, ns: &str, ar: &kube::api::ApiResource, name: &str) -> Option<Value> {
+    let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), ns, ar);
+    api.get_opt(name).await.expect("get").map(|o| serde_json::to_value(o).expect("json"))
+}
+
+async fn import(c: &kube::Client, ns: &str, name: &str) -> Option<Value> {
+    get(c, ns, &import_resource("v1beta1"), name).await
+}
+
+/// The export's conditions as `type=status reason: message`.
+async fn conditions(c: &kube::Client, ns: &str, name: &str) -> Vec<String> {
+    let Some(o) = get(c, ns, &export_resource(), name).await else { return vec![] };
+    o.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let f = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+            format!("{}={} {}: {}", f("type"), f("status"), f("reason"), f("message"))
+        })
+        .collect()
+}
+
+async fn count<K>(api: Api<K>, labels: &str) -> usize
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list_metadata(&ListParams::default().labels(labels)).await.expect("list").items.len()
+}
+
+#[test]
+fn auto_export_of_a_namespace_exports_its_services_and_never_our_own() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "autoexp-hundred";
+    let n = 100;
+    let u = rt.block_on(User::new(clusters, 0, ns));
+    for i in 1..clusters.len() {
+        rt.block_on(User::new(clusters, i, ns));
+    }
+    let _sync = syncing(clusters, &[ns], &["--auto-export-namespace-prefix", "autoexp-"]);
+    rt.block_on(async {
+        for i in 0..n {
+            u.service(&format!("svc-{i:03}"), json!({})).await;
+        }
+    });
+    let c: Vec<kube::Client> = rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..clusters.len() {
+            v.push(client(clusters, i).await);
+        }
+        v
+    });
+    let exports = |i: usize| {
+        rt.block_on(async {
+            let api: Api<DynamicObject> = Api::namespaced_with(c[i].clone(), ns, &export_resource());
+            api.list_metadata(&ListParams::default()).await.expect("list exports").items.len()
+        })
+    };
+    let vips = |i: usize| rt.block_on(count(Api::<Service>::namespaced(c[i].clone(), ns), OURS));
+    let imports = |i: usize| {
+        rt.block_on(count(
+            Api::<DynamicObject>::namespaced_with(c[i].clone(), ns, &import_resource("v1beta1")),
+            OURS,
+        ))
+    };
+    // Every member imports every service, each with its one VIP Service.
+    until(120, "100 imports and VIPs in every member", || {
+        (0..clusters.len()).all(|i| imports(i) == n && vips(i) == n)
+    });
+    // Before the fix, each VIP Service was exported in turn, which made a
+    // VIP Service of its own, and so on: give a runaway time to show.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(exports(0), n, "exports in the exporting member");
+    for i in 0..clusters.len() {
+        assert_eq!((imports(i), vips(i)), (n, n), "imports and VIP Services in {}", clusters.name(i));
+    }
+    for i in 1..clusters.len() {
+        assert_eq!(exports(i), 0, "exports in {}, which has no Services", clusters.name(i));
+    }
+}
+
+#[test]
+fn unnamed_ports_that_differ_across_clusters_give_a_working_import() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-unnamed";
+    let u: Vec<User> = rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..clusters.len() {
+            v.push(User::new(clusters, i, ns).await);
+        }
+        v
+    });
+    let c0 = rt.block_on(client(clusters, 2));
+    let _sync = syncing(clusters, &[ns], &[]);
+    // Each cluster's Service has one unnamed port, as most single-port
+    // Services are written; the numbers differ.
+    rt.block_on(async {
+        for (i, port, target, ip) in [(0, 80, 8080, "10.1.0.1"), (1, 8080, 9090, "10.2.0.1")] {
+            u[i].service("web", json!({"ports": [{"protocol": "TCP", "port": port}]})).await;
+            u[i].endpoints_on(
+                "web-x",
+                "web",
+                json!([{"protocol": "TCP", "port": target}]),
+                json!([{"addresses": [ip], "conditions": {"ready": true}}]),
+            )
+            .await;
+            u[i].export("web").await;
+        }
+    });
+    // The import offers both, unnamed as exported.
+    let want = json!([{"protocol": "TCP", "port": 80}, {"protocol": "TCP", "port": 8080}]);
+    until(30, "the union of unnamed ports imported", || {
+        rt.block_on(import(&c0, ns, "web")).is_some_and(|o| o["spec"]["ports"] == want)
+    });
+    // The VIP Service the API server accepted names them, and each cluster's
+    // mirrored slice carries the name of its own port, so kube-proxy pairs
+    // them.
+    let vip: Vec<Service> = rt.block_on(async {
+        Api::<Service>::namespaced(c0.clone(), ns)
+            .list(&ListParams::default().labels(OURS))
+            .await
+            .expect("list VIP Services")
+            .items
+    });
+    assert_eq!(vip.len(), 1, "{vip:?}");
+    let ports: Vec<(Option<String>, i32)> = vip[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| (p.name, p.port))
+        .collect();
+    assert_eq!(ports, [(Some("tcp-80".into()), 80), (Some("tcp-8080".into()), 8080)]);
+    let mut slices: Vec<(String, Option<String>, Option<i32>)> = rt.block_on(async {
+        Api::<EndpointSlice>::namespaced(c0.clone(), ns)
+            .list(&ListParams::default().labels(OURS))
+            .await
+            .expect("list slices")
+            .items
+            .into_iter()
+            .map(|s| {
+                let cluster =
+                    s.metadata.labels.unwrap_or_default()["multicluster.kubernetes.io/source-cluster"]
+                        .clone();
+                let p = s.ports.unwrap_or_default().remove(0);
+                (cluster, p.name, p.port)
+            })
+            .collect()
+    });
+    slices.sort();
+    assert_eq!(
+        slices,
+        [
+            (clusters.name(0).to_owned(), Some("tcp-80".into()), Some(8080)),
+            (clusters.name(1).to_owned(), Some("tcp-8080".into()), Some(9090)),
+        ]
+    );
+    // The ports differ: the KEP's conflict, on both exports.
+    for i in [0, 1] {
+        let c = rt.block_on(client(clusters, i));
+        until(20, "PortConflict on both exports", || {
+            rt.block_on(conditions(&c, ns, "web"))
+                .iter()
+                .any(|c| c.starts_with("Conflict=True PortConflict: Exported ports differ"))
+        });
+    }
+}
+
+#[test]
+fn a_re_created_export_gets_fresh_conditions() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-recreate";
+    let u = rt.block_on(User::new(clusters, 0, ns));
+    for i in 1..clusters.len() {
+        rt.block_on(User::new(clusters, i, ns));
+    }
+    let c = rt.block_on(client(clusters, 0));
+    let _sync = syncing(clusters, &[ns], &[]);
+    rt.block_on(async {
+        u.service("web", json!({})).await;
+        u.export("web").await;
+    });
+    until(30, "conditions on the export", || {
+        rt.block_on(conditions(&c, ns, "web")).iter().any(|c| c.starts_with("Ready=True"))
+    });
+    rt.block_on(u.unexport("web"));
+    until(30, "import gone", || rt.block_on(import(&c, ns, "web")).is_none());
+    // Creation timestamps have one-second resolution: the new export's
+    // transitions must not be older than it.
+    std::thread::sleep(Duration::from_millis(1100));
+    rt.block_on(u.export("web"));
+    until(30, "conditions on the re-created export", || {
+        rt.block_on(conditions(&c, ns, "web")).iter().any(|c| c.starts_with("Ready=True"))
+    });
+    let o = rt.block_on(get(&c, ns, &export_resource(), "web")).expect("export");
+    let created = o["metadata"]["creationTimestamp"].as_str().expect("created").to_owned();
+    for cond in o["status"]["conditions"].as_array().expect("conditions") {
+        let t = cond["lastTransitionTime"].as_str().expect("time");
+        assert!(t >= created.as_str(), "{cond} is older than the export ({created})");
+    }
+}
+
+#[test]
+fn exported_labels_annotations_and_internal_traffic_policy_reach_the_import() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-labels";
+    let u: Vec<User> = rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..clusters.len() {
+            v.push(User::new(clusters, i, ns).await);
+        }
+        v
+    });
+    let c2 = rt.block_on(client(clusters, 2));
+    let _sync = syncing(clusters, &[ns], &[]);
+    rt.block_on(async {
+        u[0].annotated_service("web", json!({"internalTrafficPolicy": "Cluster"}), json!({"svc-note": "no"}))
+            .await;
+        u[0].export_with(
+            "web",
+            json!({"exportedLabels": {"dummy-label": "true"}, "exportedAnnotations": {"dummy-annotation": "true"}}),
+        )
+        .await;
+    });
+    until(30, "labels, annotations and policy on the import", || {
+        rt.block_on(import(&c2, ns, "web")).is_some_and(|o| {
+            o["metadata"]["labels"]["dummy-label"] == "true"
+                && o["metadata"]["annotations"]["dummy-annotation"] == "true"
+                && o["spec"]["internalTrafficPolicy"] == "Cluster"
+        })
+    });
+    let o = rt.block_on(import(&c2, ns, "web")).expect("import");
+    assert!(o["metadata"]["annotations"].get("svc-note").is_none(), "the Service's own annotation: {o}");
+    assert_eq!(o["metadata"]["labels"]["app.kubernetes.io/managed-by"], "clusterset-dns-sync");
+
+    // A second, newer export with other labels and another policy: the
+    // oldest wins, and both exports say so.
+    std::thread::sleep(Duration::from_millis(1100));
+    rt.block_on(async {
+        u[1].service("web", json!({"internalTrafficPolicy": "Local"})).await;
+        u[1].export_with(
+            "web",
+            json!({"exportedLabels": {"dummy-label2": "true"}, "exportedAnnotations": {"dummy-annotation2": "true"}}),
+        )
+        .await;
+    });
+    for i in [0, 1] {
+        let c = rt.block_on(client(clusters, i));
+        until(30, "the conflicts on both exports", || {
+            rt.block_on(conditions(&c, ns, "web")).iter().any(|c| {
+                c.starts_with(
+                    "Conflict=True InternalTrafficPolicyConflict,LabelsConflict,AnnotationsConflict:",
+                )
+            })
+        });
+    }
+    let o = rt.block_on(import(&c2, ns, "web")).expect("import");
+    assert_eq!(o["metadata"]["labels"]["dummy-label"], "true");
+    assert!(o["metadata"]["labels"].get("dummy-label2").is_none(), "{o}");
+    assert!(o["metadata"]["annotations"].get("dummy-annotation2").is_none(), "{o}");
+    assert_eq!(o["spec"]["internalTrafficPolicy"], "Cluster");
+    // The VIP Service routes to every cluster whatever the policy says.
+    let vip = rt.block_on(async {
+        Api::<Service>::namespaced(c2.clone(), ns)
+            .list(&ListParams::default().labels(OURS))
+            .await
+            .expect("list")
+    });
+    let policy = vip.items[0].spec.as_ref().and_then(|s| s.internal_traffic_policy.clone());
+    assert_eq!(policy.as_deref(), Some("Cluster"));
+}
+
+#[test]
+fn mirrored_slices_keep_what_kube_proxy_needs() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-mirror";
+    let u = rt.block_on(User::new(clusters, 0, ns));
+    for i in 1..clusters.len() {
+        rt.block_on(User::new(clusters, i, ns));
+    }
+    let c1 = rt.block_on(client(clusters, 1));
+    let _sync = syncing(clusters, &[ns], &[]);
+    let endpoint = json!({
+        "addresses": ["10.1.0.7"],
+        "conditions": {"ready": false, "serving": true, "terminating": true},
+        "nodeName": "node-7",
+        "zone": "zone-a",
+        "hints": {"forZones": [{"name": "zone-a"}]},
+        "targetRef": {"kind": "Pod", "namespace": ns, "name": "web-7"},
+    });
+    rt.block_on(async {
+        u.service("web", json!({})).await;
+        u.endpoints("web-x", "web", json!([endpoint.clone()])).await;
+        u.export("web").await;
+    });
+    let mirrored = || {
+        rt.block_on(async {
+            Api::<EndpointSlice>::namespaced(c1.clone(), ns)
+                .list(&ListParams::default().labels(OURS))
+                .await
+                .expect("list")
+                .items
+        })
+    };
+    until(30, "the mirrored slice", || !mirrored().is_empty());
+    let slice = serde_json::to_value(&mirrored()[0]).expect("json");
+    let e = &slice["endpoints"][0];
+    for field in ["conditions", "nodeName", "zone", "hints"] {
+        assert_eq!(e[field], endpoint[field], "{field} in {slice}");
+    }
+    eventually("still one slice", || mirrored().len() == 1);
+}
