@@ -32,6 +32,21 @@ fn truncated(name: &str, max: usize) -> &str {
     cut.trim_end_matches('-')
 }
 
+/// Annotation on every object the controller applies: the digest of the
+/// body it applied ([`digest_of`]). A new leader reads it back instead of
+/// rewriting what is already there.
+pub const ANNOTATION_APPLIED: &str = "clusterset-dns.io/applied";
+
+/// A digest of a JSON body (FNV-1a 64 over its text; serde_json writes
+/// object keys sorted, so equal bodies give equal digests in every process).
+pub fn digest_of(body: &Value) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in body.to_string().bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
 /// The clusterset VIP Service's name: internal (DNS never shows it), unique
 /// per service, at most 63 characters.
 pub fn vip_name(key: &ServiceKey) -> String {

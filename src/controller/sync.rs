@@ -88,6 +88,16 @@ pub struct SyncStats {
     pub conflicts: AtomicU64,
 }
 
+/// One object of ours found at start.
+struct Found {
+    kind: &'static str,
+    meta: kube::api::ObjectMeta,
+    /// A VIP Service's addresses.
+    cluster_ips: Option<Vec<String>>,
+    /// A ServiceImport's status.
+    status: Option<Value>,
+}
+
 /// Which object of which member.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct ObjectRef {
@@ -123,7 +133,9 @@ pub struct Syncer {
 /// service's, so services are reconciled concurrently, each with its own.
 #[derive(Debug, Default)]
 struct KeyState {
-    /// Last body applied per object (its JSON text).
+    /// The digest of the last body applied per object ([`desired::digest_of`]),
+    /// also written on the object itself ([`desired::ANNOTATION_APPLIED`]) so
+    /// a new leader knows it without writing.
     applied: HashMap<ObjectRef, String>,
     /// The ClusterIPs of each VIP Service written.
     vips: HashMap<ObjectRef, Vec<String>>,
@@ -379,37 +391,68 @@ impl Syncer {
             if only.is_some_and(|o| o != i) || !self.discovered[i] {
                 continue;
             }
-            let mut found: Vec<(&'static str, kube::api::ObjectMeta)> = Vec::new();
+            let mut found: Vec<Found> = Vec::new();
+            let mut exports: Vec<DynamicObject> = Vec::new();
             for scope in scopes(&self.behaviour.namespaces) {
-                let (imports, services, slices): (Api<DynamicObject>, Api<Service>, Api<EndpointSlice>) =
-                    match &scope {
-                        Some(ns) => (
-                            Api::namespaced_with(m.client.clone(), ns, &self.apis[i].import),
-                            Api::namespaced(m.client.clone(), ns),
-                            Api::namespaced(m.client.clone(), ns),
-                        ),
-                        None => (
-                            Api::all_with(m.client.clone(), &self.apis[i].import),
-                            Api::all(m.client.clone()),
-                            Api::all(m.client.clone()),
-                        ),
-                    };
-                self.stats.reads.fetch_add(3, Ordering::Relaxed);
-                match imports.list_metadata(&lp).await {
-                    Ok(l) => found.extend(l.items.into_iter().map(|o| ("ServiceImport", o.metadata))),
+                let (imports, services, slices, export_api): (
+                    Api<DynamicObject>,
+                    Api<Service>,
+                    Api<EndpointSlice>,
+                    Api<DynamicObject>,
+                ) = match &scope {
+                    Some(ns) => (
+                        Api::namespaced_with(m.client.clone(), ns, &self.apis[i].import),
+                        Api::namespaced(m.client.clone(), ns),
+                        Api::namespaced(m.client.clone(), ns),
+                        Api::namespaced_with(m.client.clone(), ns, &self.apis[i].export),
+                    ),
+                    None => (
+                        Api::all_with(m.client.clone(), &self.apis[i].import),
+                        Api::all(m.client.clone()),
+                        Api::all(m.client.clone()),
+                        Api::all_with(m.client.clone(), &self.apis[i].export),
+                    ),
+                };
+                self.stats.reads.fetch_add(4, Ordering::Relaxed);
+                // Whole imports and Services: their status and cluster IPs
+                // are part of what was written; slices only by their digest.
+                match imports.list(&lp).await {
+                    Ok(l) => found.extend(l.items.into_iter().map(|o| Found {
+                        kind: "ServiceImport",
+                        status: o.data.get("status").cloned(),
+                        meta: o.metadata,
+                        cluster_ips: None,
+                    })),
                     Err(e) => warn!(member = %m.name, "cannot list our ServiceImports: {e}"),
                 }
-                match services.list_metadata(&lp).await {
-                    Ok(l) => found.extend(l.items.into_iter().map(|o| ("Service", o.metadata))),
+                match services.list(&lp).await {
+                    Ok(l) => found.extend(l.items.into_iter().map(|o| Found {
+                        kind: "Service",
+                        cluster_ips: o.spec.and_then(|s| s.cluster_ips),
+                        meta: o.metadata,
+                        status: None,
+                    })),
                     Err(e) => warn!(member = %m.name, "cannot list our Services: {e}"),
                 }
                 match slices.list_metadata(&lp).await {
-                    Ok(l) => found.extend(l.items.into_iter().map(|o| ("EndpointSlice", o.metadata))),
+                    Ok(l) => found.extend(l.items.into_iter().map(|o| Found {
+                        kind: "EndpointSlice",
+                        meta: o.metadata,
+                        cluster_ips: None,
+                        status: None,
+                    })),
                     Err(e) => warn!(member = %m.name, "cannot list our EndpointSlices: {e}"),
                 }
+                match export_api.list(&ListParams::default()).await {
+                    Ok(l) => exports.extend(l.items),
+                    Err(e) => warn!(member = %m.name, "cannot list ServiceExports: {e}"),
+                }
             }
-            for (kind, meta) in found {
+            for f in found {
+                let Found { kind, meta, cluster_ips, status } = f;
                 let service = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
+                let digest =
+                    meta.annotations.as_ref().and_then(|a| a.get(desired::ANNOTATION_APPLIED)).cloned();
                 let (Some(ns), Some(name), Some(service)) = (meta.namespace, meta.name, service) else {
                     continue;
                 };
@@ -425,8 +468,54 @@ impl Syncer {
                     continue;
                 };
                 let r = ObjectRef { member: i, kind, namespace: ns, name };
-                self.keys.entry(key.clone()).or_default().owned.insert(r);
+                let ks = self.keys.entry(key.clone()).or_default();
+                // What an earlier leader applied, as it recorded it: equal
+                // bodies are not written again.
+                if let Some(d) = digest {
+                    ks.applied.insert(r.clone(), d);
+                }
+                if let Some(ips) = cluster_ips {
+                    ks.vips.insert(r.clone(), ips);
+                }
+                if let Some(st) = status {
+                    ks.applied.insert(
+                        ObjectRef { kind: "ServiceImport/status", ..r.clone() },
+                        desired::digest_of(&st),
+                    );
+                }
+                ks.owned.insert(r);
                 backlog.insert(key);
+            }
+            // The exports' conditions as written: their transition times are
+            // kept, and equal conditions are not written again.
+            for o in exports {
+                let Ok(key) = crate::fleet::objects::key_of(&m.cluster, "ServiceExport", &o.metadata) else {
+                    continue;
+                };
+                let Some(st) = o.data.get("status").filter(|s| s.get("conditions").is_some()) else {
+                    continue;
+                };
+                let ks = self.keys.entry(key.clone()).or_default();
+                for c in st["conditions"].as_array().into_iter().flatten() {
+                    let kind = match c["type"].as_str() {
+                        Some(condition::VALID) => condition::VALID,
+                        Some(condition::READY) => condition::READY,
+                        Some(condition::CONFLICT) => condition::CONFLICT,
+                        _ => continue,
+                    };
+                    let status = match c["status"].as_str() {
+                        Some("True") => Status::True,
+                        Some("False") => Status::False,
+                        _ => Status::Unknown,
+                    };
+                    let since = c["lastTransitionTime"].as_str().unwrap_or_default().to_owned();
+                    ks.transitions.insert((i, kind), (status, since));
+                }
+                ks.applied.insert(
+                    object(i, "ServiceExport/status", &key, key.name.to_string()),
+                    desired::digest_of(st),
+                );
+                ks.export_uids.insert(i, o.metadata.uid.clone());
             }
         }
     }
@@ -631,11 +720,12 @@ impl KeyState {
         self.apply(cx, &r, &api, &desired::import(&ar.api_version, key, spec, &ips, &down)).await?;
         let status = desired::import_status(&ar.api_version, key, clusters, unreachable);
         let sr = ObjectRef { kind: "ServiceImport/status", ..r };
-        if self.applied.get(&sr).map(String::as_str) != Some(status.to_string().as_str()) {
+        let digest = desired::digest_of(&status["status"]);
+        if self.applied.get(&sr) != Some(&digest) {
             cx.stats.writes.fetch_add(1, Ordering::Relaxed);
             api.patch_status(&sr.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&status))
                 .await?;
-            self.applied.insert(sr, status.to_string());
+            self.applied.insert(sr, digest);
         }
         Ok(())
     }
@@ -652,14 +742,17 @@ impl KeyState {
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
-        let text = body.to_string();
-        if self.applied.get(r) == Some(&text) {
+        let digest = desired::digest_of(body);
+        if self.applied.get(r) == Some(&digest) {
             cx.stats.unchanged.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
+        let mut body = body.clone();
+        body["metadata"]["annotations"][desired::ANNOTATION_APPLIED] = Value::String(digest.clone());
         cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-        let obj = api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
-        self.applied.insert(r.clone(), text);
+        let obj =
+            api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+        self.applied.insert(r.clone(), digest);
         Ok(Some(obj))
     }
 
@@ -763,7 +856,7 @@ impl KeyState {
             let ar = cx.apis[i].export.clone();
             let body = desired::export_status(&ar.api_version, key, &timed);
             let r = object(i, "ServiceExport/status", key, key.name.to_string());
-            let text = body.to_string();
+            let text = desired::digest_of(&body["status"]);
             if self.applied.get(&r) == Some(&text) {
                 continue;
             }

@@ -349,12 +349,34 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
         });
     }
     // A restarted replica stands by; nothing is duplicated.
-    let third = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "third"]);
+    let mut third = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "third"]);
     std::thread::sleep(Duration::from_secs(2));
     assert!(!third.leading());
     for reader in &r {
         assert_eq!(rt.block_on(reader.ours()), (N - 1, N - 1, N - 1));
     }
+    // Once every export's conditions are written, a failover with nothing
+    // changed writes nothing: the new leader reads what its predecessor
+    // applied (the digest on each object, the conditions on each export).
+    eventually("every export Ready", || {
+        (1..N).all(|i| {
+            rt.block_on(r[0].conditions(&format!("svc-{i}"))).iter().any(|c| c.starts_with("Ready=True"))
+        })
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    drop(second);
+    eventually("third leads", || third.leading());
+    let reconciled = || third.metric("clusterset_dns_sync_reconciles_total").unwrap_or(0.0);
+    eventually("third reconciled every service", || reconciled() >= (N - 1) as f64);
+    std::thread::sleep(Duration::from_secs(2));
+    let writes = third.metric("clusterset_dns_sync_writes_total");
+    let unchanged = third.metric("clusterset_dns_sync_unchanged_total").unwrap_or(0.0);
+    eprintln!("after failover: writes {writes:?}, unchanged {unchanged}");
+    assert_eq!(writes, Some(0.0), "writes after a failover with nothing changed:\n{}", third.log());
+    assert!(unchanged >= (3 * 3 * (N - 1)) as f64, "the new leader compared what it would write");
+    third.stop();
+    let third = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "fourth"]);
+    eventually("fourth leads", || third.leading());
     rt.block_on(async {
         for i in 1..N {
             u[0].unexport(&format!("svc-{i}")).await;
@@ -553,14 +575,24 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
     );
     eventually("both again", || rt.block_on(r[0].ours()) == (1, 0, 2));
     // The window counts from this controller's first failed read of B: wait
-    // until it reads B (a watch that failed while B was restarting would
-    // start the window before the stop).
+    // until each of its watches of B has listed and none is failing (right
+    // after B's restart above, a first watch may fail and would start the
+    // window before the stop).
     let fresh = format!("clusterset_dns_sync_member_stale_seconds{{member=\"{}\"}}", clusters.name(1));
-    eventually("the new controller reads B", || sync.metric(&fresh) == Some(0.0));
+    let listed = |kind: &str| format!("watch listed watch={kind} in {ns} of member {}", clusters.name(1));
+    eventually("the new controller reads B", || {
+        let log = sync.log();
+        ["Services", "ServiceExports", "EndpointSlices"].iter().all(|k| log.contains(&listed(k)))
+            && sync.metric(&fresh) == Some(0.0)
+    });
     clusters.stop(1, Component::ApiServer);
     let stopped = Instant::now();
     eventually("B's endpoints removed from A", || rt.block_on(r[0].ours()) == (1, 0, 1));
-    assert!(stopped.elapsed() >= Duration::from_secs(3), "removed before the window");
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(3),
+        "removed before the window: {:?}",
+        stopped.elapsed()
+    );
     let o = rt.block_on(r[0].import("web")).expect("import");
     assert_eq!(o["status"]["clusters"], json!([{"cluster": clusters.name(0)}]));
     clusters.start_component(1, Component::ApiServer);
