@@ -5,7 +5,10 @@
 //! objects and never touches the store.
 //!
 //! - `desired`: the objects to keep, pure functions of the merged import.
+//! - `own`: watches of our own objects, so what someone else deletes or
+//!   edits is written again.
 //! - `sync`: the event loop: fleet state → reconcile of touched services.
 
 pub mod desired;
+pub mod own;
 pub mod sync;

@@ -20,10 +20,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::desired::{self, Consumers, FIELD_MANAGER, LABEL_APP_MANAGED_BY};
+use super::own::{self, OwnChange, OwnEvent, Seen, Written};
 use crate::fleet::member::{self, Member};
 use crate::fleet::merge::{Condition, Status, condition, merge};
 use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
@@ -148,9 +150,20 @@ struct KeyState {
     /// The uid of each member's export whose conditions `transitions` and
     /// `applied` hold.
     export_uids: HashMap<usize, Option<String>>,
+    /// The resourceVersions our writes gave our objects: a watch event with
+    /// another is someone else's change.
+    written: Written<ObjectRef>,
 }
 
 impl KeyState {
+    /// Forgets what was applied to `r` (and its status), so it is written again.
+    fn invalidate(&mut self, r: &ObjectRef) {
+        self.applied.remove(r);
+        self.applied.remove(&ObjectRef { kind: "ServiceImport/status", ..r.clone() });
+        self.vips.remove(r);
+        self.written.forget(r);
+    }
+
     fn is_empty(&self) -> bool {
         self.applied.is_empty() && self.owned.is_empty() && self.transitions.is_empty() && !self.conflicted
     }
@@ -210,10 +223,17 @@ impl Syncer {
     /// Runs until the watches end.
     pub async fn run(mut self) {
         let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
+        let (own_tx, mut own_rx) = mpsc::channel::<OwnEvent>(1024);
+        // Every watch is a task of this set: when this future is dropped (the
+        // Lease lost), they all stop with it, none keeps running beside the
+        // next leader's.
+        let mut tasks = JoinSet::new();
         for (i, m) in self.members.iter().enumerate() {
-            member::spawn_watches(i, m, &self.behaviour.namespaces, tx.clone());
+            member::spawn_watches(&mut tasks, i, m, &self.behaviour.namespaces, tx.clone());
+            own::spawn(&mut tasks, i, m, &self.apis[i].import, &self.behaviour.namespaces, own_tx.clone());
         }
         drop(tx);
+        drop(own_tx);
         let mut backlog: BTreeSet<ServiceKey> = BTreeSet::new();
         let mut live: BTreeSet<ServiceKey> = BTreeSet::new();
         let mut retry: BTreeMap<ServiceKey, Instant> = BTreeMap::new();
@@ -262,6 +282,9 @@ impl Syncer {
             while let Ok(e) = rx.try_recv() {
                 self.state.apply(e, &mut live);
             }
+            while let Ok(e) = own_rx.try_recv() {
+                self.own_event(e, &mut live);
+            }
             let now = Instant::now();
             let due: Vec<ServiceKey> =
                 retry.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k.clone()).collect();
@@ -280,11 +303,14 @@ impl Syncer {
             }
             if batch.is_empty() {
                 let wake = retry.values().min().copied().map_or(next_tick, |t| t.min(next_tick));
-                // Err: a retry or a member check is due before anything arrived.
-                match tokio::time::timeout_at(wake, rx.recv()).await {
-                    Ok(Some(e)) => self.state.apply(e, &mut live),
-                    Ok(None) => return, // every watch ended: shutting down
-                    Err(_) => {}
+                // A retry or a member check may be due before anything arrives.
+                tokio::select! {
+                    e = rx.recv() => match e {
+                        Some(e) => self.state.apply(e, &mut live),
+                        None => return, // every watch ended: shutting down
+                    },
+                    Some(e) = own_rx.recv() => self.own_event(e, &mut live),
+                    () = tokio::time::sleep_until(wake) => {}
                 }
                 continue;
             }
@@ -319,6 +345,71 @@ impl Syncer {
                 }
             }
         }
+    }
+
+    /// Someone else's change to one of our objects: what we recorded as
+    /// applied no longer holds, so the service is reconciled and the object
+    /// written again.
+    fn own_event(&mut self, e: OwnEvent, live: &mut BTreeSet<ServiceKey>) {
+        let m = e.member;
+        match e.change {
+            OwnChange::Applied(seen) => self.repair(m, &seen, false, live),
+            OwnChange::Deleted(seen) => self.repair(m, &seen, true, live),
+            OwnChange::Listed(kind, scope, items) => {
+                for seen in &items {
+                    self.repair(m, seen, false, live);
+                }
+                // Owned but not listed: deleted while the watch was down.
+                let listed: BTreeSet<(&str, &str)> =
+                    items.iter().map(|s| (s.namespace.as_str(), s.name.as_str())).collect();
+                let mut gone = Vec::new();
+                for (key, ks) in &self.keys {
+                    for r in &ks.owned {
+                        if r.member == m
+                            && r.kind == kind
+                            && scope.as_ref().is_none_or(|ns| *ns == r.namespace)
+                            && !listed.contains(&(r.namespace.as_str(), r.name.as_str()))
+                        {
+                            gone.push((key.clone(), r.clone()));
+                        }
+                    }
+                }
+                for (key, r) in gone {
+                    if let Some(ks) = self.keys.get_mut(&key) {
+                        ks.invalidate(&r);
+                        info!(member = %self.members[m].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "ours, and gone: writing it again");
+                        live.insert(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues the service of `seen` for another write of it, unless the
+    /// event is of our own write or of an object we no longer want.
+    fn repair(&mut self, m: usize, seen: &Seen, deleted: bool, live: &mut BTreeSet<ServiceKey>) {
+        let meta = kube::api::ObjectMeta {
+            namespace: Some(seen.namespace.clone()),
+            name: Some(seen.service.clone()),
+            ..Default::default()
+        };
+        let Ok(key) = crate::fleet::objects::key_of(&self.members[m].cluster, seen.kind, &meta) else {
+            return;
+        };
+        let Some(ks) = self.keys.get_mut(&key) else { return };
+        let r = ObjectRef {
+            member: m,
+            kind: seen.kind,
+            namespace: seen.namespace.clone(),
+            name: seen.name.clone(),
+        };
+        if !ks.owned.contains(&r) || (!deleted && ks.written.ours(&r, &seen.version)) {
+            return;
+        }
+        ks.invalidate(&r);
+        let what = if deleted { "deleted" } else { "changed" };
+        info!(member = %self.members[m].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "ours, {what} by someone else: writing it again");
+        live.insert(key);
     }
 
     /// Notices members becoming unreachable or reachable again, and queues
@@ -453,6 +544,7 @@ impl Syncer {
                 let service = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
                 let digest =
                     meta.annotations.as_ref().and_then(|a| a.get(desired::ANNOTATION_APPLIED)).cloned();
+                let version = meta.resource_version.clone();
                 let (Some(ns), Some(name), Some(service)) = (meta.namespace, meta.name, service) else {
                     continue;
                 };
@@ -483,6 +575,8 @@ impl Syncer {
                         desired::digest_of(&st),
                     );
                 }
+                // This version is as we left it: its watch event is not a change.
+                ks.written.record(r.clone(), version.as_deref());
                 ks.owned.insert(r);
                 backlog.insert(key);
             }
@@ -723,8 +817,14 @@ impl KeyState {
         let digest = desired::digest_of(&status["status"]);
         if self.applied.get(&sr) != Some(&digest) {
             cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-            api.patch_status(&sr.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&status))
+            let obj = api
+                .patch_status(&sr.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&status))
                 .await?;
+            // The status write gives the import a new version too.
+            self.written.record(
+                ObjectRef { kind: "ServiceImport", ..sr.clone() },
+                obj.metadata.resource_version.as_deref(),
+            );
             self.applied.insert(sr, digest);
         }
         Ok(())
@@ -752,6 +852,7 @@ impl KeyState {
         cx.stats.writes.fetch_add(1, Ordering::Relaxed);
         let obj =
             api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+        self.written.record(r.clone(), obj.meta().resource_version.as_deref());
         self.applied.insert(r.clone(), digest);
         Ok(Some(obj))
     }
@@ -772,9 +873,7 @@ impl KeyState {
                 .await
                 .map(|_| ()),
         };
-        self.applied.remove(r);
-        self.vips.remove(r);
-        self.applied.remove(&ObjectRef { kind: "ServiceImport/status", ..r.clone() });
+        self.invalidate(r);
         match result {
             Ok(()) => {
                 info!(member = %cx.members[r.member].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "deleted");

@@ -15,6 +15,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use super::objects::{self, LABEL_K8S_SERVICE_NAME};
@@ -116,9 +117,11 @@ pub async fn connect(
 }
 
 /// Starts the three watches of member `index` in every scope (see
-/// [`scopes`]), sending to `events`. The member's health list has three
-/// entries per scope, in that order.
+/// [`scopes`]) in `tasks` (they end with whoever owns the set), sending to
+/// `events`. The member's health list has three entries per scope, in that
+/// order.
 pub fn spawn_watches(
+    tasks: &mut JoinSet<()>,
     index: usize,
     member: &Member,
     namespaces: &[String],
@@ -133,7 +136,7 @@ pub fn spawn_watches(
             events.clone(),
             health(0),
         );
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut reporter = Reporter::new(h);
             let resource = discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
             let api: Api<DynamicObject> = watch::scoped_with(client, exports.scope.as_deref(), &resource);
@@ -145,7 +148,7 @@ pub fn spawn_watches(
             events.clone(),
             health(1),
         );
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let api: Api<Service> = watch::scoped(client, services.scope.as_deref());
             watch::relist(api, watcher::Config::default(), Reporter::new(h), services, events_).await;
         });
@@ -155,7 +158,7 @@ pub fn spawn_watches(
             events.clone(),
             health(2),
         );
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
             let api: Api<EndpointSlice> = watch::scoped(client, slices.scope.as_deref());
             watch::relist(api, cfg, Reporter::new(h), slices, events_).await;

@@ -29,8 +29,10 @@ pub const FIRST_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// the store as `source`.
 pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<Update>) {
     let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
+    // The watches live as long as this source.
+    let mut watches = tokio::task::JoinSet::new();
     for (i, m) in members.iter().enumerate() {
-        member::spawn_watches(i, m, &[], tx.clone());
+        member::spawn_watches(&mut watches, i, m, &[], tx.clone());
     }
     drop(tx);
     let mut state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), 1);

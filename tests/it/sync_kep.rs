@@ -358,3 +358,71 @@ fn mirrored_slices_keep_what_kube_proxy_needs() {
     }
     eventually("still one slice", || mirrored().len() == 1);
 }
+
+#[test]
+fn objects_of_ours_deleted_or_edited_by_hand_are_written_again() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-repair";
+    let u = rt.block_on(User::new(clusters, 0, ns));
+    for i in 1..clusters.len() {
+        rt.block_on(User::new(clusters, i, ns));
+    }
+    let c = rt.block_on(client(clusters, 1));
+    let _sync = syncing(clusters, &[ns], &[]);
+    rt.block_on(async {
+        u.service("web", json!({})).await;
+        u.endpoints("web-x", "web", json!([{"addresses": ["10.1.0.9"], "conditions": {"ready": true}}]))
+            .await;
+        u.export("web").await;
+    });
+    let imports: Api<DynamicObject> = Api::namespaced_with(c.clone(), ns, &import_resource("v1beta1"));
+    let services: Api<Service> = Api::namespaced(c.clone(), ns);
+    let slices: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+    let ours = ListParams::default().labels(OURS);
+    let vip = || {
+        rt.block_on(services.list(&ours))
+            .expect("list")
+            .items
+            .first()
+            .and_then(|s| Some((s.metadata.name.clone()?, s.spec.as_ref()?.cluster_ip.clone()?)))
+    };
+    // In step: the import in cluster-2 lists the VIP cluster-2 allocated,
+    // and its slice has the exported endpoint.
+    let consistent = || {
+        let Some((_, ip)) = vip() else { return false };
+        let Some(i) = rt.block_on(import(&c, ns, "web")) else { return false };
+        let addresses: Vec<String> = rt
+            .block_on(slices.list(&ours))
+            .expect("list")
+            .items
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
+            .collect();
+        i["spec"]["ips"] == json!([ip]) && addresses == ["10.1.0.9"]
+    };
+    until(30, "imported into cluster-2", consistent);
+    let edit = kube::api::PatchParams::default();
+    let merge = |v: Value| kube::api::Patch::Merge(v);
+
+    rt.block_on(imports.delete("web", &Default::default())).expect("delete import");
+    until(20, "a deleted ServiceImport written again", consistent);
+
+    rt.block_on(imports.patch("web", &edit, &merge(json!({"spec": {"ips": ["10.255.255.1"]}}))))
+        .expect("edit import");
+    until(20, "an edited ServiceImport written again", consistent);
+
+    let (name, before) = vip().expect("VIP");
+    rt.block_on(services.delete(&name, &Default::default())).expect("delete VIP Service");
+    until(20, "a deleted VIP Service written again, and the import following its new address", || {
+        vip().is_some_and(|(_, ip)| ip != before) && consistent()
+    });
+
+    let slice = rt.block_on(slices.list(&ours)).expect("list").items[0].metadata.name.clone().expect("name");
+    rt.block_on(slices.delete(&slice, &Default::default())).expect("delete slice");
+    until(20, "a deleted MCS EndpointSlice written again", consistent);
+
+    rt.block_on(slices.patch(&slice, &edit, &merge(json!({"endpoints": [{"addresses": ["10.9.9.9"]}]}))))
+        .expect("edit slice");
+    until(20, "an edited MCS EndpointSlice written again", consistent);
+}

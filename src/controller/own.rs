@@ -1,0 +1,222 @@
+//! Watches of the controller's own objects (ServiceImports, VIP Services and
+//! MCS EndpointSlices, by our label) in every member, so that an object of
+//! ours deleted or edited by someone else is written again within seconds
+//! instead of at the next restart.
+//!
+//! Every write of ours records the resourceVersion the API server gave it
+//! ([`Written`]); an event with another version, or a deletion of an object
+//! we still want, is someone else's doing.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Resource;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::desired::{FIELD_MANAGER, LABEL_APP_MANAGED_BY};
+use crate::fleet::member::Member;
+use crate::k8s::mcs::LABEL_SERVICE_NAME;
+use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, scopes};
+
+/// One of our objects as a watch saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// `ServiceImport`, `Service` or `EndpointSlice`.
+    pub kind: &'static str,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The service it belongs to (our `multicluster.kubernetes.io/service-name` label).
+    pub service: String,
+    /// Its resourceVersion.
+    pub version: String,
+}
+
+/// What a watch of our objects reports.
+#[derive(Debug)]
+pub enum OwnChange {
+    /// A complete list of one kind in one scope (`None`: every namespace).
+    Listed(&'static str, Option<String>, Vec<Seen>),
+    /// Created or changed.
+    Applied(Seen),
+    /// Deleted.
+    Deleted(Seen),
+}
+
+/// An [`OwnChange`] of member `member`.
+#[derive(Debug)]
+pub struct OwnEvent {
+    /// The member's index.
+    pub member: usize,
+    /// What happened.
+    pub change: OwnChange,
+}
+
+/// The last resourceVersions our own writes produced, per object: a spec
+/// apply and a status write follow each other, and their events may arrive
+/// after both, so one version is not enough.
+#[derive(Debug)]
+pub struct Written<R> {
+    versions: HashMap<R, VecDeque<String>>,
+}
+
+impl<R> Default for Written<R> {
+    fn default() -> Self {
+        Self { versions: HashMap::new() }
+    }
+}
+
+/// Versions kept per object.
+const KEPT: usize = 4;
+
+impl<R: Hash + Eq> Written<R> {
+    /// Records a version one of our writes produced.
+    pub fn record(&mut self, object: R, version: Option<&str>) {
+        let Some(v) = version else { return };
+        let slot = self.versions.entry(object).or_default();
+        if slot.len() == KEPT {
+            slot.pop_front();
+        }
+        slot.push_back(v.to_owned());
+    }
+
+    /// True when `version` of `object` is the result of one of our writes.
+    pub fn ours(&self, object: &R, version: &str) -> bool {
+        self.versions.get(object).is_some_and(|v| v.iter().any(|x| x == version))
+    }
+
+    /// Forgets an object (deleted, or to be written again).
+    pub fn forget(&mut self, object: &R) {
+        self.versions.remove(object);
+    }
+
+    /// True when nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.versions.is_empty()
+    }
+}
+
+struct ToOwn {
+    member: usize,
+    kind: &'static str,
+    scope: Option<String>,
+}
+
+impl ToOwn {
+    fn seen<K: Resource>(&self, k: &K) -> Option<Seen> {
+        let m = k.meta();
+        Some(Seen {
+            kind: self.kind,
+            namespace: m.namespace.clone()?,
+            name: m.name.clone()?,
+            service: m.labels.as_ref()?.get(LABEL_SERVICE_NAME)?.clone(),
+            version: m.resource_version.clone().unwrap_or_default(),
+        })
+    }
+
+    fn event(&self, change: OwnChange) -> OwnEvent {
+        OwnEvent { member: self.member, change }
+    }
+}
+
+impl<K: Resource> Translate<K> for ToOwn {
+    type Item = Seen;
+    type Message = OwnEvent;
+
+    fn item(&self, k: &K) -> Option<Seen> {
+        self.seen(k)
+    }
+
+    fn listed(&self, items: Vec<Seen>) -> OwnEvent {
+        self.event(OwnChange::Listed(self.kind, self.scope.clone(), items))
+    }
+
+    fn applied(&self, k: &K) -> Option<OwnEvent> {
+        Some(self.event(OwnChange::Applied(self.seen(k)?)))
+    }
+
+    fn deleted(&self, k: &K) -> Option<OwnEvent> {
+        Some(self.event(OwnChange::Deleted(self.seen(k)?)))
+    }
+}
+
+/// Starts the watches of our objects in member `index`, in `tasks` (so they
+/// end with the controller that owns the set).
+pub fn spawn(
+    tasks: &mut JoinSet<()>,
+    index: usize,
+    member: &Member,
+    import: &ApiResource,
+    namespaces: &[String],
+    events: mpsc::Sender<OwnEvent>,
+) {
+    let cfg = watcher::Config::default().labels(&format!("{LABEL_APP_MANAGED_BY}={FIELD_MANAGER}"));
+    for scope in scopes(namespaces) {
+        let within = scope.as_deref().map_or_else(String::new, |ns| format!(" in {ns}"));
+        let reporter = |what: &str| {
+            Reporter::new(std::sync::Arc::new(WatchHealth::new(format!(
+                "our {what}{within} of member {}",
+                member.name
+            ))))
+        };
+        let to = |kind| ToOwn { member: index, kind, scope: scope.clone() };
+        let (client, cfg_, out, r, t) = (
+            member.client.clone(),
+            cfg.clone(),
+            events.clone(),
+            reporter("ServiceImports"),
+            to("ServiceImport"),
+        );
+        let import = import.clone();
+        tasks.spawn(async move {
+            let api: kube::Api<DynamicObject> = watch::scoped_with(client, t.scope.as_deref(), &import);
+            watch::relist(api, cfg_, r, t, out).await;
+        });
+        let (client, cfg_, out, r, t) =
+            (member.client.clone(), cfg.clone(), events.clone(), reporter("Services"), to("Service"));
+        tasks.spawn(async move {
+            let api: kube::Api<Service> = watch::scoped(client, t.scope.as_deref());
+            watch::relist(api, cfg_, r, t, out).await;
+        });
+        let (client, cfg_, out, r, t) = (
+            member.client.clone(),
+            cfg.clone(),
+            events.clone(),
+            reporter("EndpointSlices"),
+            to("EndpointSlice"),
+        );
+        tasks.spawn(async move {
+            let api: kube::Api<EndpointSlice> = watch::scoped(client, t.scope.as_deref());
+            watch::relist(api, cfg_, r, t, out).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_versions_our_writes_produced_are_ours() {
+        let mut w: Written<(usize, &str)> = Written::default();
+        let web = (0, "shop/web");
+        assert!(!w.ours(&web, "1"));
+        w.record(web, Some("5"));
+        w.record(web, Some("6"));
+        assert!(w.ours(&web, "5") && w.ours(&web, "6"));
+        assert!(!w.ours(&web, "7"), "someone else's edit");
+        assert!(!w.ours(&(1, "shop/web"), "6"), "another member");
+        for v in 7..=10 {
+            w.record(web, Some(&v.to_string()));
+        }
+        assert!(!w.ours(&web, "6"), "only the last {KEPT} are kept");
+        w.forget(&web);
+        assert!(!w.ours(&web, "10") && w.is_empty());
+    }
+}
