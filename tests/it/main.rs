@@ -35,3 +35,4 @@ mod supervise;
 mod sync;
 mod transfer;
 mod watch;
+mod workload;
