@@ -13,8 +13,9 @@
 #
 #   RESULT passed|failed|skipped|pending <labels> | <spec text>
 #
-# then "SUMMARY passed=P failed=F skipped=S". The JUnit report, the suite's
-# output and the sync log stay in OUT_DIR (default: a new temporary directory).
+# then "SUMMARY passed=P failed=F skipped=S". The JUnit report, the suite's own
+# report.html and report.yaml, its output and the sync log stay in OUT_DIR
+# (default: a new temporary directory).
 # Exit 0: every spec that ran passed; 1: some failed; 2: the suite could not run.
 #
 # Where the suite comes from, in order:
@@ -175,10 +176,11 @@ log "clusterset-dns sync leading"
 
 log "running the suite (labels: $LABELS; skipped: $SKIP)"
 start=$SECONDS
-setpriv --pdeathsig TERM -- "$SUITE" -test.v -test.timeout=90m \
+# From OUT: the suite writes its own report.html and report.yaml to its working directory.
+(cd "$OUT" && exec setpriv --pdeathsig TERM -- "$SUITE" -test.v -test.timeout=90m \
     -kubeconfig "$CLUSTERS/kubeconfig" -contexts cluster-1,cluster-2 \
     -ginkgo.label-filter "$LABELS" -ginkgo.skip "$SKIP" -ginkgo.no-color -ginkgo.v \
-    -ginkgo.junit-report "$OUT/junit.xml" >"$OUT/suite.log" 2>&1 &
+    -ginkgo.junit-report "$OUT/junit.xml" >"$OUT/suite.log" 2>&1) &
 suite_pid=$!
 PIDS+=("$suite_pid")
 while kill -0 "$suite_pid" 2>/dev/null; do alive_or_die "$suite_pid" suite; sleep 1; done
