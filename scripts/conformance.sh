@@ -138,6 +138,8 @@ finish() { # stop what we started (clusters.sh stops its own processes)
     trap '' TERM INT HUP
     for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    # Keep the clusters' logs, not their etcd data (~60 MB a cluster).
+    [ -z "${CLUSTERS:-}" ] || rm -rf "$CLUSTERS"/cluster-*/etcd
 }
 trap finish EXIT
 trap 'exit 2' TERM INT HUP
