@@ -2,8 +2,18 @@
 # Real Kubernetes test clusters on loopback: N independent control planes,
 # each one etcd + one kube-apiserver on its own ports, RBAC on, token auth,
 # the MCS CRDs (ServiceImport, ServiceExport) and clusterset-dns's serve RBAC
-# installed. No kubelet, scheduler or controller-manager: nothing runs pods,
-# deleted namespaces stay Terminating (use a fresh namespace per test).
+# installed. By default no kubelet, scheduler or controller-manager: nothing
+# runs pods, deleted namespaces stay Terminating (use a fresh namespace per test).
+#
+# With CLUSTERS_NODES=1 each cluster also runs kube-scheduler,
+# kube-controller-manager (the controllers listed in KCM_CONTROLLERS below:
+# Deployments, ReplicaSets, StatefulSets, EndpointSlices, namespace deletion,
+# garbage collection, ServiceAccounts) and KWOK with one fake Node, `node-1`
+# (annotation kwok.x-k8s.io/node=fake, no taints): a Deployment's pods are
+# scheduled, become Running and Ready with an IP from 10.(200+I).0.0/16, and the
+# real EndpointSlice controller writes their Service's slices. Pods run no
+# containers (no exec, no logs, no traffic). Pods need no ServiceAccount token:
+# the ServiceAccount admission plugin stays off.
 #
 # Usage:
 #   scripts/clusters.sh up N DIR           start N clusters under DIR (new or empty), print
@@ -11,7 +21,8 @@
 #                                          foreground until SIGTERM/SIGINT/SIGHUP or until
 #                                          the parent process exits; every process it
 #                                          started is stopped on the way out
-#   scripts/clusters.sh stop DIR I COMP    stop COMP (etcd | apiserver) of cluster I (1..N)
+#   scripts/clusters.sh stop DIR I COMP    stop COMP (etcd | apiserver; with nodes also
+#                                          scheduler | controllers | kwok) of cluster I (1..N)
 #   scripts/clusters.sh start DIR I COMP   start it again with the same ports and data and
 #                                          wait until it is ready
 #   scripts/clusters.sh status DIR         print DIR/state
@@ -33,11 +44,13 @@
 #   DIR/cluster-I/serve.kubeconfig     cluster I as ServiceAccount clusterset-dns/clusterset-dns,
 #                                      bound only to ClusterRole clusterset-dns-serve
 #                                      (deploy/serve/rbac.yaml)
-#   DIR/cluster-I/{etcd,apiserver}.log component logs (appended on restart)
+#   DIR/cluster-I/{etcd,apiserver}.log component logs (appended on restart); with nodes also
+#                                      {scheduler,controllers,kwok}.log
 #   DIR/state                          one line per cluster: name=cluster-I etcd_port=P
 #                                      etcd_peer_port=Q apiserver_port=S etcd_pid=..
 #                                      etcd_state=running|stopped|exited apiserver_pid=..
-#                                      apiserver_state=..
+#                                      apiserver_state=.. (with nodes also scheduler_*,
+#                                      controllers_*, kwok_* port, pid and state)
 #   DIR/supervisor.pid, DIR/control    the supervisor and its command FIFO
 #
 # Environment:
@@ -46,6 +59,9 @@
 #   CLUSTERS_REMOVE_DIR   1: remove DIR after everything has stopped (default 0)
 #   CLUSTERS_DEPLOY_DIR   where crds/ and serve/rbac.yaml are (default: the repository's deploy/)
 #   CLUSTERS_TIMEOUT      seconds a component gets to become ready (default 120)
+#   CLUSTERS_NODES        1: also run kube-scheduler, kube-controller-manager and KWOK with
+#                         one fake Node per cluster (see above; default 0). Their binaries
+#                         come from scripts/k8s-bins.sh too (cold: minutes)
 #   KUBECTL               kubectl binary (default: kubectl)
 #   CLUSTERSET_DNS_CACHE, K8S_VERSION, ETCD_VERSION   passed to scripts/k8s-bins.sh
 #
@@ -60,6 +76,16 @@ KUBECTL="${KUBECTL:-kubectl}"
 SERVE_NS=clusterset-dns
 SERVE_SA=clusterset-dns
 COMPONENTS=(etcd apiserver)
+NODES="${CLUSTERS_NODES:-0}"
+case "$NODES" in 0 | 1) ;; *) printf 'clusters: CLUSTERS_NODES must be 0 or 1, not %s\n' "$NODES" >&2; exit 64 ;; esac
+NODE_COMPONENTS=(scheduler controllers kwok)
+[ "$NODES" = 0 ] || COMPONENTS+=("${NODE_COMPONENTS[@]}")
+# What Pods of Deployments and StatefulSets need to run and be reachable through
+# their Services' slices, and what a test's namespace deletion needs. No node
+# lifecycle controller: nothing taints the fake Node not-ready.
+KCM_CONTROLLERS=deployment-controller,replicaset-controller,statefulset-controller
+KCM_CONTROLLERS+=,endpointslice-controller,namespace-controller,garbage-collector-controller
+KCM_CONTROLLERS+=,serviceaccount-controller
 
 log() { printf '[%s] clusters: %s\n' "$(date '+%H:%M:%S')" "$*" >&2 || true; }
 # In the supervisor, die stops everything first; in helpers and subshells it only exits.
@@ -75,7 +101,7 @@ usage() { sed -n '/^# Usage:/,/^# `stop`/p' "$SELF" | sed '$d; s/^# \{0,1\}//' >
 
 # Per cluster I (globals of the supervisor): ETCD_PORT[I] PEER_PORT[I] API_PORT[I]; per
 # component K="I.etcd" / "I.apiserver": PID[K] and STATE[K].
-declare -A ETCD_PORT PEER_PORT API_PORT PID STATE USED_PORT
+declare -A ETCD_PORT PEER_PORT API_PORT SCHED_PORT KCM_PORT KWOK_PORT PID STATE USED_PORT
 
 cdir() { printf '%s/cluster-%s' "$DIR" "$1"; }
 
@@ -102,11 +128,44 @@ apiserver_cmd() {
         --profiling=false -v=1)
 }
 
+# The node components (CLUSTERS_NODES=1) talk to the API server as admin; /healthz of
+# their own servers is open without credentials (always-allowed paths).
+scheduler_cmd() {
+    local d
+    d="$(cdir "$1")"
+    CMD=("$BIN/kube-scheduler" "--kubeconfig=$d/kubeconfig" "--authentication-kubeconfig=$d/kubeconfig"
+        "--authorization-kubeconfig=$d/kubeconfig" --bind-address=127.0.0.1
+        "--secure-port=${SCHED_PORT[$1]}" "--cert-dir=$d/pki-scheduler" --leader-elect=false -v=1)
+}
+
+controllers_cmd() {
+    local d
+    d="$(cdir "$1")"
+    CMD=("$BIN/kube-controller-manager" "--kubeconfig=$d/kubeconfig" "--authentication-kubeconfig=$d/kubeconfig"
+        "--authorization-kubeconfig=$d/kubeconfig" --bind-address=127.0.0.1
+        "--secure-port=${KCM_PORT[$1]}" "--cert-dir=$d/pki-controllers" --leader-elect=false
+        "--controllers=$KCM_CONTROLLERS" "--service-cluster-ip-range=10.$((100 + $1)).0.0/16"
+        "--root-ca-file=$d/pki/apiserver.crt" -v=1)
+}
+
+# KWOK manages the one fake Node node_up creates; pod IPs from 10.(200+I).0.0/16.
+kwok_cmd() {
+    local d
+    d="$(cdir "$1")"
+    CMD=("$BIN/kwok" "--kubeconfig=$d/kubeconfig" --manage-all-nodes=false
+        --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake
+        "--cidr=10.$((200 + $1)).0.1/16" --node-ip=127.0.0.1
+        "--server-address=127.0.0.1:${KWOK_PORT[$1]}")
+}
+
 # probe I COMP: is it serving?
 probe() {
     case "$2" in
     etcd) curl -fsS -m 2 "http://127.0.0.1:${ETCD_PORT[$1]}/health" 2>/dev/null | grep -q '"health":"true"' ;;
     apiserver) curl -fsSk -m 2 -o /dev/null "https://127.0.0.1:${API_PORT[$1]}/readyz" 2>/dev/null ;;
+    scheduler) curl -fsSk -m 2 -o /dev/null "https://127.0.0.1:${SCHED_PORT[$1]}/healthz" 2>/dev/null ;;
+    controllers) curl -fsSk -m 2 -o /dev/null "https://127.0.0.1:${KCM_PORT[$1]}/healthz" 2>/dev/null ;;
+    kwok) curl -fsS -m 2 -o /dev/null "http://127.0.0.1:${KWOK_PORT[$1]}/healthz" 2>/dev/null ;;
     esac
 }
 
@@ -131,6 +190,9 @@ repick_ports() { # repick_ports I COMP (after "address already in use")
     case "$2" in
     etcd) pick_port; ETCD_PORT[$1]=$PORT; pick_port; PEER_PORT[$1]=$PORT ;;
     apiserver) pick_port; API_PORT[$1]=$PORT ;;
+    scheduler) pick_port; SCHED_PORT[$1]=$PORT ;;
+    controllers) pick_port; KCM_PORT[$1]=$PORT ;;
+    kwok) pick_port; KWOK_PORT[$1]=$PORT ;;
     esac
 }
 
@@ -228,6 +290,8 @@ write_state() {
         for ((i = 1; i <= N; i++)); do
             line="name=cluster-$i etcd_port=${ETCD_PORT[$i]} etcd_peer_port=${PEER_PORT[$i]}"
             line+=" apiserver_port=${API_PORT[$i]}"
+            [ "$NODES" = 0 ] ||
+                line+=" scheduler_port=${SCHED_PORT[$i]:-0} controllers_port=${KCM_PORT[$i]:-0} kwok_port=${KWOK_PORT[$i]:-0}"
             for c in "${COMPONENTS[@]}"; do
                 line+=" ${c}_pid=${PID[$i.$c]:-0} ${c}_state=${STATE[$i.$c]:-none}"
             done
@@ -310,6 +374,36 @@ install() {
         kubeconfig_doc "cluster-$i" "cluster-$i" "${ENTRY[1]}" "${ENTRY[2]}" "$SERVE_NS-$sa" "$token" \
             >"$d/$role.kubeconfig.tmp" && mv -f "$d/$role.kubeconfig.tmp" "$d/$role.kubeconfig"
     done
+}
+
+# The fake Node: KWOK manages it (annotation) and sets its status (Ready, capacity).
+NODE_MANIFEST='apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  annotations:
+    kwok.x-k8s.io/node: fake
+  labels:
+    kubernetes.io/hostname: node-1
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok'
+
+# node_up I: create the fake Node, wait until KWOK has made it Ready, lift the not-ready
+# taint. Untainted and with KWOK's capacity, every pod can be scheduled on it.
+node_up() {
+    local i="$1" d kc
+    d="$(cdir "$i")"
+    kc=("$KUBECTL" --kubeconfig "$d/kubeconfig" --request-timeout=30s)
+    printf '%s\n' "$NODE_MANIFEST" | "${kc[@]}" apply --server-side --field-manager=clusters.sh -f - >/dev/null ||
+        die "cluster-$i: creating node-1 failed"
+    "${kc[@]}" wait --for=condition=Ready --timeout="${TIMEOUT}s" node/node-1 >/dev/null ||
+        die "cluster-$i: node-1 not Ready (see $d/kwok.log)"
+    # The API server's TaintNodesByCondition admission gives a new Node this taint; the
+    # node lifecycle controller would lift it once Ready, but it does not run here (it
+    # would also taint the node again whenever KWOK's heartbeat came late).
+    "${kc[@]}" taint nodes node-1 node.kubernetes.io/not-ready:NoSchedule- >/dev/null ||
+        die "cluster-$i: removing the not-ready taint of node-1 failed"
 }
 
 # --- Supervisor ------------------------------------------------------------------------
@@ -425,11 +519,13 @@ cmd_up() {
     [ -f "$DEPLOY/serve/rbac.yaml" ] || die "$DEPLOY/serve/rbac.yaml not found (set CLUSTERS_DEPLOY_DIR)"
 
     # Binaries: built once, cached by version (a cold build takes minutes).
-    "$HERE/k8s-bins.sh" etcd kube-apiserver >"$DIR/.bins" &
-    wait_job $! || die "scripts/k8s-bins.sh etcd kube-apiserver failed: no etcd/kube-apiserver binaries"
+    local bins=(etcd kube-apiserver) b
+    [ "$NODES" = 0 ] || bins+=(kube-scheduler kube-controller-manager kwok)
+    "$HERE/k8s-bins.sh" "${bins[@]}" >"$DIR/.bins" &
+    wait_job $! || die "scripts/k8s-bins.sh ${bins[*]} failed: no binaries"
     BIN="$(tail -n1 "$DIR/.bins")"
     rm -f "$DIR/.bins"
-    [ -x "$BIN/etcd" ] && [ -x "$BIN/kube-apiserver" ] || die "no etcd/kube-apiserver in '$BIN'"
+    for b in "${bins[@]}"; do [ -x "$BIN/$b" ] || die "no $b in '$BIN'"; done
     printf 'BINARIES %s\n' "$BIN" || true
 
     for ((i = 1; i <= N; i++)); do
@@ -459,7 +555,26 @@ cmd_up() {
         jobs+=($!)
     done
     for i in "${jobs[@]}"; do wait_job "$i" || die "installing the CRDs and RBAC failed"; done
-    log "$N clusters ready in $((SECONDS - t0))s (etcd+apiserver $((t2 - t1))s, CRDs+RBAC $((SECONDS - t2))s)"
+    local t3=$SECONDS nodes=""
+    if [ "$NODES" = 1 ]; then
+        keys=()
+        for ((i = 1; i <= N; i++)); do
+            pick_port; SCHED_PORT[$i]=$PORT
+            pick_port; KCM_PORT[$i]=$PORT
+            pick_port; KWOK_PORT[$i]=$PORT
+            for c in "${NODE_COMPONENTS[@]}"; do launch "$i" "$c"; keys+=("$i.$c"); done
+        done
+        write_state
+        wait_ready "${keys[@]}" || { should_stop && stop_now; die "the node components did not start"; }
+        jobs=()
+        for ((i = 1; i <= N; i++)); do
+            node_up "$i" &
+            jobs+=($!)
+        done
+        for i in "${jobs[@]}"; do wait_job "$i" || die "the fake nodes did not become Ready"; done
+        nodes=", scheduler+controllers+kwok+node $((SECONDS - t3))s"
+    fi
+    log "$N clusters ready in $((SECONDS - t0))s (etcd+apiserver $((t2 - t1))s, CRDs+RBAC $((t3 - t2))s$nodes)"
 
     rm -f "$DIR/control"
     mkfifo "$DIR/control" || die "mkfifo $DIR/control failed"
@@ -500,7 +615,7 @@ supervisor_of() { # supervisor_of DIR: set SUP to the live supervisor's pid
 cmd_control() { # cmd_control stop|start DIR I COMP
     [ "$#" -eq 4 ] || usage
     local cmd="$1" dir="$2" i="$3" c="$4" id reply deadline
-    case "$c" in etcd | apiserver) ;; kube-apiserver) c=apiserver ;; *) usage ;; esac
+    case "$c" in etcd | apiserver | scheduler | controllers | kwok) ;; kube-apiserver) c=apiserver ;; *) usage ;; esac
     supervisor_of "$dir"
     id="$$.$RANDOM"
     reply="$dir/.reply.$id"

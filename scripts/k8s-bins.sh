@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Build real kube-apiserver, etcd and CoreDNS binaries, and the kubectl and helm
-# clients, from the Go module proxy for the integration tests, cached by version.
+# Build real kube-apiserver, kube-scheduler, kube-controller-manager, etcd, KWOK
+# and CoreDNS binaries, and the kubectl and helm clients, from the Go module proxy
+# for the integration tests, cached by version.
 #
-# Usage: scripts/k8s-bins.sh [all | kube-apiserver | kubectl | etcd | coredns | helm | coredns-multicluster]...
+# Usage: scripts/k8s-bins.sh [all | kube-apiserver | kube-scheduler | kube-controller-manager
+#                             | kubectl | etcd | kwok | coredns | helm | coredns-multicluster]...
 #
 # Builds whatever is missing and prints the bin directory on the last line of
 # stdout; everything else (progress, go output) goes to stderr. Idempotent:
 # existing versioned binaries are reused, a stable symlink (kube-apiserver,
-# kubectl, etcd, coredns, helm, coredns-multicluster) points at the pinned version.
+# kube-scheduler, kube-controller-manager, kubectl, etcd, kwok, coredns, helm,
+# coredns-multicluster) points at the pinned version.
 #
 # Environment:
 #   CLUSTERSET_DNS_CACHE   cache root (default ~/.cache/clusterset-dns);
 #                          binaries in $CLUSTERSET_DNS_CACHE/bin, wrapper modules in .../src
-#   K8S_VERSION            k8s.io/kubernetes tag of kube-apiserver and kubectl (default below)
+#   K8S_VERSION            k8s.io/kubernetes tag of kube-apiserver, kube-scheduler,
+#                          kube-controller-manager and kubectl (default below)
+#   KWOK_VERSION           sigs.k8s.io/kwok tag of the kwok controller (fake nodes, pods)
 #   ETCD_VERSION           go.etcd.io/etcd/server/v3 tag    (default below)
 #   COREDNS_VERSION        github.com/coredns/coredns tag for the stock coredns
 #   HELM_VERSION           helm.sh/helm/v3 tag
@@ -29,6 +34,9 @@ set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.33.13}"
 ETCD_VERSION="${ETCD_VERSION:-v3.5.35}"
+# v0.7.0: client-go v0.33 (the API servers' minor) and `go 1.24.0`, the oldest Go
+# scripts/test.sh installs; v0.8.0 needs Go 1.26 and client-go v0.36.
+KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
 # The newest Helm 3 whose go.mod asks for no Go newer than 1.24.
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
@@ -157,6 +165,39 @@ build_kube_apiserver() {
         -o "$BIN/.$name.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
     install_bin "$BIN/.$name.tmp" "$name" kube-apiserver
     "$BIN/kube-apiserver" --version >&2
+}
+
+# k8s_component CMD: kube-scheduler or kube-controller-manager of the same release, in
+# the same wrapper module as kube-apiserver (shared downloads and build cache).
+k8s_component() {
+    local c="$1" v="$K8S_VERSION" name="$1-$K8S_VERSION"
+    have "$name" "$c" && return 0
+    log "building $c $v (~2.5 min on 2 cores after kube-apiserver, whose build cache it shares)..."
+    k8s_module
+    (cd "$K8S_DIR" && run_timed "$c $v" "$GO" build -mod=mod -trimpath -ldflags "$K8S_LDFLAGS" \
+        -o "$BIN/.$name.tmp" "k8s.io/kubernetes/cmd/$c")
+    install_bin "$BIN/.$name.tmp" "$name" "$c"
+    "$BIN/$c" --version >&2
+}
+build_kube_scheduler() { k8s_component kube-scheduler; }
+build_kube_controller_manager() { k8s_component kube-controller-manager; }
+
+# KWOK's controller: fake Nodes and Pods (Running, Ready, with an IP) for test
+# clusters that have no kubelet (scripts/clusters.sh with CLUSTERS_NODES=1).
+build_kwok() {
+    local v="$KWOK_VERSION" name="kwok-$KWOK_VERSION"
+    have "$name" kwok && return 0
+    log "building kwok $v (cold build took 12 min on 2 busy cores)..."
+    local gobin
+    gobin="$(mktemp -d "$BIN/.gobin.XXXXXX")"
+    # go install pkg@version: kwok's go.mod has no replace directives.
+    if ! GOBIN="$gobin" run_timed "kwok $v" "$GO" install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$v"; then
+        rm -rf "$gobin"; return 1
+    fi
+    mv -f "$gobin/kwok" "$BIN/.$name.tmp"
+    rm -rf "$gobin"
+    install_bin "$BIN/.$name.tmp" "$name" kwok
+    "$BIN/kwok" --version >&2 || true
 }
 
 # The client the tests (and scripts/clusters.sh) apply manifests with, from the
@@ -306,12 +347,12 @@ EOF
 main() {
     local targets=("$@") explicit=1
     if [ "${#targets[@]}" -eq 0 ] || [ "${targets[*]}" = all ]; then
-        targets=(etcd kube-apiserver kubectl coredns helm coredns-multicluster); explicit=0
+        targets=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kwok coredns helm coredns-multicluster); explicit=0
     fi
     for t in "${targets[@]}"; do
         case "$t" in
-            kube-apiserver|kubectl|etcd|coredns|helm|coredns-multicluster) ;;
-            *) die "unknown target '$t' (kube-apiserver, kubectl, etcd, coredns, helm, coredns-multicluster, all)";;
+            kube-apiserver|kube-scheduler|kube-controller-manager|kubectl|etcd|kwok|coredns|helm|coredns-multicluster) ;;
+            *) die "unknown target '$t' (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kwok, coredns, helm, coredns-multicluster, all)";;
         esac
     done
     mkdir -p "$BIN" "$SRC"

@@ -77,7 +77,9 @@ cargo --version; dig -v 2>&1 | sed -n 1p
 go version
 
 say "real Kubernetes components (a cold build takes ~20 min on 2 cores, then cached)"
-scripts/k8s-bins.sh etcd kube-apiserver coredns helm
+# kube-scheduler, kube-controller-manager and kwok: test clusters that run pods
+# (TestClusters::start_with_nodes, CLUSTERS_NODES=1).
+scripts/k8s-bins.sh etcd kube-apiserver kube-scheduler kube-controller-manager kwok coredns helm
 # kubectl: the machine's, else one built from the same release as kube-apiserver.
 if ! command -v kubectl >/dev/null; then
   export PATH="$(scripts/k8s-bins.sh kubectl | tail -1):$PATH"

@@ -4,8 +4,12 @@
 //! `scripts/clusters.sh up N DIR`, which supervises the processes (see the
 //! script's header).
 //!
-//! There are no kubelets and no controller-manager: nothing runs pods and a
-//! deleted namespace stays `Terminating`. Use a fresh namespace per test.
+//! [`TestClusters::start`] runs no kubelets and no controller-manager:
+//! nothing runs pods and a deleted namespace stays `Terminating`. Use a fresh
+//! namespace per test. [`TestClusters::start_with_nodes`] adds
+//! kube-scheduler, kube-controller-manager and KWOK with one fake Node per
+//! cluster, so Deployments get Running, Ready pods with IPs and the real
+//! EndpointSlice controller writes their Services' slices.
 //!
 //! Indices are 0-based here: index `i` is the script's cluster `i + 1`,
 //! named `cluster-{i+1}`.
@@ -23,8 +27,9 @@ use super::process::each_line;
 
 /// A cold build of etcd and kube-apiserver (first run on a fresh machine).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
-/// From built binaries to `READY`: ~8 s for one cluster, ~20 s for three on 2 cores.
-const READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// From built binaries to `READY`: ~8 s for one cluster, ~20 s for three on 2 cores
+/// (with nodes: scheduler, controller-manager and KWOK add their start).
+const READY_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long `Drop` waits for the supervisor before killing its process group.
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// The script's stderr kept for failure messages.
@@ -74,6 +79,20 @@ impl TestClusters {
     /// `CLUSTERS_KEEP_DIR=1` keeps the directory (logs, kubeconfigs) after
     /// the clusters have stopped.
     pub fn start(n: usize) -> Self {
+        Self::spawn(n, false)
+    }
+
+    /// [`TestClusters::start`] with kube-scheduler, kube-controller-manager
+    /// and KWOK with one fake Node (`node-1`) in every cluster
+    /// (`CLUSTERS_NODES=1`, see `scripts/clusters.sh`): Deployments and
+    /// StatefulSets get Running, Ready pods with IPs (pod CIDR
+    /// `10.(200+i+1).0.0/16`), Services their real EndpointSlices, deleted
+    /// namespaces go away. The pods run nothing: no exec, no traffic.
+    pub fn start_with_nodes(n: usize) -> Self {
+        Self::spawn(n, true)
+    }
+
+    fn spawn(n: usize, nodes: bool) -> Self {
         assert!(n > 0, "TestClusters::start(0)");
         let dir = tempfile::Builder::new()
             .prefix("clusterset-dns-clusters.")
@@ -88,6 +107,7 @@ impl TestClusters {
             .arg(&dir)
             .env("CLUSTERS_PARENT_PID", std::process::id().to_string())
             .env("CLUSTERS_REMOVE_DIR", remove)
+            .env("CLUSTERS_NODES", if nodes { "1" } else { "0" })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -36,3 +36,4 @@ mod sync;
 mod sync_kep;
 mod transfer;
 mod watch;
+mod workload;
