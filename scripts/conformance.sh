@@ -5,11 +5,10 @@
 #
 # Usage: scripts/conformance.sh [OUT_DIR]
 #
-# Steps: get the suite's source at the pinned commit, build it with `go test -c`
-# (cached under $CLUSTERSET_DNS_CACHE/bin), start two clusters with nodes, run
-# `clusterset-dns sync --cluster cluster-1=… --cluster cluster-2=…` (the sync
-# identity of deploy/sync/rbac.yaml), run the suite with contexts
-# cluster-1,cluster-2 of the clusters' kubeconfig, and print one line per spec:
+# Steps: start two clusters with nodes, run `clusterset-dns sync --cluster
+# cluster-1=… --cluster cluster-2=…` (the sync identity of deploy/sync/rbac.yaml),
+# run the suite binary with contexts cluster-1,cluster-2 of the clusters'
+# kubeconfig, and print one line per spec:
 #
 #   RESULT passed|failed|skipped|pending <labels> | <spec text>
 #
@@ -18,14 +17,11 @@
 # (default: a new temporary directory).
 # Exit 0: every spec that ran passed; 1: some failed; 2: the suite could not run.
 #
-# Where the suite comes from, in order:
-#   MCS_API_DIR            a checkout of github.com/kubernetes-sigs/mcs-api (its
-#                          conformance/ directory is built as is; the commit is
-#                          checked when it is a git checkout)
-#   the Go module proxy    sigs.k8s.io/mcs-api/conformance at the pseudo-version of
-#                          MCS_API_COMMIT (conformance/ has no tags of its own)
-#   git clone              https://github.com/kubernetes-sigs/mcs-api at MCS_API_COMMIT
-# None of it is copied into this repository.
+# The suite itself is not in this repository and this script does not fetch or
+# build it: MCS_CONFORMANCE names a suite binary you built from a checkout of
+# github.com/kubernetes-sigs/mcs-api as that project describes (its
+# conformance/ directory is a Go test package). CONFORMANCE.md names the commit
+# the recorded results come from.
 #
 # Not run by default (CONFORMANCE_LABELS, CONFORMANCE_SKIP): the specs that exec
 # into a request pod (labels DNS and Connectivity, and the Required "Connectivity
@@ -34,7 +30,7 @@
 # containers, so `kubectl exec` has nowhere to go. CONFORMANCE.md says more.
 #
 # Environment:
-#   MCS_API_COMMIT       pinned mcs-api commit (default below)
+#   MCS_CONFORMANCE      the suite binary (required)
 #   CONFORMANCE_LABELS   Ginkgo label filter (default '!DNS && !Connectivity')
 #   CONFORMANCE_SKIP     Ginkgo --skip regex on spec texts (default: the spec above)
 #   CLUSTERSET_DNS_BIN   the clusterset-dns binary (default: `cargo build`, then
@@ -46,81 +42,21 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
-MCS_API_COMMIT="${MCS_API_COMMIT:-ded161af6ea9596cd9e878c61ed4f4e8d5cf8401}"
-# The Go pseudo-version of that commit (its committer time in UTC).
-MCS_API_PSEUDO="${MCS_API_PSEUDO:-v0.0.0-20260507113920-ded161af6ea9}"
 LABELS="${CONFORMANCE_LABELS:-!DNS && !Connectivity}"
 SKIP="${CONFORMANCE_SKIP:-Connectivity to a service that is not exported should be inaccessible}"
-CACHE="${CLUSTERSET_DNS_CACHE:-$HOME/.cache/clusterset-dns}"
 PARENT="${CONFORMANCE_PARENT_PID:-$PPID}"
 
 log() { printf '[%s] conformance: %s\n' "$(date '+%H:%M:%S')" "$*" >&2; }
 die() { log "ERROR: $*"; exit 2; }
 
-GO="${GO:-go}"
-if ! command -v "$GO" >/dev/null 2>&1; then
-    if [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go; else die "no go toolchain found (need go >= 1.23)"; fi
-fi
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}" CGO_ENABLED=0 GOFLAGS="-p=${K8S_BINS_JOBS:-2} -buildvcs=false"
-for c in setpriv curl; do command -v "$c" >/dev/null || die "$c not found (util-linux, curl)"; done
+for c in setpriv; do command -v "$c" >/dev/null || die "$c not found (util-linux)"; done
+SUITE="${MCS_CONFORMANCE:-}"
+[ -n "$SUITE" ] || die "set MCS_CONFORMANCE to the mcs-api conformance suite binary (see CONTRIBUTING.md)"
+[ -x "$SUITE" ] || die "MCS_CONFORMANCE=$SUITE is not an executable file"
 
 OUT="${1:-$(mktemp -d "${TMPDIR:-/tmp}/clusterset-dns-conformance.XXXXXX")}"
 mkdir -p "$OUT" || die "cannot create $OUT"
 OUT="$(cd "$OUT" && pwd)"
-SUITE="$CACHE/bin/mcs-conformance-${MCS_API_COMMIT:0:12}"
-mkdir -p "$CACHE/bin" "$CACHE/src"
-
-# --- The suite binary ---------------------------------------------------------------
-
-build_timed() { # build_timed DIR PKG: go test -c in DIR, niced, timed into build-times.log
-    local start=$SECONDS
-    (cd "$1" && nice -n 19 "$GO" test -c -mod=mod -trimpath -o "$SUITE.tmp" "$2" >&2) || return 1
-    mv -f "$SUITE.tmp" "$SUITE"
-    log "built the suite in $((SECONDS - start))s"
-    printf '%s mcs-conformance %s wall=%ss go=%s\n' "$(date -u '+%Y-%m-%dT%H:%M:%SZ')" \
-        "${MCS_API_COMMIT:0:12}" "$((SECONDS - start))" "$("$GO" env GOVERSION)" >>"$CACHE/build-times.log"
-}
-
-build_from_checkout() { # build_from_checkout DIR (a checkout of mcs-api)
-    [ -f "$1/conformance/go.mod" ] || die "$1 has no conformance/go.mod (not an mcs-api checkout)"
-    if [ -d "$1/.git" ] || git -C "$1" rev-parse HEAD >/dev/null 2>&1; then
-        local head
-        head="$(git -C "$1" rev-parse HEAD 2>/dev/null)"
-        [ "$head" = "$MCS_API_COMMIT" ] || log "WARNING: $1 is at $head, not the pinned $MCS_API_COMMIT"
-    fi
-    log "building the suite from $1/conformance"
-    build_timed "$1/conformance" . || die "go test -c in $1/conformance failed"
-}
-
-suite() {
-    [ -x "$SUITE" ] && { log "suite: $SUITE present"; return; }
-    if [ -n "${MCS_API_DIR:-}" ]; then build_from_checkout "$MCS_API_DIR"; return; fi
-    # The module proxy: conformance/ is a module of its own (its go.mod replaces
-    # sigs.k8s.io/mcs-api with ".." only when it is the main module; as a
-    # dependency it takes the published sigs.k8s.io/mcs-api it requires).
-    local wrap="$CACHE/src/mcs-conformance-${MCS_API_COMMIT:0:12}"
-    if "$GO" mod download "sigs.k8s.io/mcs-api/conformance@$MCS_API_PSEUDO" 2>"$OUT/proxy.err"; then
-        log "building the suite from the module proxy (sigs.k8s.io/mcs-api/conformance@$MCS_API_PSEUDO)"
-        mkdir -p "$wrap" && rm -f "$wrap/go.mod" "$wrap/go.sum"
-        (cd "$wrap" && "$GO" mod init local/mcsconformance >/dev/null 2>&1 &&
-            "$GO" mod edit -require="sigs.k8s.io/mcs-api/conformance@$MCS_API_PSEUDO") || die "wrapper module in $wrap"
-        build_timed "$wrap" sigs.k8s.io/mcs-api/conformance || die "go test -c sigs.k8s.io/mcs-api/conformance failed"
-        return
-    fi
-    log "the module proxy does not serve sigs.k8s.io/mcs-api/conformance@$MCS_API_PSEUDO: $(tail -n1 "$OUT/proxy.err")"
-    local clone="$CACHE/src/mcs-api-${MCS_API_COMMIT:0:12}"
-    if [ ! -f "$clone/conformance/go.mod" ]; then
-        command -v git >/dev/null || die "git not found, and the module proxy does not serve the suite"
-        rm -rf "$clone.tmp"
-        git clone --quiet --filter=blob:none https://github.com/kubernetes-sigs/mcs-api "$clone.tmp" >&2 &&
-            git -C "$clone.tmp" -c advice.detachedHead=false checkout --quiet "$MCS_API_COMMIT" >&2 ||
-            die "cannot get the suite: the module proxy refused it and 'git clone https://github.com/kubernetes-sigs/mcs-api' failed (set MCS_API_DIR to a checkout at $MCS_API_COMMIT)"
-        mv "$clone.tmp" "$clone"
-    fi
-    build_from_checkout "$clone"
-}
-
-suite
 
 # --- Clusters, sync, the run ----------------------------------------------------------
 
