@@ -21,7 +21,7 @@ use prometheus::proto::MetricType;
 
 use super::Process;
 use crate::config::SyncConfig;
-use crate::controller::sync::{SyncStats, Syncer};
+use crate::controller::sync::{ErrorReason, SyncStats, Syncer};
 use crate::fault::{Failures, Point, Task};
 use crate::fleet::member;
 use crate::k8s::client::{self, ClientError};
@@ -212,6 +212,12 @@ const SYNC_FAMILIES: &[FamilyDecl] = &[
         &[],
     ),
     (
+        "clusterset_dns_sync_errors_total",
+        "Failed reconciles of a service, by reason (throttled, forbidden, conflict, invalid, server, unreachable); each is retried with its own exponential backoff.",
+        MetricType::COUNTER,
+        &["reason"],
+    ),
+    (
         "clusterset_dns_sync_member_stale_seconds",
         "Seconds since a member's API last answered its watches (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.",
         MetricType::GAUGE,
@@ -234,6 +240,11 @@ fn sync_collector(
             count(&s.unchanged),
             count(&s.reconciles),
             vec![metrics::gauge(&[], s.conflicts.load(Ordering::Relaxed) as f64)],
+            ErrorReason::ALL
+                .iter()
+                .zip(&s.errors)
+                .map(|(r, c)| metrics::counter(&[("reason", r.as_str())], c.load(Ordering::Relaxed)))
+                .collect(),
             members
                 .iter()
                 .map(|(name, health)| {

@@ -37,8 +37,71 @@ use crate::model::{ImportType, ServiceKey};
 /// Services reconciled at once (each writes to its members in turn). The
 /// members' API servers, not the controller, set the pace.
 const BATCH: usize = 64;
-/// Wait before retrying a service whose reconcile failed.
-const RETRY: Duration = Duration::from_secs(2);
+/// Wait before the first retry of a service whose reconcile failed; each
+/// further failure in a row doubles it, up to [`RETRY_MAX`].
+const RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between retries of one service.
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// Why a reconcile failed, for `clusterset_dns_sync_errors_total{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorReason {
+    /// 429: the API server throttled us (kube's client already retried).
+    Throttled,
+    /// 403: our identity may not do it.
+    Forbidden,
+    /// 409: a conflicting write.
+    Conflict,
+    /// 422 or 400: the API server refused the body.
+    Invalid,
+    /// Any other status from the API server (5xx included).
+    Server,
+    /// No answer: connection, TLS or timeout.
+    Unreachable,
+}
+
+impl ErrorReason {
+    /// Every reason, in metric order.
+    pub const ALL: [Self; 6] =
+        [Self::Throttled, Self::Forbidden, Self::Conflict, Self::Invalid, Self::Server, Self::Unreachable];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Throttled => "throttled",
+            Self::Forbidden => "forbidden",
+            Self::Conflict => "conflict",
+            Self::Invalid => "invalid",
+            Self::Server => "server",
+            Self::Unreachable => "unreachable",
+        }
+    }
+
+    /// The reason of an API error.
+    pub fn of(e: &kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => match s.code {
+                429 => Self::Throttled,
+                403 => Self::Forbidden,
+                409 => Self::Conflict,
+                400 | 422 => Self::Invalid,
+                _ => Self::Server,
+            },
+            _ => Self::Unreachable,
+        }
+    }
+}
+
+/// The wait before retry number `failures` (1 = the first) of `key`:
+/// exponential, capped, and spread by up to a fifth so that services
+/// failing together (a member's API gone) do not retry in lockstep.
+fn backoff(key: &ServiceKey, failures: u32) -> Duration {
+    let base = RETRY.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(RETRY_MAX);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let spread = desired::digest_of(&Value::String(format!("{key}{}", now.subsec_nanos())));
+    let fifth = u32::from_str_radix(&spread[..4], 16).unwrap_or(0) % 200;
+    base + base * fifth / 1000
+}
 
 /// What to do about a member whose API stays unreachable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +151,8 @@ pub struct SyncStats {
     pub reconciles: AtomicU64,
     /// Services whose exports conflict now (a Conflict condition is True).
     pub conflicts: AtomicU64,
+    /// Failed reconciles, by [`ErrorReason`] (in [`ErrorReason::ALL`] order).
+    pub errors: [AtomicU64; 6],
 }
 
 /// One object of ours found at start.
@@ -237,6 +302,8 @@ impl Syncer {
         let mut backlog: BTreeSet<ServiceKey> = BTreeSet::new();
         let mut live: BTreeSet<ServiceKey> = BTreeSet::new();
         let mut retry: BTreeMap<ServiceKey, Instant> = BTreeMap::new();
+        // Failures in a row per service, for its backoff.
+        let mut failures: HashMap<ServiceKey, u32> = HashMap::new();
         // First: every member's complete lists, so nothing is deleted for
         // lack of knowledge. A member still silent after FIRST_SYNC_TIMEOUT
         // does not hold the others up: until it lists, nothing is deleted
@@ -336,9 +403,26 @@ impl Syncer {
                 .collect()
                 .await;
             for (key, ks, result) in done {
-                if let Err(e) = result {
-                    warn!(service = %key, "sync failed, retrying in {RETRY:?}: {e}");
-                    retry.insert(key.clone(), Instant::now() + RETRY);
+                match result {
+                    Ok(()) => {
+                        failures.remove(&key);
+                    }
+                    Err(e) => {
+                        let reason = ErrorReason::of(&e);
+                        let i = ErrorReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+                        self.stats.errors[i].fetch_add(1, Ordering::Relaxed);
+                        let n = failures.entry(key.clone()).or_insert(0);
+                        *n += 1;
+                        // The API server's own Retry-After, when it gave one, is
+                        // the least we wait.
+                        let asked = match &e {
+                            kube::Error::Api(s) => s.details.as_ref().map_or(0, |d| d.retry_after_seconds),
+                            _ => 0,
+                        };
+                        let wait = backoff(&key, *n).max(Duration::from_secs(asked.into()));
+                        warn!(service = %key, reason = reason.as_str(), failures = *n, "sync failed, retrying in {wait:?}: {e}");
+                        retry.insert(key.clone(), Instant::now() + wait);
+                    }
                 }
                 if !ks.is_empty() {
                     self.keys.insert(key, ks);
@@ -1006,4 +1090,31 @@ fn fallback_apis() -> MemberApis {
 
 fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::DnsLabel;
+
+    #[test]
+    fn retries_back_off_exponentially_with_a_spread_and_a_cap() {
+        let key =
+            ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("web").unwrap() };
+        for (failures, base) in [(1, 1), (2, 2), (3, 4), (6, 32), (9, 256), (10, 300), (40, 300)] {
+            let wait = backoff(&key, failures);
+            let base = Duration::from_secs(base);
+            assert!(wait >= base && wait <= base + base / 5, "failure {failures}: {wait:?} for {base:?}");
+        }
+    }
+
+    #[test]
+    fn errors_are_told_apart_by_what_the_api_server_said() {
+        let api =
+            |code| kube::Error::Api(kube::core::Status::failure("refused", "Test").with_code(code).boxed());
+        assert_eq!(ErrorReason::of(&api(429)), ErrorReason::Throttled);
+        assert_eq!(ErrorReason::of(&api(403)), ErrorReason::Forbidden);
+        assert_eq!(ErrorReason::of(&api(422)), ErrorReason::Invalid);
+        assert_eq!(ErrorReason::of(&api(503)), ErrorReason::Server);
+    }
 }
