@@ -193,6 +193,8 @@ pub struct Syncer {
     discovered: Vec<bool>,
     /// Members whose endpoints are removed (`MemberLost::Remove`).
     removed: Vec<bool>,
+    /// Cluster ids that more than one member has, with what to tell users.
+    duplicates: HashMap<crate::model::ClusterId, String>,
     stats: Arc<SyncStats>,
 }
 
@@ -244,6 +246,7 @@ struct Ctx<'a> {
     unreachable: &'a [Option<String>],
     removed: &'a [bool],
     discovered: &'a [bool],
+    duplicates: &'a HashMap<crate::model::ClusterId, String>,
     stats: &'a SyncStats,
 }
 
@@ -269,6 +272,7 @@ impl Syncer {
                 fallback_apis()
             }));
         }
+        let duplicates = duplicate_ids(&members);
         let scopes = scopes(&behaviour.namespaces).len();
         let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), scopes);
         let n = members.len();
@@ -280,6 +284,7 @@ impl Syncer {
             unreachable: vec![None; n],
             discovered,
             removed: vec![false; n],
+            duplicates,
             behaviour,
             stats,
         }
@@ -389,6 +394,7 @@ impl Syncer {
                 unreachable: &self.unreachable,
                 removed: &self.removed,
                 discovered: &self.discovered,
+                duplicates: &self.duplicates,
                 stats: &self.stats,
             };
             let done: Vec<(ServiceKey, KeyState, Result<(), kube::Error>)> = stream::iter(batch)
@@ -760,8 +766,15 @@ impl KeyState {
         }
         let removed: Vec<&crate::model::ClusterId> =
             (0..cx.members.len()).filter(|i| cx.removed[*i]).map(|i| &cx.members[i].cluster).collect();
-        let exports: Vec<_> =
+        let mut exports: Vec<_> =
             cx.state.exports(key).into_iter().filter(|e| !removed.contains(&&e.cluster)).collect();
+        // Two members with one cluster id: neither's export counts, so their
+        // endpoints never mix under one id.
+        for e in &mut exports {
+            if let Some(why) = cx.duplicates.get(&e.cluster) {
+                e.service = crate::fleet::export::Exported::DuplicateCluster(why.clone());
+            }
+        }
         let merged = merge(&exports);
         let consumers = merged.spec.as_ref().map_or(Consumers::All, |s| Consumers::of(&s.annotations));
         if let Consumers::Invalid(e) = &consumers {
@@ -993,9 +1006,13 @@ impl KeyState {
         // One member refusing a status write must not cost the others
         // theirs: the first error is returned once every member had its turn.
         let mut failed = None;
-        for (cluster, conds) in conditions {
-            let Some(i) = cx.members.iter().position(|m| &m.cluster == cluster) else { continue };
-            if !cx.writable(i) {
+        // Members sharing a cluster id share its entry: each gets it once.
+        let mut done: BTreeSet<usize> = BTreeSet::new();
+        let targets = conditions.iter().flat_map(|(cluster, conds)| {
+            (0..cx.members.len()).filter(move |i| &cx.members[*i].cluster == cluster).map(move |i| (i, conds))
+        });
+        for (i, conds) in targets {
+            if !cx.writable(i) || !done.insert(i) || cx.state.export_of(i, key).is_none() {
                 continue;
             }
             // A deleted and re-created export is a new object: its conditions
@@ -1066,6 +1083,26 @@ impl KeyState {
             None => Ok(()),
         }
     }
+}
+
+/// Cluster ids more than one member has, each with a message naming them.
+fn duplicate_ids(members: &[Member]) -> HashMap<crate::model::ClusterId, String> {
+    let mut by_id: BTreeMap<&crate::model::ClusterId, Vec<&str>> = BTreeMap::new();
+    for m in members {
+        by_id.entry(&m.cluster).or_default().push(m.name.as_str());
+    }
+    by_id
+        .into_iter()
+        .filter(|(_, names)| names.len() > 1)
+        .map(|(id, names)| {
+            let why = format!(
+                "Members {} all have cluster id {id} (ClusterProperty cluster.clusterset.k8s.io, or the member name): their endpoints cannot be told apart, so none of their exports count. Give each a unique id.",
+                names.join(", ")
+            );
+            tracing::error!("{why}");
+            (id.clone(), why)
+        })
+        .collect()
 }
 
 fn object(member: usize, kind: &'static str, key: &ServiceKey, name: String) -> ObjectRef {

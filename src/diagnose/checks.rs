@@ -240,7 +240,8 @@ impl<'a> Checks<'a> {
                     format!("{} exports {name}, a Service {t}, which cannot be exported", m.name),
                     "export a ClusterIP or headless Service instead".into(),
                 ),
-                Exported::Service(_) => {}
+                // Doctor reads members one by one; the controller alone sets this.
+                Exported::DuplicateCluster(_) | Exported::Service(_) => {}
             }
             exports.push(ClusterExport {
                 cluster: m.cluster.clone(),

@@ -91,6 +91,9 @@ pub enum Exported {
     InvalidType(String),
     /// An exportable Service.
     Service(ExportedService),
+    /// A member whose cluster id another member has too (`DuplicateClusterID`):
+    /// its endpoints cannot be told from the other's, so neither counts.
+    DuplicateCluster(String),
 }
 
 /// One cluster's export of a service.

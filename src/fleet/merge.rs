@@ -241,6 +241,9 @@ pub fn merge(exports: &[ClusterExport]) -> Merged {
                     "InvalidServiceType",
                     format!("Services of type {t} cannot be exported."),
                 )],
+                Exported::DuplicateCluster(why) => {
+                    vec![Condition::new(condition::VALID, Status::False, "DuplicateClusterID", why.clone())]
+                }
             };
             (e.cluster.clone(), conds)
         })

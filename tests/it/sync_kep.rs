@@ -426,3 +426,49 @@ fn objects_of_ours_deleted_or_edited_by_hand_are_written_again() {
         .expect("edit slice");
     until(20, "an edited MCS EndpointSlice written again", consistent);
 }
+
+#[test]
+fn members_sharing_a_cluster_id_are_reported_on_every_export_and_never_mixed() {
+    // Its own clusters: a ClusterProperty is cluster-wide.
+    let clusters = TestClusters::start(2);
+    let rt = runtime();
+    let ns = "sync-dupid";
+    let u: Vec<User> = rt.block_on(async {
+        let mut v = Vec::new();
+        for i in 0..2 {
+            let ar = clusterset_dns::k8s::mcs::cluster_property_resource();
+            let api: Api<DynamicObject> = Api::all_with(client(&clusters, i).await, &ar);
+            let body = json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+                              "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "same"}});
+            api.patch(
+                "cluster.clusterset.k8s.io",
+                &kube::api::PatchParams::apply("test"),
+                &kube::api::Patch::Apply(&body),
+            )
+            .await
+            .expect("apply ClusterProperty");
+            let user = User::new(&clusters, i, ns).await;
+            user.service("web", json!({})).await;
+            user.endpoints("web-x", "web", json!([{"addresses": [format!("10.{i}.0.1")]}])).await;
+            user.export("web").await;
+            v.push(user);
+        }
+        v
+    });
+    let _sync = syncing(&clusters, &[ns], &[]);
+    for i in 0..2 {
+        let c = rt.block_on(client(&clusters, i));
+        until(30, "DuplicateClusterID on each export", || {
+            rt.block_on(conditions(&c, ns, "web")).iter().any(|c| {
+                c.starts_with(
+                    "Valid=False DuplicateClusterID: Members cluster-1, cluster-2 all have cluster id same",
+                )
+            })
+        });
+        assert!(
+            rt.block_on(import(&c, ns, "web")).is_none(),
+            "imported from members that cannot be told apart"
+        );
+    }
+    drop(u);
+}
