@@ -47,6 +47,8 @@
 #   CLUSTERS_DEPLOY_DIR   where crds/ and serve/rbac.yaml are (default: the repository's deploy/)
 #   CLUSTERS_TIMEOUT      seconds a component gets to become ready (default 120)
 #   KUBECTL               kubectl binary (default: kubectl)
+#   CLUSTERS_SERVICE_CIDR each cluster's --service-cluster-ip-range, "{I}" replaced by the
+#                         cluster's number (default: 10.(100+I).0.0/16)
 #   CLUSTERSET_DNS_CACHE, K8S_VERSION, ETCD_VERSION   passed to scripts/k8s-bins.sh
 #
 # A missing toolchain or binary is an error (exit 1), never a skip.
@@ -95,12 +97,21 @@ apiserver_cmd() {
     CMD=("$BIN/kube-apiserver" "--etcd-servers=http://127.0.0.1:${ETCD_PORT[$1]}"
         --bind-address=127.0.0.1 "--secure-port=$s" --advertise-address=127.0.0.1
         --endpoint-reconciler-type=none "--cert-dir=$d/pki" "--token-auth-file=$d/tokens.csv"
-        --authorization-mode=RBAC "--service-cluster-ip-range=10.$((100 + $1)).0.0/16"
+        --authorization-mode=RBAC "--service-cluster-ip-range=$(service_cidr "$1")"
         "--service-account-issuer=https://127.0.0.1:$s" "--service-account-key-file=$d/sa.pub"
         "--service-account-signing-key-file=$d/sa.key" --disable-admission-plugins=ServiceAccount
         --allow-privileged=true --etcd-compaction-interval=0 --enable-priority-and-fairness=false
         --profiling=false -v=1)
 }
+
+# --- Service CIDR (issue 15: the data-path fleet) ---------------------------------------
+# service_cidr I: cluster I's --service-cluster-ip-range; CLUSTERS_SERVICE_CIDR with {I}
+# replaced by I (scripts/dataplane.sh routes 198.19.{I}.0/24), else 10.(100+I).0.0/16.
+service_cidr() {
+    local t="${CLUSTERS_SERVICE_CIDR:-}"
+    if [ -n "$t" ]; then printf '%s' "${t//\{I\}/$1}"; else printf '10.%s.0.0/16' "$((100 + $1))"; fi
+}
+# --- end Service CIDR ------------------------------------------------------------------
 
 # probe I COMP: is it serving?
 probe() {
