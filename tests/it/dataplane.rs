@@ -1,0 +1,471 @@
+//! The whole data path, for real: a client Pod in cluster-2 opens
+//! `<svc>.<ns>.svc.clusterset.local` and reaches backends in other
+//! clusters. Its resolver asks cluster-2's kube-dns VIP (kube-proxy) → a
+//! stock CoreDNS (1.12.4) in a Pod running `Corefile.example`'s
+//! `clusterset.local` block, forwarding to `clusterset-dns serve` (fed by
+//! cluster-2's API server) → the answer; it connects to the clusterset VIP
+//! Service `clusterset-dns sync` created in cluster-2, which the real
+//! kube-proxy (nftables) routes to the MCS EndpointSlices sync wrote there.
+//!
+//! Three clusters (`scripts/dataplane.sh`); the backends are
+//! `scripts/dataplane-pod.py` servers, which say which cluster and Pod
+//! answered. The Services' own EndpointSlices are written by the tests as
+//! the EndpointSlice controller would (there is no controller-manager).
+//! The tests share one fleet (one data plane per machine) and take turns.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::coredns::{PLACEHOLDER, coredns_bin, example_block_at};
+use crate::fleet::export_resource;
+use crate::harness::dataplane::{DataplaneFleet, HOST, Pod, pod_program};
+use crate::harness::process::{Owned, capture_output};
+use crate::harness::served::Served;
+use crate::harness::syncing::Syncing;
+use crate::watch::{Kube, runtime};
+
+const MANAGER: &str = "dataplane-test";
+/// The client's cluster (cluster-2).
+const B: usize = 1;
+/// How long a first answer may take: sync writes the import and the VIP
+/// Service, kube-proxy programs it, serve and CoreDNS see it.
+const CONVERGE: Duration = Duration::from_secs(90);
+
+// ---------------------------------------------------------------------------
+// The tests
+
+#[test]
+fn a_clusterset_ip_reaches_backends_in_every_exporting_cluster_through_kube_proxy() {
+    let (fleet, _turn) = fleet();
+    let ns = "dp-vip";
+    let s = Scenario::new(fleet, ns, &[]);
+    let http = json!([{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    for i in [0, 2] {
+        s.backend(i, "web", json!({"ports": http}), &slice_ports, false);
+    }
+    let name = s.name("web");
+    s.first_ok(&name, 80, "tcp");
+    let vip = s.import_vip(B, "web");
+
+    let n = 60;
+    let attempts = s.connect(&name, 80, "tcp", n, 0.0);
+    let mut per_cluster: BTreeMap<String, usize> = BTreeMap::new();
+    let mut per_pod: BTreeMap<String, usize> = BTreeMap::new();
+    for a in &attempts {
+        let reply = a.reply.as_ref().unwrap_or_else(|| panic!("attempt failed: {a:?}\n{}", s.debug()));
+        assert_eq!(a.addr, vip, "the name resolves to cluster-2's clusterset VIP: {a:?}");
+        assert_eq!(reply.peer, fleet.dataplane().pod(B, "client").ip.to_string(), "no SNAT: {reply:?}");
+        assert_eq!((reply.proto.as_str(), reply.port), ("tcp", 8080), "{reply:?}");
+        *per_cluster.entry(reply.cluster.clone()).or_default() += 1;
+        *per_pod.entry(format!("{}/{}", reply.cluster, reply.pod)).or_default() += 1;
+    }
+    eprintln!(
+        "{n} connections to {name} ({vip}) from cluster-2: per cluster {per_cluster:?}, per Pod {per_pod:?}"
+    );
+    assert_eq!(attempts.len(), n);
+    for c in ["cluster-1", "cluster-3"] {
+        assert!(per_cluster.get(c).is_some_and(|&k| k > 0), "no connection reached {c}: {per_cluster:?}");
+    }
+    assert!(!per_cluster.contains_key("cluster-2"), "cluster-2 does not export web: {per_cluster:?}");
+}
+
+#[test]
+fn every_headless_answer_is_a_reachable_pod_and_hostnames_reach_their_pod() {
+    let (fleet, _turn) = fleet();
+    let ns = "dp-headless";
+    let s = Scenario::new(fleet, ns, &[]);
+    let ports = json!([{"name": "http", "port": 8080, "targetPort": 8080, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    for i in [0, 2] {
+        s.backend(i, "db", json!({"clusterIP": "None", "ports": ports}), &slice_ports, true);
+    }
+    let name = s.name("db");
+    let dp = fleet.dataplane();
+    let want: BTreeSet<String> =
+        [0, 2].iter().flat_map(|&i| dp.servers(i)).map(|p| p.ip.to_string()).collect();
+    let mut got = BTreeSet::new();
+    let deadline = Instant::now() + CONVERGE;
+    while got != want {
+        assert!(Instant::now() < deadline, "{name}: {got:?}, want {want:?}\n{}", s.debug());
+        std::thread::sleep(Duration::from_millis(500));
+        got = s.dig(&name).into_iter().collect();
+    }
+    // Every answered address is a Pod that answers, and it is the Pod whose address it is.
+    for i in [0, 2] {
+        for pod in dp.servers(i) {
+            let a = s.connect(&pod.ip.to_string(), 8080, "tcp", 1, 0.0).remove(0);
+            let r = a.reply.unwrap_or_else(|| panic!("{} unreachable: {}", pod.ip, a.line));
+            assert_eq!(
+                (r.cluster.as_str(), r.pod.as_str()),
+                (pod.cluster.as_str(), pod.name.as_str()),
+                "{}",
+                a.line
+            );
+        }
+    }
+    // <host>.<cluster>.<svc>: hostname db-K is pod-K.
+    for (i, cluster) in [(0, "cluster-1"), (2, "cluster-3")] {
+        for (k, pod) in dp.servers(i).iter().enumerate() {
+            let host = format!("db-{}.{cluster}.{name}", k + 1);
+            let a = s.connect(&host, 8080, "tcp", 1, 0.0).remove(0);
+            let r = a.reply.unwrap_or_else(|| panic!("{host}: {}\n{}", a.line, s.debug()));
+            assert_eq!(a.addr, pod.ip.to_string(), "{host}: {}", a.line);
+            assert_eq!(
+                (r.cluster.as_str(), r.pod.as_str()),
+                (cluster, pod.name.as_str()),
+                "{host}: {}",
+                a.line
+            );
+        }
+    }
+}
+
+#[test]
+fn named_and_unnamed_tcp_and_udp_ports_reach_the_right_backend_port() {
+    let (fleet, _turn) = fleet();
+    let ns = "dp-ports";
+    let s = Scenario::new(fleet, ns, &[]);
+    // A multi-port service: TCP and UDP, ports whose numbers differ from the
+    // backends', one service port number over both protocols.
+    let multi = json!([
+        {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+        {"name": "alt", "port": 81, "targetPort": 8081, "protocol": "TCP"},
+        {"name": "dns", "port": 53, "targetPort": 8081, "protocol": "UDP"},
+        {"name": "http-udp", "port": 80, "targetPort": 8080, "protocol": "UDP"},
+    ]);
+    let multi_slice = json!([
+        {"name": "http", "port": 8080, "protocol": "TCP"},
+        {"name": "alt", "port": 8081, "protocol": "TCP"},
+        {"name": "dns", "port": 8081, "protocol": "UDP"},
+        {"name": "http-udp", "port": 8080, "protocol": "UDP"},
+    ]);
+    // Single-port services with an unnamed port: the EndpointSlice
+    // controller writes the port's name as "".
+    let solo = json!([{"port": 90, "targetPort": 8081, "protocol": "TCP"}]);
+    let solo_slice = json!([{"name": "", "port": 8081, "protocol": "TCP"}]);
+    let solo_udp = json!([{"port": 91, "targetPort": 8080, "protocol": "UDP"}]);
+    let solo_udp_slice = json!([{"name": "", "port": 8080, "protocol": "UDP"}]);
+    for i in [0, 2] {
+        s.backend(i, "multi", json!({"ports": multi}), &multi_slice, false);
+        s.backend(i, "solo", json!({"ports": solo}), &solo_slice, false);
+        s.backend(i, "solo-udp", json!({"ports": solo_udp}), &solo_udp_slice, false);
+    }
+    let cases = [
+        ("multi", 80, "tcp", 8080),
+        ("multi", 81, "tcp", 8081),
+        ("multi", 53, "udp", 8081),
+        ("multi", 80, "udp", 8080),
+        ("solo", 90, "tcp", 8081),
+        ("solo-udp", 91, "udp", 8080),
+    ];
+    let mut failures = Vec::new();
+    for (svc, port, proto, backend) in cases {
+        let name = s.name(svc);
+        let Some(first) = s.try_first_ok(&name, port, proto) else {
+            let last = s.connect(&name, port, proto, 1, 0.0).remove(0);
+            failures.push(format!("{svc} {proto}/{port}: never reached within {CONVERGE:?}: {}", last.line));
+            continue;
+        };
+        let attempts = s.connect(&name, port, proto, 10, 0.0);
+        for a in std::iter::once(&first).chain(&attempts) {
+            match &a.reply {
+                Some(r) if r.proto == proto && r.port == backend => {}
+                _ => failures.push(format!("{svc} {proto}/{port}: want backend port {backend}: {}", a.line)),
+            }
+        }
+        eprintln!("{svc} {proto}/{port} -> {backend}: {} connections ok", attempts.len() + 1);
+    }
+    assert!(failures.is_empty(), "{}\n{}", failures.join("\n"), s.debug());
+}
+
+// ---------------------------------------------------------------------------
+// The fleet and one test's pieces
+
+/// The shared fleet and this test's turn on it.
+fn fleet() -> (&'static DataplaneFleet, MutexGuard<'static, ()>) {
+    static FLEET: OnceLock<DataplaneFleet> = OnceLock::new();
+    static TURN: Mutex<()> = Mutex::new(());
+    // A test that failed holding the turn poisons it; the fleet is still fine.
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    (FLEET.get_or_init(|| DataplaneFleet::start(3)), turn)
+}
+
+/// One test's namespace in every cluster, `sync` over the fleet, `serve`
+/// for cluster-2 on the host's data-plane address, and CoreDNS in
+/// cluster-2's dns Pod running `Corefile.example`'s block.
+struct Scenario {
+    fleet: &'static DataplaneFleet,
+    ns: String,
+    rt: tokio::runtime::Runtime,
+    clients: Vec<kube::Client>,
+    sync: Syncing,
+    serve: Served,
+    coredns: CoreDnsPod,
+}
+
+impl Scenario {
+    fn new(fleet: &'static DataplaneFleet, ns: &str, serve_args: &[&str]) -> Self {
+        let clusters = &fleet.clusters;
+        let rt = runtime();
+        let clients = rt.block_on(async {
+            let mut v = Vec::new();
+            for i in 0..clusters.len() {
+                let c = clusters.client(i).await;
+                Kube::new(c.clone(), ns).await; // the namespace
+                v.push(c);
+            }
+            v
+        });
+        let lease = format!("dp-{ns}");
+        let sync = Syncing::start(clusters, &["--namespace", ns, "--lease-name", &lease], &[]);
+        let kubeconfig = clusters.serve_kubeconfig(B);
+        let listen = format!("{HOST}:0");
+        let mut args = vec![
+            "--kubeconfig",
+            kubeconfig.to_str().expect("path"),
+            "--namespace",
+            ns,
+            "--listen",
+            &listen,
+            "--cluster-id",
+            clusters.name(B),
+        ];
+        args.extend_from_slice(serve_args);
+        let serve = Served::start(&args);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !serve.is_ready() {
+            assert!(Instant::now() < deadline, "serve not ready in 60 s:\n{}", serve.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let coredns = CoreDnsPod::start(fleet.dataplane().pod(B, "dns"), serve.addr);
+        Self { fleet, ns: ns.into(), rt, clients, sync, serve, coredns }
+    }
+
+    fn name(&self, svc: &str) -> String {
+        format!("{svc}.{}.svc.clusterset.local.", self.ns)
+    }
+
+    /// In cluster `i`: Service `svc` (`spec` over a selector), its
+    /// EndpointSlice of the cluster's server Pods as the EndpointSlice
+    /// controller writes it (hostnames `db-K` if `hostnames`), and its export.
+    fn backend(&self, i: usize, svc: &str, spec: Value, slice_ports: &Value, hostnames: bool) {
+        let dp = self.fleet.dataplane();
+        let node = format!("{}-node", self.fleet.clusters.name(i));
+        let endpoints: Vec<Value> = dp
+            .servers(i)
+            .iter()
+            .enumerate()
+            .map(|(k, pod)| {
+                let mut e = json!({"addresses": [pod.ip.to_string()],
+                    "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "nodeName": node,
+                    "targetRef": {"kind": "Pod", "namespace": self.ns, "name": format!("{svc}-{}", k + 1)}});
+                if hostnames {
+                    e["hostname"] = json!(format!("{svc}-{}", k + 1));
+                }
+                e
+            })
+            .collect();
+        let mut full = json!({"selector": {"app": svc}});
+        for (k, v) in spec.as_object().into_iter().flatten() {
+            full[k] = v.clone();
+        }
+        let service = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": svc, "namespace": self.ns}, "spec": full});
+        let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{svc}-abcde"), "namespace": self.ns,
+                "labels": {"kubernetes.io/service-name": svc,
+                           "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv4", "ports": slice_ports, "endpoints": endpoints});
+        let ar = export_resource();
+        let export = json!({"apiVersion": ar.api_version, "kind": "ServiceExport",
+            "metadata": {"name": svc, "namespace": self.ns}});
+        let client = self.clients[i].clone();
+        let pp = PatchParams::apply(MANAGER).force();
+        self.rt.block_on(async {
+            let api: Api<Service> = Api::namespaced(client.clone(), &self.ns);
+            api.patch(svc, &pp, &Patch::Apply(&service)).await.expect("apply Service");
+            let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &self.ns);
+            let slice_name = format!("{svc}-abcde");
+            api.patch(&slice_name, &pp, &Patch::Apply(&slice)).await.expect("apply EndpointSlice");
+            let api: Api<DynamicObject> = Api::namespaced_with(client, &self.ns, &ar);
+            api.patch(svc, &pp, &Patch::Apply(&export)).await.expect("apply ServiceExport");
+        });
+    }
+
+    /// The VIP of the ServiceImport in cluster `i`.
+    fn import_vip(&self, i: usize, svc: &str) -> String {
+        let ar = crate::watch::import_resource("v1beta1");
+        let api: Api<DynamicObject> = Api::namespaced_with(self.clients[i].clone(), &self.ns, &ar);
+        let o = self.rt.block_on(api.get(svc)).expect("get ServiceImport");
+        o.data.pointer("/spec/ips/0").and_then(Value::as_str).expect("import has a VIP").to_owned()
+    }
+
+    /// Connects from cluster-2's client until one attempt succeeds; panics
+    /// with what every part saw after [`CONVERGE`].
+    fn first_ok(&self, name: &str, port: u16, proto: &str) -> Attempt {
+        self.try_first_ok(name, port, proto).unwrap_or_else(|| {
+            panic!("{name} {proto}/{port}: no success within {CONVERGE:?}\n{}", self.debug())
+        })
+    }
+
+    fn try_first_ok(&self, name: &str, port: u16, proto: &str) -> Option<Attempt> {
+        let start = Instant::now();
+        while start.elapsed() < CONVERGE {
+            let a = self.connect(name, port, proto, 1, 0.0).remove(0);
+            if a.reply.is_some() {
+                eprintln!("{name} {proto}/{port}: first success after {:.1}s", start.elapsed().as_secs_f64());
+                return Some(a);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        None
+    }
+
+    /// `count` attempts from cluster-2's client (`dataplane-pod.py connect`).
+    fn connect(&self, name: &str, port: u16, proto: &str, count: usize, interval: f64) -> Vec<Attempt> {
+        let out = self
+            .fleet
+            .dataplane()
+            .exec(B, "client", "python3")
+            .arg(pod_program())
+            .args(["connect", name, &port.to_string(), proto, &count.to_string(), &interval.to_string(), "2"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the client");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "client failed ({}): {text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let attempts: Vec<Attempt> = text.lines().map(Attempt::parse).collect();
+        assert_eq!(attempts.len(), count, "one line per attempt: {text}");
+        attempts
+    }
+
+    /// `dig +short NAME A` in cluster-2's client (through its resolv.conf: the kube-dns VIP).
+    fn dig(&self, name: &str) -> Vec<String> {
+        let out = self
+            .fleet
+            .dataplane()
+            .exec(B, "client", "dig")
+            .args(["+short", "+time=2", "+tries=1", name, "A"])
+            .output()
+            .expect("run dig");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.parse::<std::net::Ipv4Addr>().is_ok())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// What every part saw, for a failure message.
+    fn debug(&self) -> String {
+        let dp = self.fleet.dataplane();
+        format!(
+            "--- sync ---\n{}\n--- serve ---\n{}\n--- CoreDNS ---\n{}\n--- kube-proxy cluster-2 ---\n{}\n--- nft in cluster-2's node ---\n{}",
+            tail(&self.sync.log(), 30),
+            tail(&self.serve.log(), 30),
+            tail(&self.coredns.log(), 30),
+            dp.kube_proxy_log(B),
+            dp.kube_proxy_rules(B)
+        )
+    }
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// One line of `dataplane-pod.py connect`.
+#[derive(Debug)]
+struct Attempt {
+    line: String,
+    /// The address the name resolved to ("-": none).
+    addr: String,
+    reply: Option<Reply>,
+}
+
+/// Who answered: "CLUSTER POD PROTO PORT PEER".
+#[derive(Debug)]
+struct Reply {
+    cluster: String,
+    pod: String,
+    proto: String,
+    port: u16,
+    peer: String,
+}
+
+impl Attempt {
+    fn parse(line: &str) -> Self {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let addr = w.get(2).map(|s| s.to_string()).unwrap_or_default();
+        let reply = match w.as_slice() {
+            [_, "ok", _, cluster, pod, proto, port, peer] => Some(Reply {
+                cluster: cluster.to_string(),
+                pod: pod.to_string(),
+                proto: proto.to_string(),
+                port: port.parse().unwrap_or(0),
+                peer: peer.to_string(),
+            }),
+            _ => None,
+        };
+        Self { line: line.to_owned(), addr, reply }
+    }
+}
+
+/// Stock CoreDNS in a Pod's network namespace, on port 53, running
+/// `Corefile.example`'s `clusterset.local` block with only the forward
+/// target filled in.
+struct CoreDnsPod {
+    child: Owned,
+    log: std::sync::Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+impl CoreDnsPod {
+    fn start(pod: &Pod, upstream: SocketAddr) -> Self {
+        let block = example_block_at("clusterset.local:53");
+        assert_eq!(block.matches(PLACEHOLDER).count(), 1, "one forward target:\n{block}");
+        let conf = block.replace(PLACEHOLDER, &upstream.to_string());
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("Corefile"), &conf).expect("write Corefile");
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &pod.netns])
+            .arg(coredns_bin())
+            .args(["-conf", "Corefile"])
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start CoreDNS");
+        let log = capture_output(&mut child);
+        let mut me = Self { child: Owned::new(child), log, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !me.log().contains("clusterset.local.:53") {
+            if let Some(status) = me.child.try_wait() {
+                panic!("CoreDNS exited ({status}) in {}:\n{}\n--- Corefile ---\n{conf}", pod.netns, me.log());
+            }
+            assert!(Instant::now() < deadline, "CoreDNS did not start in 30 s:\n{}\n{conf}", me.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        me
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
