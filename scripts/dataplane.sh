@@ -16,7 +16,10 @@
 #                                          the parent process exits; everything is torn down
 #                                          on the way out
 #   scripts/dataplane.sh fleet N DIR       by hand: clusters.sh up N DIR with the Service CIDRs
-#                                          below, then `up DIR`; Ctrl-C stops both
+#                                          below, `up DIR`, then (with target/debug/clusterset-dns
+#                                          or CLUSTERSET_DNS_BIN) sync over every cluster, serve
+#                                          per cluster on 198.18.0.1:530I and CoreDNS in each dns
+#                                          Pod (Corefile.example's block); Ctrl-C stops it all
 #   scripts/dataplane.sh exec DIR CLUSTER NAME CMD...
 #                                          run CMD in Pod NAME (pod-1, pod-2, client, dns) of
 #                                          cluster CLUSTER (1..N), e.g. `... exec DIR 2 client
@@ -388,18 +391,8 @@ cmd_up() {
     mkdir -p "$DIR" || die "cannot create $DIR"
     echo "$SUPERVISOR" >"$DIR/supervisor.pid"
     sweep
-    # A cached kube-proxy of the pinned release is used as is: k8s-bins.sh holds its cache
-    # lock for the whole of any other build, which would stall the tests for minutes.
-    local v="${K8S_VERSION:-$(sed -n 's/^K8S_VERSION="${K8S_VERSION:-\(v[0-9.]*\)}"$/\1/p' "$HERE/k8s-bins.sh")}"
-    BIN="${CLUSTERSET_DNS_CACHE:-$HOME/.cache/clusterset-dns}/bin"
-    if [ -z "$v" ] || [ ! -x "$BIN/kube-proxy-$v" ]; then
-        "$HERE/k8s-bins.sh" kube-proxy >"$DIR/.bins" || die "scripts/k8s-bins.sh kube-proxy failed"
-        BIN="$(tail -n1 "$DIR/.bins")"
-        rm -f "$DIR/.bins"
-    fi
-    KUBE_PROXY="$BIN/kube-proxy-$v"
-    [ -x "$KUBE_PROXY" ] || KUBE_PROXY="$BIN/kube-proxy"
-    [ -x "$KUBE_PROXY" ] || die "no kube-proxy in '$BIN'"
+    KUBE_PROXY="$(pinned kube-proxy K8S_VERSION)"
+    [ -x "$KUBE_PROXY" ] || die "no kube-proxy at '$KUBE_PROXY'"
     read_clusters
     local t0=$SECONDS i k name ip
     host_network
@@ -437,23 +430,73 @@ cmd_up() {
     cleanup 0
 }
 
-cmd_fleet() { # by hand: clusters and their data plane, one command
+# pinned NAME VAR: the cached binary NAME-<version> (VAR's default in k8s-bins.sh), or
+# build it. The cache lock of k8s-bins.sh is held for the whole of any other build.
+pinned() {
+    local name="$1" var="$2" v bin
+    v="${!var:-$(sed -n "s/^$var=\"\${$var:-\\(v[0-9.]*\\)}\"\$/\\1/p" "$HERE/k8s-bins.sh")}"
+    bin="${CLUSTERSET_DNS_CACHE:-$HOME/.cache/clusterset-dns}/bin"
+    if [ -n "$v" ] && [ -x "$bin/$name-$v" ]; then printf '%s' "$bin/$name-$v"; return; fi
+    bin="$("$HERE/k8s-bins.sh" "$name" | tail -n1)" || die "scripts/k8s-bins.sh $name failed"
+    printf '%s' "$bin/$name"
+}
+
+# fleet_dns DIR N: what the tests run per scenario, for the whole fleet: sync over every
+# cluster, serve per cluster on $HOST_IP:530I (fed by its own API server), CoreDNS in each
+# cluster's dns Pod running Corefile.example's clusterset.local block.
+fleet_dns() {
+    local dir="$1" n="$2" i args=() ns block coredns
+    local bin="${CLUSTERSET_DNS_BIN:-$HERE/../target/debug/clusterset-dns}"
+    if [ ! -x "$bin" ]; then
+        log "no $bin (cargo build, or set CLUSTERSET_DNS_BIN): no sync, serve or CoreDNS started"
+        return
+    fi
+    for ((i = 1; i <= n; i++)); do args+=(--cluster "cluster-$i=$dir/cluster-$i/sync.kubeconfig"); done
+    setpriv --pdeathsig TERM -- "$bin" sync --http-listen 127.0.0.1:9390 "${args[@]}" </dev/null \
+        >>"$dir/dataplane/sync.log" 2>&1 &
+    FLEET_PIDS+=($!)
+    coredns="$(pinned coredns COREDNS_VERSION)"
+    block="$(awk '/^clusterset\.local:53 \{/ {on = 1} on {print} on && /^\}/ {exit}' "$HERE/../Corefile.example")"
+    [ -n "$block" ] || die "no clusterset.local:53 block in Corefile.example"
+    for ((i = 1; i <= n; i++)); do
+        setpriv --pdeathsig TERM -- "$bin" serve --kubeconfig "$dir/cluster-$i/serve.kubeconfig" \
+            --listen "$HOST_IP:$((5300 + i))" --http-listen "127.0.0.1:$((9300 + i))" --cluster-id "cluster-$i" \
+            </dev/null >>"$dir/dataplane/serve-$i.log" 2>&1 &
+        FLEET_PIDS+=($!)
+        mkdir -p "$dir/dataplane/coredns-$i"
+        printf '%s\n' "${block//CLUSTERSET_DNS_SERVICE_IP/$HOST_IP:$((5300 + i))}" >"$dir/dataplane/coredns-$i/Corefile"
+        ns="$(sed -n "s/.* cluster=cluster-$i name=dns netns=\([^ ]*\).*/\1/p" "$dir/dataplane/state")"
+        # In the Pod's namespace: the data plane's teardown kills it.
+        (cd "$dir/dataplane/coredns-$i" && exec ip netns exec "$ns" "$coredns" -conf Corefile) \
+            </dev/null >>"$dir/dataplane/coredns-$i.log" 2>&1 &
+    done
+    log "sync, serve ($HOST_IP:5301..$((5300 + n))) and CoreDNS (kube-dns of each cluster) started; logs in $dir/dataplane"
+}
+
+FLEET_PIDS=()
+cmd_fleet() { # by hand: clusters, their data plane and the DNS path, one command
     [ "$#" -eq 2 ] || usage
     local n="$1" dir="$2" line
     mkdir -p "$dir" || die "cannot create $dir"
     dir="$(cd "$dir" && pwd)"
+    trap 'kill -TERM "${FLEET_PIDS[@]}" 2>/dev/null; wait' EXIT
+    trap 'exit 0' INT TERM HUP
     coproc CLUSTERS { CLUSTERS_PARENT_PID=$$ exec "$HERE/clusters.sh" up "$n" "$dir"; }
-    local cpid=$CLUSTERS_PID
-    trap 'kill -TERM $cpid 2>/dev/null' EXIT
+    FLEET_PIDS+=("$CLUSTERS_PID")
     while read -r line <&"${CLUSTERS[0]}"; do
         case "$line" in READY*) break ;; esac
     done
-    kill -0 "$cpid" 2>/dev/null || die "clusters.sh up failed"
-    DATAPLANE_PARENT_PID=$$ "$SELF" up "$dir" &
-    local dpid=$!
-    trap 'kill -TERM $dpid $cpid 2>/dev/null; wait' EXIT INT TERM
-    log "kubeconfigs: $dir/cluster-I/kubeconfig; Pods: $SELF exec $dir I pod-1|pod-2|client|dns CMD"
-    wait "$dpid"
+    kill -0 "${FLEET_PIDS[0]}" 2>/dev/null || die "clusters.sh up failed"
+    coproc DATAPLANE { DATAPLANE_PARENT_PID=$$ exec "$SELF" up "$dir"; }
+    FLEET_PIDS+=("$DATAPLANE_PID")
+    while read -r line <&"${DATAPLANE[0]}"; do
+        case "$line" in READY*) break ;; esac
+    done
+    kill -0 "$DATAPLANE_PID" 2>/dev/null || die "dataplane.sh up failed"
+    fleet_dns "$dir" "$n"
+    log "kubeconfigs: $dir/cluster-I/kubeconfig; in a Pod: $SELF exec $dir I pod-1|pod-2|client|dns CMD"
+    log "READY; Ctrl-C (or SIGTERM to $$) stops everything"
+    while kill -0 "$DATAPLANE_PID" 2>/dev/null; do sleep 1; done
 }
 
 cmd_exec() { # exec DIR I NAME CMD...
