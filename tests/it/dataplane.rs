@@ -350,6 +350,37 @@ fn a_member_api_server_stopping_removes_its_pods_from_answers() {
     assert!(errors.is_empty(), "connections to answered Pods failed: {errors:?}");
 }
 
+/// A member that gains the namespace after the export was imported
+/// elsewhere gets the import too ("every member that has the namespace
+/// gets, and keeps" it, README): cluster-2's client reaches the service
+/// once cluster-2 has the namespace, with nothing else changing.
+#[test]
+fn a_namespace_created_in_a_member_after_the_export_gets_the_import() {
+    let (fleet, _turn) = fleet();
+    let ns = "dp-late-ns";
+    let s = Scenario::with_namespace_in(fleet, ns, &[], &[0, 2]);
+    let http = json!([{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    s.backend(0, "late", json!({"ports": http}), &slice_ports, false);
+    // Sync has reconciled the export: cluster-3 has the import with its VIP.
+    let deadline = Instant::now() + CONVERGE;
+    while s.try_import_vip(2, "late").is_none() {
+        assert!(Instant::now() < deadline, "no import in cluster-3\n{}", s.debug());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    s.rt.block_on(Kube::new(s.clients[B].clone(), ns));
+    let name = s.name("late");
+    let reached = s.try_first_ok(&name, 80, "tcp");
+    assert!(
+        reached.is_some(),
+        "namespace {ns} created in cluster-2 after the export: no ServiceImport there {CONVERGE:?} later \
+         (import in cluster-2: {:?}); sync reconciles a service only when its exports, Services or \
+         slices change, not when a member gains the namespace\n{}",
+        s.try_import_vip(B, "late"),
+        s.debug()
+    );
+}
+
 // ---------------------------------------------------------------------------
 // The fleet and one test's pieces
 
@@ -377,13 +408,25 @@ struct Scenario {
 
 impl Scenario {
     fn new(fleet: &'static DataplaneFleet, ns: &str, serve_args: &[&str]) -> Self {
+        Self::with_namespace_in(fleet, ns, serve_args, &[0, 1, 2])
+    }
+
+    /// [`Scenario::new`] with namespace `ns` created only in the clusters `with_ns`.
+    fn with_namespace_in(
+        fleet: &'static DataplaneFleet,
+        ns: &str,
+        serve_args: &[&str],
+        with_ns: &[usize],
+    ) -> Self {
         let clusters = &fleet.clusters;
         let rt = runtime();
         let clients = rt.block_on(async {
             let mut v = Vec::new();
             for i in 0..clusters.len() {
                 let c = clusters.client(i).await;
-                Kube::new(c.clone(), ns).await; // the namespace
+                if with_ns.contains(&i) {
+                    Kube::new(c.clone(), ns).await;
+                }
                 v.push(c);
             }
             v
@@ -467,10 +510,15 @@ impl Scenario {
 
     /// The VIP of the ServiceImport in cluster `i`.
     fn import_vip(&self, i: usize, svc: &str) -> String {
+        self.try_import_vip(i, svc)
+            .unwrap_or_else(|| panic!("no ServiceImport {svc} with a VIP in cluster {i}"))
+    }
+
+    fn try_import_vip(&self, i: usize, svc: &str) -> Option<String> {
         let ar = crate::watch::import_resource("v1beta1");
         let api: Api<DynamicObject> = Api::namespaced_with(self.clients[i].clone(), &self.ns, &ar);
-        let o = self.rt.block_on(api.get(svc)).expect("get ServiceImport");
-        o.data.pointer("/spec/ips/0").and_then(Value::as_str).expect("import has a VIP").to_owned()
+        let o = self.rt.block_on(api.get_opt(svc)).expect("get ServiceImport")?;
+        o.data.pointer("/spec/ips/0").and_then(Value::as_str).map(str::to_owned)
     }
 
     /// Connects from cluster-2's client until one attempt succeeds; panics
