@@ -2,14 +2,14 @@
 """The programs of the data-path test fleet's "Pods" (scripts/dataplane.sh).
 
   dataplane-pod.py serve CLUSTER POD PORT...
-      answer on every PORT over TCP and UDP with one line saying who answered:
+      answer on every PORT over TCP and UDP, IPv4 and IPv6, with one line saying who answered:
       "CLUSTER POD PROTO PORT PEER_IP" (TCP: on connect, then close; UDP: per
       datagram). The tests read which cluster and Pod a connection reached.
 
-  dataplane-pod.py connect NAME PORT PROTO COUNT [INTERVAL [TIMEOUT]]
+  dataplane-pod.py connect NAME PORT PROTO COUNT [INTERVAL [TIMEOUT [FAMILY]]]
       COUNT attempts (bounded), INTERVAL seconds apart (default 0): each
-      resolves NAME through the system resolver (getaddrinfo, IPv4: the
-      Pod's resolv.conf, as a real Pod), connects and reads the line. Prints
+      resolves NAME through the system resolver (getaddrinfo of FAMILY 4 or 6,
+      default 4: the Pod's resolv.conf, as a real Pod), connects and reads the line. Prints
       one line per attempt, "T ok ADDR LINE" or "T err ADDR REASON" (T:
       seconds since start), so the caller can count and time outcomes.
 
@@ -22,11 +22,21 @@ import threading
 import time
 
 
-def serve(cluster, pod, ports):
-    def tcp(port):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def bound(family, kind, port):
+    s = socket.socket(family, kind)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        # Its own IPv6 socket: the peer shows as an IPv6 address, never ::ffff:a.b.c.d.
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind(("::", port))
+    else:
         s.bind(("0.0.0.0", port))
+    return s
+
+
+def serve(cluster, pod, ports):
+    def tcp(family, port):
+        s = bound(family, socket.SOCK_STREAM, port)
         s.listen(128)
         while True:
             c, peer = s.accept()
@@ -37,9 +47,8 @@ def serve(cluster, pod, ports):
             finally:
                 c.close()
 
-    def udp(port):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind(("0.0.0.0", port))
+    def udp(family, port):
+        s = bound(family, socket.SOCK_DGRAM, port)
         while True:
             _, peer = s.recvfrom(2048)
             try:
@@ -50,21 +59,22 @@ def serve(cluster, pod, ports):
     threads = []
     for port in ports:
         for f in (tcp, udp):
-            t = threading.Thread(target=f, args=(port,), daemon=True)
-            t.start()
-            threads.append(t)
+            for family in (socket.AF_INET, socket.AF_INET6):
+                t = threading.Thread(target=f, args=(family, port), daemon=True)
+                t.start()
+                threads.append(t)
     print(f"serving {cluster} {pod} on {' '.join(map(str, ports))} tcp+udp", flush=True)
     for t in threads:
         t.join()
 
 
-def attempt(name, port, proto, timeout):
+def attempt(name, port, proto, timeout, family):
     addr = "-"
     try:
         kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
-        infos = socket.getaddrinfo(name, port, socket.AF_INET, kind)
+        infos = socket.getaddrinfo(name, port, family, kind)
         addr = infos[0][4][0]
-        with socket.socket(socket.AF_INET, kind) as s:
+        with socket.socket(family, kind) as s:
             s.settimeout(timeout)
             s.connect((addr, port))
             if proto == "udp":
@@ -86,10 +96,11 @@ def attempt(name, port, proto, timeout):
         return f"err {addr} {reason}"
 
 
-def connect(name, port, proto, count, interval=0.0, timeout=2.0):
+def connect(name, port, proto, count, interval=0.0, timeout=2.0, family=4.0):
     start = time.monotonic()
+    af = socket.AF_INET6 if family == 6 else socket.AF_INET
     for i in range(count):
-        result = attempt(name, port, proto, timeout)
+        result = attempt(name, port, proto, timeout, af)
         print(f"{time.monotonic() - start:.3f} {result}", flush=True)
         if interval > 0 and i + 1 < count:
             time.sleep(interval)
@@ -98,7 +109,7 @@ def connect(name, port, proto, count, interval=0.0, timeout=2.0):
 def main(argv):
     if len(argv) >= 4 and argv[1] == "serve":
         serve(argv[2], argv[3], [int(p) for p in argv[4:]])
-    elif len(argv) in (6, 7, 8) and argv[1] == "connect" and argv[4] in ("tcp", "udp"):
+    elif len(argv) in (6, 7, 8, 9) and argv[1] == "connect" and argv[4] in ("tcp", "udp"):
         extra = [float(x) for x in argv[6:]]
         connect(argv[2], int(argv[3]), argv[4], int(argv[5]), *extra)
     else:

@@ -26,8 +26,8 @@
 #                                          dig web.shop.svc.clusterset.local.`
 #   scripts/dataplane.sh sweep             remove what a dead data plane left (also done by up)
 #
-# Addresses (198.18.0.0/15 only, RFC 2544 benchmarking space, so nothing on a
-# real network is shadowed; IPv4 only):
+# Addresses (198.18.0.0/15 and 2001:2::/48 only, the benchmarking ranges of RFC 2544
+# and RFC 5180, so nothing on a real network is shadowed; dual-stack):
 #   198.18.0.1/24      the host, on bridge PREFIX (kube-apiservers reached here: the
 #                      host DNATs 198.18.0.1:APISERVER_PORT to 127.0.0.1, route_localnet)
 #   198.18.0.(10+I)    node of cluster I (on the bridge)
@@ -35,6 +35,9 @@
 #                      dns 198.18.I.53 (for the test's CoreDNS)
 #   198.19.I.0/24      Service CIDR of cluster I (clusters.sh CLUSTERS_SERVICE_CIDR);
 #                      kube-system/kube-dns is 198.19.I.10 -> the dns Pod, port 53
+#   IPv6: the host 2001:2::1/64, node 2001:2::(10+I), Pods 2001:2:0:I::/64 (a Pod's
+#   address ends like its IPv4 one: pod-1 of cluster 2 is 2001:2:0:2::11), Services
+#   2001:2:0:I00::/112 (the second Service CIDR; I <= 9). Pods reach their node at fe80::1.
 # Every Pod's /etc/netns/NETNS/resolv.conf says "nameserver 198.19.I.10", so
 # `ip netns exec` gives its programs the cluster DNS as a real Pod has it.
 #
@@ -49,7 +52,7 @@
 #
 # DIR after READY:
 #   DIR/state     one line per namespace: kind=node|pod cluster=cluster-I name=NAME
-#                 netns=NETNS ip=IP pid=PID (the server, kube-proxy; 0: none)
+#                 netns=NETNS ip=IP ip6=IPV6 pid=PID (the server, kube-proxy; 0: none)
 #   DIR/*.log     kube-proxy-I.log, cluster-I-NAME.log
 #   DIR/supervisor.pid
 #
@@ -76,7 +79,8 @@ PODS="${DATAPLANE_PODS:-2}"
 PORTS="${DATAPLANE_PORTS:-8080 8081}"
 TIMEOUT="${DATAPLANE_TIMEOUT:-120}"
 HOST_IP=198.18.0.1
-export CLUSTERS_SERVICE_CIDR='198.19.{I}.0/24'
+HOST_IP6=2001:2::1
+export CLUSTERS_SERVICE_CIDR='198.19.{I}.0/24,2001:2:0:{I}00::/112'
 
 log() { printf '[%s] dataplane: %s\n' "$(date '+%H:%M:%S')" "$*" >&2 || true; }
 die() {
@@ -192,6 +196,7 @@ host_network() {
     fi
     run ip link add "$PREFIX" type bridge
     run ip addr add "$HOST_IP/24" dev "$PREFIX"
+    run ip addr add "$HOST_IP6/64" dev "$PREFIX" nodad
     run ip link set "$PREFIX" up
     # The API servers listen on 127.0.0.1 only: nodes reach them at the host's bridge
     # address, DNATed to loopback (route_localnet lets the kernel route to 127/8 there).
@@ -207,41 +212,61 @@ table ip $PREFIX {
 }
 EOF
     # Replies from the host (clusterset-dns serve on $HOST_IP) to Pods.
-    for ((i = 1; i <= N; i++)); do run ip route add "198.18.$i.0/24" via "198.18.0.$((10 + i))" dev "$PREFIX"; done
+    for ((i = 1; i <= N; i++)); do
+        run ip route add "198.18.$i.0/24" via "198.18.0.$((10 + i))" dev "$PREFIX"
+        run ip -6 route add "2001:2:0:$i::/64" via "2001:2::$((10 + i))" dev "$PREFIX"
+    done
+}
+
+# no_dad NETNS: addresses of interfaces made in NETNS from now on are usable at once
+# (duplicate address detection would keep them tentative for a second or two).
+no_dad() {
+    run ip netns exec "$1" sysctl -qw net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.all.accept_dad=0
 }
 
 node_network() { # node_network I
     local i="$1" ns j
     ns="$(netns_of "$i" node)"
     run ip netns add "$ns"
+    no_dad "$ns"
     run ip link add "${PREFIX}n$i" type veth peer name eth0 netns "$ns"
     run ip link set "${PREFIX}n$i" master "$PREFIX" up
     run ip -n "$ns" link set lo up
     run ip -n "$ns" addr add "198.18.0.$((10 + i))/24" dev eth0
+    run ip -n "$ns" addr add "2001:2::$((10 + i))/64" dev eth0 nodad
     run ip -n "$ns" link set eth0 up
-    run ip netns exec "$ns" sysctl -qw net.ipv4.ip_forward=1
+    run ip netns exec "$ns" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
     run ip -n "$ns" route add default via "$HOST_IP"
+    run ip -n "$ns" -6 route add default via "$HOST_IP6"
     # The flat network: every other cluster's Pods straight through its node.
     for ((j = 1; j <= N; j++)); do
-        [ "$j" = "$i" ] || run ip -n "$ns" route add "198.18.$j.0/24" via "198.18.0.$((10 + j))"
+        [ "$j" = "$i" ] && continue
+        run ip -n "$ns" route add "198.18.$j.0/24" via "198.18.0.$((10 + j))"
+        run ip -n "$ns" -6 route add "2001:2:0:$j::/64" via "2001:2::$((10 + j))"
     done
-    STATE_LINES+=("kind=node cluster=cluster-$i name=node netns=$ns ip=198.18.0.$((10 + i))")
+    STATE_LINES+=("kind=node cluster=cluster-$i name=node netns=$ns ip=198.18.0.$((10 + i)) ip6=2001:2::$((10 + i))")
 }
 
-pod_network() { # pod_network I NAME IP
+pod_network() { # pod_network I NAME IP: sets IP6
     local i="$1" name="$2" ip="$3" node ns
+    IP6="2001:2:0:$i::${ip##*.}"
     node="$(netns_of "$i" node)"
     ns="$(netns_of "$i" "$name")"
     run ip netns add "$ns"
+    no_dad "$ns"
     run ip -n "$node" link add "v-$name" type veth peer name eth0 netns "$ns"
     run ip -n "$ns" link set lo up
     run ip -n "$ns" addr add "$ip/32" dev eth0
+    run ip -n "$ns" addr add "$IP6/128" dev eth0 nodad
     run ip -n "$ns" link set eth0 up
     run ip -n "$ns" route add default dev eth0
+    run ip -n "$ns" -6 route add default via fe80::1 dev eth0
     # proxy_delay 0: answer at once, not after up to 0.8 s (the default, for shared media).
     run ip netns exec "$node" sysctl -qw "net.ipv4.conf.v-$name.proxy_arp=1" "net.ipv4.neigh.v-$name.proxy_delay=0"
+    run ip -n "$node" addr add fe80::1/64 dev "v-$name" nodad
     run ip -n "$node" link set "v-$name" up
     run ip -n "$node" route add "$ip/32" dev "v-$name"
+    run ip -n "$node" -6 route add "$IP6/128" dev "v-$name"
     mkdir -p "/etc/netns/$ns" || die "mkdir /etc/netns/$ns failed"
     printf 'nameserver 198.19.%s.10\noptions timeout:1 attempts:2\n' "$i" >"/etc/netns/$ns/resolv.conf" ||
         die "writing /etc/netns/$ns/resolv.conf failed"
@@ -333,10 +358,10 @@ start_node() { # start_node I: objects, the node's Node status address, kube-pro
         apply --server-side --force-conflicts --field-manager=dataplane.sh -f -
     run "$KUBECTL" --kubeconfig "$CDIR/cluster-$i/kubeconfig" --request-timeout=30s patch node "cluster-$i-node" \
         --subresource=status --type=merge \
-        -p "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"198.18.0.$((10 + i))\"},{\"type\":\"Hostname\",\"address\":\"cluster-$i-node\"}]}}"
+        -p "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"198.18.0.$((10 + i))\"},{\"type\":\"InternalIP\",\"address\":\"2001:2::$((10 + i))\"},{\"type\":\"Hostname\",\"address\":\"cluster-$i-node\"}]}}"
     # conntrack: leave the (init-namespace only) table size and the timeouts as they are.
     launch "kube-proxy-$i" "$ns" "$KUBE_PROXY" --kubeconfig "$kc" --proxy-mode nftables \
-        --hostname-override "cluster-$i-node" --cluster-cidr "198.18.$i.0/24" \
+        --hostname-override "cluster-$i-node" --cluster-cidr "198.18.$i.0/24,2001:2:0:$i::/64" \
         --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
         --healthz-bind-address "198.18.0.$((10 + i)):10256" --metrics-bind-address 127.0.0.1:10249 -v 2
     KP_PID[$i]=$LAUNCHED
@@ -405,12 +430,12 @@ cmd_up() {
             # shellcheck disable=SC2086 # one word per port
             launch "cluster-$i-$name" "$(netns_of "$i" "$name")" python3 "$HERE/dataplane-pod.py" serve \
                 "cluster-$i" "$name" $PORTS
-            STATE_LINES+=("kind=pod cluster=cluster-$i name=$name netns=$(netns_of "$i" "$name") ip=$ip pid=$LAUNCHED")
+            STATE_LINES+=("kind=pod cluster=cluster-$i name=$name netns=$(netns_of "$i" "$name") ip=$ip ip6=$IP6 pid=$LAUNCHED")
         done
         pod_network "$i" client "198.18.$i.100"
-        STATE_LINES+=("kind=pod cluster=cluster-$i name=client netns=$(netns_of "$i" client) ip=198.18.$i.100 pid=0")
+        STATE_LINES+=("kind=pod cluster=cluster-$i name=client netns=$(netns_of "$i" client) ip=198.18.$i.100 ip6=$IP6 pid=0")
         pod_network "$i" dns "198.18.$i.53"
-        STATE_LINES+=("kind=pod cluster=cluster-$i name=dns netns=$(netns_of "$i" dns) ip=198.18.$i.53 pid=0")
+        STATE_LINES+=("kind=pod cluster=cluster-$i name=dns netns=$(netns_of "$i" dns) ip=198.18.$i.53 ip6=$IP6 pid=0")
     done
     write_state
     wait_programmed

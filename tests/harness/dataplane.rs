@@ -3,14 +3,15 @@
 //! nftables mode) and Pods (network namespaces running
 //! `scripts/dataplane-pod.py`), on one flat network. See the script's
 //! header for the addresses: cluster `i` (0-based) is the script's `i + 1`,
-//! its Pods are `198.18.{i+1}.0/24`, its Services `198.19.{i+1}.0/24`, and
-//! the host is [`HOST`] (where `clusterset-dns serve` listens for them).
+//! its Pods are `198.18.{i+1}.0/24` and `2001:2:0:{i+1}::/64`, its Services
+//! `198.19.{i+1}.0/24` and `2001:2:0:{i+1}00::/112`, and the host is
+//! [`HOST`] (where `clusterset-dns serve` listens for them).
 //!
 //! The clusters must be started with [`SERVICE_CIDR`], which
 //! [`DataplaneFleet::start`] does. One data plane runs on a machine at a
 //! time (fixed addresses): tests share [`DataplaneFleet`] behind a lock.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,8 +19,8 @@ use std::time::Duration;
 
 use super::clusters::{Supervisor, TestClusters};
 
-/// `CLUSTERS_SERVICE_CIDR` for the data plane's clusters.
-pub const SERVICE_CIDR: &str = "198.19.{I}.0/24";
+/// `CLUSTERS_SERVICE_CIDR` for the data plane's clusters: dual-stack.
+pub const SERVICE_CIDR: &str = "198.19.{I}.0/24,2001:2:0:{I}00::/112";
 /// The host's address on the data plane's bridge.
 pub const HOST: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// The ports every server Pod answers on, TCP and UDP.
@@ -39,6 +40,7 @@ pub struct Pod {
     pub name: String,
     pub netns: String,
     pub ip: Ipv4Addr,
+    pub ip6: Ipv6Addr,
     /// Its server (kube-proxy for a node); 0: none.
     pub pid: u32,
 }
@@ -174,6 +176,9 @@ fn read_state(dir: &Path) -> Vec<Pod> {
                 name: field("name").to_owned(),
                 netns: field("netns").to_owned(),
                 ip: field("ip").parse().unwrap_or_else(|e| panic!("{}: ip in {line:?}: {e}", path.display())),
+                ip6: field("ip6")
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{}: ip6 in {line:?}: {e}", path.display())),
                 pid: field("pid")
                     .parse()
                     .unwrap_or_else(|e| panic!("{}: pid in {line:?}: {e}", path.display())),

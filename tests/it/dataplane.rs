@@ -55,6 +55,8 @@ fn a_clusterset_ip_reaches_backends_in_every_exporting_cluster_through_kube_prox
     }
     let name = s.name("web");
     s.first_ok(&name, 80, "tcp");
+    // Both exports reach cluster-2 one after the other: count once both are routed.
+    s.until_reached(&name, 80, 4, &["cluster-1", "cluster-3"]);
     let vip = s.import_vip(B, "web");
 
     let n = 60;
@@ -381,6 +383,58 @@ fn a_namespace_created_in_a_member_after_the_export_gets_the_import() {
     );
 }
 
+/// Dual-stack: a ClusterSetIP service exported by cluster-1 and -3 with
+/// IPv4 and IPv6 endpoints is reached over IPv6 through cluster-2's IPv6
+/// clusterset VIP (AAAA through CoreDNS, kube-proxy's ip6 rules), and a
+/// headless one's AAAA answers are the Pods' IPv6 addresses, each reachable.
+#[test]
+fn dual_stack_services_are_reached_over_ipv6_too() {
+    let (fleet, _turn) = fleet();
+    let ns = "dp-dual";
+    let s = Scenario::new(fleet, ns, &[]);
+    let dp = fleet.dataplane();
+    let http = json!([{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    let direct = json!([{"name": "http", "port": 8080, "targetPort": 8080, "protocol": "TCP"}]);
+    for i in [0, 2] {
+        s.backend_dual(i, "web6", json!({"ports": http}), &slice_ports, false);
+        s.backend_dual(i, "db6", json!({"clusterIP": "None", "ports": direct}), &slice_ports, false);
+    }
+    let name = s.name("web6");
+    let deadline = Instant::now() + CONVERGE;
+    s.until_reached(&name, 80, 6, &["cluster-1", "cluster-3"]);
+    let client6 = dp.pod(B, "client").ip6.to_string();
+    let mut per_cluster: BTreeMap<String, usize> = BTreeMap::new();
+    for a in s.connect_family(&name, 80, "tcp", 30, 0.0, 6) {
+        let r = a.reply.as_ref().unwrap_or_else(|| panic!("over IPv6: {}", a.line));
+        assert!(a.addr.parse::<std::net::Ipv6Addr>().is_ok(), "an IPv6 VIP: {}", a.line);
+        assert!(a.addr.starts_with("2001:2:0:200::"), "cluster-2's IPv6 Service CIDR: {}", a.line);
+        assert_eq!(r.peer, client6, "no SNAT, IPv6 end to end: {}", a.line);
+        *per_cluster.entry(r.cluster.clone()).or_default() += 1;
+    }
+    eprintln!("30 IPv6 connections to {name}: {per_cluster:?}");
+    assert!(
+        per_cluster.contains_key("cluster-1") && per_cluster.contains_key("cluster-3"),
+        "{per_cluster:?}"
+    );
+    // IPv4 still works for the same name.
+    assert!(s.connect(&name, 80, "tcp", 1, 0.0)[0].reply.is_some(), "{name} over IPv4");
+
+    let db = s.name("db6");
+    let want: BTreeSet<String> =
+        [0, 2].iter().flat_map(|&i| dp.servers(i)).map(|p| p.ip6.to_string()).collect();
+    let mut got = BTreeSet::new();
+    while got != want {
+        assert!(Instant::now() < deadline, "{db} AAAA: {got:?}, want {want:?}\n{}", s.debug());
+        std::thread::sleep(Duration::from_millis(500));
+        got = s.dig_type(&db, "AAAA").into_iter().collect();
+    }
+    for ip in &want {
+        let a = s.connect_family(ip, 8080, "tcp", 1, 0.0, 6).remove(0);
+        assert!(a.reply.is_some(), "{ip} unreachable: {}", a.line);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The fleet and one test's pieces
 
@@ -508,6 +562,40 @@ impl Scenario {
         });
     }
 
+    /// [`Scenario::backend`] dual-stack: the Service `RequireDualStack`, and
+    /// one EndpointSlice per family, as the EndpointSlice controller writes them.
+    fn backend_dual(&self, i: usize, svc: &str, spec: Value, slice_ports: &Value, hostnames: bool) {
+        let mut spec = spec;
+        spec["ipFamilyPolicy"] = json!("RequireDualStack");
+        self.backend(i, svc, spec, slice_ports, hostnames);
+        let dp = self.fleet.dataplane();
+        let node = format!("{}-node", self.fleet.clusters.name(i));
+        let endpoints: Vec<Value> = dp
+            .servers(i)
+            .iter()
+            .enumerate()
+            .map(|(k, pod)| {
+                let mut e = json!({"addresses": [pod.ip6.to_string()],
+                    "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "nodeName": node,
+                    "targetRef": {"kind": "Pod", "namespace": self.ns, "name": format!("{svc}-{}", k + 1)}});
+                if hostnames {
+                    e["hostname"] = json!(format!("{svc}-{}", k + 1));
+                }
+                e
+            })
+            .collect();
+        let name = format!("{svc}-v6xyz");
+        let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": self.ns,
+                "labels": {"kubernetes.io/service-name": svc,
+                           "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv6", "ports": slice_ports, "endpoints": endpoints});
+        let api: Api<EndpointSlice> = Api::namespaced(self.clients[i].clone(), &self.ns);
+        let pp = PatchParams::apply(MANAGER).force();
+        self.rt.block_on(api.patch(&name, &pp, &Patch::Apply(&slice))).expect("apply the IPv6 EndpointSlice");
+    }
+
     /// The VIP of the ServiceImport in cluster `i`.
     fn import_vip(&self, i: usize, svc: &str) -> String {
         self.try_import_vip(i, svc)
@@ -529,6 +617,27 @@ impl Scenario {
         })
     }
 
+    /// Connects (TCP, IPv`family`) in batches of 10 until every cluster of
+    /// `clusters` has answered; panics after [`CONVERGE`] with what was reached.
+    fn until_reached(&self, name: &str, port: u16, family: u8, clusters: &[&str]) {
+        let start = Instant::now();
+        let mut seen = BTreeSet::new();
+        while !clusters.iter().all(|c| seen.contains(*c)) {
+            assert!(
+                start.elapsed() < CONVERGE,
+                "{name} (IPv{family}): only {seen:?} answered within {CONVERGE:?}, want {clusters:?}\n{}",
+                self.debug()
+            );
+            for a in self.connect_family(name, port, "tcp", 10, 0.0, family) {
+                if let Some(r) = a.reply {
+                    seen.insert(r.cluster);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!("{name} (IPv{family}): {seen:?} reached after {:.1}s", start.elapsed().as_secs_f64());
+    }
+
     fn try_first_ok(&self, name: &str, port: u16, proto: &str) -> Option<Attempt> {
         let start = Instant::now();
         while start.elapsed() < CONVERGE {
@@ -542,14 +651,28 @@ impl Scenario {
         None
     }
 
-    /// `count` attempts from cluster-2's client (`dataplane-pod.py connect`).
+    /// `count` attempts from cluster-2's client (`dataplane-pod.py connect`), IPv4.
     fn connect(&self, name: &str, port: u16, proto: &str, count: usize, interval: f64) -> Vec<Attempt> {
+        self.connect_family(name, port, proto, count, interval, 4)
+    }
+
+    /// [`Scenario::connect`] resolving and connecting over IPv`family`.
+    fn connect_family(
+        &self,
+        name: &str,
+        port: u16,
+        proto: &str,
+        count: usize,
+        interval: f64,
+        family: u8,
+    ) -> Vec<Attempt> {
         let out = self
             .fleet
             .dataplane()
             .exec(B, "client", "python3")
             .arg(pod_program())
             .args(["connect", name, &port.to_string(), proto, &count.to_string(), &interval.to_string(), "2"])
+            .arg(family.to_string())
             .stdin(Stdio::null())
             .output()
             .expect("run the client");
@@ -567,16 +690,21 @@ impl Scenario {
 
     /// `dig +short NAME A` in cluster-2's client (through its resolv.conf: the kube-dns VIP).
     fn dig(&self, name: &str) -> Vec<String> {
+        self.dig_type(name, "A")
+    }
+
+    /// `dig +short NAME TYPE` (A or AAAA): the addresses.
+    fn dig_type(&self, name: &str, rtype: &str) -> Vec<String> {
         let out = self
             .fleet
             .dataplane()
             .exec(B, "client", "dig")
-            .args(["+short", "+time=2", "+tries=1", name, "A"])
+            .args(["+short", "+time=2", "+tries=1", name, rtype])
             .output()
             .expect("run dig");
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter(|l| l.parse::<std::net::Ipv4Addr>().is_ok())
+            .filter(|l| l.parse::<std::net::IpAddr>().is_ok())
             .map(str::to_owned)
             .collect()
     }
