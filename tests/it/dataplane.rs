@@ -2,8 +2,9 @@
 //! `<svc>.<ns>.svc.clusterset.local` and reaches backends in other
 //! clusters. Its resolver asks cluster-2's kube-dns VIP (kube-proxy) → a
 //! stock CoreDNS (1.12.4) in a Pod running `Corefile.example`'s
-//! `clusterset.local` block, forwarding to `clusterset-dns serve` (fed by
-//! cluster-2's API server) → the answer; it connects to the clusterset VIP
+//! `clusterset.local` block, forwarding to the ClusterIP of the Service in
+//! front of `clusterset-dns serve` (kube-proxy again; serve runs on the
+//! host, fed by cluster-2's API server) → the answer; it connects to the clusterset VIP
 //! Service `clusterset-dns sync` created in cluster-2, which the real
 //! kube-proxy (nftables) routes to the MCS EndpointSlices sync wrote there.
 //!
@@ -506,7 +507,8 @@ impl Scenario {
             assert!(Instant::now() < deadline, "serve not ready in 60 s:\n{}", serve.log());
             std::thread::sleep(Duration::from_millis(50));
         }
-        let coredns = CoreDnsPod::start(fleet.dataplane().pod(B, "dns"), serve.addr);
+        let vip = rt.block_on(dns_service(&clients[B], ns, serve.addr));
+        let coredns = CoreDnsPod::start(fleet.dataplane().pod(B, "dns"), &vip);
         Self { fleet, ns: ns.into(), rt, clients, sync, serve, coredns }
     }
 
@@ -734,6 +736,35 @@ impl Scenario {
     }
 }
 
+/// The Service in front of `serve` in cluster-2, as in a cluster
+/// (Corefile.example forwards to its ClusterIP): selector-less, port 53 over
+/// UDP and TCP, its EndpointSlice pointing at `serve` on the host, so
+/// CoreDNS's queries to it pass kube-proxy too. Returns the ClusterIP.
+async fn dns_service(client: &kube::Client, ns: &str, serve: SocketAddr) -> String {
+    // In clusterset-dns (every test cluster has it), one per test.
+    let (home, name) = ("clusterset-dns", format!("serve-{ns}"));
+    let port = serve.port();
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": home},
+        "spec": {"ports": [
+            {"name": "dns", "port": 53, "targetPort": port, "protocol": "UDP"},
+            {"name": "dns-tcp", "port": 53, "targetPort": port, "protocol": "TCP"}]}});
+    let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-1"), "namespace": home,
+            "labels": {"kubernetes.io/service-name": name,
+                       "endpointslice.kubernetes.io/managed-by": MANAGER}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [serve.ip().to_string()], "conditions": {"ready": true}}],
+        "ports": [{"name": "dns", "port": port, "protocol": "UDP"},
+                  {"name": "dns-tcp", "port": port, "protocol": "TCP"}]});
+    let pp = PatchParams::apply(MANAGER).force();
+    let api: Api<Service> = Api::namespaced(client.clone(), home);
+    let svc = api.patch(&name, &pp, &Patch::Apply(&service)).await.expect("apply the serve Service");
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), home);
+    api.patch(&format!("{name}-1"), &pp, &Patch::Apply(&slice)).await.expect("apply the serve EndpointSlice");
+    svc.spec.and_then(|s| s.cluster_ip).expect("the serve Service has a ClusterIP")
+}
+
 fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -778,7 +809,7 @@ impl Attempt {
 
 /// Stock CoreDNS in a Pod's network namespace, on port 53, running
 /// `Corefile.example`'s `clusterset.local` block with only the forward
-/// target filled in.
+/// target filled in: the ClusterIP of the Service in front of `serve`.
 struct CoreDnsPod {
     child: Owned,
     log: std::sync::Arc<Mutex<String>>,
@@ -786,10 +817,10 @@ struct CoreDnsPod {
 }
 
 impl CoreDnsPod {
-    fn start(pod: &Pod, upstream: SocketAddr) -> Self {
+    fn start(pod: &Pod, service_ip: &str) -> Self {
         let block = example_block_at("clusterset.local:53");
         assert_eq!(block.matches(PLACEHOLDER).count(), 1, "one forward target:\n{block}");
-        let conf = block.replace(PLACEHOLDER, &upstream.to_string());
+        let conf = block.replace(PLACEHOLDER, service_ip);
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("Corefile"), &conf).expect("write Corefile");
         let mut child = Command::new("ip")
