@@ -436,6 +436,52 @@ fn dual_stack_services_are_reached_over_ipv6_too() {
     }
 }
 
+/// An answer too large for UDP (a headless service with 100 endpoints)
+/// reaches cluster-2's client in full: UDP with TC, then the client's TCP
+/// retry through kube-dns's TCP port, and CoreDNS's TCP query through the
+/// TCP port of the Service in front of serve (Corefile.example: "port 53
+/// over UDP *and* TCP"), both hops through kube-proxy.
+#[test]
+fn an_answer_too_large_for_udp_arrives_whole_over_tcp_through_both_services() {
+    let (fleet, _turn) = fleet();
+    let ns = "dp-big";
+    let s = Scenario::new(fleet, ns, &[]);
+    let ports = json!([{"name": "http", "port": 8080, "targetPort": 8080, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    s.backend(0, "big", json!({"clusterIP": "None", "ports": ports}), &slice_ports, false);
+    // 100 more addresses in cluster-1's Pod CIDR (answers only; nothing dials them).
+    let endpoints: Vec<Value> = (101..=200)
+        .map(|k| json!({"addresses": [format!("198.18.1.{}", k - 100 + 120)], "conditions": {"ready": true}}))
+        .collect();
+    let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "big-fghij", "namespace": ns,
+            "labels": {"kubernetes.io/service-name": "big",
+                       "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4", "ports": slice_ports, "endpoints": endpoints});
+    let api: Api<EndpointSlice> = Api::namespaced(s.clients[0].clone(), ns);
+    s.rt.block_on(api.patch("big-fghij", &PatchParams::apply(MANAGER).force(), &Patch::Apply(&slice)))
+        .expect("apply the large EndpointSlice");
+    let name = s.name("big");
+    let deadline = Instant::now() + CONVERGE;
+    let mut out = String::new();
+    while !out.contains(";; Truncated, retrying in TCP mode.") || count_a(&out) != 102 {
+        assert!(Instant::now() < deadline, "{name}: no full answer over TCP:\n{out}\n{}", s.debug());
+        std::thread::sleep(Duration::from_millis(500));
+        let o = fleet
+            .dataplane()
+            .exec(B, "client", "dig")
+            .args(["+time=2", "+tries=1", &name, "A"])
+            .output()
+            .expect("run dig");
+        out = String::from_utf8_lossy(&o.stdout).into_owned();
+    }
+    assert!(out.contains(";; SERVER: 198.19.2.10#53(198.19.2.10) (TCP)"), "over TCP to kube-dns: {out}");
+}
+
+fn count_a(dig: &str) -> usize {
+    dig.lines().filter(|l| !l.starts_with(';') && l.split_whitespace().nth(3) == Some("A")).count()
+}
+
 // ---------------------------------------------------------------------------
 // The fleet and one test's pieces
 
