@@ -63,6 +63,8 @@
 #                         one fake Node per cluster (see above; default 0). Their binaries
 #                         come from scripts/k8s-bins.sh too (cold: minutes)
 #   KUBECTL               kubectl binary (default: kubectl)
+#   CLUSTERS_SERVICE_CIDR each cluster's --service-cluster-ip-range, "{I}" replaced by the
+#                         cluster's number (default: 10.(100+I).0.0/16)
 #   CLUSTERSET_DNS_CACHE, K8S_VERSION, ETCD_VERSION   passed to scripts/k8s-bins.sh
 #
 # A missing toolchain or binary is an error (exit 1), never a skip.
@@ -121,12 +123,21 @@ apiserver_cmd() {
     CMD=("$BIN/kube-apiserver" "--etcd-servers=http://127.0.0.1:${ETCD_PORT[$1]}"
         --bind-address=127.0.0.1 "--secure-port=$s" --advertise-address=127.0.0.1
         --endpoint-reconciler-type=none "--cert-dir=$d/pki" "--token-auth-file=$d/tokens.csv"
-        --authorization-mode=RBAC "--service-cluster-ip-range=10.$((100 + $1)).0.0/16"
+        --authorization-mode=RBAC "--service-cluster-ip-range=$(service_cidr "$1")"
         "--service-account-issuer=https://127.0.0.1:$s" "--service-account-key-file=$d/sa.pub"
         "--service-account-signing-key-file=$d/sa.key" --disable-admission-plugins=ServiceAccount
         --allow-privileged=true --etcd-compaction-interval=0 --enable-priority-and-fairness=false
         --profiling=false -v=1)
 }
+
+# --- Service CIDR (issue 15: the data-path fleet) ---------------------------------------
+# service_cidr I: cluster I's --service-cluster-ip-range; CLUSTERS_SERVICE_CIDR with {I}
+# replaced by I (scripts/dataplane.sh routes 198.19.{I}.0/24), else 10.(100+I).0.0/16.
+service_cidr() {
+    local t="${CLUSTERS_SERVICE_CIDR:-}"
+    if [ -n "$t" ]; then printf '%s' "${t//\{I\}/$1}"; else printf '10.%s.0.0/16' "$((100 + $1))"; fi
+}
+# --- end Service CIDR ------------------------------------------------------------------
 
 # The node components (CLUSTERS_NODES=1) talk to the API server as admin; /healthz of
 # their own servers is open without credentials (always-allowed paths).
@@ -144,7 +155,7 @@ controllers_cmd() {
     CMD=("$BIN/kube-controller-manager" "--kubeconfig=$d/kubeconfig" "--authentication-kubeconfig=$d/kubeconfig"
         "--authorization-kubeconfig=$d/kubeconfig" --bind-address=127.0.0.1
         "--secure-port=${KCM_PORT[$1]}" "--cert-dir=$d/pki-controllers" --leader-elect=false
-        "--controllers=$KCM_CONTROLLERS" "--service-cluster-ip-range=10.$((100 + $1)).0.0/16"
+        "--controllers=$KCM_CONTROLLERS" "--service-cluster-ip-range=$(service_cidr "$1")"
         "--root-ca-file=$d/pki/apiserver.crt" -v=1)
 }
 

@@ -4,7 +4,7 @@
 # for the integration tests, cached by version.
 #
 # Usage: scripts/k8s-bins.sh [all | kube-apiserver | kube-scheduler | kube-controller-manager
-#                             | kubectl | etcd | kwok | coredns | helm | coredns-multicluster]...
+#                             | kube-proxy | kubectl | etcd | kwok | coredns | helm | coredns-multicluster]...
 #
 # Builds whatever is missing and prints the bin directory on the last line of
 # stdout; everything else (progress, go output) goes to stderr. Idempotent:
@@ -213,6 +213,21 @@ build_kubectl() {
     "$BIN/kubectl" version --client >&2
 }
 
+# --- kube-proxy (issue 15: the data-path tests) -----------------------------
+# The real Service proxy of the same Kubernetes release as kube-apiserver,
+# built in the same wrapper module (shares its downloads and build cache).
+build_kube_proxy() {
+    local v="$K8S_VERSION" name="kube-proxy-$K8S_VERSION"
+    have "$name" kube-proxy && return 0
+    log "building kube-proxy $v (~2 min on 2 cores after kube-apiserver, whose build cache it shares)..."
+    k8s_module
+    (cd "$K8S_DIR" && run_timed "kube-proxy $v" "$GO" build -mod=mod -trimpath -ldflags "$K8S_LDFLAGS" \
+        -o "$BIN/.$name.tmp" k8s.io/kubernetes/cmd/kube-proxy)
+    install_bin "$BIN/.$name.tmp" "$name" kube-proxy
+    "$BIN/kube-proxy" --version >&2
+}
+# --- end kube-proxy ---------------------------------------------------------
+
 build_helm() {
     local v="$HELM_VERSION" name="helm-$HELM_VERSION"
     have "$name" helm && return 0
@@ -347,12 +362,12 @@ EOF
 main() {
     local targets=("$@") explicit=1
     if [ "${#targets[@]}" -eq 0 ] || [ "${targets[*]}" = all ]; then
-        targets=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kwok coredns helm coredns-multicluster); explicit=0
+        targets=(etcd kube-apiserver kube-scheduler kube-controller-manager kube-proxy kubectl kwok coredns helm coredns-multicluster); explicit=0
     fi
     for t in "${targets[@]}"; do
         case "$t" in
-            kube-apiserver|kube-scheduler|kube-controller-manager|kubectl|etcd|kwok|coredns|helm|coredns-multicluster) ;;
-            *) die "unknown target '$t' (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kwok, coredns, helm, coredns-multicluster, all)";;
+            kube-apiserver|kube-scheduler|kube-controller-manager|kube-proxy|kubectl|etcd|kwok|coredns|helm|coredns-multicluster) ;;
+            *) die "unknown target '$t' (kube-apiserver, kube-scheduler, kube-controller-manager, kube-proxy, kubectl, etcd, kwok, coredns, helm, coredns-multicluster, all)";;
         esac
     done
     mkdir -p "$BIN" "$SRC"

@@ -38,6 +38,10 @@ command -v setcap >/dev/null || need_apt+=(libcap2-bin)
 command -v buildah >/dev/null || need_apt+=(buildah)
 command -v podman >/dev/null || need_apt+=(podman)
 command -v runc >/dev/null || need_apt+=(runc)
+# The data-path fleet (scripts/dataplane.sh, tests/it/dataplane.rs): kube-proxy runs
+# nft; the Pods' servers and clients are python3.
+command -v nft >/dev/null || need_apt+=(nftables)
+command -v python3 >/dev/null || need_apt+=(python3)
 # Go >= 1.24 builds the Kubernetes parts; Debian's go only fetches that toolchain.
 CACHE="${CLUSTERSET_DNS_CACHE:-$HOME/.cache/clusterset-dns}"
 GO_TOOLCHAIN=go1.24.13
@@ -78,8 +82,9 @@ go version
 
 say "real Kubernetes components (a cold build takes ~20 min on 2 cores, then cached)"
 # kube-scheduler, kube-controller-manager and kwok: test clusters that run pods
-# (TestClusters::start_with_nodes, CLUSTERS_NODES=1).
-scripts/k8s-bins.sh etcd kube-apiserver kube-scheduler kube-controller-manager kwok coredns helm
+# (TestClusters::start_with_nodes, CLUSTERS_NODES=1); kube-proxy: the data-path
+# tests (tests/it/dataplane.rs).
+scripts/k8s-bins.sh etcd kube-apiserver kube-scheduler kube-controller-manager kwok kube-proxy coredns helm
 # kubectl: the machine's, else one built from the same release as kube-apiserver.
 if ! command -v kubectl >/dev/null; then
   export PATH="$(scripts/k8s-bins.sh kubectl | tail -1):$PATH"

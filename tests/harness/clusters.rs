@@ -79,7 +79,13 @@ impl TestClusters {
     /// `CLUSTERS_KEEP_DIR=1` keeps the directory (logs, kubeconfigs) after
     /// the clusters have stopped.
     pub fn start(n: usize) -> Self {
-        Self::spawn(n, false)
+        Self::spawn(n, false, &[])
+    }
+
+    /// [`TestClusters::start`] with `env` set for `scripts/clusters.sh`
+    /// (e.g. `CLUSTERS_SERVICE_CIDR`).
+    pub fn start_env(n: usize, env: &[(&str, &str)]) -> Self {
+        Self::spawn(n, false, env)
     }
 
     /// [`TestClusters::start`] with kube-scheduler, kube-controller-manager
@@ -89,10 +95,10 @@ impl TestClusters {
     /// `10.(200+i+1).0.0/16`), Services their real EndpointSlices, deleted
     /// namespaces go away. The pods run nothing: no exec, no traffic.
     pub fn start_with_nodes(n: usize) -> Self {
-        Self::spawn(n, true)
+        Self::spawn(n, true, &[])
     }
 
-    fn spawn(n: usize, nodes: bool) -> Self {
+    fn spawn(n: usize, nodes: bool, env: &[(&str, &str)]) -> Self {
         assert!(n > 0, "TestClusters::start(0)");
         let dir = tempfile::Builder::new()
             .prefix("clusterset-dns-clusters.")
@@ -108,6 +114,7 @@ impl TestClusters {
             .env("CLUSTERS_PARENT_PID", std::process::id().to_string())
             .env("CLUSTERS_REMOVE_DIR", remove)
             .env("CLUSTERS_NODES", if nodes { "1" } else { "0" })
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -115,7 +122,7 @@ impl TestClusters {
             .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
-        let mut supervisor = Supervisor::new(child);
+        let mut supervisor = Supervisor::new(child, "scripts/clusters.sh up", "clusters");
         supervisor.wait_for("BINARIES", BUILD_TIMEOUT);
         supervisor.wait_for("READY", READY_TIMEOUT);
         let clusters = read_state(&dir);
@@ -293,17 +300,21 @@ fn read_state(dir: &Path) -> Vec<Cluster> {
         .collect()
 }
 
-/// The `clusters.sh up` process, its stdout lines and its stderr.
-struct Supervisor {
+/// The `clusters.sh up` (or `dataplane.sh up`) process, its stdout lines and its stderr.
+pub(super) struct Supervisor {
     child: Child,
     /// Stdout lines; in a Mutex only so that `TestClusters` is `Sync` (`shared`).
     lines: Mutex<mpsc::Receiver<String>>,
     log: Arc<Mutex<String>>,
     stopped: bool,
+    /// The script and verb, for messages: `scripts/clusters.sh up`.
+    what: &'static str,
 }
 
 impl Supervisor {
-    fn new(mut child: Child) -> Self {
+    /// `what` names the script in messages; its stderr lines are echoed
+    /// with `[tag]` in front.
+    pub(super) fn new(mut child: Child, what: &'static str, tag: &'static str) -> Self {
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, lines) = mpsc::channel();
@@ -314,13 +325,13 @@ impl Supervisor {
         });
         let log = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&log);
-        each_line(stderr, move |line| keep_stderr(line, &sink));
-        Self { child, lines: Mutex::new(lines), log, stopped: false }
+        each_line(stderr, move |line| keep_stderr(tag, line, &sink));
+        Self { child, lines: Mutex::new(lines), log, stopped: false, what }
     }
 
     /// Waits for a stdout line starting with `word`; panics with the
     /// script's output if it exits or times out first.
-    fn wait_for(&mut self, word: &str, timeout: Duration) {
+    pub(super) fn wait_for(&mut self, word: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -333,7 +344,7 @@ impl Supervisor {
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {
                     self.stop();
-                    panic!("scripts/clusters.sh up: no {word} within {}s\n{}", timeout.as_secs(), self.log());
+                    panic!("{}: no {word} within {}s\n{}", self.what, timeout.as_secs(), self.log());
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
@@ -341,8 +352,9 @@ impl Supervisor {
                     // Let the stderr reader reach the end.
                     std::thread::sleep(Duration::from_millis(200));
                     panic!(
-                        "scripts/clusters.sh up failed ({status}) before {word}; etcd and kube-apiserver \
+                        "{} failed ({status}) before {word}; the Kubernetes binaries \
                          come from scripts/k8s-bins.sh (Go toolchain and module proxy)\n{}",
+                        self.what,
                         self.log()
                     );
                 }
@@ -350,13 +362,13 @@ impl Supervisor {
         }
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         self.log.lock().map(|log| log.clone()).unwrap_or_default()
     }
 
     /// SIGTERM, then up to `STOP_TIMEOUT` for the supervisor to stop what it
     /// started; then SIGKILL to its whole process group.
-    fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         if self.stopped {
             return;
         }
@@ -387,8 +399,8 @@ impl Drop for Supervisor {
 
 /// Keeps a line of the script's stderr in `sink` (bounded) and copies it to
 /// this process's stderr.
-fn keep_stderr(line: String, sink: &Mutex<String>) {
-    eprintln!("[clusters] {line}");
+fn keep_stderr(tag: &str, line: String, sink: &Mutex<String>) {
+    eprintln!("[{tag}] {line}");
     if let Ok(mut log) = sink.lock() {
         if log.len() > LOG_LIMIT {
             let cut = log.len() - LOG_LIMIT / 2;

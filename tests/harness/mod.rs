@@ -19,6 +19,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod clusters;
+pub mod dataplane;
 pub mod http;
 pub mod process;
 pub mod procfs;

@@ -33,7 +33,7 @@ use crate::harness::served::Served;
 use crate::watch::{Kube, headless, runtime, vip};
 
 /// The forward target in `Corefile.example`, replaced by the server's address.
-const PLACEHOLDER: &str = "CLUSTERSET_DNS_SERVICE_IP";
+pub(crate) const PLACEHOLDER: &str = "CLUSTERSET_DNS_SERVICE_IP";
 
 // ---------------------------------------------------------------------------
 // The tests
@@ -412,7 +412,7 @@ fn example_block() -> String {
 }
 
 /// The server block of `Corefile.example` whose first line starts with `start`.
-fn example_block_at(start: &str) -> String {
+pub(crate) fn example_block_at(start: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("Corefile.example");
     let text = std::fs::read_to_string(&path).expect("read Corefile.example");
     let mut block = Vec::new();

@@ -15,6 +15,7 @@ mod client;
 mod conformance;
 mod contract;
 mod coredns;
+mod dataplane;
 mod deploy;
 mod dig_debug;
 mod doctor;
