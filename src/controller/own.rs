@@ -1,7 +1,8 @@
 //! Watches of the controller's own objects (ServiceImports, VIP Services and
 //! MCS EndpointSlices, by our label) in every member, so that an object of
 //! ours deleted or edited by someone else is written again within seconds
-//! instead of at the next restart.
+//! instead of at the next restart; and of every member's Namespaces, so a
+//! namespace created after an export gets the import.
 //!
 //! Every write of ours records the resourceVersion the API server gave it
 //! ([`Written`]); an event with another version, or a deletion of an object
@@ -10,7 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Resource;
 use kube::api::{ApiResource, DynamicObject};
@@ -47,6 +48,10 @@ pub enum OwnChange {
     Applied(Seen),
     /// Deleted.
     Deleted(Seen),
+    /// The member's namespaces, complete (first list or relist).
+    Namespaces(Vec<String>),
+    /// A namespace of the member created or changed.
+    Namespace(String),
 }
 
 /// An [`OwnChange`] of member `member`.
@@ -146,6 +151,32 @@ impl<K: Resource> Translate<K> for ToOwn {
     }
 }
 
+/// A member's Namespaces: one created after an export must get the import.
+struct ToNamespaces {
+    member: usize,
+}
+
+impl Translate<Namespace> for ToNamespaces {
+    type Item = String;
+    type Message = OwnEvent;
+
+    fn item(&self, n: &Namespace) -> Option<String> {
+        n.metadata.name.clone()
+    }
+
+    fn listed(&self, items: Vec<String>) -> OwnEvent {
+        OwnEvent { member: self.member, change: OwnChange::Namespaces(items) }
+    }
+
+    fn applied(&self, n: &Namespace) -> Option<OwnEvent> {
+        Some(OwnEvent { member: self.member, change: OwnChange::Namespace(n.metadata.name.clone()?) })
+    }
+
+    fn deleted(&self, _: &Namespace) -> Option<OwnEvent> {
+        None
+    }
+}
+
 /// Starts the watches of our objects in member `index`, in `tasks` (so they
 /// end with the controller that owns the set).
 pub fn spawn(
@@ -156,6 +187,13 @@ pub fn spawn(
     namespaces: &[String],
     events: mpsc::Sender<OwnEvent>,
 ) {
+    let (client, out) = (member.client.clone(), events.clone());
+    let r =
+        Reporter::new(std::sync::Arc::new(WatchHealth::new(format!("Namespaces of member {}", member.name))));
+    tasks.spawn(async move {
+        let api: kube::Api<Namespace> = kube::Api::all(client);
+        watch::relist(api, watcher::Config::default(), r, ToNamespaces { member: index }, out).await;
+    });
     let cfg = watcher::Config::default().labels(&format!("{LABEL_APP_MANAGED_BY}={FIELD_MANAGER}"));
     for scope in scopes(namespaces) {
         let within = scope.as_deref().map_or_else(String::new, |ns| format!(" in {ns}"));

@@ -195,6 +195,8 @@ pub struct Syncer {
     removed: Vec<bool>,
     /// Cluster ids that more than one member has, with what to tell users.
     duplicates: HashMap<crate::model::ClusterId, String>,
+    /// Members whose Namespaces have been listed once.
+    namespaces_listed: Vec<bool>,
     stats: Arc<SyncStats>,
 }
 
@@ -285,6 +287,7 @@ impl Syncer {
             discovered,
             removed: vec![false; n],
             duplicates,
+            namespaces_listed: vec![false; n],
             behaviour,
             stats,
         }
@@ -443,6 +446,17 @@ impl Syncer {
     fn own_event(&mut self, e: OwnEvent, live: &mut BTreeSet<ServiceKey>) {
         let m = e.member;
         match e.change {
+            // A namespace created (or changed) in a member: its services may
+            // now be imported there (namespace sameness). The first list is
+            // the start, which reconciles everything anyway.
+            OwnChange::Namespace(ns) => self.queue_namespace(&ns, live),
+            OwnChange::Namespaces(all) => {
+                if std::mem::replace(&mut self.namespaces_listed[m], true) {
+                    for ns in all {
+                        self.queue_namespace(&ns, live);
+                    }
+                }
+            }
             OwnChange::Applied(seen) => self.repair(m, &seen, false, live),
             OwnChange::Deleted(seen) => self.repair(m, &seen, true, live),
             OwnChange::Listed(kind, scope, items) => {
@@ -473,6 +487,16 @@ impl Syncer {
                 }
             }
         }
+    }
+
+    /// Queues every service of namespace `ns` some member exports.
+    fn queue_namespace(&self, ns: &str, live: &mut BTreeSet<ServiceKey>) {
+        live.extend(
+            self.state
+                .keys()
+                .into_iter()
+                .filter(|k| k.namespace.as_str() == ns && !self.state.exports(k).is_empty()),
+        );
     }
 
     /// Queues the service of `seen` for another write of it, unless the

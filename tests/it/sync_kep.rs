@@ -472,3 +472,23 @@ fn members_sharing_a_cluster_id_are_reported_on_every_export_and_never_mixed() {
     }
     drop(u);
 }
+
+#[test]
+fn a_namespace_created_after_the_export_gets_the_import() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-late-ns";
+    let u = rt.block_on(User::new(clusters, 0, ns));
+    let c0 = rt.block_on(client(clusters, 0));
+    let _sync = syncing(clusters, &[ns], &[]);
+    rt.block_on(async {
+        u.service("web", json!({})).await;
+        u.export("web").await;
+    });
+    until(30, "imported where the namespace is", || rt.block_on(import(&c0, ns, "web")).is_some());
+    let c2 = rt.block_on(client(clusters, 2));
+    assert!(rt.block_on(import(&c2, ns, "web")).is_none(), "cluster-3 has no such namespace yet");
+    // Namespace sameness: once cluster-3 has the namespace, it imports.
+    rt.block_on(User::new(clusters, 2, ns));
+    until(20, "imported into the new namespace", || rt.block_on(import(&c2, ns, "web")).is_some());
+}
