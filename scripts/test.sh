@@ -98,8 +98,11 @@ cargo clippy --all-targets --locked -- -D warnings
 say "tests (unit, over-the-wire, allocation)"
 # The image test builds a static release binary: minutes of both cores. Run
 # beside the rest it starved the real API servers past the tests' read bounds,
-# so it runs alone afterwards. `image::` names only tests/it/image.rs.
-cargo test --all-targets --locked -- --skip image::
+# so it runs alone afterwards. `image::` names only tests/it/image.rs. The
+# benches (criterion, no libtest: they take no --skip) run once each in test
+# mode on their own line.
+cargo test --lib --bins --tests --locked -- --skip image::
+cargo test --benches --locked
 say "tests (the container image)"
 cargo test --locked --test it -- image::
 
