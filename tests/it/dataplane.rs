@@ -566,34 +566,13 @@ impl Scenario {
     /// EndpointSlice of the cluster's server Pods as the EndpointSlice
     /// controller writes it (hostnames `db-K` if `hostnames`), and its export.
     fn backend(&self, i: usize, svc: &str, spec: Value, slice_ports: &Value, hostnames: bool) {
-        let dp = self.fleet.dataplane();
-        let node = format!("{}-node", self.fleet.clusters.name(i));
-        let endpoints: Vec<Value> = dp
-            .servers(i)
-            .iter()
-            .enumerate()
-            .map(|(k, pod)| {
-                let mut e = json!({"addresses": [pod.ip.to_string()],
-                    "conditions": {"ready": true, "serving": true, "terminating": false},
-                    "nodeName": node,
-                    "targetRef": {"kind": "Pod", "namespace": self.ns, "name": format!("{svc}-{}", k + 1)}});
-                if hostnames {
-                    e["hostname"] = json!(format!("{svc}-{}", k + 1));
-                }
-                e
-            })
-            .collect();
         let mut full = json!({"selector": {"app": svc}});
         for (k, v) in spec.as_object().into_iter().flatten() {
             full[k] = v.clone();
         }
         let service = json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": svc, "namespace": self.ns}, "spec": full});
-        let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{svc}-abcde"), "namespace": self.ns,
-                "labels": {"kubernetes.io/service-name": svc,
-                           "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-            "addressType": "IPv4", "ports": slice_ports, "endpoints": endpoints});
+        let slice = self.slice(i, svc, &format!("{svc}-abcde"), "IPv4", slice_ports, hostnames);
         let ar = export_resource();
         let export = json!({"apiVersion": ar.api_version, "kind": "ServiceExport",
             "metadata": {"name": svc, "namespace": self.ns}});
@@ -616,14 +595,27 @@ impl Scenario {
         let mut spec = spec;
         spec["ipFamilyPolicy"] = json!("RequireDualStack");
         self.backend(i, svc, spec, slice_ports, hostnames);
-        let dp = self.fleet.dataplane();
+        let name = format!("{svc}-v6xyz");
+        let slice = self.slice(i, svc, &name, "IPv6", slice_ports, hostnames);
+        let api: Api<EndpointSlice> = Api::namespaced(self.clients[i].clone(), &self.ns);
+        let pp = PatchParams::apply(MANAGER).force();
+        self.rt.block_on(api.patch(&name, &pp, &Patch::Apply(&slice))).expect("apply the IPv6 EndpointSlice");
+    }
+
+    /// Service `svc`'s EndpointSlice `name` of the `family` (IPv4 or IPv6)
+    /// addresses of cluster `i`'s server Pods, as the EndpointSlice
+    /// controller writes it (hostnames `svc-K` if `hostnames`).
+    fn slice(&self, i: usize, svc: &str, name: &str, family: &str, ports: &Value, hostnames: bool) -> Value {
         let node = format!("{}-node", self.fleet.clusters.name(i));
-        let endpoints: Vec<Value> = dp
+        let endpoints: Vec<Value> = self
+            .fleet
+            .dataplane()
             .servers(i)
             .iter()
             .enumerate()
             .map(|(k, pod)| {
-                let mut e = json!({"addresses": [pod.ip6.to_string()],
+                let address = if family == "IPv6" { pod.ip6.to_string() } else { pod.ip.to_string() };
+                let mut e = json!({"addresses": [address],
                     "conditions": {"ready": true, "serving": true, "terminating": false},
                     "nodeName": node,
                     "targetRef": {"kind": "Pod", "namespace": self.ns, "name": format!("{svc}-{}", k + 1)}});
@@ -633,15 +625,11 @@ impl Scenario {
                 e
             })
             .collect();
-        let name = format!("{svc}-v6xyz");
-        let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": name, "namespace": self.ns,
                 "labels": {"kubernetes.io/service-name": svc,
                            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-            "addressType": "IPv6", "ports": slice_ports, "endpoints": endpoints});
-        let api: Api<EndpointSlice> = Api::namespaced(self.clients[i].clone(), &self.ns);
-        let pp = PatchParams::apply(MANAGER).force();
-        self.rt.block_on(api.patch(&name, &pp, &Patch::Apply(&slice))).expect("apply the IPv6 EndpointSlice");
+            "addressType": family, "ports": ports, "endpoints": endpoints})
     }
 
     /// The VIP of the ServiceImport in cluster `i`.

@@ -83,7 +83,7 @@ impl Reader {
 }
 
 /// Clients belong to the runtime they were made in: use them in `rt` only.
-fn users(rt: &tokio::runtime::Runtime, clusters: &TestClusters, ns: &str) -> Vec<User> {
+pub(crate) fn users(rt: &tokio::runtime::Runtime, clusters: &TestClusters, ns: &str) -> Vec<User> {
     rt.block_on(async {
         let mut v = Vec::new();
         for i in 0..clusters.len() {

@@ -17,6 +17,7 @@ use crate::fleet::{User, export_resource};
 use crate::harness::clusters::{TestClusters, shared};
 use crate::harness::syncing::Syncing;
 use crate::harness::{eventually, within};
+use crate::sync::users;
 use crate::watch::{import_resource, runtime};
 
 const OURS: &str = "app.kubernetes.io/managed-by=clusterset-dns-sync";
@@ -127,13 +128,7 @@ fn unnamed_ports_that_differ_across_clusters_give_a_working_import() {
     let clusters = shared();
     let rt = runtime();
     let ns = "sync-unnamed";
-    let u: Vec<User> = rt.block_on(async {
-        let mut v = Vec::new();
-        for i in 0..clusters.len() {
-            v.push(User::new(clusters, i, ns).await);
-        }
-        v
-    });
+    let u = users(&rt, clusters, ns);
     let c0 = rt.block_on(client(clusters, 2));
     let _sync = syncing(clusters, &[ns], &[]);
     // Each cluster's Service has one unnamed port, as most single-port
@@ -251,13 +246,7 @@ fn exported_labels_annotations_and_internal_traffic_policy_reach_the_import() {
     let clusters = shared();
     let rt = runtime();
     let ns = "sync-labels";
-    let u: Vec<User> = rt.block_on(async {
-        let mut v = Vec::new();
-        for i in 0..clusters.len() {
-            v.push(User::new(clusters, i, ns).await);
-        }
-        v
-    });
+    let u = users(&rt, clusters, ns);
     let c2 = rt.block_on(client(clusters, 2));
     let _sync = syncing(clusters, &[ns], &[]);
     rt.block_on(async {
