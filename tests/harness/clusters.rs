@@ -273,31 +273,14 @@ async fn client_from(path: &Path) -> kube::Client {
     kube::Client::try_from(config).unwrap_or_else(|e| panic!("client from {}: {e}", path.display()))
 }
 
-/// Parses `DIR/state`: one line per cluster, `key=value` words.
+/// Parses `DIR/state`: one line per cluster.
 fn read_state(dir: &Path) -> Vec<Cluster> {
-    let path = dir.join("state");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    text.lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(|line| {
-            let field = |key: &str| {
-                line.split_whitespace()
-                    .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
-                    .unwrap_or_else(|| panic!("{}: no {key} in {line:?}", path.display()))
-            };
-            let pid = |key: &str| -> u32 {
-                field(key).parse().unwrap_or_else(|e| panic!("{}: {key} in {line:?}: {e}", path.display()))
-            };
-            Cluster {
-                name: field("name").to_owned(),
-                apiserver_port: field("apiserver_port")
-                    .parse()
-                    .unwrap_or_else(|e| panic!("{}: apiserver_port in {line:?}: {e}", path.display())),
-                apiserver_pid: pid("apiserver_pid"),
-                etcd_pid: pid("etcd_pid"),
-            }
-        })
-        .collect()
+    super::read_state(dir, |l| Cluster {
+        name: l.get("name").to_owned(),
+        apiserver_port: l.parse("apiserver_port"),
+        apiserver_pid: l.parse("apiserver_pid"),
+        etcd_pid: l.parse("etcd_pid"),
+    })
 }
 
 /// The `clusters.sh up` (or `dataplane.sh up`) process, its stdout lines and its stderr.

@@ -161,28 +161,12 @@ pub fn pod_program() -> PathBuf {
 }
 
 fn read_state(dir: &Path) -> Vec<Pod> {
-    let path = dir.join("state");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let field = |key: &str| {
-                line.split_whitespace()
-                    .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-                    .unwrap_or_else(|| panic!("{}: no {key} in {line:?}", path.display()))
-            };
-            Pod {
-                cluster: field("cluster").to_owned(),
-                name: field("name").to_owned(),
-                netns: field("netns").to_owned(),
-                ip: field("ip").parse().unwrap_or_else(|e| panic!("{}: ip in {line:?}: {e}", path.display())),
-                ip6: field("ip6")
-                    .parse()
-                    .unwrap_or_else(|e| panic!("{}: ip6 in {line:?}: {e}", path.display())),
-                pid: field("pid")
-                    .parse()
-                    .unwrap_or_else(|e| panic!("{}: pid in {line:?}: {e}", path.display())),
-            }
-        })
-        .collect()
+    super::read_state(dir, |l| Pod {
+        cluster: l.get("cluster").to_owned(),
+        name: l.get("name").to_owned(),
+        netns: l.get("netns").to_owned(),
+        ip: l.parse("ip"),
+        ip6: l.parse("ip6"),
+        pid: l.parse("pid"),
+    })
 }

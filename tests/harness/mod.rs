@@ -26,6 +26,8 @@ pub mod procfs;
 pub mod served;
 pub mod syncing;
 
+use std::path::Path;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 /// The `clusterset-dns` binary cargo built for this test or bench target.
@@ -55,4 +57,41 @@ pub fn eventually(what: &str, mut f: impl FnMut() -> bool) -> Duration {
         std::thread::sleep(Duration::from_millis(10));
     }
     panic!("{what}: not within 20 s");
+}
+
+/// One line of a `DIR/state` file the scripts write (`scripts/clusters.sh`,
+/// `scripts/dataplane.sh`): `key=value` words.
+pub struct StateLine<'a> {
+    path: &'a Path,
+    line: &'a str,
+}
+
+impl<'a> StateLine<'a> {
+    /// The value of `key`; panics naming the file and line without one.
+    pub fn get(&self, key: &str) -> &'a str {
+        self.line
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{}: no {key} in {:?}", self.path.display(), self.line))
+    }
+
+    /// The value of `key` parsed; panics naming the file, line and error.
+    pub fn parse<T: FromStr>(&self, key: &str) -> T
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.get(key)
+            .parse()
+            .unwrap_or_else(|e| panic!("{}: {key} in {:?}: {e}", self.path.display(), self.line))
+    }
+}
+
+/// Reads `dir/state`, one record per non-empty line.
+pub fn read_state<T>(dir: &Path, record: impl Fn(&StateLine<'_>) -> T) -> Vec<T> {
+    let path = dir.join("state");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| record(&StateLine { path: &path, line }))
+        .collect()
 }
