@@ -1036,13 +1036,16 @@ impl KeyState {
             (0..cx.members.len()).filter(move |i| &cx.members[*i].cluster == cluster).map(move |i| (i, conds))
         });
         for (i, conds) in targets {
-            if !cx.writable(i) || !done.insert(i) || cx.state.export_of(i, key).is_none() {
+            if !cx.writable(i) || !done.insert(i) {
                 continue;
             }
+            // Only members that export it (a shared cluster id's entry covers
+            // the others too).
+            let Some(export) = cx.state.export_of(i, key) else { continue };
             // A deleted and re-created export is a new object: its conditions
             // start afresh (times included) and must be written even when the
             // body equals the one its predecessor got.
-            let uid = cx.state.export_of(i, key).and_then(|e| e.uid);
+            let uid = export.uid;
             if self.export_uids.get(&i) != Some(&uid) {
                 self.transitions.retain(|(m, _), _| *m != i);
                 self.applied.remove(&object(i, "ServiceExport/status", key, key.name.to_string()));
