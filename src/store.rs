@@ -18,8 +18,10 @@ mod localities;
 mod names;
 mod records;
 mod resolve;
+mod shards;
 mod snapshot;
 mod transfer;
+mod vec_map;
 mod writer;
 
 pub use answer_config::{AnswerConfig, ClientNet};

@@ -30,7 +30,7 @@ pub(crate) fn records(owner: &Name, qtype: RecordType, records: &[Record]) -> Op
         bytes.extend_from_slice(&scratch[start..]);
         ends.push(u32::try_from(bytes.len()).ok()?);
     }
-    Some(Records::new(bytes, ends))
+    Some(Records::new(&bytes, &ends))
 }
 
 /// Encodes a record from its TYPE field on, with every name in it written in

@@ -28,6 +28,17 @@ impl Interner {
         intern(&mut self.clusters, c)
     }
 
+    /// The id of a cluster interned before; one past the last id when it
+    /// was not (the writer interns every cluster before it builds).
+    pub(crate) fn cluster_id(&self, c: &ClusterId) -> u16 {
+        self.clusters.iter().position(|x| x == c).unwrap_or(self.clusters.len()) as u16
+    }
+
+    /// The same for a zone.
+    pub(crate) fn zone_id(&self, z: &str) -> u16 {
+        self.zones.iter().position(|x| x == z).unwrap_or(self.zones.len()) as u16
+    }
+
     pub(crate) fn zone(&mut self, z: &str) -> u16 {
         match self.zones.iter().position(|x| x == z) {
             Some(i) => i as u16,

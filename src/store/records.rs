@@ -3,42 +3,93 @@
 //! answer), grouped into RRsets and names. `encode` builds them; snapshots
 //! hold them.
 
+use std::sync::Arc;
+
 /// Records of one section, each encoded independently (see module docs).
+///
+/// One allocation holds them all, shared by reference count: a snapshot
+/// holds hundreds of thousands of these, so each costs one heap block, and
+/// the same records (a PTR answer named by one service) are shared between
+/// maps and snapshots without a copy. The layout is the record count (u32),
+/// the end offset of each record (u32 each), then the records' bytes; all
+/// little-endian. Empty records allocate nothing.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Records {
-    bytes: Box<[u8]>,
-    ends: Box<[u32]>,
+    data: Option<Arc<[u8]>>,
 }
 
 impl Records {
-    pub(crate) fn new(bytes: Vec<u8>, ends: Vec<u32>) -> Self {
-        Self { bytes: bytes.into(), ends: ends.into() }
+    /// Records from their concatenated `bytes` and each one's end offset.
+    pub(crate) fn new(bytes: &[u8], ends: &[u32]) -> Self {
+        if ends.is_empty() {
+            return Self::default();
+        }
+        let mut data = Vec::with_capacity(4 + 4 * ends.len() + bytes.len());
+        data.extend_from_slice(&(ends.len() as u32).to_le_bytes());
+        for end in ends {
+            data.extend_from_slice(&end.to_le_bytes());
+        }
+        data.extend_from_slice(bytes);
+        Self { data: Some(data.into()) }
+    }
+
+    /// `parts` one after the other, as one set of records.
+    pub(crate) fn concat<'a>(parts: impl IntoIterator<Item = &'a Self>) -> Self {
+        let mut bytes = Vec::new();
+        let mut ends = Vec::new();
+        for part in parts {
+            for i in 0..part.len() {
+                bytes.extend_from_slice(part.get(i));
+                ends.push(bytes.len() as u32);
+            }
+        }
+        Self::new(&bytes, &ends)
+    }
+
+    fn data(&self) -> &[u8] {
+        self.data.as_deref().unwrap_or(&[])
+    }
+
+    /// The u32 at index `i` of the header (0: the count; 1..: the ends).
+    fn word(&self, i: usize) -> usize {
+        let d = self.data();
+        let at = 4 * i;
+        match d.get(at..at + 4) {
+            Some(w) => u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as usize,
+            None => 0,
+        }
     }
 
     /// Number of records.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.word(0)
     }
 
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.data.is_none()
     }
 
     /// Where record `i` starts in [`Records::bytes`].
     pub fn start(&self, i: usize) -> usize {
-        if i == 0 { 0 } else { self.ends[i - 1] as usize }
+        if i == 0 { 0 } else { self.word(i) }
     }
 
     /// The wire bytes of record `i`.
     pub fn get(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.bytes[start..self.ends[i] as usize]
+        let body = 4 + 4 * self.len();
+        &self.data()[body + self.start(i)..body + self.word(i + 1)]
     }
 
     /// All records' bytes, in order.
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        let d = self.data();
+        d.get(4 + 4 * self.len()..).unwrap_or(&[])
+    }
+
+    /// Heap bytes held (shared ones counted whole), for the memory figures.
+    pub fn heap_bytes(&self) -> usize {
+        self.data.as_ref().map_or(0, |d| d.len() + 16)
     }
 }
 
@@ -68,5 +119,26 @@ impl NameNode {
     /// The RRset of `rtype`, if the name has one.
     pub fn get(&self, rtype: u16) -> Option<&RRset> {
         self.sets.iter().find(|s| s.rtype == rtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_keep_their_boundaries_and_concatenate() {
+        let a = Records::new(b"abcde", &[2, 5]);
+        assert_eq!((a.len(), a.get(0), a.get(1), a.bytes()), (2, &b"ab"[..], &b"cde"[..], &b"abcde"[..]));
+        assert_eq!(a.start(1), 2);
+        let b = Records::new(b"xyz", &[3]);
+        let both = Records::concat([&a, &b]);
+        assert_eq!(both.len(), 3);
+        assert_eq!(both.get(2), b"xyz");
+        assert_eq!(both.bytes(), b"abcdexyz");
+        let empty = Records::new(b"", &[]);
+        assert!(empty.is_empty() && empty.bytes().is_empty());
+        assert_eq!(empty.len(), 0);
+        assert_eq!(empty.heap_bytes(), 0);
     }
 }

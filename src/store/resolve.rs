@@ -17,14 +17,13 @@
 //!   order: MCS first), so a name never mixes two fleet managers' views
 //!   and never depends on which object arrived last.
 
-use std::borrow::Cow;
-use std::collections::BTreeMap;
-
 use super::input::SourceId;
+use super::vec_map::VecMap;
 use crate::model::{
     AnswerOverrides, BackingKind, BackingService, EndpointSet, ImportType, ServiceImport, ServiceKey,
     SliceKey,
 };
+use std::borrow::Cow;
 
 /// What one service is answered from.
 pub(crate) struct Served<'a> {
@@ -42,8 +41,8 @@ pub(crate) struct Served<'a> {
 pub(crate) fn served<'a>(
     key: &ServiceKey,
     import: Option<&'a ServiceImport>,
-    backing: &'a BTreeMap<(SourceId, SliceKey), BackingService>,
-    slices: &'a BTreeMap<(SourceId, SliceKey), EndpointSet>,
+    backing: &'a VecMap<(SourceId, SliceKey), BackingService>,
+    slices: &'a VecMap<(SourceId, SliceKey), EndpointSet>,
 ) -> Option<Served<'a>> {
     // `min_by_key` keeps the first of equals: map order, (source, name).
     let backing = backing.values().min_by_key(|b| b.kind);
@@ -103,8 +102,8 @@ mod tests {
     use super::*;
     use crate::model::{AddressFamily, ClusterId, DnsLabel, Port, Protocol, SliceOrigin};
 
-    static NONE_B: BTreeMap<(SourceId, SliceKey), BackingService> = BTreeMap::new();
-    static NONE_S: BTreeMap<(SourceId, SliceKey), EndpointSet> = BTreeMap::new();
+    static NONE_B: VecMap<(SourceId, SliceKey), BackingService> = VecMap::new();
+    static NONE_S: VecMap<(SourceId, SliceKey), EndpointSet> = VecMap::new();
 
     fn key() -> ServiceKey {
         ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("db").unwrap() }
@@ -153,7 +152,7 @@ mod tests {
 
     #[test]
     fn import_ips_win_over_a_backing_service() {
-        let b = BTreeMap::from([backing("derived-db", BackingKind::KarmadaDerived, &["10.96.0.9"])]);
+        let b = VecMap::from_iter([backing("derived-db", BackingKind::KarmadaDerived, &["10.96.0.9"])]);
         let i = import(&["10.0.0.1"]);
         let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
         assert_eq!(ips(&s.import), vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
@@ -163,7 +162,7 @@ mod tests {
 
     #[test]
     fn an_import_without_ips_takes_the_backing_service_ips_and_ports() {
-        let b = BTreeMap::from([backing("derived-db", BackingKind::KarmadaDerived, &["10.96.0.9"])]);
+        let b = VecMap::from_iter([backing("derived-db", BackingKind::KarmadaDerived, &["10.96.0.9"])]);
         let i = import(&[]);
         let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
         assert_eq!(ips(&s.import), vec!["10.96.0.9".parse::<IpAddr>().unwrap()]);
@@ -177,7 +176,7 @@ mod tests {
                 backing("derived-db", BackingKind::KarmadaDerived, &["10.96.0.9"]),
                 backing("db", BackingKind::Kosmos, &["10.96.0.7"]),
             ];
-            let mut b = BTreeMap::new();
+            let mut b = VecMap::default();
             for k in order {
                 let (id, v) = candidates[k].clone();
                 b.insert(id, v);
@@ -190,7 +189,7 @@ mod tests {
 
     #[test]
     fn a_headless_backing_service_makes_the_import_headless() {
-        let b = BTreeMap::from([backing("db", BackingKind::Kosmos, &["None"])]);
+        let b = VecMap::from_iter([backing("db", BackingKind::Kosmos, &["None"])]);
         let i = import(&[]);
         let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
         assert_eq!(s.import.kind, ImportType::Headless);
@@ -203,16 +202,16 @@ mod tests {
         let s = served(&key(), Some(&i), &NONE_B, &NONE_S).unwrap();
         assert!(s.import.ips.is_empty());
         assert!(s.unresolved.unwrap().contains("ServiceImport shop/db has no spec.ips"));
-        let b = BTreeMap::from([backing("derived-db", BackingKind::KarmadaDerived, &[])]);
+        let b = VecMap::from_iter([backing("derived-db", BackingKind::KarmadaDerived, &[])]);
         let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
         assert!(s.unresolved.unwrap().contains("shop/derived-db"));
     }
 
     #[test]
     fn only_a_crosscluster_service_stands_for_a_missing_import() {
-        let b = BTreeMap::from([backing("db", BackingKind::Kosmos, &["10.96.0.7"])]);
+        let b = VecMap::from_iter([backing("db", BackingKind::Kosmos, &["10.96.0.7"])]);
         assert!(served(&key(), None, &b, &NONE_S).is_none());
-        let b = BTreeMap::from([backing("db", BackingKind::KarmadaCrossCluster, &["10.96.0.7"])]);
+        let b = VecMap::from_iter([backing("db", BackingKind::KarmadaCrossCluster, &["10.96.0.7"])]);
         let s = served(&key(), None, &b, &NONE_S).unwrap();
         assert_eq!(s.import.kind, ImportType::ClusterSetIp);
         assert_eq!(ips(&s.import), vec!["10.96.0.7".parse::<IpAddr>().unwrap()]);
@@ -220,7 +219,7 @@ mod tests {
 
     #[test]
     fn mcs_slices_win_over_foreign_ones() {
-        let slices = BTreeMap::from([
+        let slices = VecMap::from_iter([
             slice("a-karmada", SliceOrigin::Karmada),
             slice("b-mcs", SliceOrigin::Mcs),
             slice("c-kosmos", SliceOrigin::Kosmos),
@@ -229,7 +228,7 @@ mod tests {
         let s = served(&key(), Some(&i), &NONE_B, &slices).unwrap();
         assert_eq!(s.slices.len(), 1);
         assert_eq!(s.slices[0].slice.name, "b-mcs");
-        let slices = BTreeMap::from([
+        let slices = VecMap::from_iter([
             slice("c-kosmos", SliceOrigin::Kosmos),
             slice("a-karmada", SliceOrigin::Karmada),
         ]);

@@ -19,6 +19,7 @@ use super::balance::Balance;
 use super::encode;
 use super::localities::Localities;
 use super::records::{NameNode, Records};
+use super::shards::Shards;
 
 /// What the operator configures about the zone.
 #[derive(Debug, Clone)]
@@ -141,8 +142,8 @@ pub struct ServiceNames {
     pub(crate) balance: Option<Arc<Balance>>,
     /// The addresses this service names, for reverse (PTR) answers: its
     /// clusterset VIPs to the service name, its headless endpoints to
-    /// their own names.
-    pub(crate) reverse: Arc<[(IpAddr, Name)]>,
+    /// their own names; each with its PTR record (one copy per name).
+    pub(crate) reverse: Arc<[(IpAddr, Records)]>,
 }
 
 impl ServiceNames {
@@ -186,7 +187,7 @@ pub struct Snapshot {
     pub(crate) serial: u32,
     pub(crate) ready: bool,
     /// Services keyed by the lower-case wire bytes of `<svc>.<ns>`.
-    pub(crate) services: Arc<FxHashMap<Arc<[u8]>, Arc<ServiceNames>>>,
+    pub(crate) services: Shards<Arc<[u8]>, Arc<ServiceNames>>,
     /// Names outside any service (apex, `dns-version`, `svc`, `<ns>.svc`, …),
     /// keyed by the wire bytes of the labels in front of the apex.
     pub(crate) zone_names: FxHashMap<Box<[u8]>, NameNode>,
@@ -196,8 +197,9 @@ pub struct Snapshot {
     /// RFC 8482's synthesized `HINFO "RFC8482" ""` answer to ANY.
     pub(crate) any_hinfo: Records,
     /// PTR answers for the addresses the services name (`in-addr.arpa` and
-    /// `ip6.arpa`), each encoded behind a question for its reverse name.
-    pub(crate) reverse: Arc<FxHashMap<IpAddr, Arc<Records>>>,
+    /// `ip6.arpa`), each encoded behind a question for its reverse name;
+    /// an address named by one service shares that service's record.
+    pub(crate) reverse: Shards<IpAddr, Records>,
 }
 
 impl Snapshot {
@@ -208,11 +210,11 @@ impl Snapshot {
             zone,
             serial: 0,
             ready: false,
-            services: Arc::default(),
+            services: Shards::default(),
             zone_names: names.names,
             negative_soa: names.negative_soa,
             any_hinfo: names.any_hinfo,
-            reverse: Arc::default(),
+            reverse: Shards::default(),
         }
     }
 
@@ -250,6 +252,6 @@ impl Snapshot {
     /// The PTR records of an address a service names (a clusterset VIP or
     /// a headless endpoint), encoded as answers to its reverse name.
     pub fn reverse(&self, ip: IpAddr) -> Option<&Records> {
-        self.reverse.get(&ip).map(|r| &**r)
+        self.reverse.get(&ip)
     }
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
-use hickory_proto::rr::Name;
 use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
@@ -16,7 +15,9 @@ use super::intern::Interner;
 use super::names::{self, BuildCtx};
 use super::records::Records;
 use super::resolve;
+use super::shards;
 use super::snapshot::{ServiceNames, Snapshot, Zone};
+use super::vec_map::VecMap;
 use crate::model::{
     BackingKind, BackingService, ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey,
 };
@@ -30,11 +31,11 @@ struct SourceState {
 #[derive(Default)]
 struct ServiceState {
     /// Imports by source; the first (lowest source id) is served.
-    imports: BTreeMap<SourceId, ServiceImport>,
+    imports: VecMap<SourceId, ServiceImport>,
     /// Slices of every source and cluster.
-    slices: BTreeMap<(SourceId, SliceKey), EndpointSet>,
+    slices: VecMap<(SourceId, SliceKey), EndpointSet>,
     /// Services backing an import without `spec.ips` (`--interop`).
-    backing: BTreeMap<(SourceId, SliceKey), BackingService>,
+    backing: VecMap<(SourceId, SliceKey), BackingService>,
     /// Whether this service counts for its namespace's existence.
     counted: bool,
 }
@@ -70,9 +71,10 @@ pub struct Writer {
     dead_clusters: BTreeSet<ClusterId>,
     /// Services whose health overlay changed since the last publish.
     health_dirty: BTreeSet<ServiceKey>,
-    /// The names each address is the reverse of, over every service (a Pod
-    /// behind two headless services has two).
-    reverse: HashMap<IpAddr, BTreeSet<Name>>,
+    /// The PTR records of each address named by more than one service (a
+    /// Pod behind two headless services), one per service. An address
+    /// named once is only in the snapshot, with that service's record.
+    named_twice: FxHashMap<IpAddr, Vec<Records>>,
     /// ClusterSetIP services answered NODATA for want of an address, and why
     /// (see `resolve`).
     unresolved: BTreeMap<ServiceKey, String>,
@@ -89,7 +91,7 @@ impl Writer {
             down: HashMap::new(),
             dead_clusters: BTreeSet::new(),
             health_dirty: BTreeSet::new(),
-            reverse: HashMap::new(),
+            named_twice: FxHashMap::default(),
             unresolved: BTreeMap::new(),
             reported: BTreeSet::new(),
             zone,
@@ -170,37 +172,6 @@ impl Writer {
             && self.down.get(key).is_none_or(|down| !addresses.iter().any(|a| down.contains(a)))
     }
 
-    /// The PTR answers of the next snapshot: `old`'s, with those of the
-    /// `touched` addresses encoded again from their current names (or
-    /// removed when none is left). Shared with `old` when nothing changed.
-    fn reverse_answers(
-        &mut self,
-        old: &Arc<FxHashMap<IpAddr, Arc<Records>>>,
-        touched: BTreeSet<IpAddr>,
-    ) -> Arc<FxHashMap<IpAddr, Arc<Records>>> {
-        if touched.is_empty() {
-            return old.clone();
-        }
-        let mut map = FxHashMap::clone(old);
-        for ip in touched {
-            let records = self
-                .reverse
-                .get(&ip)
-                .filter(|names| !names.is_empty())
-                .and_then(|names| names::ptr_records(ip, names.iter(), self.zone.config.ttl));
-            match records {
-                Some(r) => {
-                    map.insert(ip, Arc::new(r));
-                }
-                None => {
-                    self.reverse.remove(&ip);
-                    map.remove(&ip);
-                }
-            }
-        }
-        Arc::new(map)
-    }
-
     /// A service's names with the current health overlay, sharing every
     /// record with `old`; `None` when its health did not change.
     fn rehealth(&self, key: &ServiceKey, old: &ServiceNames) -> Option<ServiceNames> {
@@ -234,31 +205,49 @@ impl Writer {
             self.remove_from_service(source, &id, &previous);
         }
         let state = self.services.entry(key.clone()).or_default();
+        // Compared before it is stored, so the object is moved, never copied.
         let changed = match object {
             Object::Import(import) => {
-                let old = state.imports.insert(source, import.clone());
-                match old {
-                    None => true,
-                    Some(old) if old == import => false,
+                let change = match state.imports.get(&source) {
+                    None => Change::Records,
+                    Some(old) if *old == import => Change::None,
                     // Only the unreachable clusters or disconnected
                     // addresses changed: health, not records (the sync
                     // controller's and Kosmos's annotations).
                     Some(old)
-                        if ServiceImport { answers: import.answers.clone(), ..old.clone() } == import
+                        if old.key == import.key
+                            && old.kind == import.kind
+                            && old.ips == import.ips
+                            && old.ports == import.ports
                             && old.answers.same_records(&import.answers) =>
                     {
-                        self.health_dirty.insert(key.clone());
-                        false
+                        Change::Health
                     }
-                    Some(_) => true,
+                    Some(_) => Change::Records,
+                };
+                if change != Change::None {
+                    state.imports.insert(source, import);
                 }
+                if change == Change::Health {
+                    self.health_dirty.insert(key.clone());
+                }
+                change == Change::Records
             }
             Object::Slice(slice) => {
-                state.slices.insert((source, slice.slice.clone()), slice.clone()).as_ref() != Some(&slice)
+                let id = (source, slice.slice.clone());
+                let changed = state.slices.get(&id) != Some(&slice);
+                if changed {
+                    state.slices.insert(id, slice);
+                }
+                changed
             }
             Object::Service(service) => {
-                state.backing.insert((source, service.object.clone()), service.clone()).as_ref()
-                    != Some(&service)
+                let id = (source, service.object.clone());
+                let changed = state.backing.get(&id) != Some(&service);
+                if changed {
+                    state.backing.insert(id, service);
+                }
+                changed
             }
         };
         self.recount(&key);
@@ -330,6 +319,59 @@ impl Writer {
         }
     }
 
+    /// Builds the names of one service (`None`: it has none), and why it
+    /// answers NODATA, if it does.
+    fn build_one(&self, key: &ServiceKey) -> (Option<ServiceNames>, Option<String>) {
+        let Some(state) = self.services.get(key) else { return (None, None) };
+        let Some(served) = resolve::served(key, state.imports.values().next(), &state.backing, &state.slices)
+        else {
+            return (None, None);
+        };
+        let slices: Vec<&EndpointSet> = served.slices;
+        let healthy = |c: &ClusterId, a: &[IpAddr]| self.healthy(key, c, a);
+        let cx = BuildCtx { interner: &self.interner, healthy: &healthy };
+        (names::service_names(&self.zone, &served.import, &slices, &cx), served.unresolved)
+    }
+
+    /// Builds the names of every service in `keys`; at start-up (the whole
+    /// fleet at once) on every CPU, else on this thread.
+    fn build(&self, keys: BTreeSet<ServiceKey>) -> Vec<(ServiceKey, Option<ServiceNames>, Option<String>)> {
+        let keys: Vec<ServiceKey> = keys.into_iter().collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+        if keys.len() < PARALLEL_BUILD || threads < 2 {
+            return keys
+                .into_iter()
+                .map(|key| {
+                    let (built, why) = self.build_one(&key);
+                    (key, built, why)
+                })
+                .collect();
+        }
+        let per = keys.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = keys
+                .chunks(per)
+                .map(|chunk| {
+                    scope.spawn(move || {
+                        chunk
+                            .iter()
+                            .map(|key| {
+                                let (built, why) = self.build_one(key);
+                                (key.clone(), built, why)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            // A builder thread that panicked is a bug as it would be on this
+            // thread: it goes on to the writer task's supervisor.
+            parts
+                .into_iter()
+                .flat_map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        })
+    }
+
     /// Publishes a new snapshot if anything changed since the last one, and
     /// returns how many services were re-encoded.
     pub fn publish(&mut self) -> usize {
@@ -337,32 +379,28 @@ impl Writer {
             return 0;
         }
         let old = self.current.load_full();
-        let mut services = FxHashMap::clone(&old.services);
+        let mut services = old.services.edit();
+        let mut reverse = old.reverse.edit();
         let dirty = std::mem::take(&mut self.dirty);
         let rebuilt = dirty.len();
-        // Addresses whose reverse names changed: their PTR answers are
-        // encoded again below.
-        let mut touched = BTreeSet::new();
         for key in std::mem::take(&mut self.health_dirty).difference(&dirty) {
             let wire = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]);
             if let Some(names) = services.get(&wire[..]).and_then(|old| self.rehealth(key, old)) {
                 services.insert(wire.into(), Arc::new(names));
             }
         }
-        for key in dirty {
+        // Every cluster and zone the rebuilt services name gets its id
+        // first, so the services can be built side by side.
+        for key in &dirty {
+            for slice in self.services.get(key).iter().flat_map(|s| s.slices.values()) {
+                self.interner.cluster(&slice.cluster);
+                for zone in slice.endpoints.iter().filter_map(|e| e.zone.as_deref()) {
+                    self.interner.zone(zone);
+                }
+            }
+        }
+        for (key, built, unresolved) in self.build(dirty) {
             let wire: Arc<[u8]> = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]).into();
-            let mut interner = std::mem::take(&mut self.interner);
-            let mut unresolved = None;
-            let built = self.services.get(&key).and_then(|state| {
-                let served =
-                    resolve::served(&key, state.imports.values().next(), &state.backing, &state.slices)?;
-                unresolved = served.unresolved;
-                let slices: Vec<&EndpointSet> = served.slices;
-                let healthy = |c: &ClusterId, a: &[IpAddr]| self.healthy(&key, c, a);
-                let mut cx = BuildCtx { interner: &mut interner, healthy: &healthy };
-                names::service_names(&self.zone, &served.import, &slices, &mut cx)
-            });
-            self.interner = interner;
             match unresolved {
                 Some(why) => {
                     self.unresolved.insert(key.clone(), why);
@@ -372,17 +410,13 @@ impl Writer {
                 }
             }
             let old_reverse = services.get(&*wire).map(|old| old.reverse.clone());
-            for (ip, name) in old_reverse.iter().flat_map(|r| r.iter()) {
-                if let Some(names) = self.reverse.get_mut(ip) {
-                    names.remove(name);
-                }
-                touched.insert(*ip);
+            for (ip, record) in old_reverse.iter().flat_map(|r| r.iter()) {
+                unname(&mut reverse, &mut self.named_twice, *ip, record);
             }
             match built {
                 Some(names) => {
-                    for (ip, name) in names.reverse.iter() {
-                        self.reverse.entry(*ip).or_default().insert(name.clone());
-                        touched.insert(*ip);
+                    for (ip, record) in names.reverse.iter() {
+                        name(&mut reverse, &mut self.named_twice, *ip, record);
                     }
                     services.insert(wire, Arc::new(names));
                 }
@@ -400,17 +434,16 @@ impl Writer {
         // every change within a second.
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0);
         self.serial = self.serial.wrapping_add(1).max(now);
-        let reverse = self.reverse_answers(&old.reverse, touched);
         let zone_names = names::zone_names(&self.zone, self.serial, self.namespaces.keys());
         let snap = Snapshot {
             zone: self.zone.clone(),
             serial: self.serial,
             ready: self.is_ready(),
-            services: Arc::new(services),
+            services: services.finish(),
             zone_names: zone_names.names,
             negative_soa: zone_names.negative_soa,
             any_hinfo: zone_names.any_hinfo,
-            reverse,
+            reverse: reverse.finish(),
         };
         debug!(
             serial = snap.serial,
@@ -421,6 +454,66 @@ impl Writer {
         );
         self.current.store(Arc::new(snap));
         rebuilt
+    }
+}
+
+/// Services rebuilt in one publish from which the work is spread over
+/// threads (a start-up, a relist); fewer are not worth a thread.
+const PARALLEL_BUILD: usize = 2048;
+
+/// What an import's update changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    None,
+    /// Only the health overlay (see `healthy`).
+    Health,
+    /// Its records.
+    Records,
+}
+
+/// Adds one service's PTR `record` to what `ip` answers.
+fn name(
+    reverse: &mut shards::Edit<IpAddr, Records>,
+    twice: &mut FxHashMap<IpAddr, Vec<Records>>,
+    ip: IpAddr,
+    record: &Records,
+) {
+    if let Some(all) = twice.get_mut(&ip) {
+        all.push(record.clone());
+        reverse.insert(ip, Records::concat(all.iter()));
+    } else if let Some(first) = reverse.get(&ip).cloned() {
+        reverse.insert(ip, Records::concat([&first, record]));
+        twice.insert(ip, vec![first, record.clone()]);
+    } else {
+        reverse.insert(ip, record.clone());
+    }
+}
+
+/// Takes one service's PTR `record` out of what `ip` answers.
+fn unname(
+    reverse: &mut shards::Edit<IpAddr, Records>,
+    twice: &mut FxHashMap<IpAddr, Vec<Records>>,
+    ip: IpAddr,
+    record: &Records,
+) {
+    let Some(all) = twice.get_mut(&ip) else {
+        if reverse.get(&ip) == Some(record) {
+            reverse.remove(&ip);
+        }
+        return;
+    };
+    if let Some(i) = all.iter().position(|r| r == record) {
+        all.remove(i);
+    }
+    if all.len() > 1 {
+        reverse.insert(ip, Records::concat(all.iter()));
+        return;
+    }
+    match twice.remove(&ip).and_then(|mut one| one.pop()) {
+        Some(last) => reverse.insert(ip, last),
+        None => {
+            reverse.remove(&ip);
+        }
     }
 }
 
@@ -474,12 +567,12 @@ mod tests {
         assert!(after.serial() > before.serial());
         let untouched = wire_key("ns", "svc8");
         assert!(
-            Arc::ptr_eq(&before.services[&*untouched], &after.services[&*untouched]),
+            Arc::ptr_eq(before.services.get(&*untouched).unwrap(), after.services.get(&*untouched).unwrap()),
             "untouched services are shared, not rebuilt"
         );
         assert!(!Arc::ptr_eq(
-            &before.services[&*wire_key("ns", "svc7")],
-            &after.services[&*wire_key("ns", "svc7")]
+            before.services.get(&*wire_key("ns", "svc7")).unwrap(),
+            after.services.get(&*wire_key("ns", "svc7")).unwrap()
         ));
     }
 
@@ -524,7 +617,7 @@ mod tests {
         w.publish();
         let after = reader.load_full();
         assert!(after.serial() > before.serial());
-        assert!(Arc::ptr_eq(&before.reverse, &after.reverse), "no service rebuilt: shared");
+        assert!(after.reverse.shares_all(&before.reverse), "no service rebuilt: shared");
         // Gone with the services.
         w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "b", "10.0.0.2")] });
         w.publish();
@@ -532,7 +625,7 @@ mod tests {
         w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
         w.publish();
         assert!(ptr(&reader, "10.0.0.2").is_empty());
-        assert!(reader.load().reverse.is_empty() && w.reverse.is_empty(), "nothing left behind");
+        assert!(reader.load().reverse.is_empty() && w.named_twice.is_empty(), "nothing left behind");
     }
 
     #[test]
