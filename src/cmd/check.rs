@@ -7,7 +7,7 @@ use crate::cli::CheckArgs;
 use crate::model::Interop;
 use crate::source::files::FileSource;
 use crate::source::objects;
-use crate::store::{Object, SourceId};
+use crate::store::Object;
 
 /// Checks every file; returns the report and whether everything was usable.
 pub fn run(args: &CheckArgs) -> (String, bool) {
@@ -19,7 +19,7 @@ pub fn run(args: &CheckArgs) -> (String, bool) {
     };
     for path in &args.objects {
         // The same files `serve` reads (hidden ConfigMap entries left out).
-        let files = match FileSource::new(SourceId(0), path.clone()).files() {
+        let files = match FileSource::new(0, path.clone()).files() {
             Ok(files) => files,
             Err(e) => {
                 ok = false;

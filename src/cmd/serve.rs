@@ -16,7 +16,7 @@ use crate::fault::{Failures, Faults, Point, Task};
 use crate::fleet::member;
 use crate::k8s;
 use crate::ops::{http, metrics::Metrics};
-use crate::source::files::{self, FileSource, LoadError};
+use crate::source::files::{self, FileSlots, FileSource, LoadError};
 use crate::source::objects::ParseError;
 use crate::source::{centralized, embedded, kube};
 use crate::store::{self, Reader, SourceId, Update, Writer};
@@ -120,25 +120,32 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     } else {
         let mut sources = Vec::new();
         for (i, path) in cfg.objects.iter().enumerate() {
-            let mut source = FileSource::new(SourceId(i as u32 + 1), path.clone()).with_interop(cfg.interop);
-            let objects = source.load(true, false)?;
-            writer.apply(Update::Replace { source: source.id, objects });
+            let mut source = FileSource::new(i as u32, path.clone()).with_interop(cfg.interop);
+            for update in source.load(true, false)? {
+                writer.apply(update);
+            }
             sources.push(source);
         }
         // A restarted watch starts from fresh sources: it re-reads every file.
-        let paths: Vec<(SourceId, PathBuf)> = sources.iter().map(|s| (s.id, s.path().to_owned())).collect();
+        let paths: Vec<(PathBuf, FileSlots)> =
+            sources.iter().map(|s| (s.path().to_owned(), s.slots())).collect();
         let mut first = Some(sources);
         let (tx, reload, interop) = (tx.clone(), reload.clone(), cfg.interop);
         tasks.push(sup.restartable(Task::Files, move || {
             let sources = first.take().unwrap_or_else(|| {
-                paths.iter().map(|(id, p)| FileSource::new(*id, p.clone()).with_interop(interop)).collect()
+                let restarted = paths.iter().enumerate();
+                restarted
+                    .map(|(i, (p, slots))| {
+                        FileSource::with_slots(i as u32, p.clone(), slots.clone()).with_interop(interop)
+                    })
+                    .collect()
             });
             files::watch(sources, tx.clone(), reload.clone())
         }));
     }
     if let Some(src) = &cfg.kube {
         let client = k8s::client::connect(&src.connection).await?;
-        let first = cfg.objects.len() as u32 + 1;
+        let first = SourceId::after_files(cfg.objects.len() as u32);
         for watch in kube::plan(src, first) {
             // Registered before the first publish: not ready until it lists.
             writer.apply(Update::Register(watch.source));

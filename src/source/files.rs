@@ -2,9 +2,14 @@
 //! directly in a directory. Files are watched and re-read on change (and on
 //! SIGHUP); a file that fails to parse keeps serving its last good objects,
 //! so a half-saved edit never takes answers away.
+//!
+//! Each file is its own store source ([`SourceId::file`]): the store keeps
+//! a file's last good objects, so this module keeps none (at fleet scale a
+//! second copy of every object would double the memory), and a file whose
+//! bytes did not change is neither parsed nor sent again.
 
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +21,7 @@ use tracing::{error, info, warn};
 
 use super::objects::{self, ParseError};
 use crate::model::Interop;
-use crate::store::{Object, SourceId, Update};
+use crate::store::{SourceId, Update};
 
 /// How long a burst of file events settles before the reload.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -37,26 +42,49 @@ pub enum LoadError {
     Parse(#[from] ParseError),
 }
 
-struct FileState {
-    digest: u64,
-    objects: Vec<Object>,
+/// Which store source each file of one `--objects` path has. It outlives
+/// a restarted watch task ([`FileSource::slots`]), so a file keeps its
+/// source, and the objects of a file removed meanwhile are still taken
+/// away.
+#[derive(Debug, Clone, Default)]
+pub struct FileSlots(Arc<std::sync::Mutex<Slots>>);
+
+#[derive(Debug, Default)]
+struct Slots {
+    of: BTreeMap<PathBuf, SourceId>,
+    /// Sources of removed files, for new files to reuse.
+    free: Vec<SourceId>,
+    next: u32,
 }
 
 /// One `--objects` path.
 pub struct FileSource {
-    /// The store's name for this source.
-    pub id: SourceId,
+    /// Which `--objects` path this is (0-based): its files' store sources
+    /// are `SourceId::file(index, …)`.
+    index: u32,
     path: PathBuf,
-    /// Last good state of each file.
-    files: BTreeMap<PathBuf, FileState>,
+    /// Digest of each file's bytes last read (good or not).
+    digests: BTreeMap<PathBuf, u64>,
+    slots: FileSlots,
     /// Which fleet managers' shapes are read (`--interop`).
     interop: Interop,
 }
 
 impl FileSource {
-    /// A source for `path` (nothing is read yet).
-    pub fn new(id: SourceId, path: PathBuf) -> Self {
-        Self { id, path, files: BTreeMap::new(), interop: Interop::NONE }
+    /// A source for the `index`th `--objects` path (nothing is read yet).
+    pub fn new(index: u32, path: PathBuf) -> Self {
+        Self::with_slots(index, path, FileSlots::default())
+    }
+
+    /// The same, for a restarted watch: the files keep the sources `slots`
+    /// gave them (every file is read again).
+    pub fn with_slots(index: u32, path: PathBuf, slots: FileSlots) -> Self {
+        Self { index, path, digests: BTreeMap::new(), slots, interop: Interop::NONE }
+    }
+
+    /// The sources its files have, for [`FileSource::with_slots`].
+    pub fn slots(&self) -> FileSlots {
+        self.slots.clone()
     }
 
     /// Reads the fleet managers' shapes `interop` names too.
@@ -92,25 +120,47 @@ impl FileSource {
         Ok(files)
     }
 
-    /// Reads the source. `strict` (the first load) returns the first error;
-    /// otherwise a failing file is reported and keeps its last good objects,
-    /// and a file that disappeared takes its objects with it. Files whose
-    /// bytes did not change are not parsed again unless `force`.
-    pub fn load(&mut self, strict: bool, force: bool) -> Result<Vec<Object>, LoadError> {
+    /// Reads the source and returns the store updates: the complete objects
+    /// of each file that changed, and none for each file that disappeared.
+    /// `strict` (the first load) returns the first error; otherwise a
+    /// failing file is reported and keeps its last good objects in the
+    /// store. Files whose bytes did not change are not parsed again unless
+    /// `force`.
+    pub fn load(&mut self, strict: bool, force: bool) -> Result<Vec<Update>, LoadError> {
         let io_err = |path: &Path| {
             let path = path.to_owned();
             move |source| LoadError::Io { path, source }
         };
+        let mut updates = Vec::new();
         let listed = match self.files() {
             Ok(l) => l,
             Err(e) if !strict => {
                 error!(path = %self.path.display(), error = %e, "cannot list objects; serving the last good state");
-                return Ok(self.objects());
+                return Ok(updates);
             }
             Err(e) => return Err(io_err(&self.path)(e)),
         };
-        self.files.retain(|p, _| listed.contains(p));
+        // A poisoned lock means a panic in the few lines below; the table
+        // itself is still whole.
+        let slots = self.slots.0.clone();
+        let mut slots = slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let gone: Vec<PathBuf> = slots.of.keys().filter(|p| !listed.contains(p)).cloned().collect();
+        for path in gone {
+            self.digests.remove(&path);
+            if let Some(source) = slots.of.remove(&path) {
+                info!(file = %path.display(), "file removed: its objects are gone");
+                updates.push(Update::Replace { source, objects: Vec::new() });
+                slots.free.push(source);
+            }
+        }
         for file in listed {
+            // The digest is read in pieces first: an unchanged file (every
+            // event in its directory, the watch's first pass) costs no copy
+            // of its text.
+            let known = self.digests.get(&file).copied();
+            if !force && known.is_some() && digest_of_file(&file).ok() == known {
+                continue;
+            }
             let text = match std::fs::read_to_string(&file) {
                 Ok(t) => t,
                 Err(e) if strict => return Err(io_err(&file)(e)),
@@ -119,11 +169,26 @@ impl FileSource {
                     continue;
                 }
             };
-            let digest = digest(&text);
-            if !force && self.files.get(&file).is_some_and(|s| s.digest == digest) {
+            let digest = digest(text.as_bytes());
+            if !force && known == Some(digest) {
                 continue;
             }
-            match objects::parse_with(&text, &file.display().to_string(), self.interop) {
+            let parsed = objects::parse_with(&text, &file.display().to_string(), self.interop);
+            drop(text);
+            let source = match slots.of.get(&file) {
+                Some(source) => *source,
+                None => {
+                    let source = slots.free.pop().unwrap_or_else(|| {
+                        slots.next += 1;
+                        SourceId::file(self.index, slots.next - 1)
+                    });
+                    slots.of.insert(file.clone(), source);
+                    source
+                }
+            };
+            // Remember the digest even of broken bytes, so they are reported once.
+            self.digests.insert(file.clone(), digest);
+            match parsed {
                 Ok(parsed) => {
                     for e in &parsed.skipped {
                         warn!(file = %file.display(), "skipping object: {e}");
@@ -134,25 +199,13 @@ impl FileSource {
                         info!(file = %file.display(), "ignoring objects of kinds not served: {}", kinds.join(", "));
                     }
                     info!(file = %file.display(), objects = parsed.objects.len(), skipped = parsed.skipped.len(), "loaded objects");
-                    self.files.insert(file, FileState { digest, objects: parsed.objects });
+                    updates.push(Update::Replace { source, objects: parsed.objects });
                 }
                 Err(e) if strict => return Err(e.into()),
-                Err(e) => {
-                    error!("{e}; serving the file's last good state");
-                    // Remember the digest so the same broken bytes are reported once.
-                    if let Some(state) = self.files.get_mut(&file) {
-                        state.digest = digest;
-                    } else {
-                        self.files.insert(file, FileState { digest, objects: Vec::new() });
-                    }
-                }
+                Err(e) => error!("{e}; serving the file's last good state"),
             }
         }
-        Ok(self.objects())
-    }
-
-    fn objects(&self) -> Vec<Object> {
-        self.files.values().flat_map(|s| s.objects.iter().cloned()).collect()
+        Ok(updates)
     }
 
     /// What to watch: a directory itself, or a file's directory (editors and
@@ -169,10 +222,24 @@ impl FileSource {
     }
 }
 
-fn digest(text: &str) -> u64 {
+fn digest(bytes: &[u8]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut h);
+    h.write(bytes);
     h.finish()
+}
+
+/// [`digest`] of a file's bytes, read in pieces.
+fn digest_of_file(path: &Path) -> io::Result<u64> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut buf = vec![0; 256 * 1024];
+    loop {
+        match file.read(&mut buf)? {
+            0 => return Ok(h.finish()),
+            n => h.write(&buf[..n]),
+        }
+    }
 }
 
 /// Keeps the sources' files watched and sends a `Replace` for each source
@@ -210,11 +277,10 @@ pub async fn watch(mut sources: Vec<FileSource>, updates: mpsc::Sender<Update>, 
         }
         for s in &mut sources {
             // Not strict: errors were logged and the last good state stays.
-            let Ok(objects) = s.load(false, force) else {
-                continue;
-            };
-            if updates.send(Update::Replace { source: s.id, objects }).await.is_err() {
-                return; // the store is gone: shutting down
+            for update in s.load(false, force).unwrap_or_default() {
+                if updates.send(update).await.is_err() {
+                    return; // the store is gone: shutting down
+                }
             }
         }
         force = tokio::select! {
@@ -230,17 +296,32 @@ mod tests {
 
     const IMPORT: &str = "apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceImport\nmetadata: {name: web, namespace: shop}\nspec: {type: Headless}\n";
 
+    /// (source, number of objects) of each `Replace`.
+    fn replaced(updates: Vec<Update>) -> Vec<(SourceId, usize)> {
+        updates
+            .into_iter()
+            .map(|u| match u {
+                Update::Replace { source, objects } => (source, objects.len()),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    }
+
     #[test]
     fn a_broken_edit_keeps_the_last_good_objects() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("a.yaml");
         std::fs::write(&file, IMPORT).unwrap();
         std::fs::write(dir.path().join("notes.txt"), "not objects").unwrap();
-        let mut src = FileSource::new(SourceId(1), dir.path().to_owned());
-        assert_eq!(src.load(true, false).unwrap().len(), 1);
+        let mut src = FileSource::new(0, dir.path().to_owned());
+        assert_eq!(replaced(src.load(true, false).unwrap()), [(SourceId::file(0, 0), 1)]);
+        // Unchanged: nothing is sent again.
+        assert!(src.load(false, false).unwrap().is_empty());
         std::fs::write(&file, "kind: [broken").unwrap();
-        assert_eq!(src.load(false, false).unwrap().len(), 1);
+        assert!(src.load(false, false).unwrap().is_empty(), "the store keeps the last good objects");
         assert!(src.load(true, true).is_err(), "a strict load reports the broken file");
+        std::fs::write(&file, IMPORT.replace("web", "api")).unwrap();
+        assert_eq!(replaced(src.load(false, false).unwrap()), [(SourceId::file(0, 0), 1)]);
     }
 
     #[test]
@@ -248,16 +329,34 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.yaml"), IMPORT).unwrap();
         std::fs::write(dir.path().join("b.yml"), IMPORT.replace("web", "api")).unwrap();
-        let mut src = FileSource::new(SourceId(1), dir.path().to_owned());
-        assert_eq!(src.load(true, false).unwrap().len(), 2);
+        let mut src = FileSource::new(2, dir.path().to_owned());
+        let (a, b) = (SourceId::file(2, 0), SourceId::file(2, 1));
+        assert_eq!(replaced(src.load(true, false).unwrap()), [(a, 1), (b, 1)]);
         std::fs::remove_file(dir.path().join("b.yml")).unwrap();
-        assert_eq!(src.load(false, false).unwrap().len(), 1);
+        assert_eq!(replaced(src.load(false, false).unwrap()), [(b, 0)]);
+        // A new file reuses the freed source.
+        std::fs::write(dir.path().join("c.json"), IMPORT.replace("web", "db")).unwrap();
+        assert_eq!(replaced(src.load(false, false).unwrap()), [(b, 1)]);
+        // A restarted watch keeps every file's source, and takes away the
+        // objects of a file removed while it was not running.
+        std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        let mut restarted = FileSource::with_slots(2, dir.path().to_owned(), src.slots());
+        assert_eq!(replaced(restarted.load(false, false).unwrap()), [(a, 0), (b, 1)]);
     }
 
     #[test]
     fn a_missing_path_fails_the_first_load_with_its_name() {
-        let mut src = FileSource::new(SourceId(1), PathBuf::from("/nonexistent/objects.yaml"));
+        let mut src = FileSource::new(0, PathBuf::from("/nonexistent/objects.yaml"));
         let e = src.load(true, false).unwrap_err().to_string();
         assert!(e.starts_with("/nonexistent/objects.yaml: "), "{e}");
+    }
+
+    #[test]
+    fn the_digest_read_in_pieces_is_the_digest_of_the_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("big.yaml");
+        let text = IMPORT.repeat(20_000); // more than one piece
+        std::fs::write(&file, &text).unwrap();
+        assert_eq!(digest_of_file(&file).unwrap(), digest(text.as_bytes()));
     }
 }

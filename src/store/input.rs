@@ -16,6 +16,21 @@ use crate::model::{BackingService, ClusterId, EndpointSet, ServiceImport, Servic
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SourceId(pub u32);
 
+impl SourceId {
+    /// The source of the `slot`th file of the `path`th `--objects` path:
+    /// each file is a source of its own, so the store keeps a file's last
+    /// good objects while another file changes. File sources come after
+    /// the embedded example (0) and before [`SourceId::after_files`].
+    pub fn file(path: u32, slot: u32) -> Self {
+        Self(((path + 1) << 16) | (slot & 0xffff))
+    }
+
+    /// The first source after every file of `paths` `--objects` paths.
+    pub fn after_files(paths: u32) -> u32 {
+        (paths + 1) << 16
+    }
+}
+
 impl std::fmt::Display for SourceId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "source#{}", self.0)
