@@ -1,0 +1,216 @@
+//! Memory and publish cost of the store at fleet scale, in process: heap
+//! bytes per service held by the writer's model and by the published
+//! snapshot, the peak while the first snapshot is built, the time to build
+//! it, and the time to publish one changed EndpointSlice once the whole
+//! fleet is loaded. The fleet is the shape of
+//! `../shared/bench/gen_workload.py --clusters 10`: every 10th service
+//! headless with 4 endpoints in each of 10 clusters, the others ClusterSetIP.
+//!
+//! `cargo bench --bench footprint` (sizes 10,000 and 100,000; set
+//! `FOOTPRINT_SERVICES=N` for one other size). Without `--bench` (how
+//! `cargo test --benches` runs bench targets) it checks 1,000 services.
+// A counting allocator wrapper needs `unsafe impl GlobalAlloc`; it only
+// counts and forwards to the system allocator.
+#![allow(unsafe_code, clippy::print_stdout)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clusterset_dns::model::{
+    AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport,
+    ServiceKey, SliceKey, SliceOrigin,
+};
+use clusterset_dns::store::{self, Object, SourceId, Update, ZoneConfig};
+use hickory_proto::rr::Name;
+
+/// Live heap bytes and the most they reached since the last reset.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+struct Counting;
+
+fn grew(by: usize) {
+    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+// SAFETY: forwards every call unchanged to `System`; the counters are
+// atomics, which never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size());
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size >= layout.size() {
+            grew(new_size - layout.size());
+        } else {
+            LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+fn reset_peak() {
+    PEAK.store(live(), Ordering::Relaxed);
+}
+
+const CLUSTERS: u32 = 10;
+const ENDPOINTS: u32 = 4;
+
+fn label(s: &str) -> DnsLabel {
+    DnsLabel::parse(s).expect("label")
+}
+
+fn key(i: usize) -> ServiceKey {
+    ServiceKey { namespace: label(&format!("ns{}", i % 100)), name: label(&format!("svc{i}")) }
+}
+
+/// One cluster's slice of headless service `i`; `moved` gives it addresses
+/// no other endpoint has.
+fn slice(i: usize, c: u32, moved: bool) -> Object {
+    let port = Port { name: Some(label("http")), protocol: Protocol::Tcp, port: 80 + (i % 7) as u16 };
+    let first = if moved { 0x0B40_0000 } else { 0x0A40_0000 + (i as u32 / 10) * CLUSTERS * ENDPOINTS };
+    let base = first + c * ENDPOINTS;
+    Object::Slice(EndpointSet {
+        slice: SliceKey { namespace: format!("ns{}", i % 100), name: format!("svc{i}-cluster{c}") },
+        service: key(i),
+        cluster: ClusterId::parse(&format!("cluster{c}")).expect("id"),
+        family: AddressFamily::V4,
+        ports: vec![port],
+        endpoints: (0..ENDPOINTS)
+            .map(|e| Endpoint {
+                addresses: vec![IpAddr::V4(Ipv4Addr::from(base + e))],
+                hostname: None,
+                ready: true,
+                zone: None,
+                target: None,
+            })
+            .collect(),
+        origin: SliceOrigin::Mcs,
+    })
+}
+
+fn fleet(services: usize) -> Vec<Object> {
+    let mut out = Vec::with_capacity(services * 2);
+    for i in 0..services {
+        let headless = i % 10 == 0;
+        let port = Port { name: Some(label("http")), protocol: Protocol::Tcp, port: 80 + (i % 7) as u16 };
+        out.push(Object::Import(ServiceImport {
+            key: key(i),
+            kind: if headless { ImportType::Headless } else { ImportType::ClusterSetIp },
+            ips: if headless { vec![] } else { vec![IpAddr::V4(Ipv4Addr::from(0x0AC8_0000 + i as u32))] },
+            ports: vec![port],
+            answers: Default::default(),
+        }));
+        if headless {
+            out.extend((0..CLUSTERS).map(|c| slice(i, c, false)));
+        }
+    }
+    out
+}
+
+struct Figures {
+    services: usize,
+    objects_bytes: usize,
+    model_and_snapshot: usize,
+    snapshot: usize,
+    peak_build: usize,
+    build: Duration,
+    publish_one: Duration,
+    answers: bool,
+}
+
+fn measure(services: usize, publishes: usize) -> Figures {
+    let (reader, mut writer) = store::new(ZoneConfig {
+        origin: Name::from_ascii("clusterset.local.").expect("zone"),
+        ttl: 5,
+        negative_ttl: 5,
+        advertise: vec![],
+        answers: store::AnswerConfig::standard(),
+        identity: Default::default(),
+        also: None,
+    });
+    let empty = live();
+    let objects = fleet(services);
+    let objects_bytes = live() - empty;
+    reset_peak();
+    let t = Instant::now();
+    writer.apply(Update::Replace { source: SourceId(1), objects });
+    writer.publish();
+    let build = t.elapsed();
+    let peak_build = PEAK.load(Ordering::Relaxed) - empty;
+    let model_and_snapshot = live() - empty;
+
+    // One headless service's slice in one cluster changes, back and forth.
+    let headless = (0..services).step_by(10).nth(services / 20).unwrap_or(0);
+    let mut times = Vec::with_capacity(publishes);
+    for n in 0..publishes {
+        let object = slice(headless, 3, n % 2 == 0);
+        let t = Instant::now();
+        writer.apply(Update::Upsert { source: SourceId(1), object });
+        writer.publish();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    let publish_one = times.get(times.len() / 2).copied().unwrap_or_default();
+
+    let snap = reader.load_full();
+    let answers = snap.service_count() == services && snap.is_ready();
+    drop(writer);
+    let snapshot = live() - empty;
+    drop(snap);
+    Figures { services, objects_bytes, model_and_snapshot, snapshot, peak_build, build, publish_one, answers }
+}
+
+fn per(bytes: usize, services: usize) -> String {
+    format!("{:.0}", bytes as f64 / services as f64)
+}
+
+fn main() {
+    let bench = std::env::args().skip(1).any(|a| a == "--bench");
+    let sizes: Vec<usize> = match std::env::var("FOOTPRINT_SERVICES").ok().and_then(|s| s.parse().ok()) {
+        Some(n) => vec![n],
+        None if bench => vec![10_000, 100_000],
+        None => vec![1_000],
+    };
+    println!(
+        "\n## footprint: heap bytes per service (every 10th headless, {CLUSTERS} clusters × {ENDPOINTS} endpoints)\n"
+    );
+    println!(
+        "| services | objects as the store takes them | writer model + snapshot | snapshot alone | peak while building | build (all CPUs) | publish one changed slice (median) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for services in sizes {
+        let f = measure(services, if bench { 200 } else { 20 });
+        assert!(f.answers, "the snapshot serves every service");
+        println!(
+            "| {} | {} B | {} B ({:.0} MB) | {} B ({:.0} MB) | {:.0} MB | {:.2} s | {:.3} ms |",
+            f.services,
+            per(f.objects_bytes, f.services),
+            per(f.model_and_snapshot, f.services),
+            f.model_and_snapshot as f64 / 1e6,
+            per(f.snapshot, f.services),
+            f.snapshot as f64 / 1e6,
+            f.peak_build as f64 / 1e6,
+            f.build.as_secs_f64(),
+            f.publish_one.as_secs_f64() * 1e3,
+        );
+    }
+}
