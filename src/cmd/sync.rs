@@ -25,6 +25,7 @@ use crate::controller::sync::{ErrorReason, SyncStats, Syncer};
 use crate::fault::{Failures, Point, Task};
 use crate::fleet::member;
 use crate::k8s::client::{self, ClientError};
+use crate::k8s::throttle::ThrottleStats;
 use crate::k8s::watch::WatchHealth;
 use crate::ops::metrics::{self, FamilyDecl, ScrapeCollector};
 use crate::supervise::Supervisor;
@@ -61,13 +62,13 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
 pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> {
     let mut term = signal(SignalKind::terminate()).map_err(SyncError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SyncError::Signal)?;
-    let members = member::connect_all(&cfg.members, &cfg.behaviour.namespaces).await?;
+    let members = member::connect_all(&cfg.members, &cfg.behaviour.namespaces, cfg.kube_limits).await?;
     let stats = Arc::new(SyncStats::default());
     let leading = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
-    let healths: Vec<(String, Vec<Arc<WatchHealth>>)> =
-        members.iter().map(|m| (m.name.clone(), m.health.clone())).collect();
+    let healths: MemberHealth =
+        members.iter().map(|m| (m.name.clone(), m.health.clone(), m.throttle.clone())).collect();
     let failures = process.failures.clone();
     let sup = Supervisor::new(failures.clone());
     process
@@ -160,7 +161,8 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
 /// A controller being made (its first lists), started once made.
 type SyncerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Syncer> + Send>>;
 
-type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>)>;
+/// Per member: its name, its watches' health, its client's rate limit.
+type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>, Arc<ThrottleStats>)>;
 
 async fn http(listener: tokio::net::TcpListener, registry: Registry, failures: Arc<Failures>) {
     let health = move || {
@@ -223,6 +225,18 @@ const SYNC_FAMILIES: &[FamilyDecl] = &[
         MetricType::GAUGE,
         &["member"],
     ),
+    (
+        "clusterset_dns_sync_client_throttled_total",
+        "Requests to a member's API server that waited for the client-side rate limit (--kube-qps, --kube-burst).",
+        MetricType::COUNTER,
+        &["member"],
+    ),
+    (
+        "clusterset_dns_sync_client_throttled_seconds_total",
+        "Time requests to a member's API server waited for the client-side rate limit, summed.",
+        MetricType::COUNTER,
+        &["member"],
+    ),
 ];
 
 /// The controller's metrics, read from its counters at every scrape.
@@ -247,10 +261,20 @@ fn sync_collector(
                 .collect(),
             members
                 .iter()
-                .map(|(name, health)| {
+                .map(|(name, health, _)| {
                     let stale = health.iter().map(|h| h.stale_seconds()).fold(0.0, f64::max);
                     metrics::gauge(&[("member", name)], stale)
                 })
+                .collect(),
+            members
+                .iter()
+                .map(|(name, _, t)| {
+                    metrics::counter(&[("member", name)], t.throttled.load(Ordering::Relaxed))
+                })
+                .collect(),
+            members
+                .iter()
+                .map(|(name, _, t)| metrics::counter_f64(&[("member", name)], t.waited_seconds()))
                 .collect(),
         ]
     })

@@ -22,6 +22,7 @@ use super::objects::{self, LABEL_K8S_SERVICE_NAME};
 use super::state::{Change, Delta, ExportInfo, MemberEvent, ServiceInfo};
 use crate::k8s::client::{self, ClientError, Connection};
 use crate::k8s::mcs::{CLUSTER_ID_PROPERTY, cluster_property, discover_mcs};
+use crate::k8s::throttle::{Limits, ThrottleStats};
 use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, scopes};
 use crate::model::{ClusterId, ServiceKey, SliceKey};
 
@@ -45,6 +46,8 @@ pub struct Member {
     pub client: Client,
     /// Health of its watches (exports, services, slices; per scope).
     pub health: Vec<Arc<WatchHealth>>,
+    /// What the client-side rate limit did to its requests (zero without one).
+    pub throttle: Arc<ThrottleStats>,
 }
 
 impl Member {
@@ -59,14 +62,16 @@ impl Member {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to every member (learning cluster ids), for watches in
-/// `namespaces` (all when empty).
+/// `namespaces` (all when empty); with `limits`, each member's client has
+/// its own rate limit.
 pub async fn connect_all(
     members: &[MemberConfig],
     namespaces: &[String],
+    limits: Option<Limits>,
 ) -> Result<Vec<Member>, ClientError> {
     let mut connected = Vec::with_capacity(members.len());
     for m in members {
-        connected.push(connect(m, CONNECT_TIMEOUT, namespaces).await?);
+        connected.push(connect(m, CONNECT_TIMEOUT, namespaces, limits).await?);
     }
     Ok(connected)
 }
@@ -79,8 +84,16 @@ pub async fn connect(
     cfg: &MemberConfig,
     timeout: Duration,
     namespaces: &[String],
+    limits: Option<Limits>,
 ) -> Result<Member, ClientError> {
-    let client = client::connect(&cfg.connection).await?;
+    let throttle = Arc::new(ThrottleStats::default());
+    let client = match limits {
+        Some(l) => {
+            client::connect_limited(&cfg.connection, l, &format!("member {}", cfg.name), throttle.clone())
+                .await?
+        }
+        None => client::connect(&cfg.connection).await?,
+    };
     let fallback = || {
         ClusterId::parse(&cfg.name).map_err(|e| ClientError::Kubeconfig {
             path: format!("--cluster {}", cfg.name).into(),
@@ -113,7 +126,7 @@ pub async fn connect(
             health.push(Arc::new(WatchHealth::new(format!("{what}{within} of member {}", cfg.name))));
         }
     }
-    Ok(Member { name: cfg.name.clone(), cluster, client, health })
+    Ok(Member { name: cfg.name.clone(), cluster, client, health, throttle })
 }
 
 /// Starts the three watches of member `index` in every scope (see

@@ -3,8 +3,12 @@
 //! command connects through here, so every one reads kubeconfigs the same way.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use kube::client::ClientBuilder;
 use kube::{Client, Config};
+
+use super::throttle::{Limits, ThrottleLayer, ThrottleStats};
 
 /// Where to reach the API server.
 #[derive(Debug, Clone)]
@@ -41,6 +45,23 @@ pub enum ClientError {
 
 /// Builds a client for the connection (no request is made yet).
 pub async fn connect(connection: &Connection) -> Result<Client, ClientError> {
+    Ok(Client::try_from(config(connection).await?)?)
+}
+
+/// [`connect`], every request of the client (and of its clones) first
+/// taking a token of its own bucket (`limits`); `stats` counts the waits,
+/// `name` says whose they are in the log.
+pub async fn connect_limited(
+    connection: &Connection,
+    limits: Limits,
+    name: &str,
+    stats: Arc<ThrottleStats>,
+) -> Result<Client, ClientError> {
+    let builder = ClientBuilder::try_from(config(connection).await?)?;
+    Ok(builder.with_layer(&ThrottleLayer::new(limits, name, stats)).build())
+}
+
+async fn config(connection: &Connection) -> Result<Config, ClientError> {
     let config = match connection {
         Connection::InCluster => Config::incluster()?,
         Connection::Kubeconfig { path, context } => {
@@ -53,5 +74,5 @@ pub async fn connect(connection: &Connection) -> Result<Client, ClientError> {
             Config::from_custom_kubeconfig(file, &options).await.map_err(|e| fail(e.into()))?
         }
     };
-    Ok(Client::try_from(config)?)
+    Ok(config)
 }
