@@ -65,6 +65,10 @@
 #   KUBECTL               kubectl binary (default: kubectl)
 #   CLUSTERS_SERVICE_CIDR each cluster's --service-cluster-ip-range, "{I}" replaced by the
 #                         cluster's number (default: 10.(100+I).0.0/16)
+#   CLUSTERS_APISERVER_ARGS  extra kube-apiserver flags for every cluster, split on blanks,
+#                         after ours (e.g. "--max-requests-inflight=1": API Priority and
+#                         Fairness is off, so the plain in-flight limits apply; requests of
+#                         group system:masters, the admin kubeconfigs', are never refused)
 #   CLUSTERSET_DNS_CACHE, K8S_VERSION, ETCD_VERSION   passed to scripts/k8s-bins.sh
 #
 # A missing toolchain or binary is an error (exit 1), never a skip.
@@ -128,6 +132,10 @@ apiserver_cmd() {
         "--service-account-signing-key-file=$d/sa.key" --disable-admission-plugins=ServiceAccount
         --allow-privileged=true --etcd-compaction-interval=0 --enable-priority-and-fairness=false
         --profiling=false -v=1)
+    # Extra flags last: a repeated flag's last value wins.
+    local extra=()
+    read -ra extra <<<"${CLUSTERS_APISERVER_ARGS:-}"
+    CMD+=("${extra[@]}")
 }
 
 # --- Service CIDR (issue 15: the data-path fleet) ---------------------------------------

@@ -13,9 +13,8 @@
 //! The wait happens in `poll_ready`: kube puts its whole stack behind a
 //! `tower::buffer::Buffer`, whose worker asks readiness before each call, so
 //! requests queue in the buffer in arrival order while one waits for its
-//! token, and a long watch holds nothing once started. The layer is the
-//! outermost one: kube's own retries of a 429 or 503 (inside, paced by its
-//! backoff and the server's Retry-After) do not take tokens.
+//! token, and a long watch holds nothing once started. Retries of a 429 or
+//! 503 wrap it (`client::connect_limited`), so each attempt takes a token.
 
 use std::future::Future;
 use std::pin::Pin;
