@@ -481,3 +481,92 @@ fn a_namespace_created_after_the_export_gets_the_import() {
     rt.block_on(User::new(clusters, 2, ns));
     until(20, "imported into the new namespace", || rt.block_on(import(&c2, ns, "web")).is_some());
 }
+
+/// Applies cluster `i`'s `cluster.clusterset.k8s.io` ClusterProperty.
+async fn set_cluster_id(clusters: &TestClusters, i: usize, value: &str) {
+    let ar = clusterset_dns::k8s::mcs::cluster_property_resource();
+    let api: Api<DynamicObject> = Api::all_with(client(clusters, i).await, &ar);
+    let body = json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+                      "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": value}});
+    api.patch(
+        "cluster.clusterset.k8s.io",
+        &kube::api::PatchParams::apply("test"),
+        &kube::api::Patch::Apply(&body),
+    )
+    .await
+    .expect("apply ClusterProperty");
+}
+
+/// What member `c` says of service `name`'s sources: the import status's
+/// clusters, and the `source-cluster` label of each MCS slice of ours.
+async fn sources(c: &kube::Client, ns: &str, name: &str) -> (Vec<String>, Vec<String>) {
+    let status = import(c, ns, name)
+        .await
+        .and_then(|o| o.pointer("/status/clusters").and_then(Value::as_array).cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c["cluster"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let slices: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+    let mut labels: Vec<String> = slices
+        .list_metadata(
+            &ListParams::default().labels(&format!("{OURS},multicluster.kubernetes.io/service-name={name}")),
+        )
+        .await
+        .expect("list slices")
+        .items
+        .iter()
+        .map(|s| {
+            let l =
+                s.metadata.labels.as_ref().and_then(|l| l.get("multicluster.kubernetes.io/source-cluster"));
+            l.cloned().unwrap_or_default()
+        })
+        .collect();
+    labels.sort();
+    (status, labels)
+}
+
+#[test]
+fn a_cluster_property_created_or_changed_after_start_rekeys_the_members_exports() {
+    // Its own clusters: a ClusterProperty is cluster-wide.
+    let clusters = TestClusters::start(2);
+    let rt = runtime();
+    let ns = "sync-late-id";
+    let u = users(&rt, &clusters, ns);
+    rt.block_on(async {
+        u[0].service("web", json!({})).await;
+        u[0].endpoints("web-x", "web", json!([{"addresses": ["10.0.0.1"]}])).await;
+        u[0].export("web").await;
+    });
+    let c: Vec<kube::Client> =
+        rt.block_on(async { vec![client(&clusters, 0).await, client(&clusters, 1).await] });
+    let sync = syncing(&clusters, &[ns], &[]);
+    let named = |id: &str| (vec![id.to_owned()], vec![id.to_owned()]);
+    // No ClusterProperty: cluster-1 is known by its member name.
+    for ci in &c {
+        until(30, "imported under the member name", || {
+            rt.block_on(sources(ci, ns, "web")) == named("cluster-1")
+        });
+    }
+    // Created after start: followed within the recheck period (10 s), and
+    // nothing is left under the old id, in either member.
+    rt.block_on(set_cluster_id(&clusters, 0, "east"));
+    for ci in &c {
+        until(60, "re-keyed to the new ClusterProperty", || {
+            rt.block_on(sources(ci, ns, "web")) == named("east")
+        });
+    }
+    // Changed: the same again.
+    rt.block_on(set_cluster_id(&clusters, 0, "east-2"));
+    for ci in &c {
+        until(60, "re-keyed to the changed ClusterProperty", || {
+            rt.block_on(sources(ci, ns, "web")) == named("east-2")
+        });
+    }
+    assert!(
+        rt.block_on(conditions(&c[0], ns, "web")).iter().any(|c| c.starts_with("Ready=True")),
+        "the export is Ready under its new id:\n{}",
+        sync.log()
+    );
+    assert!(sync.log().contains("cluster id changed"), "{}", sync.log());
+}
