@@ -918,14 +918,20 @@ impl KeyState {
             // Applied unchanged earlier in this run: its addresses are known.
             ips = self.vips.get(&r).cloned().unwrap_or_default();
         }
-        for cluster in clusters {
-            for (name, source) in cx.state.source_slices(cluster, key) {
-                let body = desired::slice(key, cluster, &source, vip, unnamed.get(cluster).copied());
-                let r = object(i, "EndpointSlice", key, desired::slice_name(key, cluster, &name));
-                want.insert(r.clone());
-                let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);
-                self.apply(cx, &r, &api, &body).await?;
-            }
+        let sources: Vec<_> = clusters
+            .iter()
+            .flat_map(|c| cx.state.source_slices(c, key).into_iter().map(move |(name, s)| (c, name, s)))
+            .collect();
+        let names = desired::slice_names(
+            key,
+            &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
+        );
+        for ((cluster, _, source), name) in sources.iter().zip(names) {
+            let body = desired::slice(key, cluster, source, vip, unnamed.get(cluster).copied());
+            let r = object(i, "EndpointSlice", key, name);
+            want.insert(r.clone());
+            let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);
+            self.apply(cx, &r, &api, &body).await?;
         }
         let ar = cx.apis[i].import.clone();
         let api: Api<DynamicObject> = Api::namespaced_with(cx.members[i].client.clone(), ns, &ar);
