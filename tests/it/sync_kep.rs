@@ -570,3 +570,105 @@ fn a_cluster_property_created_or_changed_after_start_rekeys_the_members_exports(
     );
     assert!(sync.log().contains("cluster id changed"), "{}", sync.log());
 }
+
+/// A Service's own EndpointSlice of one address family, as the
+/// EndpointSlice controller writes it.
+async fn family_slice(c: &kube::Client, ns: &str, service: &str, family: &str, address: &str) {
+    let api: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+    let name = format!("{service}-{}", family.to_ascii_lowercase());
+    let body = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": ns,
+                     "labels": {"kubernetes.io/service-name": service,
+                                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": family, "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]});
+    api.patch(&name, &kube::api::PatchParams::apply("test").force(), &kube::api::Patch::Apply(&body))
+        .await
+        .expect("apply EndpointSlice");
+}
+
+/// The import's `spec.ipFamilies` and `spec.ips`, and the VIP Service's
+/// `spec.ipFamilies`, in member `c`.
+async fn families_of(c: &kube::Client, ns: &str, name: &str) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let strings = |v: Option<&Value>| -> Vec<String> {
+        v.and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    let Some(i) = import(c, ns, name).await else { return Default::default() };
+    let vips = Api::<Service>::namespaced(c.clone(), ns)
+        .list(&ListParams::default().labels(OURS))
+        .await
+        .expect("list VIP Services")
+        .items;
+    let vip = vips.first().and_then(|s| s.spec.as_ref()?.ip_families.clone()).unwrap_or_default();
+    (strings(i.pointer("/spec/ipFamilies")), strings(i.pointer("/spec/ips")), vip)
+}
+
+#[test]
+fn exports_of_different_ip_families_conflict_and_the_oldest_family_is_imported() {
+    // Its own clusters: dual-stack service ranges (IPv4 10.(110+I).0.0/16,
+    // IPv6 fd00:0:0:I::/108), so each member can give a VIP of either family.
+    let clusters =
+        TestClusters::start_env(2, &[("CLUSTERS_SERVICE_CIDR", "10.11{I}.0.0/16,fd00:0:0:{I}::/108")]);
+    let rt = runtime();
+    let ns = "sync-families";
+    let u = users(&rt, &clusters, ns);
+    let c: Vec<kube::Client> =
+        rt.block_on(async { vec![client(&clusters, 0).await, client(&clusters, 1).await] });
+    // cluster-1 exports first, IPv4 only; cluster-2 a second later, IPv6 only.
+    let single = |family: &str| json!({"ipFamilyPolicy": "SingleStack", "ipFamilies": [family]});
+    rt.block_on(async {
+        u[0].service("web", single("IPv4")).await;
+        family_slice(&c[0], ns, "web", "IPv4", "10.1.0.1").await;
+        u[0].export("web").await;
+    });
+    std::thread::sleep(Duration::from_millis(1100));
+    rt.block_on(async {
+        u[1].service("web", single("IPv6")).await;
+        family_slice(&c[1], ns, "web", "IPv6", "fd00:2::1").await;
+        u[1].export("web").await;
+    });
+    let sync = syncing(&clusters, &[ns], &[]);
+    let conflict = "Conflict=True IPFamilyConflict: Conflicting ipFamilies. Using \"IPv4\" from oldest service \
+                    export in \"cluster-1\". 1/2 clusters disagree.";
+    for (i, ci) in c.iter().enumerate() {
+        until(60, &format!("IPFamilyConflict on {}'s export", clusters.name(i)), || {
+            rt.block_on(conditions(ci, ns, "web")).iter().any(|c| c == conflict)
+        });
+    }
+    // Every member imports the oldest export's family: an IPv4 VIP only.
+    for (i, ci) in c.iter().enumerate() {
+        until(30, &format!("an IPv4 import in {}", clusters.name(i)), || {
+            let (families, ips, vip) = rt.block_on(families_of(ci, ns, "web"));
+            families == ["IPv4"]
+                && vip == ["IPv4"]
+                && ips.len() == 1
+                && ips[0].starts_with(&format!("10.11{}.", i + 1))
+        });
+    }
+    // The disagreeing export is still valid: both exports are Valid.
+    for ci in &c {
+        let conds = rt.block_on(conditions(ci, ns, "web"));
+        assert!(conds.iter().any(|c| c.starts_with("Valid=True")), "{conds:?}");
+    }
+    // The oldest export goes: cluster-2's family wins, the conflict clears,
+    // and each member's VIP becomes IPv6 (a Service's primary family cannot
+    // change in place).
+    rt.block_on(u[0].unexport("web"));
+    until(60, "the conflict cleared", || {
+        rt.block_on(conditions(&c[1], ns, "web")).iter().any(|c| c.starts_with("Conflict=False NoConflicts"))
+    });
+    for (i, ci) in c.iter().enumerate() {
+        until(60, &format!("an IPv6 import in {}", clusters.name(i)), || {
+            let (families, ips, vip) = rt.block_on(families_of(ci, ns, "web"));
+            families == ["IPv6"]
+                && vip == ["IPv6"]
+                && ips.len() == 1
+                && ips[0].starts_with(&format!("fd00:0:0:{}:", i + 1))
+        });
+    }
+    drop(sync);
+}
