@@ -389,6 +389,75 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
 }
 
 #[test]
+fn a_leader_paused_past_its_lease_stops_every_task_once_it_knows() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-lost-lease";
+    let u = users(&rt, clusters, ns);
+    let r = readers(&rt, clusters, ns);
+    let first = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "first"]);
+    eventually("first leads", || first.leading());
+    let second = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "second"]);
+    let export = |i: usize| {
+        rt.block_on(async {
+            let name = format!("svc-{i}");
+            u[0].service(&name, json!({})).await;
+            u[0].endpoints(
+                &format!("{name}-a"),
+                &name,
+                json!([{"addresses": [format!("10.9.1.{}", i + 1)]}]),
+            )
+            .await;
+            u[0].export(&name).await;
+        })
+    };
+    for i in 0..5 {
+        export(i);
+    }
+    for reader in &r {
+        eventually("first synced 5 services", || rt.block_on(reader.ours()) == (5, 5, 5));
+    }
+    let writes = |s: &Syncing| s.metric("clusterset_dns_sync_writes_total").unwrap_or(-1.0);
+    std::thread::sleep(Duration::from_secs(1));
+    let before = writes(&first);
+    // Paused past its lease: the standby takes over meanwhile.
+    first.signal("STOP");
+    let paused = Instant::now();
+    eventually("second leads", || second.leading());
+    let took_over = paused.elapsed();
+    first.signal("CONT");
+    let resumed = Instant::now();
+    eventually("first learns it lost the Lease", || first.log().contains("lost the Lease"));
+    let noticed = resumed.elapsed();
+    assert_eq!(first.metric("clusterset_dns_sync_leader"), Some(0.0));
+    std::thread::sleep(Duration::from_secs(1));
+    let at_loss = writes(&first);
+    eprintln!(
+        "second led {took_over:?} after the pause; first noticed {noticed:?} after resuming,          with {} writes in between",
+        at_loss - before
+    );
+    // Changes the old leader's watches would act on if any still ran: new
+    // exports, an export gone, one of our slices deleted by hand.
+    for i in 5..8 {
+        export(i);
+    }
+    rt.block_on(u[0].unexport("svc-0"));
+    rt.block_on(async {
+        let slices: Api<EndpointSlice> = Api::namespaced(clusters.client(2).await, ns);
+        let ours = slices.list_metadata(&ListParams::default().labels(OURS)).await.expect("list");
+        let name = ours.items[0].metadata.name.clone().expect("name");
+        slices.delete(&name, &Default::default()).await.expect("delete slice");
+    });
+    for reader in &r {
+        eventually("second synced 7 services", || rt.block_on(reader.ours()) == (7, 7, 7));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(writes(&second) > 0.0, "the new leader wrote the changes");
+    assert_eq!(writes(&first), at_loss, "the old leader wrote after it lost the Lease:\n{}", first.log());
+    assert!(!first.leading() && second.leading());
+}
+
+#[test]
 fn services_asking_for_it_are_exported_and_unexported() {
     let clusters = shared();
     let rt = runtime();
