@@ -601,10 +601,17 @@ cmd_up() {
     write_state
     printf 'READY %s\n' "$DIR" || true
 
-    local cmd a b r k tick=$SECONDS
+    local cmd a b r k part line="" tick=$SECONDS
     while ! should_stop; do
-        if read -r -t 1 -u 3 cmd a b r; then
+        # A timeout can fall between the bytes of a line (bash reads a FIFO
+        # byte by byte): the part read so far is kept and completed by the
+        # next read, else "start …" arrives as "tart …".
+        if IFS= read -r -t 1 -u 3 part; then
+            read -r cmd a b r <<<"$line$part"
+            line=""
             [ -n "${r:-}" ] && handle "$cmd" "$a" "$b" "$r"
+        else
+            line+="$part"
         fi
         [ -z "$STOP" ] || break
         if [ "$SECONDS" -ne "$tick" ]; then
