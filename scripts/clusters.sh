@@ -65,6 +65,10 @@
 #   KUBECTL               kubectl binary (default: kubectl)
 #   CLUSTERS_SERVICE_CIDR each cluster's --service-cluster-ip-range, "{I}" replaced by the
 #                         cluster's number (default: 10.(100+I).0.0/16)
+#   CLUSTERS_APISERVER_ARGS  extra kube-apiserver flags for every cluster, split on blanks,
+#                         after ours (e.g. "--max-requests-inflight=1": API Priority and
+#                         Fairness is off, so the plain in-flight limits apply; requests of
+#                         group system:masters, the admin kubeconfigs', are never refused)
 #   CLUSTERSET_DNS_CACHE, K8S_VERSION, ETCD_VERSION   passed to scripts/k8s-bins.sh
 #
 # A missing toolchain or binary is an error (exit 1), never a skip.
@@ -128,6 +132,10 @@ apiserver_cmd() {
         "--service-account-signing-key-file=$d/sa.key" --disable-admission-plugins=ServiceAccount
         --allow-privileged=true --etcd-compaction-interval=0 --enable-priority-and-fairness=false
         --profiling=false -v=1)
+    # Extra flags last: a repeated flag's last value wins.
+    local extra=()
+    read -ra extra <<<"${CLUSTERS_APISERVER_ARGS:-}"
+    CMD+=("${extra[@]}")
 }
 
 # --- Service CIDR (issue 15: the data-path fleet) ---------------------------------------
@@ -593,10 +601,17 @@ cmd_up() {
     write_state
     printf 'READY %s\n' "$DIR" || true
 
-    local cmd a b r k tick=$SECONDS
+    local cmd a b r k part line="" tick=$SECONDS
     while ! should_stop; do
-        if read -r -t 1 -u 3 cmd a b r; then
+        # A timeout can fall between the bytes of a line (bash reads a FIFO
+        # byte by byte): the part read so far is kept and completed by the
+        # next read, else "start …" arrives as "tart …".
+        if IFS= read -r -t 1 -u 3 part; then
+            read -r cmd a b r <<<"$line$part"
+            line=""
             [ -n "${r:-}" ] && handle "$cmd" "$a" "$b" "$r"
+        else
+            line+="$part"
         fi
         [ -z "$STOP" ] || break
         if [ "$SECONDS" -ne "$tick" ]; then

@@ -426,6 +426,22 @@ pub struct SyncOptions {
     /// wherever they are.
     #[arg(long = "auto-export-namespace-prefix", value_name = "PREFIX")]
     pub auto_export_namespace_prefixes: Vec<String>,
+    /// Requests per second the controller sends to each member's API server
+    /// at most, sustained (a token bucket per member client; 0: no limit).
+    /// The limit is per member because each member's API server carries only
+    /// its own share: in a 100-cluster fleet one service's change is a few
+    /// writes to each of 100 servers, and 100 × 50/s is more than one
+    /// controller process makes. 50 is kubelet's default, a rate every API
+    /// server is sized to take from each of its nodes; it binds when one
+    /// member gets a storm (a start or relist with thousands of services),
+    /// which then takes minutes instead of flooding that server.
+    #[arg(long, value_name = "QPS", default_value_t = 50.0)]
+    pub kube_qps: f64,
+    /// Requests each member's client may send at once after a quiet spell,
+    /// beyond --kube-qps: 100 lets about 20 services change together (a
+    /// service is ~5 writes per member) without waiting.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub kube_burst: u32,
 }
 
 /// `check` options.

@@ -15,6 +15,7 @@ use crate::fault::Faults;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
+use crate::k8s::throttle::Limits;
 use crate::model::{ClusterId, DnsLabel, Interop, PolicyKind, ServiceKey};
 use crate::source::kube::KubeSource;
 use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
@@ -302,6 +303,8 @@ pub struct SyncConfig {
     pub lease: Option<LeaseConfig>,
     /// The controller's behaviour.
     pub behaviour: SyncBehaviour,
+    /// The rate limit of each member's client; `None`: none.
+    pub kube_limits: Option<Limits>,
     /// Test-only fault injection (armed in debug builds only).
     pub faults: Faults,
 }
@@ -331,6 +334,7 @@ impl SyncConfig {
         Ok(Self {
             lease: lease(&a.options, &members)?,
             behaviour: behaviour(&a.options, &a.namespaces)?,
+            kube_limits: kube_limits(&a.options)?,
             members,
             http_listen: a.http_listen,
             faults: Faults::from_env().map_err(|e| bad("CLUSTERSET_DNS_FAULT", e))?,
@@ -364,6 +368,7 @@ impl RunConfig {
         let sync = SyncConfig {
             lease: lease(&a.sync, &members)?,
             behaviour: behaviour(&a.sync, &a.serve.namespaces)?,
+            kube_limits: kube_limits(&a.sync)?,
             members,
             http_listen: a.sync_http_listen,
             faults: serve.wire.faults.clone(),
@@ -541,6 +546,20 @@ pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour
         lost_after: Duration::from_secs(o.member_lost_after),
         auto_export_prefixes: o.auto_export_namespace_prefixes.clone(),
     })
+}
+
+/// The members' client rate limit of `sync` options (`--kube-qps 0`: none).
+pub fn kube_limits(o: &SyncOptions) -> Result<Option<Limits>, ConfigError> {
+    if !(o.kube_qps.is_finite() && o.kube_qps >= 0.0) {
+        return Err(bad("--kube-qps", format!("{} is not a rate (0 or more per second)", o.kube_qps)));
+    }
+    if o.kube_qps == 0.0 {
+        return Ok(None);
+    }
+    if o.kube_burst == 0 {
+        return Err(bad("--kube-burst", "must be at least 1 (or --kube-qps 0 for no limit)"));
+    }
+    Ok(Some(Limits { qps: o.kube_qps, burst: o.kube_burst }))
 }
 
 /// The leader-election settings of `sync` options.
@@ -741,6 +760,29 @@ mod tests {
         assert_eq!(config(&["--cluster", "no-equals-sign"]).unwrap_err().flag, "--cluster");
         assert_eq!(config(&["--cluster", "a=/does/not/exist"]).unwrap_err().flag, "--cluster");
         assert_eq!(config(&["--members", "/does/not/exist"]).unwrap_err().flag, "--members");
+    }
+
+    fn sync_config(args: &[&str]) -> Result<SyncConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let kc = dir.path().join("kc");
+        std::fs::write(&kc, "apiVersion: v1").unwrap();
+        let member = format!("a={}", kc.display());
+        let cli =
+            Cli::try_parse_from([&["clusterset-dns", "sync", "--cluster", &member], args].concat()).unwrap();
+        let Command::Sync(a) = cli.command else { unreachable!() };
+        SyncConfig::from_args(&a)
+    }
+
+    #[test]
+    fn members_clients_are_rate_limited_unless_told_otherwise() {
+        let limits = |args: &[&str]| sync_config(args).unwrap().kube_limits;
+        assert_eq!(limits(&[]), Some(Limits { qps: 50.0, burst: 100 }));
+        assert_eq!(limits(&["--kube-qps", "2.5", "--kube-burst", "1"]), Some(Limits { qps: 2.5, burst: 1 }));
+        assert_eq!(limits(&["--kube-qps", "0"]), None, "0 turns the limit off");
+        for bad in ["--kube-qps=-1", "--kube-qps=NaN", "--kube-qps=inf"] {
+            assert_eq!(sync_config(&[bad]).unwrap_err().flag, "--kube-qps", "{bad:?}");
+        }
+        assert_eq!(sync_config(&["--kube-burst", "0"]).unwrap_err().flag, "--kube-burst");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //!
 //! - `client`: where an API server is, and a client for it.
 //! - `watch`: the one relist-after-error watcher, with its health.
+//! - `throttle`: the client-side rate limit (a token bucket layer).
 //! - `mcs`: the MCS API group, its labels, ClusterProperty, version discovery.
 //! - `crd`: the ServiceImport object, reduced to the fields DNS uses.
 //! - `convert`: API object → model value, or an error naming object and field.
@@ -15,4 +16,5 @@ pub mod convert;
 pub mod crd;
 pub mod interop;
 pub mod mcs;
+pub mod throttle;
 pub mod watch;

@@ -157,7 +157,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         }
     }
     if !cfg.members.is_empty() {
-        let members = member::connect_all(&cfg.members, &[]).await?;
+        let members = member::connect_all(&cfg.members, &[], None).await?;
         let source = SourceId(u32::MAX - 1);
         writer.apply(Update::Register(source));
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));

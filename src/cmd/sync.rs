@@ -25,6 +25,7 @@ use crate::controller::sync::{ErrorReason, SyncStats, Syncer};
 use crate::fault::{Failures, Point, Task};
 use crate::fleet::member;
 use crate::k8s::client::{self, ClientError};
+use crate::k8s::throttle::ThrottleStats;
 use crate::k8s::watch::WatchHealth;
 use crate::ops::metrics::{self, FamilyDecl, ScrapeCollector};
 use crate::supervise::Supervisor;
@@ -61,13 +62,18 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
 pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> {
     let mut term = signal(SignalKind::terminate()).map_err(SyncError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SyncError::Signal)?;
-    let members = member::connect_all(&cfg.members, &cfg.behaviour.namespaces).await?;
+    let mut members = member::connect_all(&cfg.members, &cfg.behaviour.namespaces, cfg.kube_limits).await?;
+    // Members' cluster ids follow their ClusterProperties. Polled by this
+    // function, not a task of its own: it never ends, and a panic in it ends
+    // `run_in`, so it cannot die unseen.
+    let (ids_tx, mut ids) = tokio::sync::watch::channel(Vec::new());
+    let mut follow = Box::pin(member::follow_ids(members.clone(), ids_tx));
     let stats = Arc::new(SyncStats::default());
     let leading = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
-    let healths: Vec<(String, Vec<Arc<WatchHealth>>)> =
-        members.iter().map(|m| (m.name.clone(), m.health.clone())).collect();
+    let healths: MemberHealth =
+        members.iter().map(|m| (m.name.clone(), m.health.clone(), m.throttle.clone())).collect();
     let failures = process.failures.clone();
     let sup = Supervisor::new(failures.clone());
     process
@@ -92,11 +98,22 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     let Some(lease) = cfg.lease else {
         info!("no leader election: syncing");
         leading.store(true, Ordering::Relaxed);
-        let controller = start_controller(Box::pin(Syncer::new(members, cfg.behaviour.clone(), stats)));
-        let failed = tokio::select! {
-            _ = term.recv() => None,
-            _ = int.recv() => None,
-            reason = failures.wait_fatal() => Some(reason.to_owned()),
+        let syncer = |members: &[member::Member]| {
+            Box::pin(Syncer::new(members.to_vec(), cfg.behaviour.clone(), stats.clone())) as SyncerFuture
+        };
+        let mut controller = start_controller(syncer(&members));
+        let failed = loop {
+            tokio::select! {
+                _ = term.recv() => break None,
+                _ = int.recv() => break None,
+                reason = failures.wait_fatal() => break Some(reason.to_owned()),
+                () = &mut follow => {}
+                Ok(()) = ids.changed() => {
+                    rekey(&mut members, &ids.borrow_and_update());
+                    controller.abort();
+                    controller = start_controller(syncer(&members));
+                }
+            }
         };
         controller.abort();
         return failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)));
@@ -135,6 +152,14 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
         }
         tokio::select! {
             changed = leader.changed() => if changed.is_err() { break },
+            () = &mut follow => {}
+            Ok(()) = ids.changed() => {
+                rekey(&mut members, &ids.borrow_and_update());
+                // Started again at the top of the loop, with the new ids.
+                if let Some(c) = controller.take() {
+                    c.abort();
+                }
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
             reason = failures.wait_fatal() => {
@@ -157,10 +182,25 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)))
 }
 
+/// Gives members their new cluster ids. The controller is then started
+/// again from complete lists, as after a failover: what it finds under the
+/// old id (MCS slices named and labelled by it, import statuses listing it)
+/// is no longer wanted and goes, once every member has listed; what did not
+/// change is not written again.
+fn rekey(members: &mut [member::Member], ids: &[crate::model::ClusterId]) {
+    for (m, id) in members.iter_mut().zip(ids) {
+        if m.cluster != *id {
+            info!(member = %m.name, from = %m.cluster, to = %id, "restarting the controller with the member's new cluster id");
+            m.cluster = id.clone();
+        }
+    }
+}
+
 /// A controller being made (its first lists), started once made.
 type SyncerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Syncer> + Send>>;
 
-type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>)>;
+/// Per member: its name, its watches' health, its client's rate limit.
+type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>, Arc<ThrottleStats>)>;
 
 async fn http(listener: tokio::net::TcpListener, registry: Registry, failures: Arc<Failures>) {
     let health = move || {
@@ -223,6 +263,18 @@ const SYNC_FAMILIES: &[FamilyDecl] = &[
         MetricType::GAUGE,
         &["member"],
     ),
+    (
+        "clusterset_dns_sync_client_throttled_total",
+        "Requests to a member's API server that waited for the client-side rate limit (--kube-qps, --kube-burst).",
+        MetricType::COUNTER,
+        &["member"],
+    ),
+    (
+        "clusterset_dns_sync_client_throttled_seconds_total",
+        "Time requests to a member's API server waited for the client-side rate limit, summed.",
+        MetricType::COUNTER,
+        &["member"],
+    ),
 ];
 
 /// The controller's metrics, read from its counters at every scrape.
@@ -247,10 +299,20 @@ fn sync_collector(
                 .collect(),
             members
                 .iter()
-                .map(|(name, health)| {
+                .map(|(name, health, _)| {
                     let stale = health.iter().map(|h| h.stale_seconds()).fold(0.0, f64::max);
                     metrics::gauge(&[("member", name)], stale)
                 })
+                .collect(),
+            members
+                .iter()
+                .map(|(name, _, t)| {
+                    metrics::counter(&[("member", name)], t.throttled.load(Ordering::Relaxed))
+                })
+                .collect(),
+            members
+                .iter()
+                .map(|(name, _, t)| metrics::counter_f64(&[("member", name)], t.waited_seconds()))
                 .collect(),
         ]
     })

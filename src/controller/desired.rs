@@ -17,14 +17,27 @@ pub use crate::fleet::objects::{LABEL_APP_MANAGED_BY, SYNC_MANAGER as FIELD_MANA
 
 /// A stable 8-hex-digit digest (FNV-1a over the parts, each followed by a
 /// 0 byte): the same in every process and version, unlike `std`'s hashers.
+/// Only 32 bits, and weak ones (the low half of FNV-1a 64 is multiplied by
+/// 0x1b3 only), so distinct inputs can share one: see [`slice_names`].
+/// Pinned all the same: a new digest would rename every object on upgrade.
 fn digest(parts: &[&str]) -> String {
+    format!("{:08x}", fnv(parts) as u32)
+}
+
+/// [`digest`] with all 64 bits, 16 hex digits: for the names [`digest`]
+/// gave twice.
+fn long_digest(parts: &[&str]) -> String {
+    format!("{:016x}", fnv(parts))
+}
+
+fn fnv(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
         for b in part.bytes().chain([0]) {
             h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
         }
     }
-    format!("{:08x}", h as u32)
+    h
 }
 
 fn truncated(name: &str, max: usize) -> &str {
@@ -53,9 +66,40 @@ pub fn vip_name(key: &ServiceKey) -> String {
     format!("{}-clusterset-{}", truncated(key.name.as_str(), 40), digest(&[key.name.as_str()]))
 }
 
-/// The name of the MCS EndpointSlice mirroring `source` of `cluster`.
+/// The name of the MCS EndpointSlice mirroring `source` of `cluster`, unless
+/// another source of the service has the same ([`slice_names`]).
 pub fn slice_name(key: &ServiceKey, cluster: &ClusterId, source: &str) -> String {
     format!("{}-{}", truncated(key.name.as_str(), 40), digest(&[cluster.as_str(), source]))
+}
+
+/// The names of the MCS EndpointSlices mirroring `sources` (cluster, source
+/// slice) of `key`, in their order: [`slice_name`]'s, except that where
+/// several sources would share a name (its digest is 32 bits, and the
+/// EndpointSlice controller's own names collide: `web-h6kvr` and
+/// `web-efi2a` of one cluster do), only the first of them by (cluster,
+/// source) keeps it and the others get a 64-bit digest (16 hex digits, a
+/// name no short one can have). Without this, two sources' endpoints would
+/// be written in turn to one slice, each write undoing the other.
+pub fn slice_names(key: &ServiceKey, sources: &[(&ClusterId, &str)]) -> Vec<String> {
+    let short: Vec<String> = sources.iter().map(|(c, s)| slice_name(key, c, s)).collect();
+    let mut first: std::collections::HashMap<&str, (&ClusterId, &str)> = std::collections::HashMap::new();
+    for (name, (c, s)) in short.iter().zip(sources) {
+        let slot = first.entry(name.as_str()).or_insert((c, s));
+        if (*c, *s) < *slot {
+            *slot = (c, s);
+        }
+    }
+    short
+        .iter()
+        .zip(sources)
+        .map(|(name, (c, s))| {
+            if first.get(name.as_str()) == Some(&(*c, *s)) {
+                name.clone()
+            } else {
+                format!("{}-{}", truncated(key.name.as_str(), 40), long_digest(&[c.as_str(), s]))
+            }
+        })
+        .collect()
 }
 
 fn labels(key: &ServiceKey) -> Value {
@@ -609,5 +653,32 @@ endpoints:
         assert!(slice_name(&key(&long), &c, "x").len() <= 63);
         // Pinned: a changed digest would orphan every object after an upgrade.
         assert_eq!(vip_name(&key("web")), "web-clusterset-19ea9383");
+    }
+
+    #[test]
+    fn sources_whose_short_digests_collide_get_distinct_names() {
+        let a = ClusterId::parse("cluster-a").unwrap();
+        let b = ClusterId::parse("cluster-b").unwrap();
+        // Found offline: two names the EndpointSlice controller could give
+        // (service name, 5 random characters) with one 32-bit digest.
+        let (x, y) = ("web-h6kvr", "web-efi2a");
+        assert_eq!(slice_name(&key("web"), &a, x), slice_name(&key("web"), &a, y), "the pair collides");
+        // Either order: the first by (cluster, source) keeps the short name,
+        // so a name does not move when the order of the sources does.
+        for sources in [vec![(&a, x), (&a, y), (&b, x)], vec![(&b, x), (&a, y), (&a, x)]] {
+            let names = slice_names(&key("web"), &sources);
+            let of = |src: (&ClusterId, &str)| names[sources.iter().position(|s| *s == src).unwrap()].clone();
+            assert_eq!(of((&a, y)), slice_name(&key("web"), &a, y), "web-efi2a < web-h6kvr keeps its name");
+            assert_eq!(of((&a, x)), format!("web-{}", long_digest(&["cluster-a", x])));
+            assert_eq!(of((&b, x)), slice_name(&key("web"), &b, x), "no collision, no change");
+            let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+            assert_eq!(distinct.len(), 3, "{names:?}");
+            assert!(names.iter().all(|n| n.len() <= 63));
+        }
+        // Without a collision every name is slice_name's.
+        assert_eq!(
+            slice_names(&key("web"), &[(&a, x), (&b, y)]),
+            [slice_name(&key("web"), &a, x), slice_name(&key("web"), &b, y)]
+        );
     }
 }

@@ -10,6 +10,7 @@
 //! sent again.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -32,7 +33,7 @@ use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
 use crate::fleet::state::{FleetState, MemberEvent};
 use crate::k8s::mcs::{LABEL_SERVICE_NAME, discover_mcs, mcs_resource};
 use crate::k8s::watch::{Reporter, WatchHealth, scopes};
-use crate::model::{ImportType, ServiceKey};
+use crate::model::{AddressFamily, ImportType, ServiceKey};
 
 /// Services reconciled at once (each writes to its members in turn). The
 /// members' API servers, not the controller, set the pace.
@@ -911,21 +912,49 @@ impl KeyState {
             let r = object(i, "Service", key, desired::vip_name(key));
             want.insert(r.clone());
             let api: Api<Service> = Api::namespaced(cx.members[i].client.clone(), ns);
-            if let Some(svc) = self.apply(cx, &r, &api, &body).await? {
+            // A Service's primary IP family cannot change in place (the API
+            // server refuses it, 422, for ever): when the import's changes
+            // (another export became the oldest), the VIP is replaced. Known
+            // from the addresses it was given; if they are not known, from
+            // the refusal.
+            let had_v4 =
+                self.vips.get(&r).and_then(|ips| ips.first()?.parse::<IpAddr>().ok()).map(|a| a.is_ipv4());
+            let wants_v4 = spec.ip_families.first().map(|f| *f == AddressFamily::V4);
+            if let (Some(had), Some(wants)) = (had_v4, wants_v4)
+                && had != wants
+            {
+                info!(member = %cx.members[i].name, service = %key, "the import's IP family changed: replacing its VIP Service");
+                self.delete(cx, &r).await?;
+            }
+            let written = match self.apply(cx, &r, &api, &body).await {
+                Err(kube::Error::Api(s)) if s.code == 422 && primary_family_refused(&s) => {
+                    info!(member = %cx.members[i].name, service = %key, "VIP Service of another IP family: replacing it");
+                    self.delete(cx, &r).await?;
+                    self.apply(cx, &r, &api, &body).await?
+                }
+                other => other?,
+            };
+            if let Some(svc) = written {
                 let allocated = svc.spec.and_then(|s| s.cluster_ips).unwrap_or_default();
                 self.vips.insert(r.clone(), allocated);
             }
             // Applied unchanged earlier in this run: its addresses are known.
             ips = self.vips.get(&r).cloned().unwrap_or_default();
         }
-        for cluster in clusters {
-            for (name, source) in cx.state.source_slices(cluster, key) {
-                let body = desired::slice(key, cluster, &source, vip, unnamed.get(cluster).copied());
-                let r = object(i, "EndpointSlice", key, desired::slice_name(key, cluster, &name));
-                want.insert(r.clone());
-                let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);
-                self.apply(cx, &r, &api, &body).await?;
-            }
+        let sources: Vec<_> = clusters
+            .iter()
+            .flat_map(|c| cx.state.source_slices(c, key).into_iter().map(move |(name, s)| (c, name, s)))
+            .collect();
+        let names = desired::slice_names(
+            key,
+            &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
+        );
+        for ((cluster, _, source), name) in sources.iter().zip(names) {
+            let body = desired::slice(key, cluster, source, vip, unnamed.get(cluster).copied());
+            let r = object(i, "EndpointSlice", key, name);
+            want.insert(r.clone());
+            let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);
+            self.apply(cx, &r, &api, &body).await?;
         }
         let ar = cx.apis[i].import.clone();
         let api: Api<DynamicObject> = Api::namespaced_with(cx.members[i].client.clone(), ns, &ar);
@@ -1132,6 +1161,12 @@ fn duplicate_ids(members: &[Member]) -> HashMap<crate::model::ClusterId, String>
         .collect()
 }
 
+/// Whether a refused Service write was refused for its primary IP family:
+/// the existing ClusterIP is of another family than `ipFamilies[0]`.
+fn primary_family_refused(s: &kube::core::Status) -> bool {
+    s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "spec.clusterIPs[0]"))
+}
+
 fn object(member: usize, kind: &'static str, key: &ServiceKey, name: String) -> ObjectRef {
     ObjectRef { member, kind, namespace: key.namespace.to_string(), name }
 }
@@ -1170,6 +1205,20 @@ mod tests {
             let base = Duration::from_secs(base);
             assert!(wait >= base && wait <= base + base / 5, "failure {failures}: {wait:?} for {base:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_primary_family_is_told_from_other_invalid_services() {
+        // As the API server sends it.
+        let refused = |field: &str| -> kube::core::Status {
+            serde_json::from_value(serde_json::json!({"status": "Failure", "code": 422, "reason": "Invalid",
+                "message": "Service is invalid", "details": {"name": "web", "kind": "Service",
+                "causes": [{"reason": "FieldValueInvalid", "message": "Invalid value", "field": field}]}}))
+            .unwrap()
+        };
+        assert!(primary_family_refused(&refused("spec.clusterIPs[0]")));
+        assert!(!primary_family_refused(&refused("spec.ports[0].port")));
+        assert!(!primary_family_refused(&kube::core::Status::failure("invalid", "Invalid").with_code(422)));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::objects::{self, LABEL_K8S_SERVICE_NAME};
 use super::state::{Change, Delta, ExportInfo, MemberEvent, ServiceInfo};
 use crate::k8s::client::{self, ClientError, Connection};
 use crate::k8s::mcs::{CLUSTER_ID_PROPERTY, cluster_property, discover_mcs};
+use crate::k8s::throttle::{Limits, ThrottleStats};
 use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, scopes};
 use crate::model::{ClusterId, ServiceKey, SliceKey};
 
@@ -45,6 +46,8 @@ pub struct Member {
     pub client: Client,
     /// Health of its watches (exports, services, slices; per scope).
     pub health: Vec<Arc<WatchHealth>>,
+    /// What the client-side rate limit did to its requests (zero without one).
+    pub throttle: Arc<ThrottleStats>,
 }
 
 impl Member {
@@ -59,14 +62,16 @@ impl Member {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to every member (learning cluster ids), for watches in
-/// `namespaces` (all when empty).
+/// `namespaces` (all when empty); with `limits`, each member's client has
+/// its own rate limit.
 pub async fn connect_all(
     members: &[MemberConfig],
     namespaces: &[String],
+    limits: Option<Limits>,
 ) -> Result<Vec<Member>, ClientError> {
     let mut connected = Vec::with_capacity(members.len());
     for m in members {
-        connected.push(connect(m, CONNECT_TIMEOUT, namespaces).await?);
+        connected.push(connect(m, CONNECT_TIMEOUT, namespaces, limits).await?);
     }
     Ok(connected)
 }
@@ -74,35 +79,36 @@ pub async fn connect_all(
 /// Connects to a member and learns its cluster id: the value of its
 /// `cluster.clusterset.k8s.io` ClusterProperty when it has one, else the
 /// configured name. A member that does not answer within `timeout` keeps its
-/// configured name (it is watched, and retried, all the same).
+/// configured name (it is watched, and retried, all the same; `sync` reads
+/// the id again with [`follow_ids`]).
 pub async fn connect(
     cfg: &MemberConfig,
     timeout: Duration,
     namespaces: &[String],
+    limits: Option<Limits>,
 ) -> Result<Member, ClientError> {
-    let client = client::connect(&cfg.connection).await?;
-    let fallback = || {
-        ClusterId::parse(&cfg.name).map_err(|e| ClientError::Kubeconfig {
-            path: format!("--cluster {}", cfg.name).into(),
-            source: format!("member name: {e}").into(),
-        })
-    };
-    let cluster = match tokio::time::timeout(timeout, cluster_property(&client)).await {
-        Ok(Ok(Some(value))) => match ClusterId::parse(&value) {
-            Ok(id) => id,
-            Err(e) => {
-                warn!(member = %cfg.name, "ClusterProperty {CLUSTER_ID_PROPERTY} {value:?} is not a cluster id ({e}); using the member name");
-                fallback()?
-            }
-        },
-        Ok(Ok(None)) => fallback()?,
-        Ok(Err(e)) => {
-            warn!(member = %cfg.name, "cannot read ClusterProperty {CLUSTER_ID_PROPERTY}: {e}; using the member name");
-            fallback()?
+    let throttle = Arc::new(ThrottleStats::default());
+    let client = match limits {
+        Some(l) => {
+            client::connect_limited(&cfg.connection, l, &format!("member {}", cfg.name), throttle.clone())
+                .await?
         }
-        Err(_) => {
-            warn!(member = %cfg.name, "API server did not answer within {timeout:?}; using the member name as cluster id");
-            fallback()?
+        None => client::connect(&cfg.connection).await?,
+    };
+    let named = ClusterId::parse(&cfg.name).map_err(|e| ClientError::Kubeconfig {
+        path: format!("--cluster {}", cfg.name).into(),
+        source: format!("member name: {e}").into(),
+    })?;
+    let cluster = match read_id(&client, &named, timeout).await {
+        Ok(IdRead { id, note }) => {
+            if let Some(note) = note {
+                warn!(member = %cfg.name, "{note}");
+            }
+            id
+        }
+        Err(why) => {
+            warn!(member = %cfg.name, "{why}; using the member name as cluster id");
+            named
         }
     };
     info!(member = %cfg.name, cluster = %cluster, "member");
@@ -113,7 +119,69 @@ pub async fn connect(
             health.push(Arc::new(WatchHealth::new(format!("{what}{within} of member {}", cfg.name))));
         }
     }
-    Ok(Member { name: cfg.name.clone(), cluster, client, health })
+    Ok(Member { name: cfg.name.clone(), cluster, client, health, throttle })
+}
+
+/// A member's cluster id as its API says it now.
+struct IdRead {
+    id: ClusterId,
+    /// Why the name stands in for a ClusterProperty that has a value.
+    note: Option<String>,
+}
+
+/// Reads member's ClusterProperty: its value, or `named` when it has none
+/// (or one whose value is not a cluster id); `Err` when the API did not
+/// answer, which decides nothing.
+async fn read_id(client: &Client, named: &ClusterId, timeout: Duration) -> Result<IdRead, String> {
+    match tokio::time::timeout(timeout, cluster_property(client)).await {
+        Ok(Ok(Some(value))) => match ClusterId::parse(&value) {
+            Ok(id) => Ok(IdRead { id, note: None }),
+            Err(e) => Ok(IdRead {
+                id: named.clone(),
+                note: Some(format!(
+                    "ClusterProperty {CLUSTER_ID_PROPERTY} {value:?} is not a cluster id ({e}); using the member name"
+                )),
+            }),
+        },
+        Ok(Ok(None)) => Ok(IdRead { id: named.clone(), note: None }),
+        Ok(Err(e)) => Err(format!("cannot read ClusterProperty {CLUSTER_ID_PROPERTY}: {e}")),
+        Err(_) => Err(format!("API server did not answer within {timeout:?}")),
+    }
+}
+
+/// How often [`follow_ids`] reads every member's ClusterProperty. A get of
+/// one object per member: 10 a second for a 100-cluster fleet, inside the
+/// members' rate limits. Not a watch: the sync identity may only `get` that
+/// one ClusterProperty by name (`deploy/sync/rbac.yaml`), and a watch would
+/// fail for as long as a member has no ClusterProperty CRD.
+pub const ID_RECHECK: Duration = Duration::from_secs(10);
+
+/// Reads every member's cluster id again every [`ID_RECHECK`] and sends the
+/// whole list on `out` whenever one changed: a ClusterProperty created,
+/// changed or deleted after start, or first read after a member that did not
+/// answer at start. A member that does not answer keeps its id. Never
+/// returns (unless `out` has no receiver left).
+pub async fn follow_ids(members: Vec<Member>, out: tokio::sync::watch::Sender<Vec<ClusterId>>) {
+    let mut ids: Vec<ClusterId> = members.iter().map(|m| m.cluster.clone()).collect();
+    // Valid: `connect` refused members whose names are not cluster ids.
+    let names: Vec<ClusterId> =
+        members.iter().map(|m| ClusterId::parse(&m.name).unwrap_or_else(|_| m.cluster.clone())).collect();
+    loop {
+        tokio::time::sleep(ID_RECHECK).await;
+        let reads = members.iter().zip(&names).map(|(m, named)| read_id(&m.client, named, ID_RECHECK));
+        let mut changed = false;
+        for ((m, read), id) in members.iter().zip(futures::future::join_all(reads).await).zip(&mut ids) {
+            let Ok(IdRead { id: now, note }) = read else { continue };
+            if now != *id {
+                info!(member = %m.name, from = %id, to = %now, note = note.unwrap_or_default(), "cluster id changed: re-keying the member's exports");
+                *id = now;
+                changed = true;
+            }
+        }
+        if changed && out.send(ids.clone()).is_err() {
+            return;
+        }
+    }
 }
 
 /// Starts the three watches of member `index` in every scope (see

@@ -332,8 +332,13 @@ fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> Met
 
 /// A counter sample with `pairs` as labels.
 pub fn counter(pairs: &[(&str, &str)], value: u64) -> Metric {
+    counter_f64(pairs, value as f64)
+}
+
+/// A counter of a quantity that is not a count (seconds).
+pub fn counter_f64(pairs: &[(&str, &str)], value: f64) -> Metric {
     let mut c = Counter::default();
-    c.set_value(value as f64);
+    c.set_value(value);
     let mut m = Metric::default();
     m.set_label(labels(pairs));
     m.set_counter(c);

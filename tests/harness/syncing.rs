@@ -106,6 +106,12 @@ impl Syncing {
         self.child.kill();
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) and returns at once.
+    pub fn signal(&self, signal: &str) {
+        let sent = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -{signal} {}", self.child.id());
+    }
+
     /// SIGTERM (gives up the Lease), SIGKILL after 10 s.
     pub fn stop(&mut self) {
         self.child.stop("TERM", Duration::from_secs(10));

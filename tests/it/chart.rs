@@ -297,7 +297,7 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
         (_, "") => ("true".to_owned(), None),
         ("max-udp-payload", _) => text("1400"),
         ("listen", _) => ("{0.0.0.0:8053}".to_owned(), Some("0.0.0.0:8053".to_owned())),
-        (_, "SECONDS" | "N" | "BYTES" | "PER_SECOND" | "BITS" | "K" | "M") => text("24"),
+        (_, "SECONDS" | "N" | "BYTES" | "PER_SECOND" | "BITS" | "K" | "M" | "QPS") => text("24"),
         (_, "BOOL") => text("false"),
         (_, "CIDR") => ("{10.1.0.0/16}".to_owned(), Some("10.1.0.0/16".to_owned())),
         (_, "IP") => ("{10.1.0.1}".to_owned(), Some("10.1.0.1".to_owned())),

@@ -35,6 +35,7 @@ mod setup_dns;
 mod supervise;
 mod sync;
 mod sync_kep;
+mod sync_throttle;
 mod transfer;
 mod watch;
 mod workload;

@@ -14,9 +14,9 @@ use serde_json::json;
 
 use crate::fleet::{User, export_resource};
 use crate::harness::clusters::{Component, TestClusters, shared};
-use crate::harness::eventually;
 use crate::harness::served::Served;
 use crate::harness::syncing::Syncing;
+use crate::harness::{eventually, within};
 use crate::watch::{import_resource, runtime, serve, short, status as rcode, wait_ready};
 
 const OURS: &str = "app.kubernetes.io/managed-by=clusterset-dns-sync";
@@ -386,6 +386,94 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
         eventually("all gone", || rt.block_on(reader.ours()) == (0, 0, 0));
     }
     eprintln!("failover in {failover:?}");
+}
+
+/// Watches the API server of cluster `i` is serving now, from its own
+/// `/metrics` (read as admin).
+fn watches(clusters: &TestClusters, i: usize) -> f64 {
+    let (scrape, _) = crate::deploy::kubectl_ok(&clusters.kubeconfig(i), &["get", "--raw", "/metrics"], "");
+    scrape
+        .lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_stops_every_task_once_it_knows() {
+    // Its own cluster (one member): the API server's count of open watches
+    // is then ours and its own, nobody else's.
+    let clusters = TestClusters::start(1);
+    let rt = runtime();
+    let ns = "sync-lost-lease";
+    let u = users(&rt, &clusters, ns);
+    let r = readers(&rt, &clusters, ns);
+    let quiet = watches(&clusters, 0);
+    let first = syncing(&clusters, ns, &["--lease-duration", "5", "--identity", "first"]);
+    eventually("first leads", || first.leading());
+    let second = syncing(&clusters, ns, &["--lease-duration", "5", "--identity", "second"]);
+    let export = |i: usize| {
+        rt.block_on(async {
+            let name = format!("svc-{i}");
+            u[0].service(&name, json!({})).await;
+            u[0].endpoints(
+                &format!("{name}-a"),
+                &name,
+                json!([{"addresses": [format!("10.9.1.{}", i + 1)]}]),
+            )
+            .await;
+            u[0].export(&name).await;
+        })
+    };
+    for i in 0..5 {
+        export(i);
+    }
+    eventually("first synced 5 services", || rt.block_on(r[0].ours()) == (5, 5, 5));
+    let writes = |s: &Syncing| s.metric("clusterset_dns_sync_writes_total").unwrap_or(-1.0);
+    std::thread::sleep(Duration::from_secs(1));
+    let before = writes(&first);
+    // One leader's watches (the standby runs none).
+    let leading = watches(&clusters, 0);
+    assert!(leading > quiet, "the leader's watches are counted: {quiet} before, {leading} with it");
+    // Paused past its lease: the standby takes over meanwhile.
+    first.signal("STOP");
+    let paused = Instant::now();
+    eventually("second leads", || second.leading());
+    let took_over = paused.elapsed();
+    first.signal("CONT");
+    let resumed = Instant::now();
+    eventually("first learns it lost the Lease", || first.log().contains("lost the Lease"));
+    let noticed = resumed.elapsed();
+    assert_eq!(first.metric("clusterset_dns_sync_leader"), Some(0.0));
+    // Its watches end with it: again one leader's worth open, not two.
+    let closed = within(Duration::from_secs(20), || watches(&clusters, 0) == leading);
+    let open = watches(&clusters, 0);
+    assert!(closed, "{open} watches open, {leading} with one leader: the old leader's still run");
+    std::thread::sleep(Duration::from_secs(1));
+    let at_loss = writes(&first);
+    eprintln!(
+        "second led {took_over:?} after the pause; first noticed {noticed:?} after resuming, \
+         with {} writes in between; watches: {quiet} without sync, {leading} with a leader",
+        at_loss - before
+    );
+    // Changes the old leader would act on if anything of it still ran: new
+    // exports, an export gone, one of our slices deleted by hand.
+    for i in 5..8 {
+        export(i);
+    }
+    rt.block_on(u[0].unexport("svc-0"));
+    rt.block_on(async {
+        let slices: Api<EndpointSlice> = Api::namespaced(clusters.client(0).await, ns);
+        let ours = slices.list_metadata(&ListParams::default().labels(OURS)).await.expect("list");
+        let name = ours.items[0].metadata.name.clone().expect("name");
+        slices.delete(&name, &Default::default()).await.expect("delete slice");
+    });
+    eventually("second synced 7 services", || rt.block_on(r[0].ours()) == (7, 7, 7));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(writes(&second) > 0.0, "the new leader wrote the changes");
+    assert_eq!(writes(&first), at_loss, "the old leader wrote after it lost the Lease:\n{}", first.log());
+    assert!(!first.leading() && second.leading());
+    assert_eq!(watches(&clusters, 0), leading, "one leader's watches");
 }
 
 #[test]

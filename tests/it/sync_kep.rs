@@ -481,3 +481,194 @@ fn a_namespace_created_after_the_export_gets_the_import() {
     rt.block_on(User::new(clusters, 2, ns));
     until(20, "imported into the new namespace", || rt.block_on(import(&c2, ns, "web")).is_some());
 }
+
+/// Applies cluster `i`'s `cluster.clusterset.k8s.io` ClusterProperty.
+async fn set_cluster_id(clusters: &TestClusters, i: usize, value: &str) {
+    let ar = clusterset_dns::k8s::mcs::cluster_property_resource();
+    let api: Api<DynamicObject> = Api::all_with(client(clusters, i).await, &ar);
+    let body = json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+                      "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": value}});
+    api.patch(
+        "cluster.clusterset.k8s.io",
+        &kube::api::PatchParams::apply("test"),
+        &kube::api::Patch::Apply(&body),
+    )
+    .await
+    .expect("apply ClusterProperty");
+}
+
+/// What member `c` says of service `name`'s sources: the import status's
+/// clusters, and the `source-cluster` label of each MCS slice of ours.
+async fn sources(c: &kube::Client, ns: &str, name: &str) -> (Vec<String>, Vec<String>) {
+    let status = import(c, ns, name)
+        .await
+        .and_then(|o| o.pointer("/status/clusters").and_then(Value::as_array).cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c["cluster"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let slices: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+    let mut labels: Vec<String> = slices
+        .list_metadata(
+            &ListParams::default().labels(&format!("{OURS},multicluster.kubernetes.io/service-name={name}")),
+        )
+        .await
+        .expect("list slices")
+        .items
+        .iter()
+        .map(|s| {
+            let l =
+                s.metadata.labels.as_ref().and_then(|l| l.get("multicluster.kubernetes.io/source-cluster"));
+            l.cloned().unwrap_or_default()
+        })
+        .collect();
+    labels.sort();
+    (status, labels)
+}
+
+#[test]
+fn a_cluster_property_created_or_changed_after_start_rekeys_the_members_exports() {
+    // Its own clusters: a ClusterProperty is cluster-wide.
+    let clusters = TestClusters::start(2);
+    let rt = runtime();
+    let ns = "sync-late-id";
+    let u = users(&rt, &clusters, ns);
+    rt.block_on(async {
+        u[0].service("web", json!({})).await;
+        u[0].endpoints("web-x", "web", json!([{"addresses": ["10.0.0.1"]}])).await;
+        u[0].export("web").await;
+    });
+    let c: Vec<kube::Client> =
+        rt.block_on(async { vec![client(&clusters, 0).await, client(&clusters, 1).await] });
+    let sync = syncing(&clusters, &[ns], &[]);
+    let named = |id: &str| (vec![id.to_owned()], vec![id.to_owned()]);
+    // No ClusterProperty: cluster-1 is known by its member name.
+    for ci in &c {
+        until(30, "imported under the member name", || {
+            rt.block_on(sources(ci, ns, "web")) == named("cluster-1")
+        });
+    }
+    // Created after start: followed within the recheck period (10 s), and
+    // nothing is left under the old id, in either member.
+    rt.block_on(set_cluster_id(&clusters, 0, "east"));
+    for ci in &c {
+        until(60, "re-keyed to the new ClusterProperty", || {
+            rt.block_on(sources(ci, ns, "web")) == named("east")
+        });
+    }
+    // Changed: the same again.
+    rt.block_on(set_cluster_id(&clusters, 0, "east-2"));
+    for ci in &c {
+        until(60, "re-keyed to the changed ClusterProperty", || {
+            rt.block_on(sources(ci, ns, "web")) == named("east-2")
+        });
+    }
+    assert!(
+        rt.block_on(conditions(&c[0], ns, "web")).iter().any(|c| c.starts_with("Ready=True")),
+        "the export is Ready under its new id:\n{}",
+        sync.log()
+    );
+    assert!(sync.log().contains("cluster id changed"), "{}", sync.log());
+}
+
+/// A Service's own EndpointSlice of one address family, as the
+/// EndpointSlice controller writes it.
+async fn family_slice(c: &kube::Client, ns: &str, service: &str, family: &str, address: &str) {
+    let api: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+    let name = format!("{service}-{}", family.to_ascii_lowercase());
+    let body = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": ns,
+                     "labels": {"kubernetes.io/service-name": service,
+                                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": family, "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": true}}]});
+    api.patch(&name, &kube::api::PatchParams::apply("test").force(), &kube::api::Patch::Apply(&body))
+        .await
+        .expect("apply EndpointSlice");
+}
+
+/// The import's `spec.ipFamilies` and `spec.ips`, and the VIP Service's
+/// `spec.ipFamilies`, in member `c`.
+async fn families_of(c: &kube::Client, ns: &str, name: &str) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let strings = |v: Option<&Value>| -> Vec<String> {
+        v.and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    let Some(i) = import(c, ns, name).await else { return Default::default() };
+    let vips = Api::<Service>::namespaced(c.clone(), ns)
+        .list(&ListParams::default().labels(OURS))
+        .await
+        .expect("list VIP Services")
+        .items;
+    let vip = vips.first().and_then(|s| s.spec.as_ref()?.ip_families.clone()).unwrap_or_default();
+    (strings(i.pointer("/spec/ipFamilies")), strings(i.pointer("/spec/ips")), vip)
+}
+
+#[test]
+fn exports_of_different_ip_families_conflict_and_the_oldest_family_is_imported() {
+    // Its own clusters: dual-stack service ranges (IPv4 10.(110+I).0.0/16,
+    // IPv6 fd00:0:0:I::/108), so each member can give a VIP of either family.
+    let clusters =
+        TestClusters::start_env(2, &[("CLUSTERS_SERVICE_CIDR", "10.11{I}.0.0/16,fd00:0:0:{I}::/108")]);
+    let rt = runtime();
+    let ns = "sync-families";
+    let u = users(&rt, &clusters, ns);
+    let c: Vec<kube::Client> =
+        rt.block_on(async { vec![client(&clusters, 0).await, client(&clusters, 1).await] });
+    // cluster-1 exports first, IPv4 only; cluster-2 a second later, IPv6 only.
+    let single = |family: &str| json!({"ipFamilyPolicy": "SingleStack", "ipFamilies": [family]});
+    rt.block_on(async {
+        u[0].service("web", single("IPv4")).await;
+        family_slice(&c[0], ns, "web", "IPv4", "10.1.0.1").await;
+        u[0].export("web").await;
+    });
+    std::thread::sleep(Duration::from_millis(1100));
+    rt.block_on(async {
+        u[1].service("web", single("IPv6")).await;
+        family_slice(&c[1], ns, "web", "IPv6", "fd00:2::1").await;
+        u[1].export("web").await;
+    });
+    let sync = syncing(&clusters, &[ns], &[]);
+    let conflict = "Conflict=True IPFamilyConflict: Conflicting ipFamilies. Using \"IPv4\" from oldest service \
+                    export in \"cluster-1\". 1/2 clusters disagree.";
+    for (i, ci) in c.iter().enumerate() {
+        until(60, &format!("IPFamilyConflict on {}'s export", clusters.name(i)), || {
+            rt.block_on(conditions(ci, ns, "web")).iter().any(|c| c == conflict)
+        });
+    }
+    // Every member imports the oldest export's family: an IPv4 VIP only.
+    for (i, ci) in c.iter().enumerate() {
+        until(30, &format!("an IPv4 import in {}", clusters.name(i)), || {
+            let (families, ips, vip) = rt.block_on(families_of(ci, ns, "web"));
+            families == ["IPv4"]
+                && vip == ["IPv4"]
+                && ips.len() == 1
+                && ips[0].starts_with(&format!("10.11{}.", i + 1))
+        });
+    }
+    // The disagreeing export is still valid: both exports are Valid.
+    for ci in &c {
+        let conds = rt.block_on(conditions(ci, ns, "web"));
+        assert!(conds.iter().any(|c| c.starts_with("Valid=True")), "{conds:?}");
+    }
+    // The oldest export goes: cluster-2's family wins, the conflict clears,
+    // and each member's VIP becomes IPv6 (a Service's primary family cannot
+    // change in place).
+    rt.block_on(u[0].unexport("web"));
+    until(60, "the conflict cleared", || {
+        rt.block_on(conditions(&c[1], ns, "web")).iter().any(|c| c.starts_with("Conflict=False NoConflicts"))
+    });
+    for (i, ci) in c.iter().enumerate() {
+        until(60, &format!("an IPv6 import in {}", clusters.name(i)), || {
+            let (families, ips, vip) = rt.block_on(families_of(ci, ns, "web"));
+            families == ["IPv6"]
+                && vip == ["IPv6"]
+                && ips.len() == 1
+                && ips[0].starts_with(&format!("fd00:0:0:{}:", i + 1))
+        });
+    }
+    drop(sync);
+}
