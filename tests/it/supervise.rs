@@ -76,6 +76,10 @@ fn a_panicking_http_request_gets_500_and_the_endpoint_lives_on() {
     assert_eq!(panics(&s, "http"), 1.0);
 }
 
+/// An object for an edit of the objects file: the file watch sends only
+/// files whose bytes changed.
+const IMPORT: &str = "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata: {name: web, namespace: shop}\nspec: {type: Headless}\n";
+
 #[test]
 fn a_dead_store_writer_fails_health_and_ends_the_process_non_zero() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -83,8 +87,9 @@ fn a_dead_store_writer_fails_health_and_ends_the_process_non_zero() {
     std::fs::write(&file, "").expect("write");
     let objects = dir.path().to_str().expect("utf-8").to_owned();
     let mut s = Served::start_env("serve", &["--objects", &objects], &[("CLUSTERSET_DNS_FAULT", "writer")]);
-    // The file watch sends its first update right after start: the writer
-    // panics on it, and the process goes.
+    // An edit makes the file watch send an update: the writer panics on
+    // it, and the process goes.
+    std::fs::write(&file, IMPORT).expect("write");
     let status = s.wait_exit(Duration::from_secs(20)).expect("the process exits");
     assert!(!status.success(), "{status}");
     let log = s.log();
@@ -95,7 +100,8 @@ fn a_dead_store_writer_fails_health_and_ends_the_process_non_zero() {
 fn health_fails_once_a_task_that_cannot_be_restarted_died() {
     use clusterset_dns::fault::Faults;
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("objects.yaml"), "").expect("write");
+    let file = dir.path().join("objects.yaml");
+    std::fs::write(&file, "").expect("write");
     let objects = dir.path().to_str().expect("utf-8");
     let argv = [&crate::support::SERVE_ARGV[..], &["--objects", objects]].concat();
     let mut cfg = crate::support::serve_config(&argv);
@@ -104,7 +110,8 @@ fn health_fails_once_a_task_that_cannot_be_restarted_died() {
     rt.block_on(async {
         let running = clusterset_dns::cmd::serve::start(&cfg).await.expect("starts");
         let http = running.http_addr;
-        // The file watch's first update, right after start, kills the writer.
+        // An edit makes the file watch send an update, which kills the writer.
+        std::fs::write(&file, IMPORT).expect("write");
         let reason = tokio::time::timeout(Duration::from_secs(10), running.failures.wait_fatal())
             .await
             .expect("the writer's death is recorded")
