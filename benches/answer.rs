@@ -82,15 +82,8 @@ fn store() -> (Reader, Writer) {
 }
 
 fn store_with(answers: store::AnswerConfig) -> (Reader, Writer) {
-    let (reader, mut writer) = store::new(ZoneConfig {
-        origin: Name::from_ascii("clusterset.local.").expect("zone"),
-        ttl: 5,
-        negative_ttl: 5,
-        advertise: vec![],
-        answers,
-        identity: Default::default(),
-        also: None,
-    });
+    let (reader, mut writer) =
+        store::new(ZoneConfig::with_defaults(Name::from_ascii("clusterset.local.").expect("zone"), answers));
     writer.apply(Update::Replace { source: SourceId(1), objects: objects(0) });
     writer.publish();
     (reader, writer)

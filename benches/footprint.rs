@@ -138,15 +138,10 @@ struct Figures {
 }
 
 fn measure(services: usize, publishes: usize) -> Figures {
-    let (reader, mut writer) = store::new(ZoneConfig {
-        origin: Name::from_ascii("clusterset.local.").expect("zone"),
-        ttl: 5,
-        negative_ttl: 5,
-        advertise: vec![],
-        answers: store::AnswerConfig::standard(),
-        identity: Default::default(),
-        also: None,
-    });
+    let (reader, mut writer) = store::new(ZoneConfig::with_defaults(
+        Name::from_ascii("clusterset.local.").expect("zone"),
+        store::AnswerConfig::standard(),
+    ));
     let empty = live();
     let objects = fleet(services);
     let objects_bytes = live() - empty;

@@ -55,15 +55,8 @@ fn query(name: &str, rtype: RecordType, edns: bool) -> Vec<u8> {
 
 /// The embedded example published with `answers`.
 fn example(answers: store::AnswerConfig) -> store::Reader {
-    let (reader, mut writer) = store::new(ZoneConfig {
-        origin: Name::from_ascii("clusterset.local.").expect("zone"),
-        ttl: 5,
-        negative_ttl: 5,
-        advertise: vec![],
-        answers,
-        identity: Default::default(),
-        also: None,
-    });
+    let (reader, mut writer) =
+        store::new(ZoneConfig::with_defaults(Name::from_ascii("clusterset.local.").expect("zone"), answers));
     writer.apply(Update::Replace {
         source: SourceId(0),
         objects: embedded::parse(Default::default()).expect("embedded example").objects,

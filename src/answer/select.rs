@@ -320,15 +320,8 @@ mod tests {
     /// (addresses 10.<c>.1.<e>, zone z<c>), dual-stack for c1 (pods paired
     /// by targetRef).
     fn service(answers: AnswerConfig, per: usize, overrides: AnswerOverrides) -> (Reader, Writer) {
-        let (reader, mut w) = store::new(ZoneConfig {
-            origin: Name::from_ascii("clusterset.local.").unwrap(),
-            ttl: 5,
-            negative_ttl: 5,
-            advertise: vec![],
-            answers,
-            identity: Default::default(),
-            also: None,
-        });
+        let (reader, mut w) =
+            store::new(ZoneConfig::with_defaults(Name::from_ascii("clusterset.local.").unwrap(), answers));
         let mut objects = vec![Object::Import(ServiceImport {
             key: key(),
             kind: ImportType::Headless,

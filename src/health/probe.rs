@@ -276,15 +276,10 @@ mod tests {
     /// A store holding `objects`, its writer applying updates from the
     /// returned sender as `serve`'s writer task does.
     fn store_with(objects: Vec<Object>) -> (Reader, mpsc::Sender<Update>) {
-        let (reader, mut w): (Reader, Writer) = store::new(ZoneConfig {
-            origin: Name::from_ascii("clusterset.local.").unwrap(),
-            ttl: 5,
-            negative_ttl: 5,
-            advertise: vec![],
-            answers: AnswerConfig::standard(),
-            identity: Default::default(),
-            also: None,
-        });
+        let (reader, mut w): (Reader, Writer) = store::new(ZoneConfig::with_defaults(
+            Name::from_ascii("clusterset.local.").unwrap(),
+            AnswerConfig::standard(),
+        ));
         w.apply(Update::Replace { source: SourceId(1), objects });
         w.publish();
         let (tx, mut rx) = mpsc::channel::<Update>(64);

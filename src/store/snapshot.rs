@@ -42,6 +42,23 @@ pub struct ZoneConfig {
     pub also: Option<Name>,
 }
 
+impl ZoneConfig {
+    /// The zone `origin` with the command line's defaults (TTL 5 s for
+    /// answers and negative answers, no NS glue, the default identity, no
+    /// second zone) and `answers`: what tests and benches build a store on.
+    pub fn with_defaults(origin: Name, answers: AnswerConfig) -> Self {
+        Self {
+            origin,
+            ttl: 5,
+            negative_ttl: 5,
+            advertise: vec![],
+            answers,
+            identity: Identity::default(),
+            also: None,
+        }
+    }
+}
+
 /// The server's identity (RFC 4892 CHAOS TXT names, RFC 5001 NSID).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {

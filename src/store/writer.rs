@@ -529,15 +529,10 @@ mod tests {
     use crate::store::{self, Reader, ZoneConfig};
 
     fn store() -> (Reader, Writer) {
-        store::new(ZoneConfig {
-            origin: Name::from_str("clusterset.local.").unwrap(),
-            ttl: 5,
-            negative_ttl: 5,
-            advertise: vec![],
-            answers: store::AnswerConfig::standard(),
-            identity: Default::default(),
-            also: None,
-        })
+        store::new(ZoneConfig::with_defaults(
+            Name::from_str("clusterset.local.").unwrap(),
+            store::AnswerConfig::standard(),
+        ))
     }
 
     fn import(ns: &str, name: &str, ip: &str) -> Object {

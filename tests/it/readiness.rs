@@ -12,15 +12,10 @@ use crate::support::q;
 
 #[test]
 fn names_not_found_are_servfail_until_every_source_synced() {
-    let (reader, mut writer) = store::new(ZoneConfig {
-        origin: Name::from_str("clusterset.local.").unwrap(),
-        ttl: 5,
-        negative_ttl: 5,
-        advertise: vec![],
-        answers: store::AnswerConfig::standard(),
-        identity: Default::default(),
-        also: None,
-    });
+    let (reader, mut writer) = store::new(ZoneConfig::with_defaults(
+        Name::from_str("clusterset.local.").unwrap(),
+        store::AnswerConfig::standard(),
+    ));
     writer.apply(Update::Register(SourceId(1)));
     writer.publish();
     let workers = udp::start(
