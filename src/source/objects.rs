@@ -188,14 +188,13 @@ fn add_object(
         if path.is_empty() { f.to_owned() } else { format!("{path}.{f}") }
     };
     let meta = doc.meta().map_err(|e| (Some(at("kind")), e))?;
-    let value = doc;
     if meta.kind.is_empty() || meta.api_version.is_empty() {
         return Err((Some(at("kind")), "not a Kubernetes object: apiVersion and kind are required".into()));
     }
     let (group, version) = meta.api_version.rsplit_once('/').unwrap_or(("", &meta.api_version));
     match (group, version, meta.kind.as_str()) {
         (_, _, "List") | (_, _, "ServiceImportList") | (_, _, "EndpointSliceList") => {
-            let serde_yaml::Value::Mapping(mut map) = value.into_value().map_err(|e| (None, e))? else {
+            let serde_yaml::Value::Mapping(mut map) = doc.into_value().map_err(|e| (None, e))? else {
                 return Err((None, "a List must be a mapping".into()));
             };
             let items = map.remove("items").unwrap_or(serde_yaml::Value::Null);
@@ -211,14 +210,14 @@ fn add_object(
             }
         }
         (MCS_GROUP, v, "ServiceImport") if MCS_VERSIONS.contains(&v) => {
-            let obj: crd::ServiceImport = typed(value, path)?;
+            let obj: crd::ServiceImport = typed(doc, path)?;
             match interop::service_import(&obj, interop) {
                 Ok(import) => parsed.objects.push(Object::Import(import)),
                 Err(e) => parsed.skipped.push(e),
             }
         }
         ("", "v1", "Service") if interop.any() => {
-            let obj: Service = typed(value, path)?;
+            let obj: Service = typed(doc, path)?;
             match interop::backing_service(&obj, interop) {
                 Ok(Some(service)) => parsed.objects.push(Object::Service(service)),
                 Ok(None) => *parsed.ignored.entry("v1/Service".into()).or_default() += 1,
@@ -226,7 +225,7 @@ fn add_object(
             }
         }
         ("discovery.k8s.io", "v1", "EndpointSlice") => {
-            let obj: EndpointSlice = typed(value, path)?;
+            let obj: EndpointSlice = typed(doc, path)?;
             let mcs = obj.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_SERVICE_NAME));
             let converted = if mcs || !interop.any() {
                 convert::endpoint_slice(&obj).map(Some)

@@ -172,12 +172,10 @@ pub(crate) fn service_names(
         dedup_in_order(&mut addrs);
         let mut record: Option<Records> = None;
         for ip in addrs {
-            let r = match &record {
-                Some(r) if shared => Some(r.clone()),
-                _ => ptr_record(ip, target, ttl),
-            };
-            record.clone_from(&r);
-            reverse.extend(r.map(|r| (ip, r)));
+            if record.is_none() || !shared {
+                record = ptr_record(ip, target, ttl);
+            }
+            reverse.extend(record.clone().map(|r| (ip, r)));
         }
     };
     match import.kind {

@@ -17,13 +17,14 @@
 //!   order: MCS first), so a name never mixes two fleet managers' views
 //!   and never depends on which object arrived last.
 
+use std::borrow::Cow;
+
 use super::input::SourceId;
 use super::vec_map::VecMap;
 use crate::model::{
     AnswerOverrides, BackingKind, BackingService, EndpointSet, ImportType, ServiceImport, ServiceKey,
     SliceKey,
 };
-use std::borrow::Cow;
 
 /// What one service is answered from.
 pub(crate) struct Served<'a> {
