@@ -425,17 +425,7 @@ fn members_sharing_a_cluster_id_are_reported_on_every_export_and_never_mixed() {
     let u: Vec<User> = rt.block_on(async {
         let mut v = Vec::new();
         for i in 0..2 {
-            let ar = clusterset_dns::k8s::mcs::cluster_property_resource();
-            let api: Api<DynamicObject> = Api::all_with(client(&clusters, i).await, &ar);
-            let body = json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
-                              "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "same"}});
-            api.patch(
-                "cluster.clusterset.k8s.io",
-                &kube::api::PatchParams::apply("test"),
-                &kube::api::Patch::Apply(&body),
-            )
-            .await
-            .expect("apply ClusterProperty");
+            set_cluster_id(&clusters, i, "same").await;
             let user = User::new(&clusters, i, ns).await;
             user.service("web", json!({})).await;
             user.endpoints("web-x", "web", json!([{"addresses": [format!("10.{i}.0.1")]}])).await;
