@@ -233,7 +233,10 @@ fn failover_after_local_backends_die(ns: &str, probe: &[&str]) {
         std::thread::sleep(Duration::from_millis(300));
     }
     let client = ClientLoop::start(&s, &name, 9000, 400, 0.1);
-    std::thread::sleep(Duration::from_secs(3));
+    // A loaded machine can take seconds for the first attempt (interpreter
+    // start, the first lookup through CoreDNS), so the kill waits for
+    // attempts, not for a fixed time.
+    client.await_attempts(10, CONVERGE);
     let kill_at = Instant::now();
     for mut server in killed {
         server.kill();
@@ -947,6 +950,22 @@ impl ClientLoop {
         // Each attempt: at most a 1 s timeout (a resolver timeout too) plus the interval.
         let limit = Duration::from_secs_f64(count as f64 * (interval + 3.0));
         Self { child: Owned::new(child), lines, limit }
+    }
+
+    /// Waits (bounded by `within`) until the loop has reported `count` attempts.
+    fn await_attempts(&self, count: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let seen = self.lines.lock().expect("lines").len();
+            if seen >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the client loop reported {seen} of {count} attempts in {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Waits for it to finish (bounded), then the stamped attempts.
