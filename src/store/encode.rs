@@ -20,15 +20,31 @@ pub(crate) fn records(owner: &Name, qtype: RecordType, records: &[Record]) -> Op
     let mut ends = Vec::with_capacity(records.len());
     let mut scratch = Vec::with_capacity(512);
     let question = Query::query(owner.clone(), qtype);
-    for record in records {
+    // One encoder (and one written question, whose labels each cost the
+    // encoder an allocation) per batch of records rather than per record.
+    // hickory compresses only the first 120 names an encoder writes (a
+    // guard against costly messages): a batch writes at most 3 names per
+    // record (an SOA's three), so 32 records stay well inside it.
+    for batch in records.chunks(32) {
         scratch.clear();
         let mut enc = BinEncoder::new(&mut scratch);
         enc.emit_vec(&[0; HEADER_LEN]).ok()?;
         question.emit(&mut enc).ok()?;
         let start = enc.offset();
-        record.emit(&mut enc).ok()?;
-        bytes.extend_from_slice(&scratch[start..]);
-        ends.push(u32::try_from(bytes.len()).ok()?);
+        for record in batch {
+            // Back to just after the question: `trim` also forgets the
+            // compression pointers into the previous record, so each record
+            // is written against the question alone, as the read path
+            // sends it.
+            enc.set_offset(start);
+            enc.trim();
+            record.emit(&mut enc).ok()?;
+            if enc.offset() <= start {
+                return None; // a record is at least 11 bytes; `slice_of` asserts this
+            }
+            bytes.extend_from_slice(enc.slice_of(start, enc.offset()));
+            ends.push(u32::try_from(bytes.len()).ok()?);
+        }
     }
     Some(Records::new(&bytes, &ends))
 }
@@ -91,6 +107,35 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert_eq!(r.get(0), &[0xC0, 0x0C, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 10, 0, 0, 1]);
         assert_eq!(r.get(0), r.get(1));
+    }
+
+    #[test]
+    fn each_record_is_compressed_against_the_question_only() {
+        // The read path sends any subset of the records in any order, so a
+        // pointer into an earlier record would point at whatever is there.
+        let question = Name::from_str("web.shop.svc.clusterset.local.").unwrap();
+        let owner = Name::from_str("a.web.shop.svc.clusterset.local.").unwrap();
+        let rec = |o: u8| Record::from_rdata(owner.clone(), 5, RData::A(A::new(10, 0, 0, o)));
+        let r = records(&question, RecordType::SRV, &[rec(1), rec(2), rec(3)]).unwrap();
+        for (i, o) in [1u8, 2, 3].into_iter().enumerate() {
+            assert_eq!(r.get(i), &[1, b'a', 0xC0, 0x0C, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 10, 0, 0, o]);
+        }
+    }
+
+    #[test]
+    fn hundreds_of_records_are_all_compressed() {
+        // hickory stops compressing after an encoder's 120th name.
+        let owner = Name::from_str("big.ns1.svc.clusterset.local.").unwrap();
+        let rec = |i: u16| {
+            Record::from_rdata(owner.clone(), 5, RData::A(A::from(std::net::Ipv4Addr::from(u32::from(i)))))
+        };
+        let all: Vec<Record> = (0..300).map(rec).collect();
+        let r = records(&owner, RecordType::A, &all).unwrap();
+        assert_eq!(r.len(), 300);
+        for i in 0..300 {
+            assert_eq!(r.get(i).len(), 16, "record {i}: owner a pointer");
+            assert_eq!(&r.get(i)[..2], &[0xC0, 0x0C]);
+        }
     }
 
     #[test]
