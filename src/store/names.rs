@@ -124,11 +124,12 @@ pub(crate) fn service_names(
         }
     }
     let ttl = zone.config.ttl;
+    let mut srv_answers = SrvAnswers::default();
     let mut names: FxHashMap<Box<[u8]>, NameNode> = d
         .nodes
         .iter()
         .filter_map(|(key, (owner, draft))| {
-            let node = encode_node(owner, draft, ttl, &d.targets);
+            let node = encode_node(owner, draft, ttl, &d.targets, (key.is_empty(), &mut srv_answers));
             if node.is_none() {
                 warn!(service = %import.key, name = %owner, "cannot encode name; leaving it out");
             }
@@ -366,6 +367,7 @@ fn rezone(name: &Name, origin: &Name, also: &Name) -> Option<Name> {
 /// Encodes every SRV RRset of the service again for the zone `also`, with
 /// owners, targets and the targets' addresses there, beside the original.
 fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHashMap<Box<[u8]>, NameNode>) {
+    let mut srv_answers = SrvAnswers::default();
     let targets: FxHashMap<Name, Vec<IpAddr>> =
         d.targets.iter().filter_map(|(n, a)| Some((rezone(n, origin, also)?, a.clone()))).collect();
     for (key, (owner, draft)) in &d.nodes {
@@ -375,7 +377,8 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
         let srv =
             draft.srv.iter().map(|(p, t)| Some((*p, rezone(t, origin, also)?))).collect::<Option<Vec<_>>>();
         let encoded = srv.zip(rezone(owner, origin, also)).and_then(|(srv, owner)| {
-            let node = encode_node(&owner, &Draft { a: Vec::new(), srv }, ttl, &targets)?;
+            let draft = Draft { a: Vec::new(), srv };
+            let node = encode_node(&owner, &draft, ttl, &targets, (key.is_empty(), &mut srv_answers))?;
             let set = node.get(u16::from(RecordType::SRV))?;
             Some((set.answer.clone(), set.additional.clone()))
         });
@@ -392,11 +395,22 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
     }
 }
 
+/// The service name's SRV answer with the (port, target) list it was
+/// encoded from. The owner of a pre-encoded record is a pointer to the
+/// question and an SRV target is written in full (RFC 2782), so a
+/// `_<port>._<proto>` name with the same list (a service with one named
+/// port) answers the same bytes, kept once. Their additional sections
+/// differ: the targets' owners are compressed against questions of
+/// different lengths.
+#[derive(Default)]
+struct SrvAnswers(Option<(Vec<(u16, Name)>, Records)>);
+
 fn encode_node(
     owner: &Name,
     draft: &Draft,
     ttl: u32,
     targets: &FxHashMap<Name, Vec<IpAddr>>,
+    (is_service, shared): (bool, &mut SrvAnswers),
 ) -> Option<NameNode> {
     let mut sets = Vec::new();
     let mut v4: Vec<IpAddr> = draft.a.iter().copied().filter(IpAddr::is_ipv4).collect();
@@ -420,12 +434,23 @@ fn encode_node(
         // Identical records must be identical, so the weight depends only on
         // how many distinct records the RRset has.
         let weight = (100 / srv.len()).max(1) as u16;
-        let records: Vec<Record> = srv
-            .iter()
-            .map(|(port, target)| {
-                Record::from_rdata(owner.clone(), ttl, RData::SRV(SRV::new(0, weight, *port, target.clone())))
-            })
-            .collect();
+        let answer = match &shared.0 {
+            Some((known, answer)) if *known == srv => answer.clone(),
+            _ => {
+                let records: Vec<Record> = srv
+                    .iter()
+                    .map(|(port, target)| {
+                        let rdata = RData::SRV(SRV::new(0, weight, *port, target.clone()));
+                        Record::from_rdata(owner.clone(), ttl, rdata)
+                    })
+                    .collect();
+                let answer = encode::records(owner, RecordType::SRV, &records)?;
+                if is_service {
+                    shared.0 = Some((srv.clone(), answer.clone()));
+                }
+                answer
+            }
+        };
         let mut seen = rustc_hash::FxHashSet::default();
         let mut extra = Vec::new();
         for (_, target) in &srv {
@@ -439,7 +464,7 @@ fn encode_node(
         }
         sets.push(RRset {
             rtype: u16::from(RecordType::SRV),
-            answer: encode::records(owner, RecordType::SRV, &records)?,
+            answer,
             additional: encode::records(owner, RecordType::SRV, &extra)?,
             also: None,
         });

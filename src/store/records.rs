@@ -87,6 +87,15 @@ impl Records {
         d.get(4 + 4 * self.len()..).unwrap_or(&[])
     }
 
+    /// True when both are one allocation (shared, not equal by chance).
+    #[cfg(test)]
+    pub(crate) fn same_allocation(&self, other: &Self) -> bool {
+        match (&self.data, &other.data) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// Heap bytes held (shared ones counted whole), for the memory figures.
     pub fn heap_bytes(&self) -> usize {
         self.data.as_ref().map_or(0, |d| d.len() + 16)

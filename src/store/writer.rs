@@ -571,6 +571,41 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_single_named_ports_srv_answer_is_the_service_names_own() {
+        let (reader, mut w) = store();
+        let mut one = import("ns", "one", "10.0.0.1");
+        let mut two = import("ns", "two", "10.0.0.2");
+        if let Object::Import(i) = &mut one {
+            i.ports = vec![Port {
+                name: Some(DnsLabel::parse("http").unwrap()),
+                protocol: Protocol::Tcp,
+                port: 80,
+            }];
+        }
+        if let Object::Import(i) = &mut two {
+            i.ports = vec![
+                Port { name: Some(DnsLabel::parse("http").unwrap()), protocol: Protocol::Tcp, port: 80 },
+                Port { name: Some(DnsLabel::parse("dns").unwrap()), protocol: Protocol::Udp, port: 53 },
+            ];
+        }
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![one, two] });
+        w.publish();
+        let snap = reader.load();
+        let srv = |svc: &str, prefix: &[&str]| {
+            let names = &snap.services.get(&*wire_key("ns", svc)).unwrap().names;
+            names.get(&*names::prefix_key(prefix)).unwrap().get(33).unwrap().answer.clone()
+        };
+        let (bare, port) = (srv("one", &[]), srv("one", &["_http", "_tcp"]));
+        assert_eq!(bare.len(), 1);
+        assert!(bare.same_allocation(&port), "one named port: the same records, kept once");
+        // Two ports: the bare name answers both (weight 50 each), each port
+        // name its own (weight 100).
+        let (bare, http) = (srv("two", &[]), srv("two", &["_http", "_tcp"]));
+        assert_eq!((bare.len(), http.len()), (2, 1));
+        assert!(!bare.same_allocation(&http) && bare.get(0) != http.get(0));
+    }
+
     /// The PTR targets answered for `ip`.
     fn ptr(reader: &Reader, ip: &str) -> Vec<String> {
         use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
