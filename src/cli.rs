@@ -277,8 +277,13 @@ pub struct ServeArgs {
     #[arg(long)]
     pub probe: bool,
     /// Seconds between two probes of one endpoint (each jittered by ±20 %).
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
     pub probe_interval: f64,
+    /// Seconds until the next probe after one that disagrees with the
+    /// endpoint's state (a failure of a healthy one, a success of a down
+    /// one), until --probe-fall or --probe-rise decide; at most the interval.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.5)]
+    pub probe_recheck: f64,
     /// Seconds a probe's TCP connect may take before it counts as failed.
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     pub probe_timeout: f64,

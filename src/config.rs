@@ -271,6 +271,7 @@ fn probe_config(a: &ServeArgs) -> Result<Option<ProbeConfig>, ConfigError> {
         }
     };
     let interval = seconds("--probe-interval", a.probe_interval)?;
+    let recheck = seconds("--probe-recheck", a.probe_recheck)?;
     let timeout = seconds("--probe-timeout", a.probe_timeout)?;
     for (flag, n) in
         [("--probe-fall", a.probe_fall), ("--probe-rise", a.probe_rise), ("--probe-rate", a.probe_rate)]
@@ -284,6 +285,7 @@ fn probe_config(a: &ServeArgs) -> Result<Option<ProbeConfig>, ConfigError> {
     }
     Ok(a.probe.then_some(ProbeConfig {
         interval,
+        recheck,
         timeout,
         fall: a.probe_fall,
         rise: a.probe_rise,
@@ -826,12 +828,14 @@ mod tests {
         assert!(config(&[]).unwrap().probe.is_none(), "probes are off by default");
         assert_eq!(config(&["--probe-interval", "0"]).unwrap_err().flag, "--probe-interval");
         assert_eq!(config(&["--probe-timeout", "NaN"]).unwrap_err().flag, "--probe-timeout");
+        assert_eq!(config(&["--probe-recheck", "0"]).unwrap_err().flag, "--probe-recheck");
         assert_eq!(config(&["--probe-fall", "0"]).unwrap_err().flag, "--probe-fall");
         assert_eq!(config(&["--probe-rise", "0"]).unwrap_err().flag, "--probe-rise");
         assert_eq!(config(&["--probe-concurrency", "0"]).unwrap_err().flag, "--probe-concurrency");
         assert_eq!(config(&["--probe-rate", "0"]).unwrap_err().flag, "--probe-rate");
         let p = config(&["--probe", "--probe-interval", "0.5"]).unwrap().probe.unwrap();
         assert_eq!((p.interval, p.timeout), (Duration::from_millis(500), Duration::from_secs(1)));
+        assert_eq!(p.recheck, Duration::from_millis(500));
         assert_eq!((p.fall, p.rise, p.concurrency, p.rate), (3, 2, 64, 200));
     }
 

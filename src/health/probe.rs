@@ -2,6 +2,11 @@
 //! service (`--probe`), at an interval with jitter. `fall` consecutive
 //! failures mark an address down, `rise` consecutive successes mark it up
 //! again; only those transitions reach the store (`Update::EndpointHealth`).
+//! A probe that disagrees with the verdict (a failure of a healthy address,
+//! a success of a down one) brings the next probe forward to `recheck`
+//! (HAProxy's `fastinter`), so a dead backend is confirmed within
+//! `interval + (fall - 1) × recheck` while a steady fleet is probed only
+//! every `interval`.
 //!
 //! Probing costs the probed Pods and the network, so it is bounded twice:
 //! at most `concurrency` connects in flight (a semaphore), and at most
@@ -28,6 +33,9 @@ use crate::store::{Reader, Update};
 pub struct ProbeConfig {
     /// Time between two probes of one address (jittered by ±20 %).
     pub interval: Duration,
+    /// Time until the next probe while a verdict is being settled (after a
+    /// probe that disagrees with it); at most `interval`.
+    pub recheck: Duration,
     /// How long a connect may take.
     pub timeout: Duration,
     /// Consecutive failures that mark an address down.
@@ -54,6 +62,15 @@ struct State {
     up: bool,
     /// When the next probe is due; `None` while one is in flight.
     due: Option<Instant>,
+}
+
+impl State {
+    /// Time until this address's next probe (before jitter): `recheck`
+    /// while the last probe disagreed with the verdict, else `interval`.
+    fn next_gap(&self, cfg: &ProbeConfig) -> Duration {
+        let settling = if self.up { self.fails > 0 } else { self.oks > 0 };
+        if settling { cfg.recheck.min(cfg.interval) } else { cfg.interval }
+    }
 }
 
 /// A token bucket: `rate` tokens per second, holding at most one second's.
@@ -139,14 +156,13 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
     let mut bucket = Bucket::new(cfg.rate, Instant::now());
     let mut jitter = Jitter::seeded();
     let mut serial = None;
-    info!(interval = ?cfg.interval, timeout = ?cfg.timeout, fall = cfg.fall, rise = cfg.rise,
+    info!(interval = ?cfg.interval, recheck = ?cfg.recheck, timeout = ?cfg.timeout, fall = cfg.fall, rise = cfg.rise,
           concurrency = cfg.concurrency, rate = cfg.rate, "active probes on");
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             Some((target, ok)) = done.recv() => {
                 let Some(s) = state.get_mut(&target) else { continue };
-                s.due = Some(Instant::now() + jitter.around(cfg.interval));
                 let verdict = if ok {
                     s.fails = 0;
                     s.oks = s.oks.saturating_add(1);
@@ -158,6 +174,9 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
                 };
                 if let Some(healthy) = verdict {
                     s.up = healthy;
+                }
+                s.due = Some(Instant::now() + jitter.around(s.next_gap(&cfg)));
+                if let Some(healthy) = verdict {
                     info!(service = %target.service, address = %target.addr, healthy, "probe verdict changed");
                     let update = Update::EndpointHealth { service: target.service, address: target.addr.ip(), healthy };
                     if updates.send(update).await.is_err() {
@@ -326,8 +345,10 @@ mod tests {
         })
     }
 
+    // recheck = interval: the timings below count whole intervals.
     const FAST: ProbeConfig = ProbeConfig {
         interval: Duration::from_millis(100),
+        recheck: Duration::from_millis(100),
         timeout: Duration::from_millis(500),
         fall: 3,
         rise: 2,
@@ -368,6 +389,20 @@ mod tests {
         for t in [prober, server, second] {
             t.abort();
         }
+    }
+
+    #[test]
+    fn a_probe_that_disagrees_with_the_verdict_brings_the_next_one_forward() {
+        let cfg =
+            ProbeConfig { interval: Duration::from_secs(2), recheck: Duration::from_millis(500), ..FAST };
+        let state = |up, fails, oks| State { fails, oks, up, due: None };
+        assert_eq!(state(true, 0, 5).next_gap(&cfg), cfg.interval, "healthy and agreeing");
+        assert_eq!(state(true, 1, 0).next_gap(&cfg), cfg.recheck, "healthy, one failure: confirm soon");
+        assert_eq!(state(true, 2, 0).next_gap(&cfg), cfg.recheck);
+        assert_eq!(state(false, 3, 0).next_gap(&cfg), cfg.interval, "down and agreeing");
+        assert_eq!(state(false, 0, 1).next_gap(&cfg), cfg.recheck, "down, one success: confirm soon");
+        let slow = ProbeConfig { interval: Duration::from_millis(200), ..cfg };
+        assert_eq!(state(true, 1, 0).next_gap(&slow), slow.interval, "never later than the interval");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -372,6 +372,31 @@ fn every_flag_is_a_documented_value() {
     }
 }
 
+/// Seconds may be fractions: from a values file (as users write them; YAML
+/// numbers arrive in templates as floats) they reach the flags as written,
+/// whole numbers without a decimal point; 0 is refused naming the value.
+#[test]
+fn fractional_seconds_reach_the_flags_as_written() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let render = |yaml: &str| {
+        let file = dir.path().join("values.yaml");
+        std::fs::write(&file, yaml).expect("write values");
+        let chart = chart_dir();
+        let (chart, file) = (chart.to_str().expect("UTF-8"), file.to_str().expect("UTF-8"));
+        helm(&["template", "dns", chart, "--namespace", NS, "-f", file])
+    };
+    let out = render("shape: serve\nserve: {probeRecheck: 0.25, probeInterval: 1.5, probeTimeout: 2}\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let args = args(&objects(&String::from_utf8_lossy(&out.stdout)));
+    for (flag, value) in [("--probe-recheck", "0.25"), ("--probe-interval", "1.5"), ("--probe-timeout", "2")]
+    {
+        assert!(args.windows(2).any(|w| w[0] == flag && w[1] == value), "{flag} {value} not in {args:?}");
+    }
+    let out = render("shape: serve\nserve: {probeRecheck: 0}\n");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("probeRecheck"), "0 s: {e}");
+}
+
 /// `helm install --dry-run=server` against a real API server prints the
 /// notes: for serve, the `dig` line to try, with the Service's name and the zone.
 #[test]

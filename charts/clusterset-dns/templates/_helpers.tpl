@@ -74,9 +74,9 @@ switches (no argument) appear when true. Sorted by key.
 {{- end }}
 {{- end -}}
 
-{{/* One argument, quoted; whole numbers without an exponent (YAML numbers arrive as float64). */}}
+{{/* One argument, quoted; whole numbers without an exponent (YAML numbers arrive as float64), fractions as they are (0.5). */}}
 {{- define "clusterset-dns.arg" -}}
-{{- if kindIs "float64" . }}{{ int64 . | toString | quote }}{{ else }}{{ toString . | quote }}{{ end -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) }}{{ int64 . | toString | quote }}{{ else }}{{ toString . | quote }}{{ end -}}
 {{- end -}}
 
 {{/* Values that make no sense fail here, naming the value. */}}
