@@ -292,6 +292,107 @@ fn failover_when_local_backends_die_with_default_probes() {
     failover_after_local_backends_die("dp-failover-default", &[]);
 }
 
+/// The answer policy decides where connections land, through the whole
+/// path (CoreDNS, serve, the Pods; with endpoint answers, a ClusterSetIP
+/// service's Pods straight, not its VIP). Four services exported by all
+/// three clusters, each with its policy in the ServiceExports' annotations:
+/// - `near`, local-first: every connection from cluster-2 stays in cluster-2;
+/// - `direct`, ClusterSetIP with endpoint answers and local-first: the name
+///   is cluster-2's Pod addresses, and connections reach those Pods;
+/// - `heavy`, weighted `cluster-3=1` (the others 0) with one answer: every
+///   connection goes to cluster-3; the weights moved to `cluster-1=1`,
+///   every connection goes to cluster-1;
+/// - `spread`, local-first needing 3 healthy local endpoints (cluster-2 has
+///   2): the answer spills over to every cluster's Pods, each reachable.
+#[test]
+fn answer_policies_decide_where_connections_land() {
+    let (fleet, _turn) = fleet();
+    let s = Scenario::new(fleet, "dp-policy", &[]);
+    let dp = fleet.dataplane();
+    let ports = json!([{"name": "http", "port": 8080, "targetPort": 8080, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    let headless = json!({"clusterIP": "None", "ports": ports});
+    let policy = |p: &str, more: &[(&str, &str)]| {
+        let mut a = json!({"clusterset-dns.io/answer-policy": p});
+        for (k, v) in more {
+            a[format!("clusterset-dns.io/{k}")] = json!(v);
+        }
+        a
+    };
+    let heavy = |c: &str| policy("weighted", &[("cluster-weights", c), ("max-answers", "1")]);
+    for i in 0..3 {
+        s.backend_annotated(i, "near", headless.clone(), &slice_ports, false, policy("local-first", &[]));
+        let direct = policy("local-first", &[("endpoint-answers", "true")]);
+        s.backend_annotated(i, "direct", json!({"ports": ports}), &slice_ports, false, direct);
+        s.backend_annotated(i, "heavy", headless.clone(), &slice_ports, false, heavy("cluster-3=1"));
+        let spread = policy("local-first", &[("local-min-healthy", "3")]);
+        s.backend_annotated(i, "spread", headless.clone(), &slice_ports, false, spread);
+    }
+    let pods = |i: usize| -> BTreeSet<String> { dp.servers(i).iter().map(|p| p.ip.to_string()).collect() };
+    let all: BTreeSet<String> = (0..3).flat_map(pods).collect();
+    // Answers once every cluster's slices are in (serve counts 6 endpoints).
+    let settled = |svc: &str, want: &BTreeSet<String>| {
+        let name = s.name(svc);
+        let deadline = Instant::now() + CONVERGE;
+        loop {
+            let got: BTreeSet<String> = s.dig(&name).into_iter().collect();
+            if s.serve_endpoints(svc) >= 6 && !got.is_empty() && got.is_subset(want) {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: answered {got:?}, want within {want:?}\n{}",
+                s.debug()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    // Every connection lands in `cluster`, at an address of `want`.
+    let lands = |svc: &str, cluster: &str, want: &BTreeSet<String>| {
+        for a in s.connect(&s.name(svc), 8080, "tcp", 20, 0.0) {
+            let r = a.reply.as_ref().unwrap_or_else(|| panic!("{svc}: {}\n{}", a.line, s.debug()));
+            assert_eq!(r.cluster, cluster, "{svc}: {}", a.line);
+            assert!(want.contains(&a.addr), "{svc}: connected to {}, not one of {want:?}", a.addr);
+        }
+        eprintln!("{svc}: 20 connections, all to {cluster}");
+    };
+
+    let local = pods(B);
+    settled("near", &local);
+    lands("near", "cluster-2", &local);
+
+    let got = settled("direct", &local);
+    assert_eq!(got, local, "direct: the name is cluster-2's Pods");
+    let vip = s.import_vip(B, "direct");
+    assert!(!got.contains(&vip), "direct: Pods, not the VIP {vip}");
+    lands("direct", "cluster-2", &local);
+
+    settled("heavy", &pods(2));
+    lands("heavy", "cluster-3", &pods(2));
+    for i in 0..3 {
+        s.backend_annotated(i, "heavy", headless.clone(), &slice_ports, false, heavy("cluster-1=1"));
+    }
+    // CoreDNS may still hold the old answer for its cache time.
+    settled("heavy", &pods(0));
+    let deadline = Instant::now() + CONVERGE;
+    while s.connect(&s.name("heavy"), 8080, "tcp", 1, 0.0)[0]
+        .reply
+        .as_ref()
+        .is_none_or(|r| r.cluster != "cluster-1")
+    {
+        assert!(Instant::now() < deadline, "heavy: connections never moved to cluster-1\n{}", s.debug());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    lands("heavy", "cluster-1", &pods(0));
+
+    let got = settled("spread", &all);
+    assert_eq!(got, all, "spread: 2 healthy local endpoints of 3 needed: every cluster's Pods");
+    for ip in &got {
+        let a = s.connect(ip, 8080, "tcp", 1, 0.0).remove(0);
+        assert!(a.reply.is_some(), "spread: {ip} unreachable: {}", a.line);
+    }
+}
+
 /// A member's API server stops: how long until cluster-2's client gets no
 /// more answers with that member's Pods (headless `lost`, exported by
 /// cluster-1 and -3). Measured, not asserted in time; asserted: they do
@@ -569,6 +670,20 @@ impl Scenario {
     /// EndpointSlice of the cluster's server Pods as the EndpointSlice
     /// controller writes it (hostnames `db-K` if `hostnames`), and its export.
     fn backend(&self, i: usize, svc: &str, spec: Value, slice_ports: &Value, hostnames: bool) {
+        self.backend_annotated(i, svc, spec, slice_ports, hostnames, json!({}));
+    }
+
+    /// [`Scenario::backend`] with `annotations` on the ServiceExport (sync
+    /// carries `clusterset-dns.io/…` ones to the ServiceImport).
+    fn backend_annotated(
+        &self,
+        i: usize,
+        svc: &str,
+        spec: Value,
+        slice_ports: &Value,
+        hostnames: bool,
+        annotations: Value,
+    ) {
         let mut full = json!({"selector": {"app": svc}});
         for (k, v) in spec.as_object().into_iter().flatten() {
             full[k] = v.clone();
@@ -578,7 +693,7 @@ impl Scenario {
         let slice = self.slice(i, svc, &format!("{svc}-abcde"), "IPv4", slice_ports, hostnames);
         let ar = export_resource();
         let export = json!({"apiVersion": ar.api_version, "kind": "ServiceExport",
-            "metadata": {"name": svc, "namespace": self.ns}});
+            "metadata": {"name": svc, "namespace": self.ns, "annotations": annotations}});
         let client = self.clients[i].clone();
         let pp = PatchParams::apply(MANAGER).force();
         self.rt.block_on(async {
