@@ -303,11 +303,15 @@ fn failover_when_local_backends_die_with_default_probes() {
 ///   connection goes to cluster-3; the weights moved to `cluster-1=1`,
 ///   every connection goes to cluster-1;
 /// - `spread`, local-first needing 3 healthy local endpoints (cluster-2 has
-///   2): the answer spills over to every cluster's Pods, each reachable.
+///   2): the answer spills over to every cluster's Pods, each reachable;
+/// - `regional`, topology with cluster-1 and -2 in region eu and cluster-3
+///   in us: cluster-2's client gets eu's Pods and never reaches cluster-3.
 #[test]
 fn answer_policies_decide_where_connections_land() {
     let (fleet, _turn) = fleet();
-    let s = Scenario::new(fleet, "dp-policy", &[]);
+    let regions = ["cluster-1=eu", "cluster-2=eu", "cluster-3=us"];
+    let args: Vec<&str> = regions.iter().flat_map(|r| ["--cluster-region", r]).collect();
+    let s = Scenario::new(fleet, "dp-policy", &args);
     let dp = fleet.dataplane();
     let ports = json!([{"name": "http", "port": 8080, "targetPort": 8080, "protocol": "TCP"}]);
     let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
@@ -327,6 +331,7 @@ fn answer_policies_decide_where_connections_land() {
         s.backend_annotated(i, "heavy", headless.clone(), &slice_ports, false, heavy("cluster-3=1"));
         let spread = policy("local-first", &[("local-min-healthy", "3")]);
         s.backend_annotated(i, "spread", headless.clone(), &slice_ports, false, spread);
+        s.backend_annotated(i, "regional", headless.clone(), &slice_ports, false, policy("topology", &[]));
     }
     let pods = |i: usize| -> BTreeSet<String> { dp.servers(i).iter().map(|p| p.ip.to_string()).collect() };
     let all: BTreeSet<String> = (0..3).flat_map(pods).collect();
@@ -390,6 +395,14 @@ fn answer_policies_decide_where_connections_land() {
     for ip in &got {
         let a = s.connect(ip, 8080, "tcp", 1, 0.0).remove(0);
         assert!(a.reply.is_some(), "spread: {ip} unreachable: {}", a.line);
+    }
+
+    let eu: BTreeSet<String> = pods(0).union(&pods(1)).cloned().collect();
+    let got = settled("regional", &eu);
+    assert_eq!(got, eu, "regional: cluster-1 and cluster-2 (eu), not cluster-3 (us)");
+    for a in s.connect(&s.name("regional"), 8080, "tcp", 20, 0.0) {
+        let r = a.reply.as_ref().unwrap_or_else(|| panic!("regional: {}\n{}", a.line, s.debug()));
+        assert!(r.cluster != "cluster-3" && eu.contains(&a.addr), "regional: {}", a.line);
     }
 }
 
