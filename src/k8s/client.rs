@@ -50,9 +50,16 @@ pub enum ClientError {
     Retry(String),
 }
 
-/// Builds a client for the connection (no request is made yet).
+/// Builds a client for the connection (no request is made yet). Requests
+/// refused with 429, 503 or 504 are retried as [`connect_limited`]'s are,
+/// never with kube's default policy (minutes for one request; see there).
 pub async fn connect(connection: &Connection) -> Result<Client, ClientError> {
-    Ok(Client::try_from(config(connection).await?)?)
+    let mut config = config(connection).await?;
+    config.default_retry = false;
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&BufferLayer::new(1024))
+        .with_layer(&RetryLayer::new(retry_policy()?))
+        .build())
 }
 
 /// [`connect`], every request of the client (and of its clones), and every
@@ -77,14 +84,16 @@ pub async fn connect_limited(
 ) -> Result<Client, ClientError> {
     let mut config = config(connection).await?;
     config.default_retry = false;
-    let retry = RetryPolicy::new(RETRY_MIN, RETRY_MAX, RETRIES, true)
-        .map_err(|e| ClientError::Retry(e.to_string()))?;
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&ThrottleLayer::new(limits, name, stats))
         // Retry needs a service it can clone; kube's stack is not one.
         .with_layer(&BufferLayer::new(1024))
-        .with_layer(&RetryLayer::new(retry))
+        .with_layer(&RetryLayer::new(retry_policy()?))
         .build())
+}
+
+fn retry_policy() -> Result<RetryPolicy, ClientError> {
+    RetryPolicy::new(RETRY_MIN, RETRY_MAX, RETRIES, true).map_err(|e| ClientError::Retry(e.to_string()))
 }
 
 /// The first wait before a retry of a throttled request (the server's

@@ -91,6 +91,9 @@ fn a_throttling_api_server_slows_sync_down_but_it_converges_without_a_storm() {
     let before: f64 = (0..2).map(|i| refused(&clusters, i)).sum();
     let c: Vec<kube::Client> =
         rt.block_on(async { vec![clusters.client(0).await, clusters.client(1).await] });
+    // serve on cluster-2 starts with sync: its lists and watches meet the
+    // same refusals.
+    let serve = crate::watch::serve(&clusters.serve_kubeconfig(1), ns);
     let started = Instant::now();
     let sync = Syncing::start(&clusters, &["--no-leader-election", "--namespace", ns], &[]);
     let converged =
@@ -119,6 +122,13 @@ fn a_throttling_api_server_slows_sync_down_but_it_converges_without_a_storm() {
     assert_eq!(later, after, "requests still refused after convergence: the controller keeps retrying");
     let exports = sync.metric("clusterset_dns_sync_reconciles_total").unwrap_or(0.0);
     assert!(exports >= N as f64, "{exports} reconciles for {N} services");
+    // serve answers every import (a VIP each), its client's retries bounded
+    // as sync's are, never kube's default minutes per request.
+    let answered = |i: usize| {
+        !crate::watch::short(&serve, &format!("svc-{i:02}.{ns}.svc.clusterset.local."), "A").is_empty()
+    };
+    let all = within(Duration::from_secs(60), || (0..N).all(answered));
+    assert!(all, "serve on cluster-2 answers all {N} services:\n{}", serve.log());
 }
 
 #[test]
