@@ -163,14 +163,14 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
         let state = centralized::Liveness::new(&members);
         liveness = Some(state.clone());
-        let (m, dead_after, tx2) = (members.clone(), cfg.cluster_dead_after, tx.clone());
+        let (m, dead_after, tx2, s2) = (members.clone(), cfg.cluster_dead_after, tx.clone(), state.clone());
         tasks.push(sup.restartable(Task::Liveness, move || {
-            centralized::liveness(m.clone(), dead_after, state.clone(), tx2.clone())
+            centralized::liveness(m.clone(), dead_after, s2.clone(), tx2.clone())
         }));
         let tx2 = tx.clone();
-        tasks.push(
-            sup.restartable(Task::Members, move || centralized::run(members.clone(), source, tx2.clone())),
-        );
+        tasks.push(sup.restartable(Task::Members, move || {
+            centralized::run(members.clone(), source, tx2.clone(), state.clone())
+        }));
     }
     if let Some(probe) = cfg.probe {
         let (r, tx, faults) = (reader.clone(), tx.clone(), cfg.wire.faults.clone());

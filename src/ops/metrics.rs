@@ -549,7 +549,9 @@ impl Collector for HealthCollector {
             .liveness
             .iter()
             .flat_map(|l| l.clusters.iter())
-            .map(|(c, a)| gauge(&[("cluster", c.as_str())], f64::from(u8::from(a.load(Ordering::Relaxed)))))
+            .map(|(c, a)| {
+                gauge(&[("cluster", c.load().as_str())], f64::from(u8::from(a.load(Ordering::Relaxed))))
+            })
             .collect();
         let answers = snap
             .zone()

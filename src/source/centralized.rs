@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -26,10 +27,55 @@ use crate::store::{Object, ObjectId, SourceId, Update};
 /// declared ready without it (its objects arrive when it does).
 pub const FIRST_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Runs the fleet source: watches every member and sends the merged view to
-/// the store as `source`.
-pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<Update>) {
+/// the store as `source`. Each member's cluster id is read again every
+/// [`member::ID_RECHECK`] (a ClusterProperty created after start, or first
+/// read after a member that did not answer at start); when one changes,
+/// the fleet is listed again under the new ids and replaces what was sent,
+/// and `liveness` follows the new id.
+pub async fn run(
+    members: Vec<Member>,
+    source: SourceId,
+    updates: mpsc::Sender<Update>,
+    liveness: Arc<Liveness>,
+) {
+    let (ids_tx, mut ids) = tokio::sync::watch::channel(members.iter().map(|m| m.cluster.clone()).collect());
+    // Dropped (aborted) with this source.
+    let mut follow = tokio::task::JoinSet::new();
+    follow.spawn(member::follow_ids(members.clone(), ids_tx));
+    let mut members = members;
+    while let Some(now) = fleet(&members, source, &updates, &mut ids).await {
+        for (i, (m, id)) in members.iter_mut().zip(now).enumerate() {
+            if m.cluster == id {
+                continue;
+            }
+            if let Some((current, alive)) = liveness.clusters.get(i) {
+                current.store(Arc::new(id.clone()));
+                // A verdict of not alive moves to the new id.
+                if !alive.load(Ordering::Relaxed) {
+                    for (cluster, alive) in [(m.cluster.clone(), true), (id.clone(), false)] {
+                        if updates.send(Update::ClusterLiveness { cluster, alive }).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            m.cluster = id;
+        }
+        info!("a member's cluster id changed: listing the fleet again under the new ids");
+    }
+}
+
+/// Watches every member and sends the merged view until the watches end
+/// (`None`: shutting down) or a member's cluster id changes (`Some`: the
+/// new ids).
+async fn fleet(
+    members: &[Member],
+    source: SourceId,
+    updates: &mpsc::Sender<Update>,
+    ids: &mut tokio::sync::watch::Receiver<Vec<ClusterId>>,
+) -> Option<Vec<ClusterId>> {
     let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
-    // The watches live as long as this source.
+    // The watches live as long as this listing.
     let mut watches = tokio::task::JoinSet::new();
     for (i, m) in members.iter().enumerate() {
         member::spawn_watches(&mut watches, i, m, &[], tx.clone());
@@ -41,9 +87,10 @@ pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<U
     let deadline = tokio::time::Instant::now() + FIRST_SYNC_TIMEOUT;
     let mut first_sent = false;
     loop {
-        let event = if first_sent {
-            rx.recv().await
-        } else {
+        let next = async {
+            if first_sent {
+                return rx.recv().await;
+            }
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(e) => e,
                 Err(_) => {
@@ -58,6 +105,10 @@ pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<U
                 }
             }
         };
+        let event = tokio::select! {
+            e = next => e,
+            Ok(()) = ids.changed() => return Some(ids.borrow_and_update().clone()),
+        };
         if let Some(event) = event {
             state.apply(event, &mut dirty);
             // Take everything already queued, so a burst costs one recompute.
@@ -65,7 +116,7 @@ pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<U
                 state.apply(event, &mut dirty);
             }
         } else if first_sent {
-            return; // every watch ended: shutting down
+            return None; // every watch ended: shutting down
         }
         if !first_sent {
             if !state.synced() && tokio::time::Instant::now() < deadline {
@@ -79,9 +130,7 @@ pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<U
             }
             info!(services = sent.len(), "fleet listed");
             sent.retain(|_, ids| !ids.is_empty());
-            if updates.send(Update::Replace { source, objects }).await.is_err() {
-                return;
-            }
+            updates.send(Update::Replace { source, objects }).await.ok()?;
             first_sent = true;
             continue;
         }
@@ -90,14 +139,10 @@ pub async fn run(members: Vec<Member>, source: SourceId, updates: mpsc::Sender<U
             let ids: BTreeSet<ObjectId> = objs.iter().map(Object::id).collect();
             let old = sent.remove(&key).unwrap_or_default();
             for id in old.difference(&ids) {
-                if updates.send(Update::Remove { source, id: id.clone() }).await.is_err() {
-                    return;
-                }
+                updates.send(Update::Remove { source, id: id.clone() }).await.ok()?;
             }
             for object in objs {
-                if updates.send(Update::Upsert { source, object }).await.is_err() {
-                    return;
-                }
+                updates.send(Update::Upsert { source, object }).await.ok()?;
             }
             if !ids.is_empty() {
                 sent.insert(key, ids);
@@ -150,16 +195,25 @@ const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The liveness of every member, shared with `/metrics`.
 #[derive(Debug)]
 pub struct Liveness {
-    /// Per member: its cluster id and whether it is alive now.
-    pub clusters: Vec<(ClusterId, AtomicBool)>,
+    /// Per member: its cluster id (it may change: [`run`]) and whether it is
+    /// alive now.
+    pub clusters: Vec<(ArcSwap<ClusterId>, AtomicBool)>,
 }
 
 impl Liveness {
     /// Every member alive (the state before any verdict).
     pub fn new(members: &[Member]) -> Arc<Self> {
         Arc::new(Self {
-            clusters: members.iter().map(|m| (m.cluster.clone(), AtomicBool::new(true))).collect(),
+            clusters: members
+                .iter()
+                .map(|m| (ArcSwap::from_pointee(m.cluster.clone()), AtomicBool::new(true)))
+                .collect(),
         })
+    }
+
+    /// Member `index`'s cluster id now.
+    fn cluster(&self, index: usize) -> Option<Arc<ClusterId>> {
+        self.clusters.get(index).map(|(c, _)| c.load_full())
     }
 }
 
@@ -213,16 +267,17 @@ async fn member_liveness(
             continue;
         }
         alive = verdict;
+        let cluster = state.cluster(index).map_or_else(|| member.cluster.clone(), |c| (*c).clone());
         if alive {
-            info!(member = %member.name, cluster = %member.cluster, "member alive again: its endpoints are answered");
+            info!(member = %member.name, %cluster, "member alive again: its endpoints are answered");
         } else {
-            warn!(member = %member.name, cluster = %member.cluster, stale_seconds = stale,
+            warn!(member = %member.name, %cluster, stale_seconds = stale,
                   "member not answering for {dead_after:?}: its endpoints are demoted in every answer");
         }
         if let Some((_, flag)) = state.clusters.get(index) {
             flag.store(alive, Ordering::Relaxed);
         }
-        if updates.send(Update::ClusterLiveness { cluster: member.cluster.clone(), alive }).await.is_err() {
+        if updates.send(Update::ClusterLiveness { cluster, alive }).await.is_err() {
             return;
         }
     }

@@ -227,6 +227,27 @@ fn a_members_cluster_property_names_it() {
         short(&s, &format!("db-0.east.eu.db.{ns}.svc.clusterset.local"), "A") == ["10.5.0.1"]
     });
     assert_eq!(rcode(&s, &format!("db-0.member.db.{ns}.svc.clusterset.local")), "NXDOMAIN");
+    // The property changes (KEP-2149 wants it stable, but a fleet may set
+    // it after the member joined): the member is listed again under the new
+    // id, read within ID_RECHECK (10 s), and its liveness follows.
+    rt.block_on(async {
+        let api: Api<DynamicObject> =
+            Api::all_with(clusters.client(0).await, &clusterset_dns::k8s::mcs::cluster_property_resource());
+        let body = json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+                          "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "west"}});
+        api.patch("cluster.clusterset.k8s.io", &PatchParams::apply(MANAGER), &Patch::Apply(&body))
+            .await
+            .expect("apply ClusterProperty");
+    });
+    within("renamed by its ClusterProperty", std::time::Duration::from_secs(60), || {
+        short(&s, &format!("db-0.west.db.{ns}.svc.clusterset.local"), "A") == ["10.5.0.1"]
+    });
+    assert_eq!(rcode(&s, &format!("db-0.east.eu.db.{ns}.svc.clusterset.local")), "NXDOMAIN");
+    assert_eq!(
+        metric(&s, "clusterset_dns_cluster_alive{cluster=\"west\"}"),
+        Some(1.0),
+        "liveness under the new id"
+    );
     drop(user);
 }
 
