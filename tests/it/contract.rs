@@ -1,6 +1,7 @@
 //! Every rule of `../shared/docs/dns-behaviour.md`, over UDP and TCP. Each
 //! test names the rule it guards; the expected answers are zone-file text.
 
+use crate::harness::served::Served;
 use crate::support::{TestServer, check, check_unordered, decode, q, tcp_raw, udp_raw};
 
 const FIXTURE: &str = include_str!("../data/contract.yaml");
@@ -515,6 +516,101 @@ fn too_large_for_udp_sends_whole_records_with_tc_and_tcp_sends_all() {
     let m = q(name, "A").tcp(s.addr);
     assert!(!m.metadata.truncation);
     assert_eq!(m.answers.len(), 200);
+}
+
+/// Huge objects: a slice of 1,000 endpoints with long hostnames, and a
+/// service whose endpoint name would pass 255 bytes (a 63-byte hostname,
+/// cluster id, service and namespace).
+fn huge_objects() -> String {
+    let mut eps = String::new();
+    for i in 0..1000 {
+        eps += &format!(
+            "- addresses: [10.60.{}.{}]\n  hostname: {}-{i:04}\n",
+            i / 250,
+            i % 250 + 1,
+            "h".repeat(50)
+        );
+    }
+    let (svc, ns, c1, c2, host) =
+        ("s".repeat(63), "n".repeat(63), "c".repeat(63), "d".repeat(63), "x".repeat(63));
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {{name: big, namespace: ns1}}
+spec: {{type: Headless, ports: [{{name: http, protocol: TCP, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: big-a
+  namespace: ns1
+  labels: {{multicluster.kubernetes.io/service-name: big, multicluster.kubernetes.io/source-cluster: {c1}}}
+addressType: IPv4
+ports: [{{name: http, protocol: TCP, port: 80}}]
+endpoints:
+{eps}---
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {{name: {svc}, namespace: {ns}}}
+spec: {{type: Headless, ports: [{{name: http, protocol: TCP, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: long-a
+  namespace: {ns}
+  labels: {{multicluster.kubernetes.io/service-name: {svc}, multicluster.kubernetes.io/source-cluster: {c2}}}
+addressType: IPv4
+ports: [{{name: http, protocol: TCP, port: 80}}]
+endpoints:
+- addresses: [10.61.0.1]
+  hostname: {host}
+---
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {{name: small, namespace: ns1}}
+spec: {{type: ClusterSetIP, ips: [10.0.0.9], ports: [{{name: http, protocol: TCP, port: 80}}]}}
+"
+    )
+}
+
+/// A huge object is served or left out by name, never taking the others
+/// with it: 1,000 endpoints answer A over TCP whole (16 KB) and SRV over
+/// TCP as many whole records as 64 KiB holds, with TC; an endpoint name
+/// over 255 bytes is left out with a warning naming the service and slice,
+/// its address still answered; the other services answer as before.
+#[test]
+fn a_thousand_endpoints_and_names_past_255_bytes_are_served_or_left_out_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("huge.yaml"), huge_objects()).expect("write");
+    let s = Served::start(&["--objects", dir.path().to_str().expect("path")]);
+    s.wait_ready(std::time::Duration::from_secs(20));
+    let big = "big.ns1.svc.clusterset.local.";
+    let m = q(big, "A").tcp(s.addr);
+    assert_eq!((m.answers.len(), m.metadata.truncation), (1000, false));
+    let m = q(big, "A").udp(s.addr);
+    assert!(m.metadata.truncation && !m.answers.is_empty(), "UDP: whole records and TC");
+    let raw = tcp_raw(s.addr, &q(big, "SRV").bytes()).expect("response");
+    assert!(raw.len() <= 65535);
+    let m = decode(&raw);
+    assert!(m.metadata.truncation, "1,000 SRV records of ~180 bytes do not fit in 64 KiB");
+    assert!(m.answers.len() > 300, "as many whole records as fit: {}", m.answers.len());
+    let host = format!("{}-0007.{}.{big}", "h".repeat(50), "c".repeat(63));
+    assert_eq!(q(&host, "A").udp(s.addr).answers.len(), 1, "each endpoint has its name");
+
+    let long = format!("{}.{}.svc.clusterset.local.", "s".repeat(63), "n".repeat(63));
+    let m = q(&long, "A").udp(s.addr);
+    assert_eq!(m.answers.len(), 1, "the service is answered: {m:?}");
+    let m = q(&long, "SRV").udp(s.addr);
+    assert_eq!((m.answers.len(), m.authorities.len()), (0, 1), "no SRV target that fits: NODATA");
+    assert!(
+        s.log().lines().any(|l| l.contains("endpoint name too long")
+            && l.contains(&"s".repeat(63))
+            && l.contains("long-a")),
+        "a warning names the service and the slice:\n{}",
+        s.log()
+    );
+    assert_eq!(q("small.ns1.svc.clusterset.local.", "A").udp(s.addr).answers.len(), 1);
 }
 
 #[test]
