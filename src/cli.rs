@@ -272,6 +272,12 @@ pub struct ServeArgs {
     /// in every answer; they return once it answers and has relisted.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     pub cluster_dead_after: u64,
+    /// Memory the server may use: a size (512Mi, 2Gi, bytes), `auto` (the
+    /// container's limit: the cgroup's memory.max), or `none`. Past 90 % of
+    /// it, serve stops with a message naming the size reached (at start:
+    /// fails to start) rather than be OOM-killed mid-update.
+    #[arg(long, value_name = "SIZE", default_value = "auto")]
+    pub memory_limit: String,
     /// Probe every ready endpoint actively (TCP connect to its port) and
     /// leave endpoints that fail out of answers while others are healthy.
     #[arg(long)]

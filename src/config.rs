@@ -17,6 +17,7 @@ use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
 use crate::k8s::throttle::Limits;
 use crate::model::{ClusterId, DnsLabel, Interop, PolicyKind, ServiceKey};
+use crate::ops::memory::MemoryBudget;
 use crate::source::kube::KubeSource;
 use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
 use crate::wire::cookie::CookieSecret;
@@ -70,6 +71,8 @@ pub struct ServeConfig {
     pub cluster_dead_after: Duration,
     /// Active probes of endpoints, when `--probe` is given.
     pub probe: Option<ProbeConfig>,
+    /// The memory limit kept to (`--memory-limit`), if any.
+    pub memory: Option<MemoryBudget>,
     /// Which fleet managers' shapes are read (`--interop`).
     pub interop: Interop,
 }
@@ -160,6 +163,8 @@ impl ServeConfig {
             ));
         }
         let probe = probe_config(a)?;
+        let memory =
+            crate::ops::memory::parse_limit(&a.memory_limit).map_err(|e| bad("--memory-limit", e))?;
         let interop = Interop::parse(&a.interop).map_err(|e| bad("--interop", e))?;
         Ok(Self {
             interop,
@@ -193,6 +198,7 @@ impl ServeConfig {
             },
             cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
             probe,
+            memory,
         })
     }
 }

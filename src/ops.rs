@@ -4,4 +4,5 @@
 
 pub mod explain;
 pub mod http;
+pub mod memory;
 pub mod metrics;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::Process;
 use crate::config::ServeConfig;
@@ -39,6 +39,9 @@ pub enum StartError {
     /// The metrics could not be registered (a build defect).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// The first load does not fit the memory limit.
+    #[error(transparent)]
+    Memory(#[from] crate::ops::memory::OverBudget),
     /// A listen address could not be bound.
     #[error("--listen {addr}: {source}")]
     Bind {
@@ -187,11 +190,16 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     let started = std::time::Instant::now();
     writer.publish();
     metrics.published(&reader.load(), started.elapsed());
+    // The objects files are loaded: they must fit before anything is served.
+    if let Some(budget) = &cfg.memory {
+        budget.check(reader.load().service_count())?;
+    }
     // The writer holds every source's objects: nothing can rebuild them in
     // this process, so its death fails the server (Kubernetes restarts it).
+    let budget = cfg.memory.clone();
     tasks.push(sup.fatal(
         Task::Writer,
-        write_loop(writer, rx, reader.clone(), metrics.clone(), cfg.wire.faults.clone()),
+        write_loop(writer, rx, reader.clone(), metrics.clone(), cfg.wire.faults.clone(), budget),
     ));
 
     let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
@@ -275,13 +283,15 @@ fn server_label(addr: SocketAddr) -> String {
 }
 
 /// The writer task: applies updates in batches and publishes once per batch,
-/// so a burst of changes costs one snapshot.
+/// so a burst of changes costs one snapshot. Ends (failing the server,
+/// which exits) when the store no longer fits `budget`.
 async fn write_loop(
     mut writer: Writer,
     mut rx: mpsc::Receiver<Update>,
     reader: Reader,
     metrics: Arc<Metrics>,
     faults: Faults,
+    budget: Option<crate::ops::memory::MemoryBudget>,
 ) {
     let mut was_ready = reader.load().is_ready();
     while let Some(update) = rx.recv().await {
@@ -298,6 +308,10 @@ async fn write_loop(
                 info!(services = snap.service_count(), "every source synced: ready");
             }
             was_ready = snap.is_ready();
+            if let Some(Err(e)) = budget.as_ref().map(|b| b.check(snap.service_count())) {
+                error!("{e}; stopping before the kernel's OOM killer does");
+                return;
+            }
         }
     }
 }

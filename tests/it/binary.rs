@@ -218,3 +218,55 @@ fn ipv4_and_ipv6_wildcards_bind_the_same_port() {
     }
     drop(s);
 }
+
+/// `n` ClusterSetIP imports in namespace `bulk`, as JSON documents split by `---` lines.
+fn bulk_imports(n: u32) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                "{{\"apiVersion\":\"multicluster.x-k8s.io/v1beta1\",\"kind\":\"ServiceImport\",\
+                 \"metadata\":{{\"name\":\"s{i}\",\"namespace\":\"bulk\"}},\"spec\":{{\"type\":\"ClusterSetIP\",\
+                 \"ips\":[\"10.{}.{}.{}\"],\"ports\":[{{\"name\":\"http\",\"protocol\":\"TCP\",\"port\":80}}]}}}}\n---\n",
+                i >> 16,
+                (i >> 8) & 255,
+                i & 255
+            )
+        })
+        .collect()
+}
+
+/// A workload that does not fit `--memory-limit` stops the server with a
+/// message naming the size it reached: at start it does not start; after
+/// start (a file of 50,000 services added) it exits instead of growing
+/// until the OOM killer ends it. The limit is set from this machine's own
+/// figure for the small start, so the test does not depend on the build.
+#[test]
+fn a_workload_over_the_memory_limit_stops_the_server_naming_the_size() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(&dir.path().join("web.yaml"), WEB);
+    let objects = dir.path().to_str().expect("path");
+    let out = Command::new(BIN)
+        .args(["serve", "--memory-limit", "16Mi", "--objects", objects])
+        .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started over the limit:\n{err}");
+    assert!(
+        err.contains("MiB resident with 1 services, over 90 % of the 16 MiB limit (--memory-limit)"),
+        "{err}"
+    );
+
+    let mut idle = Served::start(&["--memory-limit", "none", "--objects", objects]);
+    idle.wait_ready(Duration::from_secs(20));
+    let start_kib = idle.status_kib("VmRSS");
+    idle.stop();
+    // Room for the start and 16 MiB more; 50,000 services need more than that.
+    let limit = format!("{}Ki", (start_kib + 16 * 1024) * 10 / 9);
+    let mut s = Served::start(&["--memory-limit", &limit, "--objects", objects]);
+    s.wait_ready(Duration::from_secs(20));
+    write(&dir.path().join("bulk.yaml"), &bulk_imports(50_000));
+    let status = s.wait_exit(Duration::from_secs(120));
+    assert!(status.is_some_and(|st| !st.success()), "still running (or exit 0) over the limit:\n{}", s.log());
+    assert!(s.log().contains("services, over 90 % of the"), "the size is named:\n{}", s.log());
+}

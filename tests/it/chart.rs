@@ -299,6 +299,7 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
         ("listen", _) => ("{0.0.0.0:8053}".to_owned(), Some("0.0.0.0:8053".to_owned())),
         (_, "SECONDS" | "N" | "BYTES" | "PER_SECOND" | "BITS" | "K" | "M" | "QPS") => text("24"),
         (_, "BOOL") => text("false"),
+        (_, "SIZE") => text("512Mi"),
         (_, "CIDR") => ("{10.1.0.0/16}".to_owned(), Some("10.1.0.0/16".to_owned())),
         (_, "IP") => ("{10.1.0.1}".to_owned(), Some("10.1.0.1".to_owned())),
         (_, "ADDR:PORT") => text("0.0.0.0:8053"),
