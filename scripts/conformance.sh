@@ -43,6 +43,9 @@
 #     the host, with scripts/kwok-exec/sh entering the Pod's namespace, so the
 #     suite's `sh -c "nslookup ..."` / `sh -c "nc ..."` run in the request Pod
 #     with the host's nslookup and nc (bind9-dnsutils, netcat-openbsd).
+# All of it runs in a network namespace of its own (unshare --net; loopback
+# only): the data plane's addresses are fixed, and another one on the machine
+# (tests/it/dataplane.rs) must not meet this one.
 # CONFORMANCE_EXEC=0: the clusters as before, and by default the specs that
 # exec are filtered out (they would fail, or pass without checking anything).
 # CONFORMANCE.md says more.
@@ -80,6 +83,11 @@ die() { log "ERROR: $*"; exit 2; }
 for c in setpriv; do command -v "$c" >/dev/null || die "$c not found (util-linux)"; done
 if [ "$EXEC" = 1 ]; then
     [ "$(id -u)" -eq 0 ] || die "CONFORMANCE_EXEC=1 needs root (network namespaces); CONFORMANCE_EXEC=0 does not"
+    if [ -z "${CONFORMANCE_NETNS:-}" ]; then
+        command -v unshare >/dev/null || die "unshare not found (util-linux)"
+        # Same pid and parent after these execs.
+        CONFORMANCE_NETNS=1 exec unshare --net -- bash -c 'ip link set lo up && exec "$0" "$@"' "$HERE/conformance.sh" "$@"
+    fi
     for c in ip nft python3 socat nc nslookup; do
         command -v "$c" >/dev/null || die "$c not found (CONFORMANCE_EXEC=1 runs the Pods' programs from the host: iproute2, nftables, python3, socat, netcat-openbsd, bind9-dnsutils)"
     done
@@ -157,7 +165,7 @@ RUST_LOG="${SYNC_LOG:-info}" setpriv --pdeathsig TERM -- "$BIN" sync --http-list
     --cluster "cluster-2=$CLUSTERS/cluster-2/sync.kubeconfig" >"$OUT/sync.log" 2>&1 &
 PIDS+=($!)
 start=$SECONDS
-until grep -q 'leading: syncing' "$OUT/sync.log"; do
+until grep -q 'leading: syncing' "$OUT/sync.log" 2>/dev/null; do
     alive_or_die "${PIDS[1]}" "clusterset-dns sync"
     [ $((SECONDS - start)) -lt 60 ] || die "clusterset-dns sync did not lead within 60 s; see $OUT/sync.log"
     sleep 0.5
