@@ -12,7 +12,8 @@
 # (annotation kwok.x-k8s.io/node=fake, no taints): a Deployment's pods are
 # scheduled, become Running and Ready with an IP from 10.(200+I).0.0/16, and the
 # real EndpointSlice controller writes their Service's slices. Pods run no
-# containers (no exec, no logs, no traffic). Pods need no ServiceAccount token:
+# containers (no exec, no logs, no traffic; scripts/kwok-pods.py runs them, for
+# scripts/conformance.sh). Pods need no ServiceAccount token:
 # the ServiceAccount admission plugin stays off.
 #
 # Usage:
@@ -50,7 +51,8 @@
 #                                      etcd_peer_port=Q apiserver_port=S etcd_pid=..
 #                                      etcd_state=running|stopped|exited apiserver_pid=..
 #                                      apiserver_state=.. (with nodes also scheduler_*,
-#                                      controllers_*, kwok_* port, pid and state)
+#                                      controllers_*, kwok_* port, pid and state;
+#                                      kubelet_port: see CLUSTERS_KWOK_EXEC_CRD)
 #   DIR/supervisor.pid, DIR/control    the supervisor and its command FIFO
 #
 # Environment:
@@ -65,6 +67,19 @@
 #   KUBECTL               kubectl binary (default: kubectl)
 #   CLUSTERS_SERVICE_CIDR each cluster's --service-cluster-ip-range, "{I}" replaced by the
 #                         cluster's number (default: 10.(100+I).0.0/16)
+#   CLUSTERS_POD_CIDR     with nodes: KWOK's --cidr (the first Pod IP, then on), "{I}"
+#                         replaced by the cluster's number (default: 10.(200+I).0.1/16)
+#   CLUSTERS_KWOK_EXEC_CRD  with nodes: KWOK's Exec CRD (kwok.x-k8s.io_execs.yaml of its
+#                         source). Set, node-1 reports a kubelet API at 127.0.0.1 on port
+#                         kubelet_port (DIR/state; kube-apiserver gets
+#                         --kubelet-preferred-address-types=InternalIP and checks no serving
+#                         certificate: it has no --kubelet-certificate-authority), which the
+#                         caller serves (scripts/kwok-pods.py: a proxy to KWOK's own kubelet
+#                         API on kwok_port), the CRD is installed and KWOK watches Exec
+#                         objects: `kubectl exec` runs on the host as an Exec object says
+#                         (scripts/kwok-pods.py writes them)
+#   CLUSTERS_KWOK_PATH    directories put first on KWOK's PATH (the commands it execs:
+#                         scripts/kwok-exec)
 #   CLUSTERS_APISERVER_ARGS  extra kube-apiserver flags for every cluster, split on blanks,
 #                         after ours (e.g. "--max-requests-inflight=1": API Priority and
 #                         Fairness is off, so the plain in-flight limits apply; requests of
@@ -107,7 +122,7 @@ usage() { sed -n '/^# Usage:/,/^# `stop`/p' "$SELF" | sed '$d; s/^# \{0,1\}//' >
 
 # Per cluster I (globals of the supervisor): ETCD_PORT[I] PEER_PORT[I] API_PORT[I]; per
 # component K="I.etcd" / "I.apiserver": PID[K] and STATE[K].
-declare -A ETCD_PORT PEER_PORT API_PORT SCHED_PORT KCM_PORT KWOK_PORT PID STATE USED_PORT
+declare -A ETCD_PORT PEER_PORT API_PORT SCHED_PORT KCM_PORT KWOK_PORT KUBELET_PORT PID STATE USED_PORT
 
 cdir() { printf '%s/cluster-%s' "$DIR" "$1"; }
 
@@ -132,6 +147,7 @@ apiserver_cmd() {
         "--service-account-signing-key-file=$d/sa.key" --disable-admission-plugins=ServiceAccount
         --allow-privileged=true --etcd-compaction-interval=0 --enable-priority-and-fairness=false
         --profiling=false -v=1)
+    [ "$NODES" = 0 ] || [ -z "${CLUSTERS_KWOK_EXEC_CRD:-}" ] || CMD+=(--kubelet-preferred-address-types=InternalIP)
     # Extra flags last: a repeated flag's last value wins.
     local extra=()
     read -ra extra <<<"${CLUSTERS_APISERVER_ARGS:-}"
@@ -167,14 +183,20 @@ controllers_cmd() {
         "--root-ca-file=$d/pki/apiserver.crt" -v=1)
 }
 
-# KWOK manages the one fake Node node_up creates; pod IPs from 10.(200+I).0.0/16.
+# KWOK manages the one fake Node node_up creates; pod IPs from 10.(200+I).0.0/16
+# (CLUSTERS_POD_CIDR).
 kwok_cmd() {
-    local d
+    local d cidr="${CLUSTERS_POD_CIDR:-}"
     d="$(cdir "$1")"
+    if [ -n "$cidr" ]; then cidr="${cidr//\{I\}/$1}"; else cidr="10.$((200 + $1)).0.1/16"; fi
     CMD=("$BIN/kwok" "--kubeconfig=$d/kubeconfig" --manage-all-nodes=false
         --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake
-        "--cidr=10.$((200 + $1)).0.1/16" --node-ip=127.0.0.1
+        "--cidr=$cidr" --node-ip=127.0.0.1
         "--server-address=127.0.0.1:${KWOK_PORT[$1]}")
+    if [ -n "${CLUSTERS_KWOK_EXEC_CRD:-}" ]; then
+        CMD+=("--node-port=${KUBELET_PORT[$1]}" --enable-crds=Exec)
+    fi
+    if [ -n "${CLUSTERS_KWOK_PATH:-}" ]; then CMD=(env "PATH=$CLUSTERS_KWOK_PATH:$PATH" "${CMD[@]}"); fi
 }
 
 # probe I COMP: is it serving?
@@ -310,7 +332,7 @@ write_state() {
             line="name=cluster-$i etcd_port=${ETCD_PORT[$i]} etcd_peer_port=${PEER_PORT[$i]}"
             line+=" apiserver_port=${API_PORT[$i]}"
             [ "$NODES" = 0 ] ||
-                line+=" scheduler_port=${SCHED_PORT[$i]:-0} controllers_port=${KCM_PORT[$i]:-0} kwok_port=${KWOK_PORT[$i]:-0}"
+                line+=" scheduler_port=${SCHED_PORT[$i]:-0} controllers_port=${KCM_PORT[$i]:-0} kwok_port=${KWOK_PORT[$i]:-0} kubelet_port=${KUBELET_PORT[$i]:-0}"
             for c in "${COMPONENTS[@]}"; do
                 line+=" ${c}_pid=${PID[$i.$c]:-0} ${c}_state=${STATE[$i.$c]:-none}"
             done
@@ -374,6 +396,7 @@ install() {
         [ "$(basename "$f")" = kustomization.yaml ] || crds+=(-f "$f")
     done
     [ "${#crds[@]}" -gt 0 ] || die "no CRDs in $DEPLOY/crds"
+    [ "$NODES" = 0 ] || [ -z "${CLUSTERS_KWOK_EXEC_CRD:-}" ] || crds+=(-f "$CLUSTERS_KWOK_EXEC_CRD")
     names="$("${kc[@]}" apply --server-side --field-manager=clusters.sh "${crds[@]}" -o name)" ||
         die "cluster-$i: applying $DEPLOY/crds failed"
     # shellcheck disable=SC2086 # one word per CRD
@@ -581,6 +604,7 @@ cmd_up() {
             pick_port; SCHED_PORT[$i]=$PORT
             pick_port; KCM_PORT[$i]=$PORT
             pick_port; KWOK_PORT[$i]=$PORT
+            pick_port; KUBELET_PORT[$i]=$PORT
             for c in "${NODE_COMPONENTS[@]}"; do launch "$i" "$c"; keys+=("$i.$c"); done
         done
         write_state

@@ -23,16 +23,41 @@
 # conformance/ directory is a Go test package). CONFORMANCE.md names the commit
 # the recorded results come from.
 #
-# Not run by default (CONFORMANCE_LABELS, CONFORMANCE_SKIP): the specs that exec
-# into a request pod (labels DNS and Connectivity, and the Required "Connectivity
-# to a service that is not exported should be inaccessible", which ignores exec
-# errors and so would pass without checking anything): KWOK pods run no
-# containers, so `kubectl exec` has nowhere to go. CONFORMANCE.md says more.
+# The specs that exec in pods (labels DNS and Connectivity, and the Required
+# "Connectivity to a service that is not exported should be inaccessible") run
+# too (CONFORMANCE_EXEC=1, the default; needs root): the clusters' Pods run for
+# real. KWOK (CLUSTERS_NODES=1) only writes Pod status; here
+#   - scripts/dataplane.sh builds a node network namespace per cluster with the
+#     real kube-proxy (nftables) and the kube-dns VIP 198.19.I.10 (Service CIDR
+#     198.19.I.0/24, IPv4 only: KWOK gives Pods one IPv4 address, from
+#     198.18.I.128/25 here);
+#   - in each cluster's dns Pod of that data plane, CoreDNS answers
+#     cluster.local (kubernetes plugin) and forwards clusterset.local as
+#     Corefile.example's block does, to `clusterset-dns serve --cluster-id
+#     cluster-I` on 198.18.0.1:530I;
+#   - scripts/kwok-pods.py gives every Pod KWOK runs a network namespace with
+#     its IP behind the node, a resolv.conf naming kube-dns, and runs its
+#     containers' commands there (the hello Pods' socat listeners, from the
+#     host's socat);
+#   - KWOK serves the kubelet API to the API server and runs `kubectl exec` on
+#     the host, with scripts/kwok-exec/sh entering the Pod's namespace, so the
+#     suite's `sh -c "nslookup ..."` / `sh -c "nc ..."` run in the request Pod
+#     with the host's nslookup and nc (bind9-dnsutils, netcat-openbsd).
+# All of it runs in a network namespace of its own (unshare --net; loopback
+# only): the data plane's addresses are fixed, and another one on the machine
+# (tests/it/dataplane.rs) must not meet this one.
+# CONFORMANCE_EXEC=0: the clusters as before, and by default the specs that
+# exec are filtered out (they would fail, or pass without checking anything).
+# CONFORMANCE.md says more.
 #
 # Environment:
 #   MCS_CONFORMANCE      the suite binary (required)
-#   CONFORMANCE_LABELS   Ginkgo label filter (default '!DNS && !Connectivity')
-#   CONFORMANCE_SKIP     Ginkgo --skip regex on spec texts (default: the spec above)
+#   CONFORMANCE_EXEC     1 (default): Pods run, exec works (see above); 0: not
+#   CONFORMANCE_LABELS   Ginkgo label filter (default: none; with CONFORMANCE_EXEC=0
+#                        '!DNS && !Connectivity')
+#   CONFORMANCE_SKIP     Ginkgo --skip regex on spec texts (default: none; with
+#                        CONFORMANCE_EXEC=0 "Connectivity to a service that is not
+#                        exported should be inaccessible")
 #   CLUSTERSET_DNS_BIN   the clusterset-dns binary (default: `cargo build`, then
 #                        target/debug/clusterset-dns)
 #   CONFORMANCE_PARENT_PID  stop everything when this process is gone (default: the
@@ -42,14 +67,31 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
-LABELS="${CONFORMANCE_LABELS:-!DNS && !Connectivity}"
-SKIP="${CONFORMANCE_SKIP:-Connectivity to a service that is not exported should be inaccessible}"
+EXEC="${CONFORMANCE_EXEC:-1}"
+if [ "$EXEC" = 1 ]; then
+    LABELS="${CONFORMANCE_LABELS-}"
+    SKIP="${CONFORMANCE_SKIP-}"
+else
+    LABELS="${CONFORMANCE_LABELS:-!DNS && !Connectivity}"
+    SKIP="${CONFORMANCE_SKIP:-Connectivity to a service that is not exported should be inaccessible}"
+fi
 PARENT="${CONFORMANCE_PARENT_PID:-$PPID}"
 
 log() { printf '[%s] conformance: %s\n' "$(date '+%H:%M:%S')" "$*" >&2; }
 die() { log "ERROR: $*"; exit 2; }
 
 for c in setpriv; do command -v "$c" >/dev/null || die "$c not found (util-linux)"; done
+if [ "$EXEC" = 1 ]; then
+    [ "$(id -u)" -eq 0 ] || die "CONFORMANCE_EXEC=1 needs root (network namespaces); CONFORMANCE_EXEC=0 does not"
+    if [ -z "${CONFORMANCE_NETNS:-}" ]; then
+        command -v unshare >/dev/null || die "unshare not found (util-linux)"
+        # Same pid and parent after these execs.
+        CONFORMANCE_NETNS=1 exec unshare --net -- bash -c 'ip link set lo up && exec "$0" "$@"' "$HERE/conformance.sh" "$@"
+    fi
+    for c in ip nft python3 socat nc nslookup; do
+        command -v "$c" >/dev/null || die "$c not found (CONFORMANCE_EXEC=1 runs the Pods' programs from the host: iproute2, nftables, python3, socat, netcat-openbsd, bind9-dnsutils)"
+    done
+fi
 SUITE="${MCS_CONFORMANCE:-}"
 [ -n "$SUITE" ] || die "set MCS_CONFORMANCE to the mcs-api conformance suite binary (see CONTRIBUTING.md)"
 [ -x "$SUITE" ] || die "MCS_CONFORMANCE=$SUITE is not an executable file"
@@ -86,11 +128,29 @@ alive_or_die() {
     kill -0 "$1" 2>/dev/null || die "$2 exited; see $OUT"
 }
 
+# kwok_exec_crd: set KWOK_EXEC_CRD to KWOK's Exec CRD, from the source of the KWOK
+# version scripts/k8s-bins.sh builds (the Go module cache; downloaded if missing).
+kwok_exec_crd() {
+    local go="${GO:-go}" v dir
+    [ -x "$go" ] || command -v "$go" >/dev/null || go=/usr/local/go/bin/go
+    v="${KWOK_VERSION:-$(sed -n 's/^KWOK_VERSION="${KWOK_VERSION:-\(v[0-9.]*\)}"$/\1/p' "$HERE/k8s-bins.sh")}"
+    [ -n "$v" ] || die "cannot read KWOK_VERSION from scripts/k8s-bins.sh"
+    dir="$("$go" mod download -json "sigs.k8s.io/kwok@$v" 2>"$OUT/kwok-crd.log" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+    KWOK_EXEC_CRD="$dir/kustomize/crd/bases/kwok.x-k8s.io_execs.yaml"
+    [ -f "$KWOK_EXEC_CRD" ] || die "no KWOK Exec CRD at '$KWOK_EXEC_CRD' (go mod download sigs.k8s.io/kwok@$v: $(cat "$OUT/kwok-crd.log"))"
+}
+
 CLUSTERS="$OUT/clusters"
 log "starting 2 clusters with nodes under $CLUSTERS"
+cluster_env=(CLUSTERS_NODES=1 "CLUSTERS_PARENT_PID=$$")
+if [ "$EXEC" = 1 ]; then
+    kwok_exec_crd
+    cluster_env+=("CLUSTERS_SERVICE_CIDR=198.19.{I}.0/24" "CLUSTERS_POD_CIDR=198.18.{I}.128/25"
+        "CLUSTERS_KWOK_EXEC_CRD=$KWOK_EXEC_CRD" "CLUSTERS_KWOK_PATH=$HERE/kwok-exec")
+fi
 # The supervisor is tied to this shell: it stops everything when we are gone,
 # also after a SIGKILL.
-CLUSTERS_NODES=1 CLUSTERS_PARENT_PID=$$ "$HERE/clusters.sh" up 2 "$CLUSTERS" >"$OUT/clusters.out" 2>"$OUT/clusters.log" &
+env "${cluster_env[@]}" "$HERE/clusters.sh" up 2 "$CLUSTERS" >"$OUT/clusters.out" 2>"$OUT/clusters.log" &
 PIDS+=($!)
 start=$SECONDS
 until grep -q '^READY' "$OUT/clusters.out" 2>/dev/null; do
@@ -105,19 +165,88 @@ RUST_LOG="${SYNC_LOG:-info}" setpriv --pdeathsig TERM -- "$BIN" sync --http-list
     --cluster "cluster-2=$CLUSTERS/cluster-2/sync.kubeconfig" >"$OUT/sync.log" 2>&1 &
 PIDS+=($!)
 start=$SECONDS
-until grep -q 'leading: syncing' "$OUT/sync.log"; do
+until grep -q 'leading: syncing' "$OUT/sync.log" 2>/dev/null; do
     alive_or_die "${PIDS[1]}" "clusterset-dns sync"
     [ $((SECONDS - start)) -lt 60 ] || die "clusterset-dns sync did not lead within 60 s; see $OUT/sync.log"
     sleep 0.5
 done
 log "clusterset-dns sync leading"
 
+if [ "$EXEC" = 1 ]; then
+    # The data plane: nodes with kube-proxy, kube-dns, the dns Pods. Tied to this
+    # shell like the clusters; it removes every namespace it and kwok-pods.py made.
+    DATAPLANE_PODS=0 DATAPLANE_PARENT_PID=$$ "$HERE/dataplane.sh" up "$CLUSTERS" \
+        >"$OUT/dataplane.out" 2>"$OUT/dataplane.log" &
+    dp_pid=$!
+    PIDS=("$dp_pid" "${PIDS[@]}")
+    start=$SECONDS
+    until grep -q '^READY' "$OUT/dataplane.out" 2>/dev/null; do
+        alive_or_die "$dp_pid" "scripts/dataplane.sh up (last lines: $(tail -n 5 "$OUT/dataplane.log" | tr '\n' ' '))"
+        [ $((SECONDS - start)) -lt 300 ] || die "data plane not ready within 5 min"
+        sleep 1
+    done
+    log "data plane ready in $((SECONDS - start))s"
+    COREDNS="$("$HERE/k8s-bins.sh" coredns | tail -n1)/coredns"
+    [ -x "$COREDNS" ] || die "no CoreDNS (scripts/k8s-bins.sh coredns)"
+    block="$(awk '/^clusterset\.local:53 \{/ {on = 1} on {print} on && /^\}/ {exit}' "$ROOT/Corefile.example")"
+    [ -n "$block" ] || die "no clusterset.local:53 block in Corefile.example"
+    for i in 1 2; do
+        # serve for cluster-I, on the data plane's host address.
+        RUST_LOG="${SERVE_LOG:-info}" setpriv --pdeathsig TERM -- "$BIN" serve \
+            --kubeconfig "$CLUSTERS/cluster-$i/serve.kubeconfig" --cluster-id "cluster-$i" \
+            --listen "198.18.0.1:$((5300 + i))" --http-listen 127.0.0.1:0 >"$OUT/serve-$i.log" 2>&1 &
+        PIDS=("$!" "${PIDS[@]}")
+        # CoreDNS in the dns Pod (kube-dns's endpoint): cluster.local from the API
+        # server (the data plane's kubeconfig: the host address, admin), and
+        # Corefile.example's clusterset.local block forwarding to serve.
+        mkdir -p "$OUT/coredns-$i"
+        {
+            printf '.:53 {
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+'
+            printf '        kubeconfig %s cluster-%s
+' "$CLUSTERS/dataplane/kube-proxy-$i.kubeconfig" "$i"
+            printf '        labels !multicluster.kubernetes.io/service-name
+'
+            printf '        fallthrough in-addr.arpa ip6.arpa
+    }
+    cache 5
+}
+
+'
+            printf '%s
+' "${block//CLUSTERSET_DNS_SERVICE_IP/198.18.0.1:$((5300 + i))}"
+        } >"$OUT/coredns-$i/Corefile"
+        (cd "$OUT/coredns-$i" && exec "$HERE/dataplane.sh" exec "$CLUSTERS" "$i" dns \
+            setpriv --pdeathsig TERM -- "$COREDNS" -conf Corefile) >"$OUT/coredns-$i.log" 2>&1 &
+        PIDS=("$!" "${PIDS[@]}")
+        KWOK_PODS_PARENT_PID=$$ setpriv --pdeathsig TERM -- python3 "$HERE/kwok-pods.py" "$CLUSTERS" "$i" \
+            >"$OUT/kwok-pods-$i.log" 2>&1 &
+        PIDS=("$!" "${PIDS[@]}")
+    done
+    # CoreDNS answers cluster.local once its kubernetes plugin has synced.
+    start=$SECONDS
+    for i in 1 2; do
+        until "$HERE/dataplane.sh" exec "$CLUSTERS" "$i" client \
+            dig +short +time=1 +tries=1 kube-dns.kube-system.svc.cluster.local. 2>/dev/null | grep -q "^198.19.$i.10$"; do
+            [ $((SECONDS - start)) -lt 60 ] || die "cluster-$i: kube-dns does not answer through CoreDNS within 60 s; see $OUT/coredns-$i.log"
+            alive_or_die "$dp_pid" "scripts/dataplane.sh"
+            sleep 0.5
+        done
+    done
+    log "serve, CoreDNS (kube-dns) and the Pod runner up in both clusters"
+fi
+
 log "running the suite (labels: $LABELS; skipped: $SKIP)"
 start=$SECONDS
 # From OUT: the suite writes its own report.html and report.yaml to its working directory.
+filters=()
+[ -z "$LABELS" ] || filters+=(-ginkgo.label-filter "$LABELS")
+[ -z "$SKIP" ] || filters+=(-ginkgo.skip "$SKIP")
 (cd "$OUT" && exec setpriv --pdeathsig TERM -- "$SUITE" -test.v -test.timeout=90m \
     -kubeconfig "$CLUSTERS/kubeconfig" -contexts cluster-1,cluster-2 \
-    -ginkgo.label-filter "$LABELS" -ginkgo.skip "$SKIP" -ginkgo.no-color -ginkgo.v \
+    "${filters[@]}" -ginkgo.no-color -ginkgo.v \
     -ginkgo.junit-report "$OUT/junit.xml" >"$OUT/suite.log" 2>&1) &
 suite_pid=$!
 PIDS+=("$suite_pid")

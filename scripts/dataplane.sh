@@ -296,8 +296,9 @@ current-context: cluster-$i
 EOF
 }
 
-# objects I: the Node, and kube-dns with the EndpointSlice the EndpointSlice
-# controller would write for it (this fleet has no controller-manager).
+# objects I: the Node, and kube-dns with its EndpointSlice. The Service has no
+# selector and the slice is ours: in clusters with a controller-manager
+# (scripts/conformance.sh) the EndpointSlice controller would otherwise empty it.
 objects() {
     local i="$1"
     cat <<EOF
@@ -314,7 +315,6 @@ metadata:
   namespace: kube-system
   labels: {k8s-app: kube-dns}
 spec:
-  selector: {k8s-app: kube-dns}
   clusterIP: 198.19.$i.10
   ports:
   - {name: dns, port: 53, protocol: UDP, targetPort: 53}
@@ -327,7 +327,7 @@ metadata:
   namespace: kube-system
   labels:
     kubernetes.io/service-name: kube-dns
-    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+    endpointslice.kubernetes.io/managed-by: dataplane.sh
 addressType: IPv4
 endpoints:
 - addresses: [198.18.$i.53]

@@ -42,6 +42,9 @@ command -v runc >/dev/null || need_apt+=(runc)
 # nft; the Pods' servers and clients are python3.
 command -v nft >/dev/null || need_apt+=(nftables)
 command -v python3 >/dev/null || need_apt+=(python3)
+# scripts/conformance.sh by hand (not run here): its Pods' programs come from the host.
+command -v socat >/dev/null || need_apt+=(socat)
+command -v nc >/dev/null || need_apt+=(netcat-openbsd)
 # Go >= 1.24 builds the Kubernetes parts; Debian's go only fetches that toolchain.
 CACHE="${CLUSTERSET_DNS_CACHE:-$HOME/.cache/clusterset-dns}"
 GO_TOOLCHAIN=go1.24.13
