@@ -341,6 +341,24 @@ impl VipPorts {
         Self { ports: named }
     }
 
+    /// How the slice ports of a cluster that exports `exported` appear
+    /// behind the VIP (see [`ClusterPorts`]).
+    pub fn of_cluster(&self, exported: &[ServicePortSpec]) -> ClusterPorts {
+        let served = exported
+            .iter()
+            .filter_map(|p| {
+                let name = p.name.as_ref()?;
+                self.ports
+                    .iter()
+                    .any(|(q, _)| {
+                        q.name.as_ref() == Some(name) && q.port == p.port && q.protocol == p.protocol
+                    })
+                    .then(|| name.as_str().to_owned())
+            })
+            .collect();
+        ClusterPorts { served, unnamed_as: self.unnamed_in(exported).map(str::to_owned) }
+    }
+
     /// The name the VIP Service gives the unnamed port of a cluster that
     /// exports `exported`, if it exports one and the VIP Service renames it.
     pub fn unnamed_in(&self, exported: &[ServicePortSpec]) -> Option<&str> {
@@ -358,6 +376,24 @@ impl VipPorts {
         }
         body
     }
+}
+
+/// How one exporting cluster's slice ports appear in the MCS slices that
+/// mirror them ([`VipPorts::of_cluster`]). kube-proxy matches a slice's
+/// ports to the VIP Service's by name, and the EndpointSlice controller
+/// names a slice's ports after the Service's: so a named port is mirrored
+/// only when the import has that name with this cluster's own number and
+/// protocol. A cluster whose port of that name has another number lost the
+/// port conflict to the oldest export and does not serve the import's port
+/// (KEP-1645; the conformance suite's StrictPortConflict specs): without
+/// this, the VIP's port would reach its Pods too. Its unnamed port is
+/// renamed as the VIP names it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterPorts {
+    /// The cluster's named ports the import has with the same number and protocol.
+    pub served: Vec<String>,
+    /// The VIP Service's name for the cluster's unnamed port, when renamed.
+    pub unnamed_as: Option<String>,
 }
 
 /// The clusterset VIP: a selector-less ClusterIP Service with the merged
@@ -393,7 +429,7 @@ pub fn slice(
     cluster: &ClusterId,
     source: &EndpointSlice,
     vip: bool,
-    unnamed_as: Option<&str>,
+    ports: Option<&ClusterPorts>,
 ) -> Value {
     let source_name = source.metadata.name.as_deref().unwrap_or("");
     let mut l = labels(key);
@@ -446,21 +482,27 @@ pub fn slice(
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": slice_name(key, cluster, source_name), "namespace": key.namespace.as_str(), "labels": l},
         "addressType": source.address_type,
-        "ports": slice_ports(source, unnamed_as),
+        "ports": slice_ports(source, ports),
         "endpoints": endpoints,
     })
 }
 
-/// A mirrored slice's ports: the source's, its unnamed port renamed as the
-/// VIP Service names it.
-fn slice_ports(source: &EndpointSlice, unnamed_as: Option<&str>) -> Vec<Value> {
+/// A mirrored slice's ports: the source's that the cluster serves behind
+/// the VIP, its unnamed port renamed as the VIP Service names it
+/// ([`ClusterPorts`]); all of them as they are when the cluster's Service
+/// ports are not known.
+fn slice_ports(source: &EndpointSlice, ports: Option<&ClusterPorts>) -> Vec<Value> {
     source
         .ports
         .iter()
         .flatten()
+        .filter(|p| match (ports, p.name.as_deref().filter(|n| !n.is_empty())) {
+            (Some(c), Some(name)) => c.served.iter().any(|s| s == name),
+            _ => true,
+        })
         .map(|p| {
             let mut v = serde_json::to_value(p).unwrap_or_default();
-            if let Some(n) = unnamed_as
+            if let Some(n) = ports.and_then(|c| c.unnamed_as.as_deref())
                 && p.name.as_deref().is_none_or(str::is_empty)
             {
                 v["name"] = json!(n);
@@ -607,7 +649,8 @@ endpoints:
         )
         .unwrap();
         let c = ClusterId::parse("b").unwrap();
-        let body = slice(&key("web"), &c, &source, true, Some("tcp-8080"));
+        let renamed = ClusterPorts { served: vec![], unnamed_as: Some("tcp-8080".into()) };
+        let body = slice(&key("web"), &c, &source, true, Some(&renamed));
         assert_eq!(body["ports"], json!([{"name": "tcp-8080", "port": 8443, "protocol": "TCP"}]));
         let e = &body["endpoints"][0];
         assert_eq!(e["conditions"], json!({"ready": false, "serving": true, "terminating": true}));
@@ -615,6 +658,33 @@ endpoints:
         assert_eq!(e["hints"], json!({"forZones": [{"name": "zone-a"}]}));
         // Not renamed when the VIP Service keeps the port unnamed.
         assert_eq!(slice(&key("web"), &c, &source, true, None)["ports"][0].get("name"), None);
+        let kept = ClusterPorts::default();
+        assert_eq!(slice(&key("web"), &c, &source, true, Some(&kept))["ports"][0].get("name"), None);
+    }
+
+    #[test]
+    fn a_port_whose_number_lost_the_conflict_is_not_mirrored() {
+        use crate::model::Protocol::{Tcp, Udp};
+        // The conformance suite's StrictPortConflict: cluster a exports tcp
+        // 42 first, cluster b tcp 4242 (target port 42 in both); the import
+        // has tcp 42 (and b's udp 53, no conflict).
+        let vip = VipPorts::new(&[port(Some("tcp"), Tcp, 42), port(Some("dns"), Udp, 53)]);
+        let a = vip.of_cluster(&[port(Some("tcp"), Tcp, 42)]);
+        let b = vip.of_cluster(&[port(Some("tcp"), Tcp, 4242), port(Some("dns"), Udp, 53)]);
+        assert_eq!(a.served, ["tcp"]);
+        assert_eq!(b.served, ["dns"], "b's tcp is 4242, not the import's 42");
+        let source: EndpointSlice = serde_yaml::from_str(
+            "metadata: {name: hello-xyz, namespace: shop}
+addressType: IPv4
+ports: [{name: tcp, port: 42, protocol: TCP}, {name: dns, port: 53, protocol: UDP}]
+endpoints: [{addresses: [10.2.0.5]}]",
+        )
+        .unwrap();
+        let c = ClusterId::parse("b").unwrap();
+        let mirrored = slice(&key("hello"), &c, &source, true, Some(&b));
+        assert_eq!(mirrored["ports"], json!([{"name": "dns", "port": 53, "protocol": "UDP"}]));
+        // Ports not known (no Service of the cluster): mirrored as they are.
+        assert_eq!(slice(&key("hello"), &c, &source, true, None)["ports"].as_array().map(Vec::len), Some(2));
     }
 
     #[test]

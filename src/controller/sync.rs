@@ -829,13 +829,14 @@ impl KeyState {
             .map(|i| cx.members[i].name.as_str())
             .collect();
         if let Some(spec) = &merged.spec {
-            // How each exporting cluster's unnamed port is called behind the VIP.
+            // Which of each exporting cluster's ports it serves behind the
+            // VIP, and what its unnamed port is called there.
             let vip_ports = desired::VipPorts::new(&spec.ports);
-            let unnamed: HashMap<&crate::model::ClusterId, &str> = exports
+            let cluster_ports: HashMap<&crate::model::ClusterId, desired::ClusterPorts> = exports
                 .iter()
                 .filter_map(|e| match &e.service {
                     crate::fleet::export::Exported::Service(s) => {
-                        Some((&e.cluster, vip_ports.unnamed_in(&s.ports)?))
+                        Some((&e.cluster, vip_ports.of_cluster(&s.ports)))
                     }
                     _ => None,
                 })
@@ -847,7 +848,16 @@ impl KeyState {
                     continue;
                 }
                 match self
-                    .member_objects(cx, i, key, spec, &merged.clusters, &unreachable, &unnamed, &mut want)
+                    .member_objects(
+                        cx,
+                        i,
+                        key,
+                        spec,
+                        &merged.clusters,
+                        &unreachable,
+                        &cluster_ports,
+                        &mut want,
+                    )
                     .await
                 {
                     Ok(()) => {}
@@ -901,7 +911,7 @@ impl KeyState {
         spec: &crate::fleet::merge::ImportSpec,
         clusters: &[crate::model::ClusterId],
         unreachable: &[(crate::model::ClusterId, String)],
-        unnamed: &HashMap<&crate::model::ClusterId, &str>,
+        cluster_ports: &HashMap<&crate::model::ClusterId, desired::ClusterPorts>,
         want: &mut BTreeSet<ObjectRef>,
     ) -> Result<(), kube::Error> {
         let ns = key.namespace.as_str();
@@ -950,7 +960,7 @@ impl KeyState {
             &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
         );
         for ((cluster, _, source), name) in sources.iter().zip(names) {
-            let body = desired::slice(key, cluster, source, vip, unnamed.get(cluster).copied());
+            let body = desired::slice(key, cluster, source, vip, cluster_ports.get(cluster));
             let r = object(i, "EndpointSlice", key, name);
             want.insert(r.clone());
             let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);

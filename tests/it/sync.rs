@@ -472,7 +472,10 @@ fn a_leader_paused_past_its_lease_stops_every_task_once_it_knows() {
     std::thread::sleep(Duration::from_secs(3));
     assert!(writes(&second) > 0.0, "the new leader wrote the changes");
     assert_eq!(writes(&first), at_loss, "the old leader wrote after it lost the Lease:\n{}", first.log());
-    assert!(!first.leading() && second.leading());
+    // (No check that the second still leads here: on a starved machine it
+    // may itself miss a renewal and step down, legitimately, as CI showed.
+    // That it took over was checked above; that the first wrote nothing
+    // after its loss, just now.)
     assert_eq!(watches(&clusters, 0), leading, "one leader's watches");
 }
 
@@ -673,8 +676,11 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
         ["Services", "ServiceExports", "EndpointSlices"].iter().all(|k| log.contains(&listed(k)))
             && sync.metric(&fresh) == Some(0.0)
     });
-    clusters.stop(1, Component::ApiServer);
+    // From before the stop: B's API stops answering at some point during
+    // it (a loaded machine's API server takes seconds to go), so the window
+    // ends at least 3 s after this instant.
     let stopped = Instant::now();
+    clusters.stop(1, Component::ApiServer);
     eventually("B's endpoints removed from A", || rt.block_on(r[0].ours()) == (1, 0, 1));
     assert!(
         stopped.elapsed() >= Duration::from_secs(3),
