@@ -194,12 +194,26 @@ fn named_and_unnamed_tcp_and_udp_ports_reach_the_right_backend_port() {
 /// Failover when the backends of the client's own cluster die: headless
 /// `fo` exported by cluster-1, -2 and -3, `serve --answer-policy
 /// local-first --probe` (probe flags as given), so cluster-2's client gets
-/// cluster-2's Pods while they are healthy. Their servers are killed; the
-/// client keeps connecting every 100 ms. Measured (printed, recorded in
+/// cluster-2's Pods while they are healthy. Their servers are killed (or,
+/// [`Loss::Link`], their Pods' links go down); the client keeps connecting
+/// every 100 ms. Measured (printed, recorded in
 /// BENCHMARKS.md): seconds from the kill until the last failed connection
 /// and the first success after it. Asserted: before the kill every
 /// connection reaches cluster-2, and after recovery only other clusters.
 fn failover_after_local_backends_die(ns: &str, probe: &[&str]) {
+    failover_after_local_loss(ns, probe, Loss::Process);
+}
+
+/// How cluster-2's backends are lost.
+#[derive(Clone, Copy, PartialEq)]
+enum Loss {
+    /// Their server processes get SIGKILL: connects are refused at once.
+    Process,
+    /// Their Pods' link goes down: nothing answers, connects time out.
+    Link,
+}
+
+fn failover_after_local_loss(ns: &str, probe: &[&str], loss: Loss) {
     let (fleet, _turn) = fleet();
     let mut args = vec!["--answer-policy", "local-first", "--probe"];
     args.extend_from_slice(probe);
@@ -238,10 +252,17 @@ fn failover_after_local_backends_die(ns: &str, probe: &[&str]) {
     // attempts, not for a fixed time.
     client.await_attempts(10, CONVERGE);
     let kill_at = Instant::now();
-    for mut server in killed {
-        server.kill();
+    let mut links = Vec::new();
+    match loss {
+        Loss::Process => {
+            for server in &mut killed {
+                server.kill();
+            }
+        }
+        Loss::Link => links.extend(dp.servers(B).into_iter().map(|pod| LinkDown::new(dp, B, pod))),
     }
     let lines = client.wait();
+    drop(links); // the fleet's Pods serve the next tests
     let before: Vec<&(Instant, Attempt)> = lines.iter().filter(|(t, _)| *t < kill_at).collect();
     assert!(!before.is_empty(), "no attempt before the kill");
     for (_, a) in &before {
@@ -290,6 +311,60 @@ fn failover_when_local_backends_die_with_probes_every_second() {
 #[test]
 fn failover_when_local_backends_die_with_default_probes() {
     failover_after_local_backends_die("dp-failover-default", &[]);
+}
+
+#[test]
+fn failover_when_local_pods_lose_their_link_with_default_probes() {
+    failover_after_local_loss("dp-failover-link", &[], Loss::Link);
+}
+
+/// A fleet Pod's `eth0` down (and back up, with what going down removed:
+/// its IPv6 address and default routes, as `scripts/dataplane.sh` made
+/// them, on drop).
+struct LinkDown<'a> {
+    dp: &'a crate::harness::dataplane::Dataplane,
+    i: usize,
+    pod: &'a Pod,
+}
+
+impl<'a> LinkDown<'a> {
+    fn new(dp: &'a crate::harness::dataplane::Dataplane, i: usize, pod: &'a Pod) -> Self {
+        let down = Self { dp, i, pod };
+        down.ip(&["link", "set", "eth0", "down"]);
+        down
+    }
+
+    /// `ip ARGS` in the Pod; `Err` with the command and its error.
+    fn try_ip(&self, args: &[&str]) -> Result<(), String> {
+        let out =
+            self.dp.exec(self.i, &self.pod.name, "ip").args(args).output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("ip {args:?} in {}: {}", self.pod.netns, String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+
+    fn ip(&self, args: &[&str]) {
+        self.try_ip(args).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+impl Drop for LinkDown<'_> {
+    fn drop(&mut self) {
+        // No panic in drop (it may run while unwinding): say what failed.
+        let ip6 = format!("{}/128", self.pod.ip6);
+        for args in [
+            &["link", "set", "eth0", "up"][..],
+            &["addr", "replace", &ip6, "dev", "eth0", "nodad"],
+            &["route", "replace", "default", "dev", "eth0"],
+            &["-6", "route", "replace", "default", "via", "fe80::1", "dev", "eth0"],
+        ] {
+            if let Err(e) = self.try_ip(args) {
+                eprintln!("restoring the link: {e}");
+            }
+        }
+    }
 }
 
 /// The answer policy decides where connections land, through the whole
