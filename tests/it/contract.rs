@@ -464,29 +464,35 @@ fn edns_do_bit_is_copied() {
     assert!(query.udp(s.addr).edns.expect("OPT").flags().dnssec_ok);
 }
 
+/// A headless ServiceImport `ns/name` and its EndpointSlice `slice` from
+/// `cluster`, one http port, with `endpoints` (YAML list items).
+fn headless_yaml(ns: &str, name: &str, cluster: &str, slice: &str, endpoints: &str) -> String {
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {{name: {name}, namespace: {ns}}}
+spec: {{type: Headless, ports: [{{name: http, protocol: TCP, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {slice}
+  namespace: {ns}
+  labels: {{multicluster.kubernetes.io/service-name: {name}, multicluster.kubernetes.io/source-cluster: {cluster}}}
+addressType: IPv4
+ports: [{{name: http, protocol: TCP, port: 80}}]
+endpoints:
+{endpoints}"
+    )
+}
+
 /// A headless service with `n` ready endpoints in one cluster.
 fn big_headless(n: usize) -> String {
     let mut eps = String::new();
     for i in 0..n {
         eps += &format!("- addresses: [10.50.{}.{}]\n  hostname: pod-{i}\n", i / 250, i % 250 + 1);
     }
-    format!(
-        "apiVersion: multicluster.x-k8s.io/v1beta1
-kind: ServiceImport
-metadata: {{name: big, namespace: ns1}}
-spec: {{type: Headless, ports: [{{name: http, protocol: TCP, port: 80}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: big-a
-  namespace: ns1
-  labels: {{multicluster.kubernetes.io/service-name: big, multicluster.kubernetes.io/source-cluster: a}}
-addressType: IPv4
-ports: [{{name: http, protocol: TCP, port: 80}}]
-endpoints:
-{eps}"
-    )
+    headless_yaml("ns1", "big", "a", "big-a", &eps)
 }
 
 #[test]
@@ -533,44 +539,16 @@ fn huge_objects() -> String {
     }
     let (svc, ns, c1, c2, host) =
         ("s".repeat(63), "n".repeat(63), "c".repeat(63), "d".repeat(63), "x".repeat(63));
+    let long = format!("- addresses: [10.61.0.1]\n  hostname: {host}\n");
     format!(
-        "apiVersion: multicluster.x-k8s.io/v1beta1
-kind: ServiceImport
-metadata: {{name: big, namespace: ns1}}
-spec: {{type: Headless, ports: [{{name: http, protocol: TCP, port: 80}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: big-a
-  namespace: ns1
-  labels: {{multicluster.kubernetes.io/service-name: big, multicluster.kubernetes.io/source-cluster: {c1}}}
-addressType: IPv4
-ports: [{{name: http, protocol: TCP, port: 80}}]
-endpoints:
-{eps}---
-apiVersion: multicluster.x-k8s.io/v1beta1
-kind: ServiceImport
-metadata: {{name: {svc}, namespace: {ns}}}
-spec: {{type: Headless, ports: [{{name: http, protocol: TCP, port: 80}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: long-a
-  namespace: {ns}
-  labels: {{multicluster.kubernetes.io/service-name: {svc}, multicluster.kubernetes.io/source-cluster: {c2}}}
-addressType: IPv4
-ports: [{{name: http, protocol: TCP, port: 80}}]
-endpoints:
-- addresses: [10.61.0.1]
-  hostname: {host}
----
+        "{}---\n{}---
 apiVersion: multicluster.x-k8s.io/v1beta1
 kind: ServiceImport
 metadata: {{name: small, namespace: ns1}}
 spec: {{type: ClusterSetIP, ips: [10.0.0.9], ports: [{{name: http, protocol: TCP, port: 80}}]}}
-"
+",
+        headless_yaml("ns1", "big", &c1, "big-a", &eps),
+        headless_yaml(&ns, &svc, &c2, "long-a", &long)
     )
 }
 
