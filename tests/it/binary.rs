@@ -219,22 +219,6 @@ fn ipv4_and_ipv6_wildcards_bind_the_same_port() {
     drop(s);
 }
 
-/// `n` ClusterSetIP imports in namespace `bulk`, as JSON documents split by `---` lines.
-fn bulk_imports(n: u32) -> String {
-    (0..n)
-        .map(|i| {
-            format!(
-                "{{\"apiVersion\":\"multicluster.x-k8s.io/v1beta1\",\"kind\":\"ServiceImport\",\
-                 \"metadata\":{{\"name\":\"s{i}\",\"namespace\":\"bulk\"}},\"spec\":{{\"type\":\"ClusterSetIP\",\
-                 \"ips\":[\"10.{}.{}.{}\"],\"ports\":[{{\"name\":\"http\",\"protocol\":\"TCP\",\"port\":80}}]}}}}\n---\n",
-                i >> 16,
-                (i >> 8) & 255,
-                i & 255
-            )
-        })
-        .collect()
-}
-
 /// A workload that does not fit `--memory-limit` stops the server with a
 /// message naming the size it reached: at start it does not start; after
 /// start (a file of 50,000 services added) it exits instead of growing
@@ -265,7 +249,7 @@ fn a_workload_over_the_memory_limit_stops_the_server_naming_the_size() {
     let limit = format!("{}Ki", (start_kib + 16 * 1024) * 10 / 9);
     let mut s = Served::start(&["--memory-limit", &limit, "--objects", objects]);
     s.wait_ready(Duration::from_secs(20));
-    write(&dir.path().join("bulk.yaml"), &bulk_imports(50_000));
+    write(&dir.path().join("bulk.yaml"), &crate::support::many_services(50_000));
     let status = s.wait_exit(Duration::from_secs(120));
     assert!(status.is_some_and(|st| !st.success()), "still running (or exit 0) over the limit:\n{}", s.log());
     assert!(s.log().contains("services, over 90 % of the"), "the size is named:\n{}", s.log());

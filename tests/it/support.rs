@@ -251,3 +251,19 @@ pub fn check_unordered(m: &Message, expected: &str) {
     let want = sort_sections(&want);
     assert_eq!(got, want, "\n--- got ---\n{got}\n--- want ---\n{want}\n");
 }
+
+/// `n` ClusterSetIP services in `n / 100` namespaces, one VIP and one
+/// named port each, as ServiceImports.
+pub fn many_services(n: usize) -> String {
+    let mut yaml = String::new();
+    for i in 0..n {
+        yaml.push_str(&format!(
+            "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata:\n  name: svc-{i}\n  namespace: ns-{}\nspec:\n  type: ClusterSetIP\n  ips: [10.{}.{}.{}]\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n---\n",
+            i / 100,
+            100 + i / 65536,
+            (i / 256) % 256,
+            i % 256,
+        ));
+    }
+    yaml
+}

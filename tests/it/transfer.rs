@@ -13,7 +13,7 @@ use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::{Record, RecordType};
 
 use crate::harness::served::Served;
-use crate::support::{TestServer, decode, q, read_frame, udp_raw};
+use crate::support::{TestServer, decode, many_services, q, read_frame, udp_raw};
 
 /// Sends `query` over one TCP connection and reads messages until the
 /// second SOA (the transfer's end), a non-NOERROR message, or 10 s.
@@ -92,22 +92,6 @@ fn axfr_lists_every_record_the_server_answers_between_two_soas() {
     // IXFR gets the same, whole (no history to send increments from).
     let ixfr = q("clusterset.local.", "IXFR").no_edns();
     assert_eq!(records(&transfer(s.addr, &ixfr.msg), ixfr.msg.metadata.id), all);
-}
-
-/// `n` ClusterSetIP services in `n / 100` namespaces, one VIP and one
-/// named port each, as ServiceImports.
-fn many_services(n: usize) -> String {
-    let mut yaml = String::new();
-    for i in 0..n {
-        yaml.push_str(&format!(
-            "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata:\n  name: svc-{i}\n  namespace: ns-{}\nspec:\n  type: ClusterSetIP\n  ips: [10.{}.{}.{}]\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n---\n",
-            i / 100,
-            100 + i / 65536,
-            (i / 256) % 256,
-            i % 256,
-        ));
-    }
-    yaml
 }
 
 #[test]
