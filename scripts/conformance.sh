@@ -122,10 +122,23 @@ finish() { # stop what we started (clusters.sh stops its own processes)
 trap finish EXIT
 trap 'exit 2' TERM INT HUP
 
-# wait_for PID WHAT TEST...: until TEST succeeds; fail if PID or our parent is gone.
+# alive_or_die PID WHAT: fail if PID or our parent is gone.
 alive_or_die() {
     kill -0 "$PARENT" 2>/dev/null || die "parent process $PARENT is gone"
     kill -0 "$1" 2>/dev/null || die "$2 exited; see $OUT"
+}
+
+# wait_for PID WHAT SECONDS PATTERN FILE [LOG]: until a line of FILE matches
+# PATTERN; fail if PID or our parent is gone (with LOG's last lines) or after
+# SECONDS. Sets WAITED to the seconds it took.
+wait_for() {
+    local pid="$1" what="$2" limit="$3" pattern="$4" file="$5" log="${6:-}" start=$SECONDS
+    until grep -q "$pattern" "$file" 2>/dev/null; do
+        alive_or_die "$pid" "$what${log:+ (last lines: $(tail -n 5 "$log" | tr '\n' ' '))}"
+        [ $((SECONDS - start)) -lt "$limit" ] || die "$what: not ready within $limit s; see ${log:-$file}"
+        sleep 0.5
+    done
+    WAITED=$((SECONDS - start))
 }
 
 # kwok_exec_crd: set KWOK_EXEC_CRD to KWOK's Exec CRD, from the source of the KWOK
@@ -152,24 +165,14 @@ fi
 # also after a SIGKILL.
 env "${cluster_env[@]}" "$HERE/clusters.sh" up 2 "$CLUSTERS" >"$OUT/clusters.out" 2>"$OUT/clusters.log" &
 PIDS+=($!)
-start=$SECONDS
-until grep -q '^READY' "$OUT/clusters.out" 2>/dev/null; do
-    alive_or_die "${PIDS[0]}" "scripts/clusters.sh up (last lines: $(tail -n 5 "$OUT/clusters.log" | tr '\n' ' '))"
-    [ $((SECONDS - start)) -lt 3600 ] || die "clusters not ready within an hour"
-    sleep 1
-done
-log "clusters ready in $((SECONDS - start))s"
+wait_for "${PIDS[0]}" "scripts/clusters.sh up" 3600 '^READY' "$OUT/clusters.out" "$OUT/clusters.log"
+log "clusters ready in ${WAITED}s"
 
 RUST_LOG="${SYNC_LOG:-info}" setpriv --pdeathsig TERM -- "$BIN" sync --http-listen 127.0.0.1:0 \
     --cluster "cluster-1=$CLUSTERS/cluster-1/sync.kubeconfig" \
     --cluster "cluster-2=$CLUSTERS/cluster-2/sync.kubeconfig" >"$OUT/sync.log" 2>&1 &
 PIDS+=($!)
-start=$SECONDS
-until grep -q 'leading: syncing' "$OUT/sync.log" 2>/dev/null; do
-    alive_or_die "${PIDS[1]}" "clusterset-dns sync"
-    [ $((SECONDS - start)) -lt 60 ] || die "clusterset-dns sync did not lead within 60 s; see $OUT/sync.log"
-    sleep 0.5
-done
+wait_for "${PIDS[1]}" "clusterset-dns sync (leading)" 60 'leading: syncing' "$OUT/sync.log"
 log "clusterset-dns sync leading"
 
 if [ "$EXEC" = 1 ]; then
@@ -179,13 +182,8 @@ if [ "$EXEC" = 1 ]; then
         >"$OUT/dataplane.out" 2>"$OUT/dataplane.log" &
     dp_pid=$!
     PIDS=("$dp_pid" "${PIDS[@]}")
-    start=$SECONDS
-    until grep -q '^READY' "$OUT/dataplane.out" 2>/dev/null; do
-        alive_or_die "$dp_pid" "scripts/dataplane.sh up (last lines: $(tail -n 5 "$OUT/dataplane.log" | tr '\n' ' '))"
-        [ $((SECONDS - start)) -lt 300 ] || die "data plane not ready within 5 min"
-        sleep 1
-    done
-    log "data plane ready in $((SECONDS - start))s"
+    wait_for "$dp_pid" "scripts/dataplane.sh up" 300 '^READY' "$OUT/dataplane.out" "$OUT/dataplane.log"
+    log "data plane ready in ${WAITED}s"
     COREDNS="$("$HERE/k8s-bins.sh" coredns | tail -n1)/coredns"
     [ -x "$COREDNS" ] || die "no CoreDNS (scripts/k8s-bins.sh coredns)"
     block="$(awk '/^clusterset\.local:53 \{/ {on = 1} on {print} on && /^\}/ {exit}' "$ROOT/Corefile.example")"
