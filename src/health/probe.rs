@@ -172,16 +172,14 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
                     s.fails = s.fails.saturating_add(1);
                     (s.up && s.fails >= cfg.fall).then_some(false)
                 };
-                if let Some(healthy) = verdict {
-                    s.up = healthy;
-                }
+                s.up = verdict.unwrap_or(s.up);
+                // After the verdict: a settled address goes back to the interval.
                 s.due = Some(Instant::now() + jitter.around(s.next_gap(&cfg)));
-                if let Some(healthy) = verdict {
-                    info!(service = %target.service, address = %target.addr, healthy, "probe verdict changed");
-                    let update = Update::EndpointHealth { service: target.service, address: target.addr.ip(), healthy };
-                    if updates.send(update).await.is_err() {
-                        return;
-                    }
+                let Some(healthy) = verdict else { continue };
+                info!(service = %target.service, address = %target.addr, healthy, "probe verdict changed");
+                let update = Update::EndpointHealth { service: target.service, address: target.addr.ip(), healthy };
+                if updates.send(update).await.is_err() {
+                    return;
                 }
                 continue;
             }

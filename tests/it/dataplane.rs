@@ -191,19 +191,6 @@ fn named_and_unnamed_tcp_and_udp_ports_reach_the_right_backend_port() {
     assert!(failures.is_empty(), "{}\n{}", failures.join("\n"), s.debug());
 }
 
-/// Failover when the backends of the client's own cluster die: headless
-/// `fo` exported by cluster-1, -2 and -3, `serve --answer-policy
-/// local-first --probe` (probe flags as given), so cluster-2's client gets
-/// cluster-2's Pods while they are healthy. Their servers are killed (or,
-/// [`Loss::Link`], their Pods' links go down); the client keeps connecting
-/// every 100 ms. Measured (printed, recorded in
-/// BENCHMARKS.md): seconds from the kill until the last failed connection
-/// and the first success after it. Asserted: before the kill every
-/// connection reaches cluster-2, and after recovery only other clusters.
-fn failover_after_local_backends_die(ns: &str, probe: &[&str]) {
-    failover_after_local_loss(ns, probe, Loss::Process);
-}
-
 /// How cluster-2's backends are lost.
 #[derive(Clone, Copy, PartialEq)]
 enum Loss {
@@ -213,6 +200,15 @@ enum Loss {
     Link,
 }
 
+/// Failover when the backends of the client's own cluster die: headless
+/// `fo` exported by cluster-1, -2 and -3, `serve --answer-policy
+/// local-first --probe` (probe flags as given), so cluster-2's client gets
+/// cluster-2's Pods while they are healthy. Their servers are killed (or,
+/// [`Loss::Link`], their Pods' links go down); the client keeps connecting
+/// every 100 ms. Measured (printed, recorded in
+/// BENCHMARKS.md): seconds from the kill until the last failed connection
+/// and the first success after it. Asserted: before the kill every
+/// connection reaches cluster-2, and after recovery only other clusters.
 fn failover_after_local_loss(ns: &str, probe: &[&str], loss: Loss) {
     let (fleet, _turn) = fleet();
     let mut args = vec!["--answer-policy", "local-first", "--probe"];
@@ -302,15 +298,16 @@ fn failover_after_local_loss(ns: &str, probe: &[&str], loss: Loss) {
 
 #[test]
 fn failover_when_local_backends_die_with_probes_every_second() {
-    failover_after_local_backends_die(
+    failover_after_local_loss(
         "dp-failover-fast",
         &["--probe-interval", "1", "--probe-timeout", "0.5", "--probe-fall", "2"],
+        Loss::Process,
     );
 }
 
 #[test]
 fn failover_when_local_backends_die_with_default_probes() {
-    failover_after_local_backends_die("dp-failover-default", &[]);
+    failover_after_local_loss("dp-failover-default", &[], Loss::Process);
 }
 
 #[test]
