@@ -63,6 +63,16 @@ pub async fn run(
         }
         info!("a member's cluster id changed: listing the fleet again under the new ids");
     }
+    // Ended: shutting down, or the id follower died. Either way this source
+    // returns, and the supervisor logs and restarts it (follower included);
+    // a follower's panic, when its result is in already, is passed on for
+    // the supervisor to count. It never dies unseen beside a source left
+    // running on stale ids.
+    if let Some(Err(e)) = follow.try_join_next()
+        && e.is_panic()
+    {
+        std::panic::resume_unwind(e.into_panic());
+    }
 }
 
 /// Watches every member and sends the merged view until the watches end
@@ -107,7 +117,11 @@ async fn fleet(
         };
         let event = tokio::select! {
             e = next => e,
-            Ok(()) = ids.changed() => return Some(ids.borrow_and_update().clone()),
+            changed = ids.changed() => match changed {
+                Ok(()) => return Some(ids.borrow_and_update().clone()),
+                // The id follower is gone: end, so that `run` reports it.
+                Err(_) => return None,
+            },
         };
         if let Some(event) = event {
             state.apply(event, &mut dirty);
