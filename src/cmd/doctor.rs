@@ -8,7 +8,7 @@ use futures::future::join_all;
 use hickory_proto::rr::Name;
 
 use crate::config::DoctorConfig;
-use crate::controller::desired::vip_name;
+use crate::controller::desired::{Naming, vip_name};
 use crate::diagnose::observed::Observed;
 use crate::diagnose::{checks, dns, read, report};
 use crate::fleet::member;
@@ -36,10 +36,12 @@ pub async fn run(cfg: DoctorConfig) -> Result<(String, u8), DoctorError> {
     let members = member::connect_all(&cfg.members, &namespaces, None).await?;
     let fqdn = Name::from_ascii(format!("{}.{}.svc.{}", cfg.key.name, cfg.key.namespace, cfg.zone))
         .map_err(|e| DoctorError::Name { zone: cfg.zone.to_string(), problem: e.to_string() })?;
-    let vip = vip_name(&cfg.key);
+    // Named in messages by its usual name; found by either.
+    let vip = vip_name(&cfg.key, Naming::Short);
+    let vip_names = [vip.clone(), vip_name(&cfg.key, Naming::Long)];
     // Members, and DNS servers, are asked at the same time: a member that
     // does not answer costs one timeout, not one per member after it.
-    let reads = join_all(members.iter().map(|m| read::member(m, &cfg.key, &vip, cfg.timeout)));
+    let reads = join_all(members.iter().map(|m| read::member(m, &cfg.key, &vip_names, cfg.timeout)));
     let answers = join_all(cfg.dns.iter().map(|(_, addr)| dns::ask(*addr, &fqdn, cfg.timeout)));
     let (mut seen, answers) = tokio::join!(reads, answers);
     for ((member, _), answer) in cfg.dns.iter().zip(answers) {

@@ -60,27 +60,66 @@ pub fn digest_of(body: &Value) -> String {
     format!("{h:016x}")
 }
 
-/// The clusterset VIP Service's name: internal (DNS never shows it), unique
-/// per service, at most 63 characters.
-pub fn vip_name(key: &ServiceKey) -> String {
-    format!("{}-clusterset-{}", truncated(key.name.as_str(), 40), digest(&[key.name.as_str()]))
+/// How a service's VIP Service and MCS EndpointSlices are named. Their
+/// names start with the service's name cut to 40 characters (its
+/// [`stem`]), so services whose names share those 40 characters, and
+/// nothing else, would share objects on a 32-bit digest collision: one
+/// writing the other's VIP Service and slices in turn. Among the exported
+/// services of a namespace that share a stem, the eldest keeps the short
+/// names and the others take long ones (see `sync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    /// `<stem>-clusterset-<8 hex>`, `<stem>-<8 hex>`: what every service
+    /// has had since the first release.
+    Short,
+    /// `<name cut to 35>-clusterset-<16 hex>` and `<name cut to 46>-<16 hex>`,
+    /// each digest over the whole service name too: no short name has that
+    /// shape, and two services share one only on a 64-bit collision.
+    Long,
 }
 
-/// The name of the MCS EndpointSlice mirroring `source` of `cluster`, unless
-/// another source of the service has the same ([`slice_names`]).
-pub fn slice_name(key: &ServiceKey, cluster: &ClusterId, source: &str) -> String {
-    format!("{}-{}", truncated(key.name.as_str(), 40), digest(&[cluster.as_str(), source]))
+/// How much of a service's name its short object names keep.
+pub const STEM_LEN: usize = 40;
+
+/// The part of a service's name its objects' names start with.
+pub fn stem(name: &str) -> &str {
+    truncated(name, STEM_LEN)
+}
+
+/// The clusterset VIP Service's name: internal (DNS never shows it), unique
+/// per service, at most 63 characters.
+pub fn vip_name(key: &ServiceKey, naming: Naming) -> String {
+    let name = key.name.as_str();
+    match naming {
+        Naming::Short => format!("{}-clusterset-{}", stem(name), digest(&[name])),
+        Naming::Long => format!("{}-clusterset-{}", truncated(name, 35), long_digest(&[name])),
+    }
+}
+
+/// The short name of the MCS EndpointSlice mirroring `source` of `cluster`
+/// ([`slice_names`] gives the one in use).
+fn slice_name(key: &ServiceKey, cluster: &ClusterId, source: &str) -> String {
+    format!("{}-{}", stem(key.name.as_str()), digest(&[cluster.as_str(), source]))
 }
 
 /// The names of the MCS EndpointSlices mirroring `sources` (cluster, source
-/// slice) of `key`, in their order: [`slice_name`]'s, except that where
-/// several sources would share a name (its digest is 32 bits, and the
-/// EndpointSlice controller's own names collide: `web-h6kvr` and
-/// `web-efi2a` of one cluster do), only the first of them by (cluster,
-/// source) keeps it and the others get a 64-bit digest (16 hex digits, a
-/// name no short one can have). Without this, two sources' endpoints would
-/// be written in turn to one slice, each write undoing the other.
-pub fn slice_names(key: &ServiceKey, sources: &[(&ClusterId, &str)]) -> Vec<String> {
+/// slice) of `key`, in their order. [`Naming::Long`] gives each a name with a
+/// 64-bit digest of the service, cluster and source. [`Naming::Short`] gives
+/// [`slice_name`]'s, except that where several sources would share a name
+/// (its digest is 32 bits, and the EndpointSlice controller's own names
+/// collide: `web-h6kvr` and `web-efi2a` of one cluster do), only the first
+/// of them by (cluster, source) keeps it and the others get a 64-bit digest
+/// (16 hex digits, a name no short one can have). Without this, two
+/// sources' endpoints would be written in turn to one slice, each write
+/// undoing the other.
+pub fn slice_names(key: &ServiceKey, naming: Naming, sources: &[(&ClusterId, &str)]) -> Vec<String> {
+    let name = key.name.as_str();
+    if naming == Naming::Long {
+        return sources
+            .iter()
+            .map(|(c, s)| format!("{}-{}", truncated(name, 46), long_digest(&[name, c.as_str(), s])))
+            .collect();
+    }
     let short: Vec<String> = sources.iter().map(|(c, s)| slice_name(key, c, s)).collect();
     let mut first: std::collections::HashMap<&str, (&ClusterId, &str)> = std::collections::HashMap::new();
     for (name, (c, s)) in short.iter().zip(sources) {
@@ -92,11 +131,11 @@ pub fn slice_names(key: &ServiceKey, sources: &[(&ClusterId, &str)]) -> Vec<Stri
     short
         .iter()
         .zip(sources)
-        .map(|(name, (c, s))| {
-            if first.get(name.as_str()) == Some(&(*c, *s)) {
-                name.clone()
+        .map(|(short, (c, s))| {
+            if first.get(short.as_str()) == Some(&(*c, *s)) {
+                short.clone()
             } else {
-                format!("{}-{}", truncated(key.name.as_str(), 40), long_digest(&[c.as_str(), s]))
+                format!("{}-{}", stem(name), long_digest(&[c.as_str(), s]))
             }
         })
         .collect()
@@ -399,7 +438,7 @@ pub struct ClusterPorts {
 /// The clusterset VIP: a selector-less ClusterIP Service with the merged
 /// ports ([`VipPorts`]), one ClusterIP per family; kube-proxy routes it
 /// through the EndpointSlices labelled with its name.
-pub fn vip_service(key: &ServiceKey, spec: &ImportSpec) -> Value {
+pub fn vip_service(key: &ServiceKey, name: &str, spec: &ImportSpec) -> Value {
     let policy = if spec.ip_families.len() > 1 { "PreferDualStack" } else { "SingleStack" };
     // internalTrafficPolicy stays Cluster here whatever the import says:
     // `Local` would make kube-proxy drop every endpoint whose node is not
@@ -416,27 +455,28 @@ pub fn vip_service(key: &ServiceKey, spec: &ImportSpec) -> Value {
     }
     json!({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": vip_name(key), "namespace": key.namespace.as_str(), "labels": labels(key)},
+        "metadata": {"name": name, "namespace": key.namespace.as_str(), "labels": labels(key)},
         "spec": s,
     })
 }
 
-/// The MCS EndpointSlice mirroring one source slice of `cluster`: its
-/// addresses, readiness, hostname, zone and targetRef. For ClusterSetIP services it is
-/// also the VIP Service's slice (`kubernetes.io/service-name`).
+/// The MCS EndpointSlice `name` mirroring one source slice of `cluster`:
+/// its addresses, readiness, hostname, zone and targetRef. For ClusterSetIP
+/// services it is also the slice of the VIP Service named `vip`
+/// (`kubernetes.io/service-name`).
 pub fn slice(
     key: &ServiceKey,
+    name: &str,
     cluster: &ClusterId,
     source: &EndpointSlice,
-    vip: bool,
+    vip: Option<&str>,
     ports: Option<&ClusterPorts>,
 ) -> Value {
-    let source_name = source.metadata.name.as_deref().unwrap_or("");
     let mut l = labels(key);
     l[LABEL_SOURCE_CLUSTER] = json!(cluster.as_str());
     l[LABEL_MANAGED_BY] = json!(MANAGED_BY);
-    if vip {
-        l[LABEL_K8S_SERVICE_NAME] = json!(vip_name(key));
+    if let Some(vip) = vip {
+        l[LABEL_K8S_SERVICE_NAME] = json!(vip);
     }
     let endpoints: Vec<Value> = source
         .endpoints
@@ -480,7 +520,7 @@ pub fn slice(
         .collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": slice_name(key, cluster, source_name), "namespace": key.namespace.as_str(), "labels": l},
+        "metadata": {"name": name, "namespace": key.namespace.as_str(), "labels": l},
         "addressType": source.address_type,
         "ports": slice_ports(source, ports),
         "endpoints": endpoints,
@@ -650,16 +690,19 @@ endpoints:
         .unwrap();
         let c = ClusterId::parse("b").unwrap();
         let renamed = ClusterPorts { served: vec![], unnamed_as: Some("tcp-8080".into()) };
-        let body = slice(&key("web"), &c, &source, true, Some(&renamed));
+        let body = slice(&key("web"), "m", &c, &source, Some("v"), Some(&renamed));
         assert_eq!(body["ports"], json!([{"name": "tcp-8080", "port": 8443, "protocol": "TCP"}]));
         let e = &body["endpoints"][0];
         assert_eq!(e["conditions"], json!({"ready": false, "serving": true, "terminating": true}));
         assert_eq!((e["nodeName"].as_str(), e["zone"].as_str()), (Some("node-7"), Some("zone-a")));
         assert_eq!(e["hints"], json!({"forZones": [{"name": "zone-a"}]}));
         // Not renamed when the VIP Service keeps the port unnamed.
-        assert_eq!(slice(&key("web"), &c, &source, true, None)["ports"][0].get("name"), None);
+        assert_eq!(slice(&key("web"), "m", &c, &source, Some("v"), None)["ports"][0].get("name"), None);
         let kept = ClusterPorts::default();
-        assert_eq!(slice(&key("web"), &c, &source, true, Some(&kept))["ports"][0].get("name"), None);
+        assert_eq!(
+            slice(&key("web"), "m", &c, &source, Some("v"), Some(&kept))["ports"][0].get("name"),
+            None
+        );
     }
 
     #[test]
@@ -681,10 +724,13 @@ endpoints: [{addresses: [10.2.0.5]}]",
         )
         .unwrap();
         let c = ClusterId::parse("b").unwrap();
-        let mirrored = slice(&key("hello"), &c, &source, true, Some(&b));
+        let mirrored = slice(&key("hello"), "m", &c, &source, Some("v"), Some(&b));
         assert_eq!(mirrored["ports"], json!([{"name": "dns", "port": 53, "protocol": "UDP"}]));
         // Ports not known (no Service of the cluster): mirrored as they are.
-        assert_eq!(slice(&key("hello"), &c, &source, true, None)["ports"].as_array().map(Vec::len), Some(2));
+        assert_eq!(
+            slice(&key("hello"), "m", &c, &source, Some("v"), None)["ports"].as_array().map(Vec::len),
+            Some(2)
+        );
     }
 
     #[test]
@@ -713,16 +759,46 @@ endpoints: [{addresses: [10.2.0.5]}]",
     #[test]
     fn derived_names_are_stable_short_and_distinct() {
         let long = "a".repeat(63);
-        assert!(vip_name(&key(&long)).len() <= 63);
-        assert_eq!(vip_name(&key("web")), vip_name(&key("web")));
-        assert_ne!(vip_name(&key("web")), vip_name(&key("api")));
-        assert!(!vip_name(&key("web")).starts_with("derived-"));
+        for naming in [Naming::Short, Naming::Long] {
+            assert!(vip_name(&key(&long), naming).len() <= 63);
+            assert_eq!(vip_name(&key("web"), naming), vip_name(&key("web"), naming));
+            assert_ne!(vip_name(&key("web"), naming), vip_name(&key("api"), naming));
+            assert!(!vip_name(&key("web"), naming).starts_with("derived-"));
+        }
         let c = ClusterId::parse("cluster-a").unwrap();
         let d = ClusterId::parse("cluster-b").unwrap();
         assert_ne!(slice_name(&key("web"), &c, "web-x"), slice_name(&key("web"), &d, "web-x"));
         assert!(slice_name(&key(&long), &c, "x").len() <= 63);
         // Pinned: a changed digest would orphan every object after an upgrade.
-        assert_eq!(vip_name(&key("web")), "web-clusterset-19ea9383");
+        assert_eq!(vip_name(&key("web"), Naming::Short), "web-clusterset-19ea9383");
+    }
+
+    #[test]
+    fn services_sharing_a_stem_get_distinct_long_names() {
+        // Two names whose first 40 characters agree: one stem, so only the
+        // short names' 32-bit digests tell them apart.
+        let stem40 = "a-service-with-a-rather-long-name-for-dn";
+        let (x, y) = (format!("{stem40}s-one"), format!("{stem40}s-two"));
+        assert_eq!(stem(&x), stem(&y));
+        assert_eq!(stem(stem40), stem(&x), "the 40-character name itself shares the stem");
+        // A cut that ends in a dash drops it: names stay DNS labels.
+        assert_eq!(stem(&format!("{}-x", "b".repeat(39))), "b".repeat(39));
+        let c = ClusterId::parse("cluster-a").unwrap();
+        for n in [&x, &y, &"c".repeat(63)] {
+            let long = vip_name(&key(n), Naming::Long);
+            assert!(long.len() <= 63, "{long}");
+            assert_ne!(long, vip_name(&key(n), Naming::Short));
+            let slices = slice_names(&key(n), Naming::Long, &[(&c, "s-1"), (&c, "s-2")]);
+            assert!(slices.iter().all(|s| s.len() <= 63 && s.starts_with(stem(n))), "{slices:?}");
+            assert_ne!(slices[0], slices[1]);
+            assert_ne!(slices, slice_names(&key(n), Naming::Short, &[(&c, "s-1"), (&c, "s-2")]));
+        }
+        assert_ne!(vip_name(&key(&x), Naming::Long), vip_name(&key(&y), Naming::Long));
+        // The same source of both services: distinct long names.
+        assert_ne!(
+            slice_names(&key(&x), Naming::Long, &[(&c, "s")]),
+            slice_names(&key(&y), Naming::Long, &[(&c, "s")])
+        );
     }
 
     #[test]
@@ -736,7 +812,7 @@ endpoints: [{addresses: [10.2.0.5]}]",
         // Either order: the first by (cluster, source) keeps the short name,
         // so a name does not move when the order of the sources does.
         for sources in [vec![(&a, x), (&a, y), (&b, x)], vec![(&b, x), (&a, y), (&a, x)]] {
-            let names = slice_names(&key("web"), &sources);
+            let names = slice_names(&key("web"), Naming::Short, &sources);
             let of = |src: (&ClusterId, &str)| names[sources.iter().position(|s| *s == src).unwrap()].clone();
             assert_eq!(of((&a, y)), slice_name(&key("web"), &a, y), "web-efi2a < web-h6kvr keeps its name");
             assert_eq!(of((&a, x)), format!("web-{}", long_digest(&["cluster-a", x])));
@@ -747,7 +823,7 @@ endpoints: [{addresses: [10.2.0.5]}]",
         }
         // Without a collision every name is slice_name's.
         assert_eq!(
-            slice_names(&key("web"), &[(&a, x), (&b, y)]),
+            slice_names(&key("web"), Naming::Short, &[(&a, x), (&b, y)]),
             [slice_name(&key("web"), &a, x), slice_name(&key("web"), &b, y)]
         );
     }

@@ -234,6 +234,20 @@ impl KeyState {
         self.written.forget(r);
     }
 
+    /// How this service's objects are named: as its VIP Service already
+    /// is (a name never moves while the service is exported, whatever is
+    /// exported beside it); otherwise short, unless an elder shares its
+    /// stem ([`Stems::has_elder`]).
+    fn naming(&self, cx: &Ctx<'_>, key: &ServiceKey) -> desired::Naming {
+        for naming in [desired::Naming::Long, desired::Naming::Short] {
+            let vip = desired::vip_name(key, naming);
+            if self.owned.iter().any(|r| r.kind == "Service" && r.name == vip) {
+                return naming;
+            }
+        }
+        if cx.stems.has_elder(cx.state, key) { desired::Naming::Long } else { desired::Naming::Short }
+    }
+
     fn is_empty(&self) -> bool {
         self.applied.is_empty() && self.owned.is_empty() && self.transitions.is_empty() && !self.conflicted
     }
@@ -242,6 +256,7 @@ impl KeyState {
 /// What a reconcile reads and never changes; shared by the services of a
 /// batch.
 struct Ctx<'a> {
+    stems: &'a Stems,
     members: &'a [Member],
     apis: &'a [MemberApis],
     state: &'a FleetState,
@@ -251,6 +266,44 @@ struct Ctx<'a> {
     discovered: &'a [bool],
     duplicates: &'a HashMap<crate::model::ClusterId, String>,
     stats: &'a SyncStats,
+}
+
+/// The exported services whose names are longer than their objects' names
+/// can hold ([`desired::stem`]), by namespace and stem, each with its
+/// oldest export's time: what decides a service's [`desired::Naming`].
+/// Built before each batch, from the fleet's exports.
+struct Stems(HashMap<(String, String), Vec<(ServiceKey, i64)>>);
+
+impl Stems {
+    fn of(state: &FleetState) -> Self {
+        let mut stems: HashMap<(String, String), Vec<(ServiceKey, i64)>> = HashMap::new();
+        for (key, at) in state.exported_longer_than(desired::STEM_LEN) {
+            let stem = desired::stem(key.name.as_str()).to_owned();
+            stems.entry((key.namespace.to_string(), stem)).or_default().push((key, at));
+        }
+        Self(stems)
+    }
+
+    /// True when another exported service of `key`'s namespace has its
+    /// stem and an older export (the service name breaking ties): `key`'s
+    /// objects then take long names, since that service may have the short
+    /// ones.
+    fn has_elder(&self, state: &FleetState, key: &ServiceKey) -> bool {
+        let stem = desired::stem(key.name.as_str());
+        let Some(long) = self.0.get(&(key.namespace.to_string(), stem.to_owned())) else {
+            return false;
+        };
+        // The service whose name is the stem itself shares it too.
+        let named_stem = crate::model::DnsLabel::parse(stem)
+            .ok()
+            .map(|name| ServiceKey { namespace: key.namespace.clone(), name })
+            .and_then(|k| Some((state.oldest_export(&k)?, k)));
+        let mine = (state.oldest_export(key).unwrap_or(i64::MAX), key.name.as_str());
+        long.iter()
+            .map(|(k, at)| (*at, k))
+            .chain(named_stem.as_ref().map(|(at, k)| (*at, k)))
+            .any(|(at, k)| k != key && (at, k.name.as_str()) < mine)
+    }
 }
 
 impl Ctx<'_> {
@@ -390,7 +443,9 @@ impl Syncer {
                 }
                 continue;
             }
+            let stems = Stems::of(&self.state);
             let cx = Ctx {
+                stems: &stems,
                 members: &self.members,
                 apis: &self.apis,
                 state: &self.state,
@@ -841,6 +896,7 @@ impl KeyState {
                     _ => None,
                 })
                 .collect();
+            let naming = self.naming(cx, key);
             for i in 0..cx.members.len() {
                 // Members outside the consumer clusters import nothing:
                 // what we own there is not wanted, so it is deleted below.
@@ -856,6 +912,7 @@ impl KeyState {
                         &merged.clusters,
                         &unreachable,
                         &cluster_ports,
+                        naming,
                         &mut want,
                     )
                     .await
@@ -912,14 +969,15 @@ impl KeyState {
         clusters: &[crate::model::ClusterId],
         unreachable: &[(crate::model::ClusterId, String)],
         cluster_ports: &HashMap<&crate::model::ClusterId, desired::ClusterPorts>,
+        naming: desired::Naming,
         want: &mut BTreeSet<ObjectRef>,
     ) -> Result<(), kube::Error> {
         let ns = key.namespace.as_str();
-        let vip = spec.kind == ImportType::ClusterSetIp;
+        let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, naming));
         let mut ips: Vec<String> = Vec::new();
-        if vip {
-            let body = desired::vip_service(key, spec);
-            let r = object(i, "Service", key, desired::vip_name(key));
+        if let Some(vip_name) = &vip_name {
+            let body = desired::vip_service(key, vip_name, spec);
+            let r = object(i, "Service", key, vip_name.clone());
             want.insert(r.clone());
             let api: Api<Service> = Api::namespaced(cx.members[i].client.clone(), ns);
             // A Service's primary IP family cannot change in place (the API
@@ -957,10 +1015,12 @@ impl KeyState {
             .collect();
         let names = desired::slice_names(
             key,
+            naming,
             &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
         );
         for ((cluster, _, source), name) in sources.iter().zip(names) {
-            let body = desired::slice(key, cluster, source, vip, cluster_ports.get(cluster));
+            let body =
+                desired::slice(key, &name, cluster, source, vip_name.as_deref(), cluster_ports.get(cluster));
             let r = object(i, "EndpointSlice", key, name);
             want.insert(r.clone());
             let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);

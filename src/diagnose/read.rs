@@ -24,14 +24,20 @@ use crate::model::{
     ANNOTATION_ENDPOINT_ANSWERS, ANNOTATION_UNREACHABLE_CLUSTERS, ClusterId, DnsLabel, Protocol, ServiceKey,
 };
 
-/// Reads what `member` holds for `key`; each read may take `timeout`. The
-/// DNS answers are not read here.
-pub async fn member(member: &Member, key: &ServiceKey, vip_name: &str, timeout: Duration) -> MemberSeen {
+/// Reads what `member` holds for `key`, its VIP Service by any of
+/// `vip_names`; each read may take `timeout`. The DNS answers are not read
+/// here.
+pub async fn member(
+    member: &Member,
+    key: &ServiceKey,
+    vip_names: &[String],
+    timeout: Duration,
+) -> MemberSeen {
     let r = Reads { client: &member.client, cluster: &member.cluster, key, timeout };
     let mcs_selector = format!("{LABEL_SERVICE_NAME}={}", key.name);
     let (service, vip, export, import, mcs_slices, own_slices) = tokio::join!(
         r.service(),
-        r.vip(vip_name),
+        r.vip(&mcs_selector, vip_names),
         r.mcs("ServiceExport", "serviceexports", export),
         r.mcs("ServiceImport", "serviceimports", import),
         r.slices(&mcs_selector),
@@ -100,13 +106,18 @@ impl<'a> Reads<'a> {
         self.seen("Services", found.map(|v| v.first().map(|s| service(self.cluster, s))))
     }
 
-    async fn vip(&self, vip_name: &str) -> Seen<Option<Vec<String>>> {
+    /// The ClusterIPs of the Service labelled for the service (`selector`)
+    /// with one of `names`: the controller names it short or long
+    /// (`desired::Naming`), and only it knows which.
+    async fn vip(&self, selector: &str, names: &[String]) -> Seen<Option<Vec<String>>> {
         let api: Api<Service> = Api::namespaced(self.client.clone(), self.key.namespace.as_str());
-        let found = self.list(api, &self.by_name(vip_name)).await;
+        let found = self.list(api, &ListParams::default().labels(selector)).await;
         self.seen(
             "Services",
             found.map(|v| {
-                v.first().map(|s| s.spec.as_ref().and_then(|s| s.cluster_ips.clone()).unwrap_or_default())
+                v.iter()
+                    .find(|s| s.metadata.name.as_ref().is_some_and(|n| names.contains(n)))
+                    .map(|s| s.spec.as_ref().and_then(|s| s.cluster_ips.clone()).unwrap_or_default())
             }),
         )
     }

@@ -248,6 +248,27 @@ impl FleetState {
         keys
     }
 
+    /// Every service some member exports whose name is longer than `len`
+    /// characters, with its oldest export's creation time (Unix seconds).
+    pub fn exported_longer_than(&self, len: usize) -> HashMap<ServiceKey, i64> {
+        let mut found: HashMap<ServiceKey, i64> = HashMap::new();
+        for m in &self.members {
+            for key in m.exports.by_service.keys().filter(|k| k.name.as_str().len() > len) {
+                for e in m.exports.of(key) {
+                    let at = found.entry(key.clone()).or_insert(e.exported_at);
+                    *at = (*at).min(e.exported_at);
+                }
+            }
+        }
+        found
+    }
+
+    /// The creation time of the oldest export of `key` (Unix seconds), if
+    /// some member exports it.
+    pub fn oldest_export(&self, key: &ServiceKey) -> Option<i64> {
+        self.members.iter().flat_map(|m| m.exports.of(key)).map(|e| e.exported_at).min()
+    }
+
     /// The services member `member` exports.
     pub fn exported_by(&self, member: usize) -> Vec<ServiceKey> {
         self.members.get(member).map(|m| m.exports.by_service.keys().cloned().collect()).unwrap_or_default()

@@ -662,3 +662,126 @@ fn exports_of_different_ip_families_conflict_and_the_oldest_family_is_imported()
     }
     drop(sync);
 }
+
+/// Two pairs of names the controller's 32-bit digests give twice, found
+/// offline: two source slices of one service, and two services whose names
+/// share their first 40 characters (what object names keep of them).
+const TWIN_SOURCES: (&str, &str) = ("web-h6kvr", "web-efi2a");
+const TWIN_SERVICES: (&str, &str) =
+    ("payments-settlement-reconciliation-worker-6deaa", "payments-settlement-reconciliation-worker-81608");
+
+#[test]
+fn names_whose_digests_collide_get_objects_of_their_own() {
+    use clusterset_dns::controller::desired::{Naming, vip_name};
+    use clusterset_dns::model::{DnsLabel, ServiceKey};
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "sync-twins";
+    let key = |name: &str| ServiceKey {
+        namespace: DnsLabel::parse(ns).unwrap(),
+        name: DnsLabel::parse(name).unwrap(),
+    };
+    let (elder, younger) = TWIN_SERVICES;
+    assert_eq!(
+        vip_name(&key(elder), Naming::Short),
+        vip_name(&key(younger), Naming::Short),
+        "the pair collides"
+    );
+    let u = rt.block_on(User::new(clusters, 0, ns));
+    for i in 1..clusters.len() {
+        rt.block_on(User::new(clusters, i, ns));
+    }
+    let c1 = rt.block_on(client(clusters, 1));
+    let _sync = syncing(clusters, &[ns], &[]);
+    // One service, two source slices whose mirrors would share a name.
+    let (x, y) = TWIN_SOURCES;
+    rt.block_on(async {
+        u.service("web", json!({})).await;
+        u.endpoints(x, "web", json!([{"addresses": ["10.7.0.1"]}])).await;
+        u.endpoints(y, "web", json!([{"addresses": ["10.7.0.2"]}])).await;
+        u.export("web").await;
+    });
+    let mirrored = |service: &str| {
+        rt.block_on(async {
+            let mut v: Vec<(String, Vec<String>)> = Api::<EndpointSlice>::namespaced(c1.clone(), ns)
+                .list(
+                    &ListParams::default()
+                        .labels(&format!("{OURS},multicluster.kubernetes.io/service-name={service}")),
+                )
+                .await
+                .expect("list")
+                .items
+                .into_iter()
+                .map(|s| {
+                    let name = s.metadata.name.unwrap_or_default();
+                    (name, s.endpoints.into_iter().flat_map(|e| e.addresses).collect())
+                })
+                .collect();
+            v.sort();
+            v
+        })
+    };
+    until(30, "both sources mirrored, each to a slice of its own", || {
+        let m = mirrored("web");
+        let mut addrs: Vec<&String> = m.iter().flat_map(|(_, a)| a).collect();
+        addrs.sort();
+        m.len() == 2 && addrs == ["10.7.0.1", "10.7.0.2"]
+    });
+    let vips = |service: &str| {
+        rt.block_on(async {
+            Api::<Service>::namespaced(c1.clone(), ns)
+                .list(
+                    &ListParams::default()
+                        .labels(&format!("{OURS},multicluster.kubernetes.io/service-name={service}")),
+                )
+                .await
+                .expect("list")
+                .items
+                .into_iter()
+                .map(|s| {
+                    (
+                        s.metadata.name.unwrap_or_default(),
+                        s.spec.and_then(|s| s.cluster_ip).unwrap_or_default(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    // Two services whose VIP Services would share a name: the elder export
+    // keeps the usual name, the younger takes a long one, and each import
+    // has a VIP of its own that routes to its own endpoints.
+    rt.block_on(async {
+        u.service(elder, json!({})).await;
+        u.endpoints(&format!("{elder}-a"), elder, json!([{"addresses": ["10.7.1.1"]}])).await;
+        u.export(elder).await;
+    });
+    until(30, "the elder's VIP", || vips(elder).len() == 1);
+    // A later second: the younger export's creationTimestamp is later.
+    std::thread::sleep(Duration::from_millis(1100));
+    rt.block_on(async {
+        u.service(younger, json!({})).await;
+        u.endpoints(&format!("{younger}-a"), younger, json!([{"addresses": ["10.7.1.2"]}])).await;
+        u.export(younger).await;
+    });
+    until(30, "the younger's VIP", || vips(younger).len() == 1);
+    let (e, y) = (vips(elder), vips(younger));
+    assert_eq!(e[0].0, vip_name(&key(elder), Naming::Short), "{e:?}");
+    assert_eq!(y[0].0, vip_name(&key(younger), Naming::Long), "{y:?}");
+    assert_ne!(e[0].1, y[0].1, "one VIP each");
+    let ips = |name: &str| {
+        rt.block_on(import(&c1, ns, name))
+            .and_then(|i| i.pointer("/spec/ips/0").and_then(Value::as_str).map(str::to_owned))
+    };
+    until(30, "each import carries its own VIP", || {
+        ips(elder).as_deref() == Some(&e[0].1) && ips(younger).as_deref() == Some(&y[0].1)
+    });
+    for (service, addr) in [(elder, "10.7.1.1"), (younger, "10.7.1.2")] {
+        let m = mirrored(service);
+        assert_eq!(m.len(), 1, "{service}: {m:?}");
+        assert_eq!(m[0].1, [addr], "{service}: {m:?}");
+    }
+    // Names stay put: the elder's VIP is not taken over later.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(vips(elder), e);
+    assert_eq!(vips(younger), y);
+}
