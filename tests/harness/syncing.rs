@@ -97,6 +97,11 @@ impl Syncing {
         procfs::cpu_seconds(self.child.id()).expect("/proc/PID/stat of sync")
     }
 
+    /// Its peak resident set (`VmHWM`), in KiB; 0 once it has exited.
+    pub fn peak_rss_kib(&self) -> u64 {
+        procfs::status_kib(self.child.id(), "VmHWM").unwrap_or(0)
+    }
+
     /// The exit status, once it has exited.
     pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait()
