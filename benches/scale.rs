@@ -1,6 +1,7 @@
 //! Start-up at scale with the Kubernetes watch source, against a real
 //! kube-apiserver and etcd and the real release binary: a fresh cluster with
-//! 10,000 ServiceImports (10 % headless) and 30,000 EndpointSlices; creation
+//! 10,000 ServiceImports (10 % headless) and 30,000 EndpointSlices (with
+//! `SCALE_SERVICES=N`, N imports and 3N slices, N a multiple of 100); creation
 //! time, then three server starts, each timed from spawn to `/ready` and to
 //! the first correct answers, with resident memory; then the same two lists
 //! without the server.
@@ -37,8 +38,18 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 }
 
 fn scale(rt: &tokio::runtime::Runtime) -> Result<()> {
-    println!("\n## scale: 10,000 ServiceImports (10 % headless), 30,000 EndpointSlices");
-    let fleet = Fleet { prefix: "s", namespaces: 100, per_namespace: 100, headless_every: 10 };
+    let services: usize = match std::env::var("SCALE_SERVICES") {
+        Ok(n) => n.parse().map_err(|e| anyhow::anyhow!("SCALE_SERVICES={n}: {e}"))?,
+        Err(_) => 10_000,
+    };
+    if services < 1_000 || !services.is_multiple_of(100) {
+        bail!("SCALE_SERVICES={services}: at least 1,000, a multiple of 100 (100 namespaces)");
+    }
+    println!(
+        "\n## scale: {services} ServiceImports (10 % headless), {} EndpointSlices",
+        services * common::objects::CLUSTER_IDS.len()
+    );
+    let fleet = Fleet { prefix: "s", namespaces: 100, per_namespace: services / 100, headless_every: 10 };
     let clusters = start_clusters(1);
     let client = rt.block_on(clusters.client(0));
     rt.block_on(create_fleet(&client, &fleet))?;
