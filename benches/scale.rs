@@ -25,7 +25,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use common::dns::{Dns, POLL_EVERY};
 use common::objects::{Fleet, create_fleet, import_resource, slice_resource, timed_call};
 use common::report::ms;
-use common::{SERVER_READY_TIMEOUT, main_of, serve, start_clusters};
+use common::{SERVER_READY_TIMEOUT, main_of, serve_with, start_clusters};
 use harness::procfs::loadavg;
 
 fn main() {
@@ -56,22 +56,25 @@ fn scale(rt: &tokio::runtime::Runtime) -> Result<()> {
     println!("load average after creation: {}", loadavg());
 
     let mut runs = Vec::new();
-    for run in 1..=SCALE_STARTS {
-        runs.push(start_server(&clusters.serve_kubeconfig(0), clusters.pids(0), &fleet, run == 1)?);
+    for (paging, extra) in PAGINGS {
+        for run in 1..=SCALE_STARTS {
+            let r = start_server(&clusters.serve_kubeconfig(0), clusters.pids(0), &fleet, extra, run == 1)?;
+            runs.push((paging, r));
+        }
     }
-    println!("\nserver: {}\n", runs.first().map_or("", |r| r.command.as_str()));
+    println!("\nserver: {}\n", runs.first().map_or("", |(_, r)| r.command.as_str()));
     println!(
-        "{SCALE_STARTS} starts of the server on the same cluster, one after the other; \
+        "{SCALE_STARTS} starts of the server on the same cluster per way of listing, one after the other; \
          ms from process start (spawn) to:\n"
     );
     println!(
-        "| start | ServiceImports listed (log) | EndpointSlices listed (log) | first correct ClusterSetIP A | \
+        "| start | lists | ServiceImports listed (log) | EndpointSlices listed (log) | first correct ClusterSetIP A | \
          first correct headless A (12) | /ready 200 | CPU to ready: server, kube-apiserver, etcd | VmRSS ready | VmRSS +5 s | VmHWM | wrong answers | load avg |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for (k, r) in runs.iter().enumerate() {
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (k, (paging, r)) in runs.iter().enumerate() {
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | **{:.0}** | {:.2} s, {:.2} s, {:.2} s | {:.1} MB | {:.1} MB | {:.1} MB | {} of {} | {} |",
+            "| {} | {paging} | {:.0} | {:.0} | {:.0} | {:.0} | **{:.0}** | {:.2} s, {:.2} s, {:.2} s | {:.1} MB | {:.1} MB | {:.1} MB | {} of {} | {} |",
             k + 1,
             r.imports_listed.map_or(f64::NAN, ms),
             r.slices_listed.map_or(f64::NAN, ms),
@@ -125,6 +128,9 @@ fn scale(rt: &tokio::runtime::Runtime) -> Result<()> {
 
 /// Server starts measured by `scale`.
 const SCALE_STARTS: usize = 3;
+/// The server's ways of listing, each started `SCALE_STARTS` times.
+const PAGINGS: [(&str, &[&str]); 2] =
+    [("pages of 500 (default)", &[]), ("one request", &["--list-page-size", "0"])];
 
 struct StartRun {
     command: String,
@@ -151,6 +157,7 @@ fn start_server(
     kubeconfig: &Path,
     (apiserver, etcd): (u32, u32),
     fleet: &Fleet,
+    extra: &[&str],
     print_log: bool,
 ) -> Result<StartRun> {
     let (vn, vi) = (fleet.namespaces - 1, fleet.per_namespace - 1);
@@ -160,7 +167,7 @@ fn start_server(
     let (vip_want, headless_want) = (fleet.expected(vn, vi), fleet.expected(hn, hi));
 
     let (apiserver0, etcd0) = (cpu_seconds(apiserver)?, cpu_seconds(etcd)?);
-    let mut server = serve(kubeconfig);
+    let mut server = serve_with(kubeconfig, extra);
     let start = server.started;
     let mut dns = Dns::new(server.addr)?;
     let (mut ready_at, mut vip_at, mut headless_at) = (None, None, None);

@@ -173,6 +173,7 @@ impl ServeConfig {
                 connection,
                 namespaces: a.namespaces.clone(),
                 interop,
+                page_size: std::num::NonZeroU32::new(a.list_page_size),
             }),
             members: members(&a.members)?,
             listen: a.listen.clone(),
@@ -754,6 +755,15 @@ mod tests {
         assert_eq!(c.listen, ["127.0.0.1:1053".parse().unwrap()]);
         assert!(c.objects.is_empty());
         assert_eq!(c.wire.max_udp_payload, 1232);
+    }
+
+    #[test]
+    fn watches_list_in_pages_unless_told_to_take_all_at_once() {
+        let page =
+            |args: &[&str]| config(&[&["--kubeconfig", "k"], args].concat()).unwrap().kube.unwrap().page_size;
+        assert_eq!(page(&[]).map(|n| n.get()), Some(500));
+        assert_eq!(page(&["--list-page-size", "50"]).map(|n| n.get()), Some(50));
+        assert_eq!(page(&["--list-page-size", "0"]), None);
     }
 
     #[test]

@@ -67,7 +67,15 @@ pub fn start_clusters(n: usize) -> TestClusters {
 /// `clusterset-dns serve` (tied to this process) watching through
 /// `kubeconfig`, all namespaces.
 pub fn serve(kubeconfig: &std::path::Path) -> Served {
-    Served::start_tied(&["--kubeconfig", &kubeconfig.to_string_lossy()])
+    serve_with(kubeconfig, &[])
+}
+
+/// [`serve`] with `extra` arguments.
+pub fn serve_with(kubeconfig: &std::path::Path, extra: &[&str]) -> Served {
+    let kubeconfig = kubeconfig.to_string_lossy();
+    let mut args = vec!["--kubeconfig", &kubeconfig];
+    args.extend_from_slice(extra);
+    Served::start_tied(&args)
 }
 
 /// The cluster `propagation` and `update_load` measure: 1,000 ClusterSetIP

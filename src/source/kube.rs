@@ -44,6 +44,9 @@ pub struct KubeSource {
     pub namespaces: Vec<String>,
     /// Which fleet managers' shapes are watched too (`--interop`).
     pub interop: Interop,
+    /// Objects per list request; `None`: one request for all
+    /// (`--list-page-size`).
+    pub page_size: Option<std::num::NonZeroU32>,
 }
 
 /// One planned watch.
@@ -56,6 +59,7 @@ pub struct Watch {
     kind: Kind,
     namespace: Option<String>,
     interop: Interop,
+    page_size: Option<std::num::NonZeroU32>,
 }
 
 #[derive(Clone, Copy)]
@@ -89,6 +93,7 @@ pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
                 kind,
                 namespace: ns.clone(),
                 interop: src.interop,
+                page_size: src.page_size,
             });
         }
     }
@@ -100,10 +105,12 @@ pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
 pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
     let mut reporter = Reporter::new(watch.health.clone());
     let scope = watch.namespace.as_deref();
+    let base =
+        watcher::Config { page_size: watch.page_size.map(std::num::NonZeroU32::get), ..Default::default() };
     match watch.kind {
         Kind::EndpointSlice => {
             let api: Api<EndpointSlice> = watch::scoped(client, scope);
-            let cfg = watcher::Config::default().labels(LABEL_SERVICE_NAME);
+            let cfg = base.labels(LABEL_SERVICE_NAME);
             let to_store = watch.to_store(slice_object, slice_id);
             watch::relist(api, cfg, reporter, to_store, updates).await;
         }
@@ -116,20 +123,20 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
             } else {
                 format!("{LABEL_MANAGED_BY} in ({KARMADA_SLICE_CONTROLLER},{KARMADA_DISPATCH_CONTROLLER})")
             };
-            let cfg = watcher::Config::default().labels(&format!("{wanted},!{LABEL_SERVICE_NAME}"));
+            let cfg = base.labels(&format!("{wanted},!{LABEL_SERVICE_NAME}"));
             let to_store = watch.to_store(foreign_slice_object, slice_id);
             watch::relist(api, cfg, reporter, to_store, updates).await;
         }
         Kind::Service => {
             let api: Api<Service> = watch::scoped(client, scope);
             let to_store = watch.to_store(service_object, service_id);
-            watch::relist(api, watcher::Config::default(), reporter, to_store, updates).await;
+            watch::relist(api, base, reporter, to_store, updates).await;
         }
         Kind::ServiceImport => {
             let resource = discover_mcs(&client, "ServiceImport", "serviceimports", &mut reporter).await;
             let api: Api<DynamicObject> = watch::scoped_with(client, scope, &resource);
             let to_store = watch.to_store(import_object, import_id);
-            watch::relist(api, watcher::Config::default(), reporter, to_store, updates).await;
+            watch::relist(api, base, reporter, to_store, updates).await;
         }
     }
 }
