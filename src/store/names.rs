@@ -7,13 +7,14 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, PTR, SOA, SRV, TXT};
+use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
 use super::balance::{Balance, BalanceCluster, EndpointMeta, set_weights};
 use super::encode;
+use super::hosts::Hosts;
 use super::intern::Interner;
 use super::records::{NameNode, RRset, Records};
 use super::snapshot::{ServiceNames, Zone, ZoneNames};
@@ -125,9 +126,13 @@ pub(crate) fn service_names(
     }
     let ttl = zone.config.ttl;
     let mut srv_answers = SrvAnswers::default();
+    // An endpoint name has addresses and nothing else: it is answered from
+    // `hosts` at query time instead of being encoded here (see `hosts`).
+    let is_host = |key: &[u8], draft: &Draft| !key.is_empty() && draft.srv.is_empty() && !draft.a.is_empty();
     let mut names: FxHashMap<Box<[u8]>, NameNode> = d
         .nodes
         .iter()
+        .filter(|(key, (_, draft))| !is_host(key, draft))
         .filter_map(|(key, (owner, draft))| {
             let node = encode_node(owner, draft, ttl, &d.targets, (key.is_empty(), &mut srv_answers));
             if node.is_none() {
@@ -162,32 +167,18 @@ pub(crate) fn service_names(
     // Reverse names: a ClusterSetIP service's VIPs name the service (never
     // its endpoints, which are answered under no name of their own); a
     // headless endpoint's addresses name the endpoint.
-    // A PTR record's owner is a pointer to the question and its target is
-    // in our zone, so its bytes are the same for every address naming that
-    // target and one copy serves them all; unless the zone is under
-    // `arpa.`, where the target could be compressed against the question.
-    let shared = Name::from_ascii("arpa.").is_ok_and(|arpa| !arpa.zone_of(&zone.config.origin));
-    let mut reverse: Vec<(IpAddr, Records)> = Vec::new();
-    let mut name_ptr = |target: &Name, addrs: &[IpAddr]| {
-        let mut addrs = addrs.to_vec();
-        dedup_in_order(&mut addrs);
-        let mut record: Option<Records> = None;
-        for ip in addrs {
-            if record.is_none() || !shared {
-                record = ptr_record(ip, target, ttl);
-            }
-            reverse.extend(record.clone().map(|r| (ip, r)));
-        }
+    let vips = match import.kind {
+        ImportType::ClusterSetIp => &import.ips[..],
+        ImportType::Headless => &[],
     };
-    match import.kind {
-        ImportType::ClusterSetIp => name_ptr(&base, &import.ips),
-        ImportType::Headless => {
-            for (name, addrs) in &d.targets {
-                name_ptr(name, addrs);
-            }
-        }
-    }
-    Some(ServiceNames { names: Arc::new(names), balance, reverse: reverse.into() })
+    let service_key = prefix_key(&[import.key.name.as_str(), import.key.namespace.as_str()]);
+    let hosts = d
+        .nodes
+        .iter()
+        .filter(|(key, (_, draft))| is_host(key, draft))
+        .map(|(key, (_, draft))| (&key[..], &draft.a[..]));
+    let hosts = Hosts::new(&service_key, vips, hosts);
+    Some(ServiceNames { names: Arc::new(names), balance, hosts: Arc::new(hosts) })
 }
 
 /// The ready endpoints with an address, merged across a cluster's IPv4 and
@@ -590,9 +581,12 @@ fn rrset(owner: &Name, rtype: RecordType, answer: &[Record], additional: &[Recor
 }
 
 /// The PTR record naming `target` for `ip`, TTL `ttl`, encoded as an
-/// answer to a question for the address's reverse name.
+/// answer to a question for the address's reverse name: what
+/// `hosts::write_ptr` must write.
+#[cfg(test)]
 pub(crate) fn ptr_record(ip: IpAddr, target: &Name, ttl: u32) -> Option<Records> {
     let owner = Name::from(ip);
-    let record = Record::from_rdata(owner.clone(), ttl, RData::PTR(PTR(target.clone())));
+    let record =
+        Record::from_rdata(owner.clone(), ttl, RData::PTR(hickory_proto::rr::rdata::PTR(target.clone())));
     encode::records(&owner, RecordType::PTR, &[record])
 }

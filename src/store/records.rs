@@ -9,10 +9,11 @@ use std::sync::Arc;
 ///
 /// One allocation holds them all, shared by reference count: a snapshot
 /// holds hundreds of thousands of these, so each costs one heap block, and
-/// the same records (a PTR answer named by one service) are shared between
-/// maps and snapshots without a copy. The layout is the record count (u32),
-/// the end offset of each record (u32 each), then the records' bytes; all
-/// little-endian. Empty records allocate nothing.
+/// the same records (a service name's SRV answer and a single named
+/// port's) are shared between names and snapshots without a copy. The
+/// layout is the record count (u32), the end offset of each record (u32
+/// each), then the records' bytes; all little-endian. Empty records
+/// allocate nothing.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Records {
     data: Option<Arc<[u8]>>,
@@ -31,19 +32,6 @@ impl Records {
         }
         data.extend_from_slice(bytes);
         Self { data: Some(data.into()) }
-    }
-
-    /// `parts` one after the other, as one set of records.
-    pub(crate) fn concat<'a>(parts: impl IntoIterator<Item = &'a Self>) -> Self {
-        let mut bytes = Vec::new();
-        let mut ends = Vec::new();
-        for part in parts {
-            for i in 0..part.len() {
-                bytes.extend_from_slice(part.get(i));
-                ends.push(bytes.len() as u32);
-            }
-        }
-        Self::new(&bytes, &ends)
     }
 
     fn data(&self) -> &[u8] {
@@ -136,15 +124,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn records_keep_their_boundaries_and_concatenate() {
+    fn records_keep_their_boundaries() {
         let a = Records::new(b"abcde", &[2, 5]);
         assert_eq!((a.len(), a.get(0), a.get(1), a.bytes()), (2, &b"ab"[..], &b"cde"[..], &b"abcde"[..]));
         assert_eq!(a.start(1), 2);
-        let b = Records::new(b"xyz", &[3]);
-        let both = Records::concat([&a, &b]);
-        assert_eq!(both.len(), 3);
-        assert_eq!(both.get(2), b"xyz");
-        assert_eq!(both.bytes(), b"abcdexyz");
         let empty = Records::new(b"", &[]);
         assert!(empty.is_empty() && empty.bytes().is_empty());
         assert_eq!(empty.len(), 0);

@@ -3,8 +3,8 @@
 
 use super::cookie::{self, SERVER_LEN};
 use super::request::{HEADER, Request};
-use crate::answer::{Answer, Pick};
-use crate::store::{Records, Snapshot};
+use crate::answer::{Answer, Pick, Synth};
+use crate::store::{self, Records, Snapshot};
 
 const QR: u16 = 0x8000;
 const AA: u16 = 0x0400;
@@ -57,11 +57,14 @@ pub(crate) fn write(
         out.extend_from_slice(q);
         qd = 1;
     }
-    let (an, complete) = match ans.pick {
+    let (an, complete) = match (ans.pick, ans.synth) {
         _ if extra.truncate => (0, false),
-        Pick::All => copy(out, ans.answer, budget),
-        Pick::Rotate(first) => rotate(out, ans.answer, first as usize, budget),
-        Pick::Listed => listed(out, ans.answer, extra.picks, budget),
+        (_, Some(synth)) => synthesize(out, synth, snap, budget),
+        (pick, None) => match pick {
+            Pick::All => copy(out, ans.answer, budget),
+            Pick::Rotate(first) => rotate(out, ans.answer, first as usize, budget),
+            Pick::Listed => listed(out, ans.answer, extra.picks, budget),
+        },
     };
     let mut ns = 0;
     let mut ar = 0;
@@ -124,6 +127,32 @@ pub(crate) fn write(
     out[2..4].copy_from_slice(&flags.to_be_bytes());
     for (i, count) in [qd, an, ns, ar].into_iter().enumerate() {
         out[4 + 2 * i..6 + 2 * i].copy_from_slice(&count.to_be_bytes());
+    }
+}
+
+/// Writes the records of `synth`, as many whole ones as fit; returns
+/// (count, all fitted).
+fn synthesize(out: &mut Vec<u8>, synth: Synth<'_>, snap: &Snapshot, budget: usize) -> (u16, bool) {
+    let zone = snap.zone();
+    let ttl = zone.config.ttl;
+    match synth {
+        Synth::Addresses(addrs) => {
+            for (j, ip) in addrs.iter().enumerate() {
+                if out.len() + store::address_len(*ip) > budget {
+                    return (j as u16, false);
+                }
+                store::write_address(out, *ip, ttl);
+            }
+            (addrs.len() as u16, true)
+        }
+        Synth::Ptr(ip, ptrs) => {
+            for (j, target) in ptrs.targets().enumerate() {
+                if !store::write_ptr(out, ip, target, &zone.wire, ttl, budget) {
+                    return (j as u16, false);
+                }
+            }
+            (ptrs.len() as u16, true)
+        }
     }
 }
 
