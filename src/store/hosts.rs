@@ -298,35 +298,53 @@ pub fn write_ptr(
     ttl: u32,
     budget: usize,
 ) -> bool {
+    const HEAD: [u8; 6] = [0xC0, QNAME_AT as u8, 0, 12, 0, 1];
+    let prefix = match target.index {
+        SERVICE => &[][..],
+        i => target.hosts.prefix(i as usize),
+    };
+    let parts = [prefix, &target.hosts.service, b"\x03svc", zone];
+    if !zone.ends_with(b"\x04arpa\x00") {
+        // Nothing to compress against (see below): written out in place.
+        let rdlen = parts.iter().map(|p| p.len()).sum::<usize>();
+        if out.len() + 12 + rdlen > budget {
+            return false;
+        }
+        out.extend_from_slice(&HEAD);
+        out.extend_from_slice(&ttl.to_be_bytes());
+        out.extend_from_slice(&(rdlen as u16).to_be_bytes());
+        for part in parts {
+            out.extend_from_slice(part);
+        }
+        return true;
+    }
     let mut name = [0u8; 255];
     let len = target.name_into(zone, &mut name);
     let name = &name[..len];
     // The labels of the target written out, and a pointer to where the rest
     // is in the question, if anywhere. hickory-proto takes the longest
     // suffix (without the root) equal to a suffix of a name already in the
-    // message, here the question's; only names under `arpa.` can share one.
+    // message, here the question's: only a zone under `arpa.` can share one.
     let mut written = name.len();
     let mut pointer = None;
-    if zone.ends_with(b"\x04arpa\x00") {
-        let mut question = [0u8; 74];
-        let qlen = reverse_name(ip, &mut question);
-        let question = &question[..qlen];
-        let mut at = 0;
-        while at + 1 < name.len() {
-            let suffix = &name[at..name.len() - 1];
-            if let Some(q) = label_starts(question).find(|&q| &question[q..qlen - 1] == suffix) {
-                written = at;
-                pointer = Some(0xC000 | (QNAME_AT + q as u16));
-                break;
-            }
-            at += 1 + usize::from(name[at]);
+    let mut question = [0u8; 74];
+    let qlen = reverse_name(ip, &mut question);
+    let question = &question[..qlen];
+    let mut at = 0;
+    while at + 1 < name.len() {
+        let suffix = &name[at..name.len() - 1];
+        if let Some(q) = label_starts(question).find(|&q| &question[q..qlen - 1] == suffix) {
+            written = at;
+            pointer = Some(0xC000 | (QNAME_AT + q as u16));
+            break;
         }
+        at += 1 + usize::from(name[at]);
     }
     let rdlen = written + if pointer.is_some() { 2 } else { 0 };
     if out.len() + 12 + rdlen > budget {
         return false;
     }
-    out.extend_from_slice(&[0xC0, QNAME_AT as u8, 0, 12, 0, 1]);
+    out.extend_from_slice(&HEAD);
     out.extend_from_slice(&ttl.to_be_bytes());
     out.extend_from_slice(&(rdlen as u16).to_be_bytes());
     out.extend_from_slice(&name[..written]);
