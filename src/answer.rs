@@ -103,6 +103,10 @@ pub struct Answer<'s> {
     pub answer: Option<&'s Records>,
     /// Additional-section records.
     pub additional: Option<&'s Records>,
+    /// Added to the pointer that ends each additional record's owner: they
+    /// are the service name's, and the service name starts this far into
+    /// the question (`RRset::shifted`).
+    pub additional_shift: u16,
     /// For NXDOMAIN and NODATA: the SOA goes into the authority section, its
     /// owner being the apex, which starts at this offset of the QNAME.
     pub soa_owner: Option<u16>,
@@ -136,6 +140,7 @@ impl Answer<'_> {
             in_zone: authoritative,
             answer: None,
             additional: None,
+            additional_shift: 0,
             soa_owner: None,
             pick: Pick::All,
             client_dependent: false,
@@ -290,9 +295,11 @@ pub fn lookup_for<'s>(
     }
     let mut balance = None;
     let mut host = None;
+    let mut svc_at = 0;
     let node: Option<&NameNode> = if k >= 3 && label(k - 1) == b"\x03svc" {
         // <prefix>.<svc>.<ns>.svc.<zone>
         let svc = starts[k - 3] as usize;
+        svc_at = svc as u16; // names are at most 255 bytes
         let service = snap.service(&name[svc..starts[k - 1] as usize]);
         if svc == 0 {
             balance = service.and_then(|s| s.balance());
@@ -353,6 +360,7 @@ pub fn lookup_for<'s>(
             Answer {
                 answer: Some(answer),
                 additional: Some(additional).filter(|a| !a.is_empty()),
+                additional_shift: if set.shifted { svc_at } else { 0 },
                 ..Answer::bare(Rcode::NoError, true)
             }
         }

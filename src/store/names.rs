@@ -249,6 +249,7 @@ fn balanced(
                 rtype: u16::from(rtype),
                 answer: encode::records(owner, rtype, &records)?,
                 additional: Records::default(),
+                shifted: false,
                 also: None,
             });
         }
@@ -371,14 +372,18 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
             let draft = Draft { a: Vec::new(), srv };
             let node = encode_node(&owner, &draft, ttl, &targets, (key.is_empty(), &mut srv_answers))?;
             let set = node.get(u16::from(RecordType::SRV))?;
-            Some((set.answer.clone(), set.additional.clone()))
+            Some((set.answer.clone(), set.additional.clone(), set.shifted))
         });
         let set = names
             .get_mut(&key[..])
             .and_then(|node| node.sets.iter_mut().find(|s| s.rtype == u16::from(RecordType::SRV)));
         match (set, encoded) {
-            (Some(set), Some(also_set)) => set.also = Some(Box::new(also_set)),
-            (Some(_), None) => {
+            // The same targets in either zone, so the same sharing; both
+            // additional sections are moved alike (`RRset::shifted`).
+            (Some(set), Some((answer, additional, shifted))) if shifted == set.shifted => {
+                set.also = Some(Box::new((answer, additional)))
+            }
+            (Some(_), _) => {
                 warn!(name = %owner, zone = %also, "SRV name too long for the second zone; left out there")
             }
             _ => {}
@@ -392,9 +397,16 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
 /// `_<port>._<proto>` name with the same list (a service with one named
 /// port) answers the same bytes, kept once. Their additional sections
 /// differ: the targets' owners are compressed against questions of
-/// different lengths.
+/// different lengths; but only in where their pointers into the question
+/// point, so a `_<port>._<proto>` name with the service name's targets
+/// keeps none of its own and the answer path moves those pointers
+/// (`RRset::shifted`). The service name's distinct targets and additional
+/// records are kept here for that.
 #[derive(Default)]
-struct SrvAnswers(Option<(Vec<(u16, Name)>, Records)>);
+struct SrvAnswers {
+    answer: Option<(Vec<(u16, Name)>, Records)>,
+    additional: Option<(Vec<Name>, Records)>,
+}
 
 fn encode_node(
     owner: &Name,
@@ -415,6 +427,7 @@ fn encode_node(
                 rtype: u16::from(rtype),
                 answer: encode::records(owner, rtype, &records)?,
                 additional: Records::default(),
+                shifted: false,
                 also: None,
             });
         }
@@ -425,7 +438,7 @@ fn encode_node(
         // Identical records must be identical, so the weight depends only on
         // how many distinct records the RRset has.
         let weight = (100 / srv.len()).max(1) as u16;
-        let answer = match &shared.0 {
+        let answer = match &shared.answer {
             Some((known, answer)) if *known == srv => answer.clone(),
             _ => {
                 let records: Vec<Record> = srv
@@ -437,28 +450,31 @@ fn encode_node(
                     .collect();
                 let answer = encode::records(owner, RecordType::SRV, &records)?;
                 if is_service {
-                    shared.0 = Some((srv.clone(), answer.clone()));
+                    shared.answer = Some((srv.clone(), answer.clone()));
                 }
                 answer
             }
         };
-        let mut seen = rustc_hash::FxHashSet::default();
-        let mut extra = Vec::new();
-        for (_, target) in &srv {
-            if !seen.insert(target) {
-                continue;
+        let mut distinct: Vec<Name> = srv.iter().map(|(_, target)| target.clone()).collect();
+        dedup_in_order(&mut distinct);
+        let (additional, shifted) = match &shared.additional {
+            Some((known, additional)) if !is_service && *known == distinct => (additional.clone(), true),
+            _ => {
+                let mut extra = Vec::new();
+                for target in &distinct {
+                    let mut addrs = targets.get(target).cloned().unwrap_or_default();
+                    dedup_in_order(&mut addrs);
+                    addrs.sort_by_key(IpAddr::is_ipv6); // A before AAAA, stable within a family
+                    extra.extend(addrs.iter().map(|ip| address_record(target, ttl, *ip)));
+                }
+                let additional = encode::records(owner, RecordType::SRV, &extra)?;
+                if is_service {
+                    shared.additional = Some((distinct, additional.clone()));
+                }
+                (additional, false)
             }
-            let mut addrs = targets.get(target).cloned().unwrap_or_default();
-            dedup_in_order(&mut addrs);
-            addrs.sort_by_key(IpAddr::is_ipv6); // A before AAAA, stable within a family
-            extra.extend(addrs.iter().map(|ip| address_record(target, ttl, *ip)));
-        }
-        sets.push(RRset {
-            rtype: u16::from(RecordType::SRV),
-            answer,
-            additional: encode::records(owner, RecordType::SRV, &extra)?,
-            also: None,
-        });
+        };
+        sets.push(RRset { rtype: u16::from(RecordType::SRV), answer, additional, shifted, also: None });
     }
     Some(NameNode { sets: sets.into() })
 }
@@ -576,6 +592,7 @@ fn rrset(owner: &Name, rtype: RecordType, answer: &[Record], additional: &[Recor
         rtype: u16::from(rtype),
         answer: encode::records(owner, rtype, answer)?,
         additional: encode::records(owner, rtype, additional)?,
+        shifted: false,
         also: None,
     })
 }

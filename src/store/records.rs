@@ -69,6 +69,31 @@ impl Records {
         &self.data()[body + self.start(i)..body + self.word(i + 1)]
     }
 
+    /// Appends record `i` to `out` with the pointer that ends its owner
+    /// (into the question: see `snapshot`) moved `shift` bytes on: the
+    /// record as it is encoded behind a question with `shift` more bytes
+    /// in front of the name it points into. An owner without a pointer
+    /// (none is encoded so) is copied as it is.
+    pub fn push_shifted(&self, i: usize, shift: u16, out: &mut Vec<u8>) {
+        let r = self.get(i);
+        let start = out.len();
+        out.extend_from_slice(r);
+        let mut at = 0;
+        while let Some(&len) = r.get(at) {
+            if len == 0 {
+                return;
+            }
+            if len >= 0xC0 {
+                if let Some(&[hi, lo]) = r.get(at..at + 2) {
+                    let moved = (u16::from_be_bytes([hi, lo]) & 0x3FFF) + shift;
+                    out[start + at..start + at + 2].copy_from_slice(&(0xC000 | moved).to_be_bytes());
+                }
+                return;
+            }
+            at += 1 + usize::from(len);
+        }
+    }
+
     /// All records' bytes, in order.
     pub fn bytes(&self) -> &[u8] {
         let d = self.data();
@@ -99,6 +124,11 @@ pub struct RRset {
     pub answer: Records,
     /// Additional records (A/AAAA of SRV targets, NS glue).
     pub additional: Records,
+    /// `additional` is the service name's own, encoded behind a question
+    /// for the service name (a `_<port>._<proto>` name whose targets are
+    /// the service name's): each owner's pointer into the question moves
+    /// by where the service name starts in the question asked.
+    pub shifted: bool,
     /// For the second zone (`--also-zone`), when this RRset holds names (SRV
     /// targets) that must be in it: its own answer and additional records.
     /// Address records hold no name and serve both zones as they are.

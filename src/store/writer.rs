@@ -618,6 +618,74 @@ mod tests {
         assert!(!bare.same_allocation(&http) && bare.get(0) != http.get(0));
     }
 
+    #[test]
+    fn a_named_port_with_the_service_names_targets_shares_its_additional_records_moved() {
+        use hickory_proto::rr::{RData, Record, RecordType};
+        let (reader, mut w) = store();
+        let port = Port { name: Some(DnsLabel::parse("http").unwrap()), protocol: Protocol::Tcp, port: 80 };
+        let key =
+            ServiceKey { namespace: DnsLabel::parse("ns").unwrap(), name: DnsLabel::parse("hl").unwrap() };
+        let import = ServiceImport {
+            key: key.clone(),
+            kind: ImportType::Headless,
+            ips: vec![],
+            ports: vec![port.clone()],
+            answers: Default::default(),
+        };
+        let addrs: Vec<IpAddr> =
+            ["10.0.0.1", "fd00::1", "10.0.0.2"].iter().map(|a| a.parse().unwrap()).collect();
+        let slice = |family, addrs: &[IpAddr]| {
+            Object::Slice(EndpointSet {
+                slice: SliceKey { namespace: "ns".into(), name: format!("hl-{family:?}") },
+                service: key.clone(),
+                cluster: ClusterId::parse("east").unwrap(),
+                family,
+                ports: vec![port.clone()],
+                endpoints: vec![crate::model::Endpoint {
+                    addresses: addrs.to_vec(),
+                    hostname: Some(DnsLabel::parse("web-0").unwrap()),
+                    ready: true,
+                    zone: None,
+                    target: None,
+                }],
+                origin: crate::model::SliceOrigin::Mcs,
+            })
+        };
+        let objects = vec![
+            Object::Import(import),
+            slice(crate::model::AddressFamily::V4, &[addrs[0], addrs[2]]),
+            slice(crate::model::AddressFamily::V6, &addrs[1..2]),
+        ];
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.publish();
+        let snap = reader.load();
+        let names = &snap.services.get(&*wire_key("ns", "hl")).unwrap().names;
+        let set = |prefix: &[&str]| names.get(&*names::prefix_key(prefix)).unwrap().get(33).unwrap().clone();
+        let (bare, http) = (set(&[]), set(&["_http", "_tcp"]));
+        assert!(http.shifted && !bare.shifted);
+        assert!(http.additional.same_allocation(&bare.additional), "kept once");
+        // Moved, they are what the encoder writes behind the longer question.
+        let owner = Name::from_str("_http._tcp.hl.ns.svc.clusterset.local.").unwrap();
+        let target = Name::from_str("web-0.east.hl.ns.svc.clusterset.local.").unwrap();
+        let records: Vec<Record> = [addrs[0], addrs[2], addrs[1]]
+            .iter()
+            .map(|ip| {
+                let rdata = match ip {
+                    IpAddr::V4(v4) => RData::A((*v4).into()),
+                    IpAddr::V6(v6) => RData::AAAA((*v6).into()),
+                };
+                Record::from_rdata(target.clone(), 5, rdata)
+            })
+            .collect();
+        let expected = super::super::encode::records(&owner, RecordType::SRV, &records).unwrap();
+        assert_eq!(http.additional.len(), 3);
+        for i in 0..3 {
+            let mut out = Vec::new();
+            http.additional.push_shifted(i, 11, &mut out);
+            assert_eq!(out, expected.get(i), "record {i}");
+        }
+    }
+
     /// The PTR targets answered for `ip`.
     fn ptr(reader: &Reader, ip: &str) -> Vec<String> {
         use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};

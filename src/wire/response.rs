@@ -84,7 +84,10 @@ pub(crate) fn write(
             }
         }
         // Additional records are optional; missing ones do not set TC.
-        ar = copy(out, ans.additional, budget).0;
+        ar = match ans.additional_shift {
+            0 => copy(out, ans.additional, budget).0,
+            shift => copy_shifted(out, ans.additional, shift, budget),
+        };
     }
     if let Some(edns) = req.edns {
         out.push(0); // root
@@ -197,6 +200,21 @@ fn listed(out: &mut Vec<u8>, records: Option<&Records>, picks: &[u32], budget: u
         out.extend_from_slice(r);
     }
     (picks.len() as u16, true)
+}
+
+/// Copies as many whole records as fit, each owner's closing pointer
+/// moved `shift` bytes on (`Records::push_shifted`); returns the count.
+fn copy_shifted(out: &mut Vec<u8>, records: Option<&Records>, shift: u16, budget: usize) -> u16 {
+    let Some(records) = records else {
+        return 0;
+    };
+    for i in 0..records.len() {
+        if out.len() + records.get(i).len() > budget {
+            return i as u16;
+        }
+        records.push_shifted(i, shift, out);
+    }
+    records.len() as u16
 }
 
 /// Copies as many whole records as fit; returns (count, all fitted).
