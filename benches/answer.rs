@@ -113,6 +113,14 @@ fn answer_path(c: &mut Criterion) {
         ("hit_a_edns", query("svc1.ns1.svc.clusterset.local.", RecordType::A, true)),
         ("hit_headless_a_12", query("svc10.ns0.svc.clusterset.local.", RecordType::A, true)),
         ("hit_srv", query("_http._tcp.svc1.ns1.svc.clusterset.local.", RecordType::SRV, true)),
+        // A headless endpoint's own name, and the reverse names of an
+        // endpoint and of a VIP.
+        (
+            "hit_endpoint_a",
+            query("10-64-0-166.cluster1.svc10.ns0.svc.clusterset.local.", RecordType::A, true),
+        ),
+        ("hit_ptr_endpoint", query("166.0.64.10.in-addr.arpa.", RecordType::PTR, true)),
+        ("hit_ptr_vip", query("1.0.200.10.in-addr.arpa.", RecordType::PTR, true)),
         ("miss_nxdomain", query("missing42.ns0.svc.clusterset.local.", RecordType::A, false)),
         ("refused", query("example.com.", RecordType::A, false)),
     ];

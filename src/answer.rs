@@ -9,7 +9,7 @@ pub mod select;
 
 pub use select::{Decision, MAX_PICKS, Pick, Picks};
 
-use crate::store::{Balance, Client, NameNode, Records, Snapshot};
+use crate::store::{Balance, Client, Hosts, NameNode, Ptrs, Records, Snapshot};
 
 /// Record and query types the answer path treats specially.
 pub mod rtype {
@@ -103,6 +103,10 @@ pub struct Answer<'s> {
     pub answer: Option<&'s Records>,
     /// Additional-section records.
     pub additional: Option<&'s Records>,
+    /// Added to the pointer that ends each additional record's owner: they
+    /// are the service name's, and the service name starts this far into
+    /// the question (`RRset::shifted`).
+    pub additional_shift: u16,
     /// For NXDOMAIN and NODATA: the SOA goes into the authority section, its
     /// owner being the apex, which starts at this offset of the QNAME.
     pub soa_owner: Option<u16>,
@@ -112,6 +116,19 @@ pub struct Answer<'s> {
     pub client_dependent: bool,
     /// The balanced service whose endpoints were chosen, for metrics.
     pub balance: Option<&'s Balance>,
+    /// Answer records written per query instead of copied (`answer` is
+    /// then `None`).
+    pub synth: Option<Synth<'s>>,
+}
+
+/// Answer records the wire layer writes from the snapshot's compact data
+/// (`store::Hosts`) rather than copies: the same bytes, not kept encoded.
+#[derive(Debug, Clone, Copy)]
+pub enum Synth<'s> {
+    /// The A or AAAA records of an endpoint name: these addresses, in order.
+    Addresses(&'s [std::net::IpAddr]),
+    /// The PTR records of the reverse name of this address.
+    Ptr(std::net::IpAddr, &'s Ptrs),
 }
 
 impl Answer<'_> {
@@ -123,10 +140,12 @@ impl Answer<'_> {
             in_zone: authoritative,
             answer: None,
             additional: None,
+            additional_shift: 0,
             soa_owner: None,
             pick: Pick::All,
             client_dependent: false,
             balance: None,
+            synth: None,
         }
     }
 
@@ -165,8 +184,8 @@ fn chaos<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
 fn reverse(snap: &Snapshot, ip: std::net::IpAddr, qtype: u16) -> Answer<'_> {
     match (snap.reverse(ip), qtype) {
         (None, _) => Answer::bare(Rcode::Refused, false),
-        (Some(ptr), rtype::PTR | rtype::ANY) => {
-            Answer { answer: Some(ptr), ..Answer::bare(Rcode::NoError, true) }
+        (Some(ptrs), rtype::PTR | rtype::ANY) => {
+            Answer { synth: Some(Synth::Ptr(ip, ptrs)), ..Answer::bare(Rcode::NoError, true) }
         }
         (Some(_), _) => Answer::bare(Rcode::NoError, true),
     }
@@ -275,17 +294,27 @@ pub fn lookup_for<'s>(
         return Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) };
     }
     let mut balance = None;
+    let mut host = None;
+    let mut svc_at = 0;
     let node: Option<&NameNode> = if k >= 3 && label(k - 1) == b"\x03svc" {
         // <prefix>.<svc>.<ns>.svc.<zone>
         let svc = starts[k - 3] as usize;
+        svc_at = svc as u16; // names are at most 255 bytes
         let service = snap.service(&name[svc..starts[k - 1] as usize]);
         if svc == 0 {
             balance = service.and_then(|s| s.balance());
         }
-        service.and_then(|s| s.get(&name[..svc]))
+        let node = service.and_then(|s| s.get(&name[..svc]));
+        if node.is_none() {
+            host = service.and_then(|s| Some((s.hosts(), s.hosts().find(&name[..svc])?)));
+        }
+        node
     } else {
         snap.zone_name(&name[..apex])
     };
+    if let Some((hosts, i)) = host {
+        return endpoint_name(snap, hosts, i, q.qtype, apex);
+    }
     let Some(node) = node else {
         // Before every source has synced, "not found" may only mean "not yet
         // known": SERVFAIL is not cached the way NXDOMAIN is.
@@ -331,12 +360,29 @@ pub fn lookup_for<'s>(
             Answer {
                 answer: Some(answer),
                 additional: Some(additional).filter(|a| !a.is_empty()),
+                additional_shift: if set.shifted { svc_at } else { 0 },
                 ..Answer::bare(Rcode::NoError, true)
             }
         }
         // The name exists without this type (or is an empty non-terminal,
         // RFC 8020): NODATA.
         None => Answer::negative(Rcode::NoError, apex),
+    }
+}
+
+/// The answer for endpoint name `i` of `hosts`: its addresses of the
+/// type asked, written per query; a name with addresses only, so ANY is
+/// the HINFO of RFC 8482 and any other type NODATA.
+fn endpoint_name<'s>(snap: &'s Snapshot, hosts: &'s Hosts, i: usize, qtype: u16, apex: usize) -> Answer<'s> {
+    let family = match qtype {
+        rtype::ANY => return Answer { answer: Some(&snap.any_hinfo), ..Answer::bare(Rcode::NoError, true) },
+        rtype::A => 0,
+        rtype::AAAA => 1,
+        _ => return Answer::negative(Rcode::NoError, apex),
+    };
+    match hosts.addresses(i, family) {
+        [] => Answer::negative(Rcode::NoError, apex),
+        addrs => Answer { synth: Some(Synth::Addresses(addrs)), ..Answer::bare(Rcode::NoError, true) },
     }
 }
 

@@ -2,8 +2,10 @@
 //!
 //! One [`Writer`] owns the model (every source's objects) and publishes
 //! immutable [`Snapshot`]s; any number of [`Reader`]s load the current one
-//! without a lock (arc-swap). A snapshot holds every answer already encoded
-//! in wire format, so answering is lookup plus copy.
+//! without a lock (arc-swap). A snapshot holds answers already encoded in
+//! wire format, so answering is lookup plus copy; the exceptions, endpoint
+//! names' A/AAAA records and PTR records, are written from compact data
+//! (`hosts`), a few bytes each.
 //!
 //! **Invariant:** a snapshot is never modified after it is published; a
 //! change builds a new one that shares every untouched service with the old.
@@ -12,6 +14,7 @@ mod answer_config;
 mod answer_stats;
 mod balance;
 mod encode;
+mod hosts;
 mod input;
 mod intern;
 mod localities;
@@ -27,6 +30,7 @@ mod writer;
 pub use answer_config::{AnswerConfig, ClientNet};
 pub use answer_stats::{ANSWER_SLOTS, AnswerStats};
 pub use balance::{Balance, BalanceCluster, EndpointMeta};
+pub use hosts::{Hosts, PtrTargetRef, Ptrs, address_len, write_address, write_ptr};
 pub use input::{Object, ObjectId, SourceId, Update};
 pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};

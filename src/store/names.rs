@@ -7,13 +7,14 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, PTR, SOA, SRV, TXT};
+use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
 use super::balance::{Balance, BalanceCluster, EndpointMeta, set_weights};
 use super::encode;
+use super::hosts::Hosts;
 use super::intern::Interner;
 use super::records::{NameNode, RRset, Records};
 use super::snapshot::{ServiceNames, Zone, ZoneNames};
@@ -125,9 +126,13 @@ pub(crate) fn service_names(
     }
     let ttl = zone.config.ttl;
     let mut srv_answers = SrvAnswers::default();
+    // An endpoint name has addresses and nothing else: it is answered from
+    // `hosts` at query time instead of being encoded here (see `hosts`).
+    let is_host = |key: &[u8], draft: &Draft| !key.is_empty() && draft.srv.is_empty() && !draft.a.is_empty();
     let mut names: FxHashMap<Box<[u8]>, NameNode> = d
         .nodes
         .iter()
+        .filter(|(key, (_, draft))| !is_host(key, draft))
         .filter_map(|(key, (owner, draft))| {
             let node = encode_node(owner, draft, ttl, &d.targets, (key.is_empty(), &mut srv_answers));
             if node.is_none() {
@@ -162,32 +167,18 @@ pub(crate) fn service_names(
     // Reverse names: a ClusterSetIP service's VIPs name the service (never
     // its endpoints, which are answered under no name of their own); a
     // headless endpoint's addresses name the endpoint.
-    // A PTR record's owner is a pointer to the question and its target is
-    // in our zone, so its bytes are the same for every address naming that
-    // target and one copy serves them all; unless the zone is under
-    // `arpa.`, where the target could be compressed against the question.
-    let shared = Name::from_ascii("arpa.").is_ok_and(|arpa| !arpa.zone_of(&zone.config.origin));
-    let mut reverse: Vec<(IpAddr, Records)> = Vec::new();
-    let mut name_ptr = |target: &Name, addrs: &[IpAddr]| {
-        let mut addrs = addrs.to_vec();
-        dedup_in_order(&mut addrs);
-        let mut record: Option<Records> = None;
-        for ip in addrs {
-            if record.is_none() || !shared {
-                record = ptr_record(ip, target, ttl);
-            }
-            reverse.extend(record.clone().map(|r| (ip, r)));
-        }
+    let vips = match import.kind {
+        ImportType::ClusterSetIp => &import.ips[..],
+        ImportType::Headless => &[],
     };
-    match import.kind {
-        ImportType::ClusterSetIp => name_ptr(&base, &import.ips),
-        ImportType::Headless => {
-            for (name, addrs) in &d.targets {
-                name_ptr(name, addrs);
-            }
-        }
-    }
-    Some(ServiceNames { names: Arc::new(names), balance, reverse: reverse.into() })
+    let service_key = prefix_key(&[import.key.name.as_str(), import.key.namespace.as_str()]);
+    let hosts = d
+        .nodes
+        .iter()
+        .filter(|(key, (_, draft))| is_host(key, draft))
+        .map(|(key, (_, draft))| (&key[..], &draft.a[..]));
+    let hosts = Hosts::new(&service_key, vips, hosts);
+    Some(ServiceNames { names: Arc::new(names), balance, hosts: Arc::new(hosts) })
 }
 
 /// The ready endpoints with an address, merged across a cluster's IPv4 and
@@ -258,6 +249,7 @@ fn balanced(
                 rtype: u16::from(rtype),
                 answer: encode::records(owner, rtype, &records)?,
                 additional: Records::default(),
+                shifted: false,
                 also: None,
             });
         }
@@ -380,14 +372,18 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
             let draft = Draft { a: Vec::new(), srv };
             let node = encode_node(&owner, &draft, ttl, &targets, (key.is_empty(), &mut srv_answers))?;
             let set = node.get(u16::from(RecordType::SRV))?;
-            Some((set.answer.clone(), set.additional.clone()))
+            Some((set.answer.clone(), set.additional.clone(), set.shifted))
         });
         let set = names
             .get_mut(&key[..])
             .and_then(|node| node.sets.iter_mut().find(|s| s.rtype == u16::from(RecordType::SRV)));
         match (set, encoded) {
-            (Some(set), Some(also_set)) => set.also = Some(Box::new(also_set)),
-            (Some(_), None) => {
+            // The same targets in either zone, so the same sharing; both
+            // additional sections are moved alike (`RRset::shifted`).
+            (Some(set), Some((answer, additional, shifted))) if shifted == set.shifted => {
+                set.also = Some(Box::new((answer, additional)))
+            }
+            (Some(_), _) => {
                 warn!(name = %owner, zone = %also, "SRV name too long for the second zone; left out there")
             }
             _ => {}
@@ -401,9 +397,16 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
 /// `_<port>._<proto>` name with the same list (a service with one named
 /// port) answers the same bytes, kept once. Their additional sections
 /// differ: the targets' owners are compressed against questions of
-/// different lengths.
+/// different lengths; but only in where their pointers into the question
+/// point, so a `_<port>._<proto>` name with the service name's targets
+/// keeps none of its own and the answer path moves those pointers
+/// (`RRset::shifted`). The service name's distinct targets and additional
+/// records are kept here for that.
 #[derive(Default)]
-struct SrvAnswers(Option<(Vec<(u16, Name)>, Records)>);
+struct SrvAnswers {
+    answer: Option<(Vec<(u16, Name)>, Records)>,
+    additional: Option<(Vec<Name>, Records)>,
+}
 
 fn encode_node(
     owner: &Name,
@@ -424,6 +427,7 @@ fn encode_node(
                 rtype: u16::from(rtype),
                 answer: encode::records(owner, rtype, &records)?,
                 additional: Records::default(),
+                shifted: false,
                 also: None,
             });
         }
@@ -434,7 +438,7 @@ fn encode_node(
         // Identical records must be identical, so the weight depends only on
         // how many distinct records the RRset has.
         let weight = (100 / srv.len()).max(1) as u16;
-        let answer = match &shared.0 {
+        let answer = match &shared.answer {
             Some((known, answer)) if *known == srv => answer.clone(),
             _ => {
                 let records: Vec<Record> = srv
@@ -446,28 +450,31 @@ fn encode_node(
                     .collect();
                 let answer = encode::records(owner, RecordType::SRV, &records)?;
                 if is_service {
-                    shared.0 = Some((srv.clone(), answer.clone()));
+                    shared.answer = Some((srv.clone(), answer.clone()));
                 }
                 answer
             }
         };
-        let mut seen = rustc_hash::FxHashSet::default();
-        let mut extra = Vec::new();
-        for (_, target) in &srv {
-            if !seen.insert(target) {
-                continue;
+        let mut distinct: Vec<Name> = srv.iter().map(|(_, target)| target.clone()).collect();
+        dedup_in_order(&mut distinct);
+        let (additional, shifted) = match &shared.additional {
+            Some((known, additional)) if !is_service && *known == distinct => (additional.clone(), true),
+            _ => {
+                let mut extra = Vec::new();
+                for target in &distinct {
+                    let mut addrs = targets.get(target).cloned().unwrap_or_default();
+                    dedup_in_order(&mut addrs);
+                    addrs.sort_by_key(IpAddr::is_ipv6); // A before AAAA, stable within a family
+                    extra.extend(addrs.iter().map(|ip| address_record(target, ttl, *ip)));
+                }
+                let additional = encode::records(owner, RecordType::SRV, &extra)?;
+                if is_service {
+                    shared.additional = Some((distinct, additional.clone()));
+                }
+                (additional, false)
             }
-            let mut addrs = targets.get(target).cloned().unwrap_or_default();
-            dedup_in_order(&mut addrs);
-            addrs.sort_by_key(IpAddr::is_ipv6); // A before AAAA, stable within a family
-            extra.extend(addrs.iter().map(|ip| address_record(target, ttl, *ip)));
-        }
-        sets.push(RRset {
-            rtype: u16::from(RecordType::SRV),
-            answer,
-            additional: encode::records(owner, RecordType::SRV, &extra)?,
-            also: None,
-        });
+        };
+        sets.push(RRset { rtype: u16::from(RecordType::SRV), answer, additional, shifted, also: None });
     }
     Some(NameNode { sets: sets.into() })
 }
@@ -585,14 +592,18 @@ fn rrset(owner: &Name, rtype: RecordType, answer: &[Record], additional: &[Recor
         rtype: u16::from(rtype),
         answer: encode::records(owner, rtype, answer)?,
         additional: encode::records(owner, rtype, additional)?,
+        shifted: false,
         also: None,
     })
 }
 
 /// The PTR record naming `target` for `ip`, TTL `ttl`, encoded as an
-/// answer to a question for the address's reverse name.
+/// answer to a question for the address's reverse name: what
+/// `hosts::write_ptr` must write.
+#[cfg(test)]
 pub(crate) fn ptr_record(ip: IpAddr, target: &Name, ttl: u32) -> Option<Records> {
     let owner = Name::from(ip);
-    let record = Record::from_rdata(owner.clone(), ttl, RData::PTR(PTR(target.clone())));
+    let record =
+        Record::from_rdata(owner.clone(), ttl, RData::PTR(hickory_proto::rr::rdata::PTR(target.clone())));
     encode::records(&owner, RecordType::PTR, &[record])
 }

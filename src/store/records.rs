@@ -9,10 +9,11 @@ use std::sync::Arc;
 ///
 /// One allocation holds them all, shared by reference count: a snapshot
 /// holds hundreds of thousands of these, so each costs one heap block, and
-/// the same records (a PTR answer named by one service) are shared between
-/// maps and snapshots without a copy. The layout is the record count (u32),
-/// the end offset of each record (u32 each), then the records' bytes; all
-/// little-endian. Empty records allocate nothing.
+/// the same records (a service name's SRV answer and a single named
+/// port's) are shared between names and snapshots without a copy. The
+/// layout is the record count (u32), the end offset of each record (u32
+/// each), then the records' bytes; all little-endian. Empty records
+/// allocate nothing.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Records {
     data: Option<Arc<[u8]>>,
@@ -31,19 +32,6 @@ impl Records {
         }
         data.extend_from_slice(bytes);
         Self { data: Some(data.into()) }
-    }
-
-    /// `parts` one after the other, as one set of records.
-    pub(crate) fn concat<'a>(parts: impl IntoIterator<Item = &'a Self>) -> Self {
-        let mut bytes = Vec::new();
-        let mut ends = Vec::new();
-        for part in parts {
-            for i in 0..part.len() {
-                bytes.extend_from_slice(part.get(i));
-                ends.push(bytes.len() as u32);
-            }
-        }
-        Self::new(&bytes, &ends)
     }
 
     fn data(&self) -> &[u8] {
@@ -81,6 +69,31 @@ impl Records {
         &self.data()[body + self.start(i)..body + self.word(i + 1)]
     }
 
+    /// Appends record `i` to `out` with the pointer that ends its owner
+    /// (into the question: see `snapshot`) moved `shift` bytes on: the
+    /// record as it is encoded behind a question with `shift` more bytes
+    /// in front of the name it points into. An owner without a pointer
+    /// (none is encoded so) is copied as it is.
+    pub fn push_shifted(&self, i: usize, shift: u16, out: &mut Vec<u8>) {
+        let r = self.get(i);
+        let start = out.len();
+        out.extend_from_slice(r);
+        let mut at = 0;
+        while let Some(&len) = r.get(at) {
+            if len == 0 {
+                return;
+            }
+            if len >= 0xC0 {
+                if let Some(&[hi, lo]) = r.get(at..at + 2) {
+                    let moved = (u16::from_be_bytes([hi, lo]) & 0x3FFF) + shift;
+                    out[start + at..start + at + 2].copy_from_slice(&(0xC000 | moved).to_be_bytes());
+                }
+                return;
+            }
+            at += 1 + usize::from(len);
+        }
+    }
+
     /// All records' bytes, in order.
     pub fn bytes(&self) -> &[u8] {
         let d = self.data();
@@ -111,6 +124,11 @@ pub struct RRset {
     pub answer: Records,
     /// Additional records (A/AAAA of SRV targets, NS glue).
     pub additional: Records,
+    /// `additional` is the service name's own, encoded behind a question
+    /// for the service name (a `_<port>._<proto>` name whose targets are
+    /// the service name's): each owner's pointer into the question moves
+    /// by where the service name starts in the question asked.
+    pub shifted: bool,
     /// For the second zone (`--also-zone`), when this RRset holds names (SRV
     /// targets) that must be in it: its own answer and additional records.
     /// Address records hold no name and serve both zones as they are.
@@ -136,15 +154,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn records_keep_their_boundaries_and_concatenate() {
+    fn records_keep_their_boundaries() {
         let a = Records::new(b"abcde", &[2, 5]);
         assert_eq!((a.len(), a.get(0), a.get(1), a.bytes()), (2, &b"ab"[..], &b"cde"[..], &b"abcde"[..]));
         assert_eq!(a.start(1), 2);
-        let b = Records::new(b"xyz", &[3]);
-        let both = Records::concat([&a, &b]);
-        assert_eq!(both.len(), 3);
-        assert_eq!(both.get(2), b"xyz");
-        assert_eq!(both.bytes(), b"abcdexyz");
         let empty = Records::new(b"", &[]);
         assert!(empty.is_empty() && empty.bytes().is_empty());
         assert_eq!(empty.len(), 0);

@@ -6,6 +6,10 @@
 //! question. Records are therefore independent of each other and of the
 //! query's letter case: a response may hold any subset of them in any order
 //! (truncation, load balancing) and is valid for every spelling of the name.
+//!
+//! Not encoded: the records of a headless service's endpoint names and
+//! every PTR record, a few bytes each but most of the fleet's records; they
+//! are written per query from each service's [`Hosts`] (see `hosts`).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -17,6 +21,7 @@ use super::answer_config::AnswerConfig;
 use super::answer_stats::AnswerStats;
 use super::balance::Balance;
 use super::encode;
+use super::hosts::{Hosts, Ptrs};
 use super::localities::Localities;
 use super::records::{NameNode, Records};
 use super::shards::Shards;
@@ -157,16 +162,22 @@ pub struct ServiceNames {
     /// Present when the service name answers endpoints: which records are
     /// answered, in which order, is chosen per query from this.
     pub(crate) balance: Option<Arc<Balance>>,
-    /// The addresses this service names, for reverse (PTR) answers: its
+    /// Its endpoint names (a headless service's), answered at query time,
+    /// and the addresses it names for reverse (PTR) answers: its
     /// clusterset VIPs to the service name, its headless endpoints to
-    /// their own names; each with its PTR record (one copy per name).
-    pub(crate) reverse: Arc<[(IpAddr, Records)]>,
+    /// their own names.
+    pub(crate) hosts: Arc<Hosts>,
 }
 
 impl ServiceNames {
-    /// The node for a prefix.
+    /// The node for a prefix (the endpoint names are not nodes: [`ServiceNames::hosts`]).
     pub fn get(&self, prefix: &[u8]) -> Option<&NameNode> {
         self.names.get(prefix)
+    }
+
+    /// The endpoint names, answered at query time.
+    pub fn hosts(&self) -> &Hosts {
+        &self.hosts
     }
 
     /// The answer policy and endpoint metadata of the service name's A/AAAA.
@@ -214,9 +225,8 @@ pub struct Snapshot {
     /// RFC 8482's synthesized `HINFO "RFC8482" ""` answer to ANY.
     pub(crate) any_hinfo: Records,
     /// PTR answers for the addresses the services name (`in-addr.arpa` and
-    /// `ip6.arpa`), each encoded behind a question for its reverse name;
-    /// an address named by one service shares that service's record.
-    pub(crate) reverse: Shards<IpAddr, Records>,
+    /// `ip6.arpa`): the names they point to, written per query.
+    pub(crate) reverse: Shards<IpAddr, Ptrs>,
 }
 
 impl Snapshot {
@@ -267,8 +277,8 @@ impl Snapshot {
     }
 
     /// The PTR records of an address a service names (a clusterset VIP or
-    /// a headless endpoint), encoded as answers to its reverse name.
-    pub fn reverse(&self, ip: IpAddr) -> Option<&Records> {
+    /// a headless endpoint): the names they point to.
+    pub fn reverse(&self, ip: IpAddr) -> Option<&Ptrs> {
         self.reverse.get(&ip)
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use hickory_proto::rr::{Name, Record};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
-use super::records::{NameNode, Records};
+use super::records::NameNode;
 use super::snapshot::Snapshot;
 
 /// SOA's record type.
@@ -55,7 +55,7 @@ impl ZoneWalk {
     /// The apex SOA: the first and the last record of a transfer.
     pub fn soa(&self) -> Option<Record> {
         let apex = self.snap.zone_names.get(&[][..])?.get(SOA)?;
-        decode(&self.snap.zone().wire, &apex.answer, 0)
+        decode(&self.snap.zone().wire, apex.answer.get(0))
     }
 
     /// Appends the records of the next group of names (the names outside
@@ -87,14 +87,31 @@ impl ZoneWalk {
             return true;
         };
         let base = [&key[..], b"\x03svc", zone].concat();
-        let mut names: Vec<(Name, &[u8], &NameNode)> = service
+        // Nodes, and endpoint names (`None`: their records are written per
+        // query, so here too).
+        let hosts = &service.hosts;
+        let mut names: Vec<(Name, &[u8], Option<&NameNode>)> = service
             .names
             .iter()
-            .filter_map(|(prefix, node)| Some((name_of(&[prefix, &base])?, &prefix[..], node)))
+            .map(|(prefix, node)| (&prefix[..], Some(node)))
+            .chain((0..hosts.len()).map(|i| (hosts.prefix(i), None)))
+            .filter_map(|(prefix, node)| Some((name_of(&[prefix, &base])?, prefix, node)))
             .collect();
         names.sort_by(|a, b| a.0.cmp(&b.0));
+        let ttl = self.snap.zone().config.ttl;
         for (_, prefix, node) in names {
-            node_records(&[prefix, &base].concat(), node, false, out);
+            let owner = [prefix, &base].concat();
+            match node {
+                Some(node) => node_records(&owner, node, false, out),
+                None => {
+                    let Some(i) = hosts.find(prefix) else { continue };
+                    for ip in (0..2).flat_map(|f| hosts.addresses(i, f)) {
+                        let mut bytes = Vec::new();
+                        super::hosts::write_address(&mut bytes, *ip, ttl);
+                        out.extend(decode(&owner, &bytes));
+                    }
+                }
+            }
         }
         true
     }
@@ -104,14 +121,13 @@ impl ZoneWalk {
 /// SOA is skipped at the apex (it opens and closes the transfer).
 fn node_records(owner: &[u8], node: &NameNode, apex: bool, out: &mut Vec<Record>) {
     for set in node.sets.iter().filter(|s| !(apex && s.rtype == SOA)) {
-        out.extend((0..set.answer.len()).filter_map(|i| decode(owner, &set.answer, i)));
+        out.extend((0..set.answer.len()).filter_map(|i| decode(owner, set.answer.get(i))));
     }
 }
 
-/// Reads record `i` of `records`, encoded behind a question for `owner`
+/// Reads the record `bytes`, encoded behind a question for `owner`
 /// (lower-case wire form), back into a hickory-proto record.
-fn decode(owner: &[u8], records: &Records, i: usize) -> Option<Record> {
-    let bytes = records.get(i);
+fn decode(owner: &[u8], bytes: &[u8]) -> Option<Record> {
     let mut buf = Vec::with_capacity(HEADER_LEN + owner.len() + 4 + bytes.len());
     buf.extend_from_slice(&[0; HEADER_LEN]);
     buf.extend_from_slice(owner);

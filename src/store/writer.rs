@@ -10,10 +10,10 @@ use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
+use super::hosts::{PtrTarget, Ptrs};
 use super::input::{Object, ObjectId, SourceId, Update};
 use super::intern::Interner;
 use super::names::{self, BuildCtx};
-use super::records::Records;
 use super::resolve;
 use super::shards;
 use super::snapshot::{ServiceNames, Snapshot, Zone};
@@ -71,10 +71,10 @@ pub struct Writer {
     dead_clusters: BTreeSet<ClusterId>,
     /// Services whose health overlay changed since the last publish.
     health_dirty: BTreeSet<ServiceKey>,
-    /// The PTR records of each address named by more than one service (a
-    /// Pod behind two headless services), one per service. An address
-    /// named once is only in the snapshot, with that service's record.
-    named_twice: FxHashMap<IpAddr, Vec<Records>>,
+    /// The names of each address named more than once (a Pod behind two
+    /// headless services), in the order named. An address named once is
+    /// only in the snapshot.
+    named_twice: FxHashMap<IpAddr, Vec<PtrTarget>>,
     /// ClusterSetIP services answered NODATA for want of an address, and why
     /// (see `resolve`).
     unresolved: BTreeMap<ServiceKey, String>,
@@ -192,7 +192,7 @@ impl Writer {
         Some(ServiceNames {
             names: old.names.clone(),
             balance: Some(Arc::new(b.with_health(healthy, weights))),
-            reverse: old.reverse.clone(),
+            hosts: old.hosts.clone(),
         })
     }
 
@@ -409,14 +409,14 @@ impl Writer {
                     self.unresolved.remove(&key);
                 }
             }
-            let old_reverse = services.get(&*wire).map(|old| old.reverse.clone());
-            for (ip, record) in old_reverse.iter().flat_map(|r| r.iter()) {
-                unname(&mut reverse, &mut self.named_twice, *ip, record);
+            let old_hosts = services.get(&*wire).map(|old| old.hosts.clone());
+            for (ip, target) in old_hosts.iter().flat_map(|h| h.ptrs()) {
+                unname(&mut reverse, &mut self.named_twice, ip, &target);
             }
             match built {
                 Some(names) => {
-                    for (ip, record) in names.reverse.iter() {
-                        name(&mut reverse, &mut self.named_twice, *ip, record);
+                    for (ip, target) in names.hosts.ptrs() {
+                        name(&mut reverse, &mut self.named_twice, ip, target);
                     }
                     services.insert(wire, Arc::new(names));
                 }
@@ -471,49 +471,60 @@ enum Change {
     Records,
 }
 
-/// Adds one service's PTR `record` to what `ip` answers.
+/// Adds `target` to the names `ip` answers.
 fn name(
-    reverse: &mut shards::Edit<IpAddr, Records>,
-    twice: &mut FxHashMap<IpAddr, Vec<Records>>,
+    reverse: &mut shards::Edit<IpAddr, Ptrs>,
+    twice: &mut FxHashMap<IpAddr, Vec<PtrTarget>>,
     ip: IpAddr,
-    record: &Records,
-) {
-    if let Some(all) = twice.get_mut(&ip) {
-        all.push(record.clone());
-        reverse.insert(ip, Records::concat(all.iter()));
-    } else if let Some(first) = reverse.get(&ip).cloned() {
-        reverse.insert(ip, Records::concat([&first, record]));
-        twice.insert(ip, vec![first, record.clone()]);
-    } else {
-        reverse.insert(ip, record.clone());
-    }
-}
-
-/// Takes one service's PTR `record` out of what `ip` answers.
-fn unname(
-    reverse: &mut shards::Edit<IpAddr, Records>,
-    twice: &mut FxHashMap<IpAddr, Vec<Records>>,
-    ip: IpAddr,
-    record: &Records,
+    target: PtrTarget,
 ) {
     let Some(all) = twice.get_mut(&ip) else {
-        if reverse.get(&ip) == Some(record) {
+        match reverse.get(&ip).map(Ptrs::to_vec) {
+            Some(mut all) => {
+                all.push(target);
+                set_ptrs(reverse, ip, &all);
+                twice.insert(ip, all);
+            }
+            None => set_ptrs(reverse, ip, &[target]),
+        }
+        return;
+    };
+    all.push(target);
+    set_ptrs(reverse, ip, all);
+}
+
+/// Takes `target` out of the names `ip` answers.
+fn unname(
+    reverse: &mut shards::Edit<IpAddr, Ptrs>,
+    twice: &mut FxHashMap<IpAddr, Vec<PtrTarget>>,
+    ip: IpAddr,
+    target: &PtrTarget,
+) {
+    let Some(all) = twice.get_mut(&ip) else {
+        if reverse.get(&ip).is_some_and(|p| p.is_only(target)) {
             reverse.remove(&ip);
         }
         return;
     };
-    if let Some(i) = all.iter().position(|r| r == record) {
+    if let Some(i) = all.iter().position(|t| t == target) {
         all.remove(i);
     }
     if all.len() > 1 {
-        reverse.insert(ip, Records::concat(all.iter()));
+        set_ptrs(reverse, ip, all);
         return;
     }
-    match twice.remove(&ip).and_then(|mut one| one.pop()) {
-        Some(last) => reverse.insert(ip, last),
-        None => {
+    match twice.remove(&ip) {
+        Some(last) if !last.is_empty() => set_ptrs(reverse, ip, &last),
+        _ => {
             reverse.remove(&ip);
         }
+    }
+}
+
+/// `ip` answers `targets` (none: nothing is set).
+fn set_ptrs(reverse: &mut shards::Edit<IpAddr, Ptrs>, ip: IpAddr, targets: &[PtrTarget]) {
+    if let Some(ptrs) = Ptrs::of(targets) {
+        reverse.insert(ip, ptrs);
     }
 }
 
@@ -526,6 +537,7 @@ mod tests {
 
     use super::*;
     use crate::model::{ImportType, Port, Protocol};
+    use crate::store::hosts;
     use crate::store::{self, Reader, ZoneConfig};
 
     fn store() -> (Reader, Writer) {
@@ -606,19 +618,88 @@ mod tests {
         assert!(!bare.same_allocation(&http) && bare.get(0) != http.get(0));
     }
 
+    #[test]
+    fn a_named_port_with_the_service_names_targets_shares_its_additional_records_moved() {
+        use hickory_proto::rr::{RData, Record, RecordType};
+        let (reader, mut w) = store();
+        let port = Port { name: Some(DnsLabel::parse("http").unwrap()), protocol: Protocol::Tcp, port: 80 };
+        let key =
+            ServiceKey { namespace: DnsLabel::parse("ns").unwrap(), name: DnsLabel::parse("hl").unwrap() };
+        let import = ServiceImport {
+            key: key.clone(),
+            kind: ImportType::Headless,
+            ips: vec![],
+            ports: vec![port.clone()],
+            answers: Default::default(),
+        };
+        let addrs: Vec<IpAddr> =
+            ["10.0.0.1", "fd00::1", "10.0.0.2"].iter().map(|a| a.parse().unwrap()).collect();
+        let slice = |family, addrs: &[IpAddr]| {
+            Object::Slice(EndpointSet {
+                slice: SliceKey { namespace: "ns".into(), name: format!("hl-{family:?}") },
+                service: key.clone(),
+                cluster: ClusterId::parse("east").unwrap(),
+                family,
+                ports: vec![port.clone()],
+                endpoints: vec![crate::model::Endpoint {
+                    addresses: addrs.to_vec(),
+                    hostname: Some(DnsLabel::parse("web-0").unwrap()),
+                    ready: true,
+                    zone: None,
+                    target: None,
+                }],
+                origin: crate::model::SliceOrigin::Mcs,
+            })
+        };
+        let objects = vec![
+            Object::Import(import),
+            slice(crate::model::AddressFamily::V4, &[addrs[0], addrs[2]]),
+            slice(crate::model::AddressFamily::V6, &addrs[1..2]),
+        ];
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.publish();
+        let snap = reader.load();
+        let names = &snap.services.get(&*wire_key("ns", "hl")).unwrap().names;
+        let set = |prefix: &[&str]| names.get(&*names::prefix_key(prefix)).unwrap().get(33).unwrap().clone();
+        let (bare, http) = (set(&[]), set(&["_http", "_tcp"]));
+        assert!(http.shifted && !bare.shifted);
+        assert!(http.additional.same_allocation(&bare.additional), "kept once");
+        // Moved, they are what the encoder writes behind the longer question.
+        let owner = Name::from_str("_http._tcp.hl.ns.svc.clusterset.local.").unwrap();
+        let target = Name::from_str("web-0.east.hl.ns.svc.clusterset.local.").unwrap();
+        let records: Vec<Record> = [addrs[0], addrs[2], addrs[1]]
+            .iter()
+            .map(|ip| {
+                let rdata = match ip {
+                    IpAddr::V4(v4) => RData::A((*v4).into()),
+                    IpAddr::V6(v6) => RData::AAAA((*v6).into()),
+                };
+                Record::from_rdata(target.clone(), 5, rdata)
+            })
+            .collect();
+        let expected = super::super::encode::records(&owner, RecordType::SRV, &records).unwrap();
+        assert_eq!(http.additional.len(), 3);
+        for i in 0..3 {
+            let mut out = Vec::new();
+            http.additional.push_shifted(i, 11, &mut out);
+            assert_eq!(out, expected.get(i), "record {i}");
+        }
+    }
+
     /// The PTR targets answered for `ip`.
     fn ptr(reader: &Reader, ip: &str) -> Vec<String> {
         use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
         let snap = reader.load();
-        let Some(records) = snap.reverse(IpAddr::from_str(ip).unwrap()) else { return vec![] };
-        (0..records.len())
-            .map(|i| {
+        let ip = IpAddr::from_str(ip).unwrap();
+        let Some(ptrs) = snap.reverse(ip) else { return vec![] };
+        ptrs.targets()
+            .map(|target| {
                 // Each record follows a question for the reverse name; a
                 // pointer to it is all the owner is, so any question works.
                 let mut buf = vec![0u8; 12];
                 buf.extend_from_slice(b"\x01x\x00\x00\x0c\x00\x01");
                 let start = buf.len();
-                buf.extend_from_slice(records.get(i));
+                assert!(hosts::write_ptr(&mut buf, ip, target, &snap.zone().wire, 5, usize::MAX));
                 let mut d = BinDecoder::new(&buf);
                 d.read_slice(start).unwrap();
                 hickory_proto::rr::Record::read(&mut d).unwrap().data.to_string()

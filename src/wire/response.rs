@@ -3,8 +3,8 @@
 
 use super::cookie::{self, SERVER_LEN};
 use super::request::{HEADER, Request};
-use crate::answer::{Answer, Pick};
-use crate::store::{Records, Snapshot};
+use crate::answer::{Answer, Pick, Synth};
+use crate::store::{self, Records, Snapshot};
 
 const QR: u16 = 0x8000;
 const AA: u16 = 0x0400;
@@ -57,11 +57,14 @@ pub(crate) fn write(
         out.extend_from_slice(q);
         qd = 1;
     }
-    let (an, complete) = match ans.pick {
+    let (an, complete) = match (ans.pick, ans.synth) {
         _ if extra.truncate => (0, false),
-        Pick::All => copy(out, ans.answer, budget),
-        Pick::Rotate(first) => rotate(out, ans.answer, first as usize, budget),
-        Pick::Listed => listed(out, ans.answer, extra.picks, budget),
+        (_, Some(synth)) => synthesize(out, synth, snap, budget),
+        (pick, None) => match pick {
+            Pick::All => copy(out, ans.answer, budget),
+            Pick::Rotate(first) => rotate(out, ans.answer, first as usize, budget),
+            Pick::Listed => listed(out, ans.answer, extra.picks, budget),
+        },
     };
     let mut ns = 0;
     let mut ar = 0;
@@ -81,7 +84,10 @@ pub(crate) fn write(
             }
         }
         // Additional records are optional; missing ones do not set TC.
-        ar = copy(out, ans.additional, budget).0;
+        ar = match ans.additional_shift {
+            0 => copy(out, ans.additional, budget).0,
+            shift => copy_shifted(out, ans.additional, shift, budget),
+        };
     }
     if let Some(edns) = req.edns {
         out.push(0); // root
@@ -127,6 +133,32 @@ pub(crate) fn write(
     }
 }
 
+/// Writes the records of `synth`, as many whole ones as fit; returns
+/// (count, all fitted).
+fn synthesize(out: &mut Vec<u8>, synth: Synth<'_>, snap: &Snapshot, budget: usize) -> (u16, bool) {
+    let zone = snap.zone();
+    let ttl = zone.config.ttl;
+    match synth {
+        Synth::Addresses(addrs) => {
+            for (j, ip) in addrs.iter().enumerate() {
+                if out.len() + store::address_len(*ip) > budget {
+                    return (j as u16, false);
+                }
+                store::write_address(out, *ip, ttl);
+            }
+            (addrs.len() as u16, true)
+        }
+        Synth::Ptr(ip, ptrs) => {
+            for (j, target) in ptrs.targets().enumerate() {
+                if !store::write_ptr(out, ip, target, &zone.wire, ttl, budget) {
+                    return (j as u16, false);
+                }
+            }
+            (ptrs.len() as u16, true)
+        }
+    }
+}
+
 /// Copies every record starting at `first` and wrapping around, as many
 /// whole records as fit; returns (count, all fitted).
 fn rotate(out: &mut Vec<u8>, records: Option<&Records>, first: usize, budget: usize) -> (u16, bool) {
@@ -168,6 +200,21 @@ fn listed(out: &mut Vec<u8>, records: Option<&Records>, picks: &[u32], budget: u
         out.extend_from_slice(r);
     }
     (picks.len() as u16, true)
+}
+
+/// Copies as many whole records as fit, each owner's closing pointer
+/// moved `shift` bytes on (`Records::push_shifted`); returns the count.
+fn copy_shifted(out: &mut Vec<u8>, records: Option<&Records>, shift: u16, budget: usize) -> u16 {
+    let Some(records) = records else {
+        return 0;
+    };
+    for i in 0..records.len() {
+        if out.len() + records.get(i).len() > budget {
+            return i as u16;
+        }
+        records.push_shifted(i, shift, out);
+    }
+    records.len() as u16
 }
 
 /// Copies as many whole records as fit; returns (count, all fitted).
