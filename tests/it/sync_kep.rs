@@ -663,6 +663,22 @@ fn exports_of_different_ip_families_conflict_and_the_oldest_family_is_imported()
     drop(sync);
 }
 
+/// Our objects of kind `K` for `service` in namespace `ns`.
+async fn ours_for<K>(c: &kube::Client, ns: &str, service: &str) -> Vec<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let labels = format!("{OURS},multicluster.kubernetes.io/service-name={service}");
+    Api::<K>::namespaced(c.clone(), ns)
+        .list(&ListParams::default().labels(&labels))
+        .await
+        .expect("list")
+        .items
+}
+
 /// Two pairs of names the controller's 32-bit digests give twice, found
 /// offline: two source slices of one service, and two services whose names
 /// share their first 40 characters (what object names keep of them).
@@ -703,14 +719,8 @@ fn names_whose_digests_collide_get_objects_of_their_own() {
     });
     let mirrored = |service: &str| {
         rt.block_on(async {
-            let mut v: Vec<(String, Vec<String>)> = Api::<EndpointSlice>::namespaced(c1.clone(), ns)
-                .list(
-                    &ListParams::default()
-                        .labels(&format!("{OURS},multicluster.kubernetes.io/service-name={service}")),
-                )
+            let mut v: Vec<(String, Vec<String>)> = ours_for::<EndpointSlice>(&c1, ns, service)
                 .await
-                .expect("list")
-                .items
                 .into_iter()
                 .map(|s| {
                     let name = s.metadata.name.unwrap_or_default();
@@ -729,14 +739,8 @@ fn names_whose_digests_collide_get_objects_of_their_own() {
     });
     let vips = |service: &str| {
         rt.block_on(async {
-            Api::<Service>::namespaced(c1.clone(), ns)
-                .list(
-                    &ListParams::default()
-                        .labels(&format!("{OURS},multicluster.kubernetes.io/service-name={service}")),
-                )
+            ours_for::<Service>(&c1, ns, service)
                 .await
-                .expect("list")
-                .items
                 .into_iter()
                 .map(|s| {
                     (
