@@ -8,6 +8,10 @@ use clusterset_dns::cli::{Cli, Command};
 use clusterset_dns::config::{DoctorConfig, RunConfig, ServeConfig, SetupDnsConfig, SyncConfig};
 use tracing_subscriber::EnvFilter;
 
+/// See Cargo.toml and BENCHMARKS.md ("Fleet scale") for why this allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// BSD sysexits: a bad command line or configuration.
 const EX_USAGE: u8 = 64;
 
