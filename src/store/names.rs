@@ -2,9 +2,9 @@
 //! records (`../shared/docs/dns-behaviour.md` is the contract), built from
 //! model values and encoded once per change.
 
-use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use hickory_proto::rr::rdata::{A, AAAA, HINFO, NS, SOA, SRV, TXT};
@@ -45,39 +45,74 @@ const SCHEMA_VERSION_TTL: u32 = 28800;
 /// SOA timers: refresh, retry, expire (the serial and minimum vary).
 const SOA_TIMERS: (i32, i32, i32) = (7200, 1800, 86400);
 
+/// A name of a service while it is assembled: its labels in front of the
+/// service name as [`prefix_key`] writes them (lower case), shared between
+/// the drafts, the SRV targets and the targets' addresses. Names are
+/// compared and hashed by these bytes rather than as hickory `Name`s, whose
+/// hashing lower-cases label by label (a tenth of the start-up CPU when it
+/// was used here).
+type Key = Rc<[u8]>;
+
 /// The data of one name while it is being assembled.
 #[derive(Default)]
 struct Draft {
     a: Vec<IpAddr>,
-    srv: Vec<(u16, Name)>,
+    /// (port, target).
+    srv: Vec<(u16, Key)>,
 }
 
 /// The names of a service being assembled, keyed by prefix wire bytes.
 struct Drafts {
     base: Name,
-    nodes: BTreeMap<Vec<u8>, (Name, Draft)>,
+    /// Unordered: a headless service's endpoints look their names up here
+    /// several times each. [`Drafts::in_order`] gives the order where it
+    /// matters.
+    nodes: FxHashMap<Key, (Name, Draft)>,
     /// Addresses of SRV targets, for the additional section.
-    targets: FxHashMap<Name, Vec<IpAddr>>,
+    targets: FxHashMap<Key, Vec<IpAddr>>,
+    /// Where `node` writes the key it looks up, so a lookup allocates
+    /// nothing.
+    scratch: Vec<u8>,
 }
 
 impl Drafts {
-    /// The draft for `labels` in front of the service name, created (with
-    /// every empty non-terminal between it and the service) when missing.
-    fn node(&mut self, labels: &[&str]) -> Option<&mut Draft> {
-        for skip in (1..labels.len()).rev() {
-            let ent = &labels[skip..];
-            let key = prefix_key(ent);
-            if !self.nodes.contains_key(&key) {
-                let name = child(ent, &self.base)?;
-                self.nodes.insert(key, (name, Draft::default()));
-            }
-        }
-        let key = prefix_key(labels);
-        if !self.nodes.contains_key(&key) {
+    /// The draft for `labels` in front of the service name, with its key,
+    /// created (with every empty non-terminal between it and the service)
+    /// when missing; `None` when the name would be too long.
+    fn node(&mut self, labels: &[&str]) -> Option<(Key, &mut Draft)> {
+        let mut key = std::mem::take(&mut self.scratch);
+        key.clear();
+        write_prefix_key(labels, &mut key);
+        if !self.nodes.contains_key(&key[..]) {
+            // Checked first: when the name fits, so does each ancestor.
             let name = child(labels, &self.base)?;
-            self.nodes.insert(key.clone(), (name, Draft::default()));
+            // An ancestor's key is a suffix of the key. Ancestors are always
+            // created with their descendants, so the nearest one that exists
+            // ends the walk.
+            let mut at = 0;
+            for skip in 1..labels.len() {
+                at += usize::from(key[at]) + 1;
+                if self.nodes.contains_key(&key[at..]) {
+                    break;
+                }
+                let ent = child(&labels[skip..], &self.base)?;
+                self.nodes.insert(key[at..].into(), (ent, Draft::default()));
+            }
+            self.nodes.insert(key[..].into(), (name, Draft::default()));
         }
-        self.nodes.get_mut(&key).map(|(_, d)| d)
+        let found = self.nodes.get_key_value(&key[..]).map(|(k, _)| k.clone());
+        self.scratch = key;
+        let key = found?;
+        let draft = &mut self.nodes.get_mut(&key[..])?.1;
+        Some((key, draft))
+    }
+
+    /// Every name, the service name first: a `_<port>._<proto>` name shares
+    /// the service name's SRV records (`SrvAnswers`), so those must be
+    /// encoded before it.
+    fn in_order(&self) -> impl Iterator<Item = (&Key, &(Name, Draft))> {
+        let service = self.nodes.get_key_value(&[][..]);
+        service.into_iter().chain(self.nodes.iter().filter(|(key, _)| !key.is_empty()))
     }
 }
 
@@ -90,8 +125,13 @@ pub(crate) fn service_names(
     cx: &BuildCtx<'_>,
 ) -> Option<ServiceNames> {
     let base = child(&[import.key.name.as_str(), import.key.namespace.as_str(), "svc"], &zone.config.origin)?;
-    let mut d = Drafts { base: base.clone(), nodes: BTreeMap::new(), targets: FxHashMap::default() };
-    d.node(&[])?;
+    let mut d = Drafts {
+        base: base.clone(),
+        nodes: FxHashMap::default(),
+        targets: FxHashMap::default(),
+        scratch: Vec::new(),
+    };
+    let (base_key, _) = d.node(&[])?;
     let cfg = &zone.config.answers;
     let mut candidates = Vec::new();
     match import.kind {
@@ -107,14 +147,14 @@ pub(crate) fn service_names(
             } else {
                 candidates.iter().flat_map(|c| c.addrs.iter().flatten().copied()).collect()
             };
-            d.targets.insert(base.clone(), answered);
-            let service = d.node(&[])?;
+            d.targets.insert(base_key.clone(), answered);
+            let (_, service) = d.node(&[])?;
             if candidates.is_empty() {
                 service.a.extend(&import.ips);
             }
             for port in &import.ports {
                 // The bare name answers every port; `_<port>._<proto>` only named ones.
-                service_srv(&mut d, port, port.port, &base)?;
+                service_srv(&mut d, &port_labels(port), &base_key)?;
             }
         }
         ImportType::Headless => {
@@ -128,17 +168,18 @@ pub(crate) fn service_names(
     let mut srv_answers = SrvAnswers::default();
     // An endpoint name has addresses and nothing else: it is answered from
     // `hosts` at query time instead of being encoded here (see `hosts`).
-    let is_host = |key: &[u8], draft: &Draft| !key.is_empty() && draft.srv.is_empty() && !draft.a.is_empty();
+    let is_host = |key: &Key, draft: &Draft| !key.is_empty() && draft.srv.is_empty() && !draft.a.is_empty();
     let mut names: FxHashMap<Box<[u8]>, NameNode> = d
-        .nodes
-        .iter()
+        .in_order()
         .filter(|(key, (_, draft))| !is_host(key, draft))
         .filter_map(|(key, (owner, draft))| {
-            let node = encode_node(owner, draft, ttl, &d.targets, (key.is_empty(), &mut srv_answers));
+            let name_of = |key: &[u8]| d.nodes.get(key).map(|(name, _)| name.clone());
+            let targets = Targets { addrs: &d.targets, name_of: &name_of };
+            let node = encode_node(owner, draft, ttl, targets, (key.is_empty(), &mut srv_answers));
             if node.is_none() {
                 warn!(service = %import.key, name = %owner, "cannot encode name; leaving it out");
             }
-            Some((key.clone().into_boxed_slice(), node?))
+            Some((Box::from(&key[..]), node?))
         })
         .collect();
     if let Some(also) = &zone.config.also {
@@ -172,11 +213,13 @@ pub(crate) fn service_names(
         ImportType::Headless => &[],
     };
     let service_key = prefix_key(&[import.key.name.as_str(), import.key.namespace.as_str()]);
-    let hosts = d
+    let mut hosts: Vec<(&[u8], &[IpAddr])> = d
         .nodes
         .iter()
         .filter(|(key, (_, draft))| is_host(key, draft))
-        .map(|(key, (_, draft))| (&key[..], &draft.a[..]));
+        .map(|(key, (_, draft))| (&key[..], &draft.a[..]))
+        .collect();
+    hosts.sort_unstable_by_key(|&(key, _)| key); // `Hosts` searches them by key
     let hosts = Hosts::new(&service_key, vips, hosts);
     Some(ServiceNames { names: Arc::new(names), balance, hosts: Arc::new(hosts) })
 }
@@ -304,14 +347,22 @@ fn balanced(
 
 /// Adds the SRV records one port gives: on the bare service name always, on
 /// `_<port>._<proto>` when the port is named.
-fn service_srv(d: &mut Drafts, port: &Port, number: u16, target: &Name) -> Option<()> {
-    d.node(&[])?.srv.push((number, target.clone()));
-    if let Some(name) = &port.name {
-        let port_label = format!("_{name}");
-        let proto_label = format!("_{}", port.protocol.srv_label());
-        d.node(&[&port_label, &proto_label])?.srv.push((number, target.clone()));
+fn service_srv(d: &mut Drafts, (number, labels): &PortLabels, target: &Key) -> Option<()> {
+    d.node(&[])?.1.srv.push((*number, target.clone()));
+    if let Some([port, proto]) = labels {
+        d.node(&[port, proto])?.1.srv.push((*number, target.clone()));
     }
     Some(())
+}
+
+/// A port's number and, when it is named, the labels of its SRV name
+/// (`_<port>`, `_<proto>`): written once per port, not per endpoint.
+type PortLabels = (u16, Option<[String; 2]>);
+
+fn port_labels(port: &Port) -> PortLabels {
+    let labels =
+        port.name.as_ref().map(|name| [format!("_{name}"), format!("_{}", port.protocol.srv_label())]);
+    (port.port, labels)
 }
 
 /// Adds a headless service's names; false when it has no ready endpoint.
@@ -319,6 +370,7 @@ fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> 
     let mut any_ready = false;
     for slice in slices {
         let cluster: Vec<&str> = slice.cluster.labels().collect();
+        let ports: Vec<PortLabels> = slice.ports.iter().map(port_labels).collect();
         for ep in slice.endpoints.iter().filter(|e| e.ready && !e.addresses.is_empty()) {
             any_ready = true;
             // An endpoint with a hostname is one name with all its addresses;
@@ -330,18 +382,16 @@ fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> 
             for (host, addrs) in named {
                 let mut labels = vec![host.as_str()];
                 labels.extend(&cluster);
-                let Some(target) = child(&labels, &d.base) else {
+                let Some((target, node)) = d.node(&labels) else {
                     warn!(service = %import.key, slice = %slice.slice, host = %host, "endpoint name too long; leaving it out");
                     continue;
                 };
                 // The service name's A/AAAA are built apart (`balanced`).
-                if let Some(node) = d.node(&labels) {
-                    node.a.extend(&addrs);
-                }
+                node.a.extend(&addrs);
                 d.targets.entry(target.clone()).or_default().extend(&addrs);
-                for port in &slice.ports {
+                for port in &ports {
                     // Absent only for names too long, already warned about.
-                    let _ = service_srv(d, port, port.port, &target);
+                    let _ = service_srv(d, port, &target);
                 }
             }
         }
@@ -360,17 +410,17 @@ fn rezone(name: &Name, origin: &Name, also: &Name) -> Option<Name> {
 /// owners, targets and the targets' addresses there, beside the original.
 fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHashMap<Box<[u8]>, NameNode>) {
     let mut srv_answers = SrvAnswers::default();
-    let targets: FxHashMap<Name, Vec<IpAddr>> =
-        d.targets.iter().filter_map(|(n, a)| Some((rezone(n, origin, also)?, a.clone()))).collect();
-    for (key, (owner, draft)) in &d.nodes {
+    // The same targets (keys are relative to the service), named in `also`;
+    // a target too long there leaves its RRset out.
+    let name_of = |key: &[u8]| rezone(&d.nodes.get(key)?.0, origin, also);
+    let targets = Targets { addrs: &d.targets, name_of: &name_of };
+    for (key, (owner, draft)) in d.in_order() {
         if draft.srv.is_empty() {
             continue;
         }
-        let srv =
-            draft.srv.iter().map(|(p, t)| Some((*p, rezone(t, origin, also)?))).collect::<Option<Vec<_>>>();
-        let encoded = srv.zip(rezone(owner, origin, also)).and_then(|(srv, owner)| {
-            let draft = Draft { a: Vec::new(), srv };
-            let node = encode_node(&owner, &draft, ttl, &targets, (key.is_empty(), &mut srv_answers))?;
+        let encoded = rezone(owner, origin, also).and_then(|owner| {
+            let draft = Draft { a: Vec::new(), srv: draft.srv.clone() };
+            let node = encode_node(&owner, &draft, ttl, targets, (key.is_empty(), &mut srv_answers))?;
             let set = node.get(u16::from(RecordType::SRV))?;
             Some((set.answer.clone(), set.additional.clone(), set.shifted))
         });
@@ -391,6 +441,14 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
     }
 }
 
+/// The SRV targets of a zone's names: their addresses, and their names in
+/// that zone (the service's own, or the second zone's: `also_srv`).
+#[derive(Clone, Copy)]
+struct Targets<'a> {
+    addrs: &'a FxHashMap<Key, Vec<IpAddr>>,
+    name_of: &'a dyn Fn(&[u8]) -> Option<Name>,
+}
+
 /// The service name's SRV answer with the (port, target) list it was
 /// encoded from. The owner of a pre-encoded record is a pointer to the
 /// question and an SRV target is written in full (RFC 2782), so a
@@ -404,15 +462,15 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
 /// records are kept here for that.
 #[derive(Default)]
 struct SrvAnswers {
-    answer: Option<(Vec<(u16, Name)>, Records)>,
-    additional: Option<(Vec<Name>, Records)>,
+    answer: Option<(Vec<(u16, Key)>, Records)>,
+    additional: Option<(Vec<Key>, Records)>,
 }
 
 fn encode_node(
     owner: &Name,
     draft: &Draft,
     ttl: u32,
-    targets: &FxHashMap<Name, Vec<IpAddr>>,
+    Targets { addrs: targets, name_of }: Targets<'_>,
     (is_service, shared): (bool, &mut SrvAnswers),
 ) -> Option<NameNode> {
     let mut sets = Vec::new();
@@ -441,13 +499,13 @@ fn encode_node(
         let answer = match &shared.answer {
             Some((known, answer)) if *known == srv => answer.clone(),
             _ => {
-                let records: Vec<Record> = srv
+                let records = srv
                     .iter()
                     .map(|(port, target)| {
-                        let rdata = RData::SRV(SRV::new(0, weight, *port, target.clone()));
-                        Record::from_rdata(owner.clone(), ttl, rdata)
+                        let rdata = RData::SRV(SRV::new(0, weight, *port, name_of(target)?));
+                        Some(Record::from_rdata(owner.clone(), ttl, rdata))
                     })
-                    .collect();
+                    .collect::<Option<Vec<Record>>>()?;
                 let answer = encode::records(owner, RecordType::SRV, &records)?;
                 if is_service {
                     shared.answer = Some((srv.clone(), answer.clone()));
@@ -455,7 +513,7 @@ fn encode_node(
                 answer
             }
         };
-        let mut distinct: Vec<Name> = srv.iter().map(|(_, target)| target.clone()).collect();
+        let mut distinct: Vec<Key> = srv.iter().map(|(_, target)| target.clone()).collect();
         dedup_in_order(&mut distinct);
         let (additional, shifted) = match &shared.additional {
             Some((known, additional)) if !is_service && *known == distinct => (additional.clone(), true),
@@ -465,7 +523,8 @@ fn encode_node(
                     let mut addrs = targets.get(target).cloned().unwrap_or_default();
                     dedup_in_order(&mut addrs);
                     addrs.sort_by_key(IpAddr::is_ipv6); // A before AAAA, stable within a family
-                    extra.extend(addrs.iter().map(|ip| address_record(target, ttl, *ip)));
+                    let target = name_of(target)?;
+                    extra.extend(addrs.iter().map(|ip| address_record(&target, ttl, *ip)));
                 }
                 let additional = encode::records(owner, RecordType::SRV, &extra)?;
                 if is_service {
@@ -505,11 +564,16 @@ fn dedup_in_order<T: Hash + Eq>(v: &mut Vec<T>) {
 /// the service or the apex.
 pub(crate) fn prefix_key(labels: &[&str]) -> Vec<u8> {
     let mut key = Vec::with_capacity(labels.iter().map(|l| l.len() + 1).sum());
+    write_prefix_key(labels, &mut key);
+    key
+}
+
+/// Appends [`prefix_key`] of `labels` to `key`.
+fn write_prefix_key(labels: &[&str], key: &mut Vec<u8>) {
     for l in labels {
         key.push(l.len() as u8); // callers pass validated labels of at most 63 bytes
         key.extend(l.bytes().map(|b| b.to_ascii_lowercase()));
     }
-    key
 }
 
 /// `labels` in front of `base`; `None` when the result is not a valid name
