@@ -208,7 +208,15 @@ pub fn spawn_watches(
             let mut reporter = Reporter::new(h);
             let resource = discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
             let api: Api<DynamicObject> = watch::scoped_with(client, exports.scope.as_deref(), &resource);
-            watch::relist(api, watcher::Config::default(), reporter, exports, events_).await;
+            watch::relist(
+                api,
+                watcher::Config::default(),
+                &watch::Lists::default(),
+                reporter,
+                exports,
+                events_,
+            )
+            .await;
         });
         let (services, client, events_, h) = (
             ToFleet::new(index, member, &scope, service_entry, Change::Services),
@@ -218,7 +226,15 @@ pub fn spawn_watches(
         );
         tasks.spawn(async move {
             let api: Api<Service> = watch::scoped(client, services.scope.as_deref());
-            watch::relist(api, watcher::Config::default(), Reporter::new(h), services, events_).await;
+            watch::relist(
+                api,
+                watcher::Config::default(),
+                &watch::Lists::default(),
+                Reporter::new(h),
+                services,
+                events_,
+            )
+            .await;
         });
         let (slices, client, events_, h) = (
             ToFleet::new(index, member, &scope, slice_entry, Change::Slices),
@@ -229,7 +245,7 @@ pub fn spawn_watches(
         tasks.spawn(async move {
             let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
             let api: Api<EndpointSlice> = watch::scoped(client, slices.scope.as_deref());
-            watch::relist(api, cfg, Reporter::new(h), slices, events_).await;
+            watch::relist(api, cfg, &watch::Lists::default(), Reporter::new(h), slices, events_).await;
         });
     }
 }
