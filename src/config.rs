@@ -52,6 +52,9 @@ pub struct ServeConfig {
     pub kube: Option<KubeSource>,
     /// Member clusters watched directly (centralized mode).
     pub members: Vec<MemberConfig>,
+    /// How watches list (`--list-mode`, `--list-page-size`): the kube
+    /// source's, and the members' (each its own after a refusal).
+    pub lists: Lists,
     /// Addresses to answer on.
     pub listen: Vec<SocketAddr>,
     /// Address of the HTTP endpoints.
@@ -168,6 +171,7 @@ impl ServeConfig {
             crate::ops::memory::parse_limit(&a.memory_limit).map_err(|e| bad("--memory-limit", e))?;
         let interop = Interop::parse(&a.interop).map_err(|e| bad("--interop", e))?;
         let list_mode = ListMode::parse(&a.list_mode).map_err(|e| bad("--list-mode", e))?;
+        let lists = Lists::new(list_mode, std::num::NonZeroU32::new(a.list_page_size));
         Ok(Self {
             interop,
             objects: a.objects.clone(),
@@ -175,9 +179,10 @@ impl ServeConfig {
                 connection,
                 namespaces: a.namespaces.clone(),
                 interop,
-                lists: Lists::new(list_mode, std::num::NonZeroU32::new(a.list_page_size)),
+                lists: lists.clone(),
             }),
             members: members(&a.members)?,
+            lists,
             listen: a.listen.clone(),
             http_listen: a.http_listen,
             lameduck: Duration::from_secs(a.lameduck),

@@ -196,6 +196,12 @@ impl Lists {
         Self { mode, page_size, refused: Arc::new(AtomicBool::new(false)) }
     }
 
+    /// The same mode and page size for the watches of another API server,
+    /// which may allow streaming lists where this one refused them.
+    pub fn for_another_server(&self) -> Self {
+        Self::new(self.mode, self.page_size)
+    }
+
     /// The mode as configured.
     pub fn mode(&self) -> ListMode {
         self.mode
