@@ -28,6 +28,12 @@
 //! 1.27 refuse it with 422 too ("resourceVersionMatch is forbidden for
 //! watch"). So a 422 at the start of a streaming list means "not here", and
 //! [`ListMode::Auto`] lists in pages from then on.
+//!
+//! kube-runtime 5.0 starts a streaming list at `resourceVersion=0`: the
+//! objects are the watch cache's as it stands, which on an API server
+//! lagging behind etcd may be a little old, where a paged list is a
+//! consistent read. The watch goes on from there, so the served data
+//! converges either way; only the first moment differs.
 
 use std::fmt::Debug;
 use std::num::NonZeroU32;
