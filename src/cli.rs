@@ -123,8 +123,8 @@ pub struct ServeArgs {
     /// services list/watch). Applies to --objects and the embedded example too.
     #[arg(long, value_name = "LIST", default_value = "")]
     pub interop: String,
-    /// Objects per list request when a watch (re)lists (0: one request for
-    /// all). Paged lists hold less at once but are read from etcd page by
+    /// Objects per list request when a watch (re)lists in pages (see
+    /// --list-mode; 0: one request for all). Paged lists hold less at once but are read from etcd page by
     /// page; one request is served from the API server's watch cache.
     #[arg(long, value_name = "N", default_value_t = 500)]
     pub list_page_size: u32,
