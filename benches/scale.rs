@@ -2,11 +2,17 @@
 //! kube-apiserver and etcd and the real release binary: a fresh cluster with
 //! 10,000 ServiceImports (10 % headless) and 30,000 EndpointSlices (with
 //! `SCALE_SERVICES=N`, N imports and 3N slices, N a multiple of 100); creation
-//! time, then three server starts, each timed from spawn to `/ready` and to
-//! the first correct answers, with resident memory; then the same two lists
-//! without the server.
+//! time, then three server starts per way of listing (paged, one request,
+//! streaming), each timed from spawn to `/ready` and to the first correct
+//! answers, with resident memory; then the same two lists without the
+//! server. The API server runs with `--feature-gates=WatchList=true` (off by
+//! default in v1.33, the test clusters' version) so that streaming lists
+//! can be measured; paged lists do not use the gate.
 //!
 //! `cargo bench --bench scale`; see `common` for how bench targets run.
+//! `SCALE_LISTS=paged,whole,stream` chooses the ways of listing (default:
+//! all three), `SCALE_STARTS=N` the starts per way (default 3), and
+//! `SCALE_BARE_LISTS=0` skips the lists without the server.
 
 #![allow(clippy::print_stdout)]
 
@@ -25,7 +31,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use common::dns::{Dns, POLL_EVERY};
 use common::objects::{Fleet, create_fleet, import_resource, slice_resource, timed_call};
 use common::report::ms;
-use common::{SERVER_READY_TIMEOUT, main_of, serve_with, start_clusters};
+use common::{SERVER_READY_TIMEOUT, main_of, serve_with, start_clusters_env};
 use harness::procfs::loadavg;
 
 fn main() {
@@ -50,21 +56,26 @@ fn scale(rt: &tokio::runtime::Runtime) -> Result<()> {
         services * common::objects::CLUSTER_IDS.len()
     );
     let fleet = Fleet { prefix: "s", namespaces: 100, per_namespace: services / 100, headless_every: 10 };
-    let clusters = start_clusters(1);
+    let lists = scale_lists()?;
+    let starts: usize = match std::env::var("SCALE_STARTS") {
+        Ok(n) => n.parse().map_err(|e| anyhow::anyhow!("SCALE_STARTS={n}: {e}"))?,
+        Err(_) => 3,
+    };
+    let clusters = start_clusters_env(1, &[("CLUSTERS_APISERVER_ARGS", "--feature-gates=WatchList=true")]);
     let client = rt.block_on(clusters.client(0));
     rt.block_on(create_fleet(&client, &fleet))?;
     println!("load average after creation: {}", loadavg());
 
     let mut runs = Vec::new();
-    for (paging, extra) in PAGINGS {
-        for run in 1..=SCALE_STARTS {
+    for (paging, extra) in &lists {
+        for run in 1..=starts {
             let r = start_server(&clusters.serve_kubeconfig(0), clusters.pids(0), &fleet, extra, run == 1)?;
-            runs.push((paging, r));
+            runs.push((*paging, r));
         }
     }
     println!("\nserver: {}\n", runs.first().map_or("", |(_, r)| r.command.as_str()));
     println!(
-        "{SCALE_STARTS} starts of the server on the same cluster per way of listing, one after the other; \
+        "{starts} starts of the server on the same cluster per way of listing, one after the other; \
          ms from process start (spawn) to:\n"
     );
     println!(
@@ -93,6 +104,10 @@ fn scale(rt: &tokio::runtime::Runtime) -> Result<()> {
         );
     }
     println!("\ngoals: /ready ≤ 5,000 ms; VmRSS ≤ 300 MB");
+    if std::env::var("SCALE_BARE_LISTS").is_ok_and(|v| v == "0") {
+        drop(clusters);
+        return Ok(());
+    }
 
     // The API server alone: the same lists the server's two watches make,
     // concurrently, decoded by kube-rs as the server decodes them.
@@ -126,11 +141,29 @@ fn scale(rt: &tokio::runtime::Runtime) -> Result<()> {
     Ok(())
 }
 
-/// Server starts measured by `scale`.
-const SCALE_STARTS: usize = 3;
-/// The server's ways of listing, each started `SCALE_STARTS` times.
-const PAGINGS: [(&str, &[&str]); 2] =
-    [("pages of 500 (default)", &[]), ("one request", &["--list-page-size", "0"])];
+/// The server's ways of listing: (name in `SCALE_LISTS`, in the report, flags).
+const LISTS: [(&str, &str, &[&str]); 3] = [
+    ("paged", "pages of 500", &["--list-mode", "paged"]),
+    ("whole", "one request", &["--list-mode", "paged", "--list-page-size", "0"]),
+    ("stream", "streaming", &["--list-mode", "stream"]),
+];
+
+/// The ways of listing `SCALE_LISTS` names (all by default), in its order.
+fn scale_lists() -> Result<Vec<(&'static str, &'static [&'static str])>> {
+    let Ok(names) = std::env::var("SCALE_LISTS") else {
+        return Ok(LISTS.iter().map(|&(_, what, flags)| (what, flags)).collect());
+    };
+    names
+        .split(',')
+        .map(|name| {
+            LISTS
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .map(|&(_, what, flags)| (what, flags))
+                .ok_or_else(|| anyhow::anyhow!("SCALE_LISTS: {name:?} is not one of paged, whole, stream"))
+        })
+        .collect()
+}
 
 struct StartRun {
     command: String,

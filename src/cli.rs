@@ -123,11 +123,19 @@ pub struct ServeArgs {
     /// services list/watch). Applies to --objects and the embedded example too.
     #[arg(long, value_name = "LIST", default_value = "")]
     pub interop: String,
-    /// Objects per list request when a watch (re)lists (0: one request for
-    /// all). Paged lists hold less at once but are read from etcd page by
+    /// Objects per list request when a watch (re)lists in pages (see
+    /// --list-mode; 0: one request for all). Paged lists hold less at once but are read from etcd page by
     /// page; one request is served from the API server's watch cache.
     #[arg(long, value_name = "N", default_value_t = 500)]
     pub list_page_size: u32,
+    /// How watches get their complete lists: `stream` (streaming lists,
+    /// KEP-3157: the objects come from the API server's watch cache as watch
+    /// events; its WatchList feature gate, on by default in Kubernetes 1.32
+    /// and from 1.34, off in 1.33), `paged` (list requests of
+    /// --list-page-size), or `auto`: streaming where the API server allows
+    /// it, else paged after one warning.
+    #[arg(long, value_name = "auto|stream|paged", default_value = "auto")]
+    pub list_mode: String,
     /// Member clusters to answer for directly (centralized mode): their
     /// ServiceExports, Services and EndpointSlices, no ServiceImports needed.
     #[command(flatten)]

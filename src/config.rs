@@ -16,6 +16,7 @@ use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
 use crate::k8s::throttle::Limits;
+use crate::k8s::watch::{ListMode, Lists};
 use crate::model::{ClusterId, DnsLabel, Interop, PolicyKind, ServiceKey};
 use crate::ops::memory::MemoryBudget;
 use crate::source::kube::KubeSource;
@@ -51,6 +52,9 @@ pub struct ServeConfig {
     pub kube: Option<KubeSource>,
     /// Member clusters watched directly (centralized mode).
     pub members: Vec<MemberConfig>,
+    /// How watches list (`--list-mode`, `--list-page-size`): the kube
+    /// source's, and the members' (each its own after a refusal).
+    pub lists: Lists,
     /// Addresses to answer on.
     pub listen: Vec<SocketAddr>,
     /// Address of the HTTP endpoints.
@@ -166,6 +170,8 @@ impl ServeConfig {
         let memory =
             crate::ops::memory::parse_limit(&a.memory_limit).map_err(|e| bad("--memory-limit", e))?;
         let interop = Interop::parse(&a.interop).map_err(|e| bad("--interop", e))?;
+        let list_mode = ListMode::parse(&a.list_mode).map_err(|e| bad("--list-mode", e))?;
+        let lists = Lists::new(list_mode, std::num::NonZeroU32::new(a.list_page_size));
         Ok(Self {
             interop,
             objects: a.objects.clone(),
@@ -173,9 +179,10 @@ impl ServeConfig {
                 connection,
                 namespaces: a.namespaces.clone(),
                 interop,
-                page_size: std::num::NonZeroU32::new(a.list_page_size),
+                lists: lists.clone(),
             }),
             members: members(&a.members)?,
+            lists,
             listen: a.listen.clone(),
             http_listen: a.http_listen,
             lameduck: Duration::from_secs(a.lameduck),
@@ -759,11 +766,27 @@ mod tests {
 
     #[test]
     fn watches_list_in_pages_unless_told_to_take_all_at_once() {
-        let page =
-            |args: &[&str]| config(&[&["--kubeconfig", "k"], args].concat()).unwrap().kube.unwrap().page_size;
+        let page = |args: &[&str]| {
+            config(&[&["--kubeconfig", "k"], args].concat()).unwrap().kube.unwrap().lists.page_size()
+        };
         assert_eq!(page(&[]).map(|n| n.get()), Some(500));
         assert_eq!(page(&["--list-page-size", "50"]).map(|n| n.get()), Some(50));
         assert_eq!(page(&["--list-page-size", "0"]), None);
+    }
+
+    #[test]
+    fn watches_stream_their_lists_where_allowed_unless_told_otherwise() {
+        let mode = |args: &[&str]| {
+            config(&[&["--kubeconfig", "k"], args].concat()).map(|c| c.kube.unwrap().lists.mode())
+        };
+        assert_eq!(mode(&[]).unwrap(), ListMode::Auto);
+        assert_eq!(mode(&["--list-mode", "auto"]).unwrap(), ListMode::Auto);
+        assert_eq!(mode(&["--list-mode", "stream"]).unwrap(), ListMode::Stream);
+        assert_eq!(mode(&["--list-mode", "paged"]).unwrap(), ListMode::Paged);
+        let e = mode(&["--list-mode", "Stream"]).unwrap_err();
+        assert_eq!(e.flag, "--list-mode");
+        assert!(e.problem.contains("auto, stream, paged"), "{}", e.problem);
+        assert_eq!(mode(&["--list-mode", ""]).unwrap_err().flag, "--list-mode");
     }
 
     #[test]

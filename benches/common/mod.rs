@@ -58,8 +58,17 @@ pub fn main_of(name: &str, run: impl FnOnce(&tokio::runtime::Runtime) -> Result<
 
 /// `n` clusters (`scripts/clusters.sh`); prints how long they took.
 pub fn start_clusters(n: usize) -> TestClusters {
+    start_clusters_env(n, &[])
+}
+
+/// [`start_clusters`] with `env` for `scripts/clusters.sh` (e.g.
+/// `CLUSTERS_APISERVER_ARGS`); prints it too.
+pub fn start_clusters_env(n: usize, env: &[(&str, &str)]) -> TestClusters {
     let started = Instant::now();
-    let clusters = TestClusters::start(n);
+    for (k, v) in env {
+        println!("clusters with {k}={v:?}");
+    }
+    let clusters = TestClusters::start_env(n, env);
     println!("cluster ready in {:.1} s ({})", secs(started.elapsed()), clusters.dir().display());
     clusters
 }

@@ -170,9 +170,9 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         tasks.push(sup.restartable(Task::Liveness, move || {
             centralized::liveness(m.clone(), dead_after, s2.clone(), tx2.clone())
         }));
-        let tx2 = tx.clone();
+        let (tx2, lists) = (tx.clone(), cfg.lists.clone());
         tasks.push(sup.restartable(Task::Members, move || {
-            centralized::run(members.clone(), source, tx2.clone(), state.clone())
+            centralized::run(members.clone(), lists.clone(), source, tx2.clone(), state.clone())
         }));
     }
     if let Some(probe) = cfg.probe {

@@ -192,7 +192,15 @@ pub fn spawn(
         Reporter::new(std::sync::Arc::new(WatchHealth::new(format!("Namespaces of member {}", member.name))));
     tasks.spawn(async move {
         let api: kube::Api<Namespace> = kube::Api::all(client);
-        watch::relist(api, watcher::Config::default(), r, ToNamespaces { member: index }, out).await;
+        watch::relist(
+            api,
+            watcher::Config::default(),
+            &watch::Lists::default(),
+            r,
+            ToNamespaces { member: index },
+            out,
+        )
+        .await;
     });
     let cfg = watcher::Config::default().labels(&format!("{LABEL_APP_MANAGED_BY}={FIELD_MANAGER}"));
     for scope in scopes(namespaces) {
@@ -214,13 +222,13 @@ pub fn spawn(
         let import = import.clone();
         tasks.spawn(async move {
             let api: kube::Api<DynamicObject> = watch::scoped_with(client, t.scope.as_deref(), &import);
-            watch::relist(api, cfg_, r, t, out).await;
+            watch::relist(api, cfg_, &watch::Lists::default(), r, t, out).await;
         });
         let (client, cfg_, out, r, t) =
             (member.client.clone(), cfg.clone(), events.clone(), reporter("Services"), to("Service"));
         tasks.spawn(async move {
             let api: kube::Api<Service> = watch::scoped(client, t.scope.as_deref());
-            watch::relist(api, cfg_, r, t, out).await;
+            watch::relist(api, cfg_, &watch::Lists::default(), r, t, out).await;
         });
         let (client, cfg_, out, r, t) = (
             member.client.clone(),
@@ -231,7 +239,7 @@ pub fn spawn(
         );
         tasks.spawn(async move {
             let api: kube::Api<EndpointSlice> = watch::scoped(client, t.scope.as_deref());
-            watch::relist(api, cfg_, r, t, out).await;
+            watch::relist(api, cfg_, &watch::Lists::default(), r, t, out).await;
         });
     }
 }

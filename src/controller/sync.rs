@@ -32,7 +32,7 @@ use crate::fleet::merge::{Condition, Status, condition, merge};
 use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
 use crate::fleet::state::{FleetState, MemberEvent};
 use crate::k8s::mcs::{LABEL_SERVICE_NAME, discover_mcs, mcs_resource};
-use crate::k8s::watch::{Reporter, WatchHealth, scopes};
+use crate::k8s::watch::{Lists, Reporter, WatchHealth, scopes};
 use crate::model::{AddressFamily, ImportType, ServiceKey};
 
 /// Services reconciled at once (each writes to its members in turn). The
@@ -356,7 +356,9 @@ impl Syncer {
         // next leader's.
         let mut tasks = JoinSet::new();
         for (i, m) in self.members.iter().enumerate() {
-            member::spawn_watches(&mut tasks, i, m, &self.behaviour.namespaces, tx.clone());
+            // kube's default lists (paged, 500); `--list-mode` is serve's.
+            let lists = Lists::default();
+            member::spawn_watches(&mut tasks, i, m, &self.behaviour.namespaces, &lists, tx.clone());
             own::spawn(&mut tasks, i, m, &self.apis[i].import, &self.behaviour.namespaces, own_tx.clone());
         }
         drop(tx);

@@ -23,7 +23,7 @@ use super::state::{Change, Delta, ExportInfo, MemberEvent, ServiceInfo};
 use crate::k8s::client::{self, ClientError, Connection};
 use crate::k8s::mcs::{CLUSTER_ID_PROPERTY, cluster_property, discover_mcs};
 use crate::k8s::throttle::{Limits, ThrottleStats};
-use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, scopes};
+use crate::k8s::watch::{self, Lists, Reporter, Translate, WatchHealth, scopes};
 use crate::model::{ClusterId, ServiceKey, SliceKey};
 
 /// A member as configured: `--cluster NAME=KUBECONFIG`.
@@ -185,14 +185,15 @@ pub async fn follow_ids(members: Vec<Member>, out: tokio::sync::watch::Sender<Ve
 }
 
 /// Starts the three watches of member `index` in every scope (see
-/// [`scopes`]) in `tasks` (they end with whoever owns the set), sending to
-/// `events`. The member's health list has three entries per scope, in that
+/// [`scopes`]) in `tasks` (they end with whoever owns the set), listing as
+/// `lists` says, sending to `events`. The member's health list has three entries per scope, in that
 /// order.
 pub fn spawn_watches(
     tasks: &mut JoinSet<()>,
     index: usize,
     member: &Member,
     namespaces: &[String],
+    lists: &Lists,
     events: mpsc::Sender<MemberEvent>,
 ) {
     for (s, scope) in scopes(namespaces).into_iter().enumerate() {
@@ -204,11 +205,12 @@ pub fn spawn_watches(
             events.clone(),
             health(0),
         );
+        let lists_ = lists.clone();
         tasks.spawn(async move {
             let mut reporter = Reporter::new(h);
             let resource = discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
             let api: Api<DynamicObject> = watch::scoped_with(client, exports.scope.as_deref(), &resource);
-            watch::relist(api, watcher::Config::default(), reporter, exports, events_).await;
+            watch::relist(api, watcher::Config::default(), &lists_, reporter, exports, events_).await;
         });
         let (services, client, events_, h) = (
             ToFleet::new(index, member, &scope, service_entry, Change::Services),
@@ -216,9 +218,11 @@ pub fn spawn_watches(
             events.clone(),
             health(1),
         );
+        let lists_ = lists.clone();
         tasks.spawn(async move {
             let api: Api<Service> = watch::scoped(client, services.scope.as_deref());
-            watch::relist(api, watcher::Config::default(), Reporter::new(h), services, events_).await;
+            watch::relist(api, watcher::Config::default(), &lists_, Reporter::new(h), services, events_)
+                .await;
         });
         let (slices, client, events_, h) = (
             ToFleet::new(index, member, &scope, slice_entry, Change::Slices),
@@ -226,10 +230,11 @@ pub fn spawn_watches(
             events.clone(),
             health(2),
         );
+        let lists_ = lists.clone();
         tasks.spawn(async move {
             let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
             let api: Api<EndpointSlice> = watch::scoped(client, slices.scope.as_deref());
-            watch::relist(api, cfg, Reporter::new(h), slices, events_).await;
+            watch::relist(api, cfg, &lists_, Reporter::new(h), slices, events_).await;
         });
     }
 }

@@ -11,10 +11,34 @@
 //!
 //! What a watch sends is its consumer's business ([`Translate`]); this
 //! module knows nothing of the store or the fleet.
+//!
+//! How a watch gets its complete list is [`Lists`] (`--list-mode`,
+//! `--list-page-size`): list requests in pages, or a streaming list
+//! (KEP-3157: a watch with `sendInitialEvents=true` whose initial objects
+//! come from the API server's watch cache as events, ended by a bookmark
+//! annotated `k8s.io/initial-events-end`). The API server's `WatchList`
+//! feature gate allows streaming lists; its default (k8s.io/apiserver
+//! `pkg/features/kube_features.go`, read at v0.33.13 and v0.34.2): alpha,
+//! off, from 1.27; beta, on, in 1.32; beta, off again, in 1.33 ("the json
+//! and proto streaming encoders appear to work better"); beta, on, from
+//! 1.34. Where the gate is off, the API server refuses the watch with 422
+//! Invalid, "sendInitialEvents is forbidden for watch unless the WatchList
+//! feature gate is enabled" (apimachinery
+//! `pkg/apis/meta/internalversion/validation`, v0.33.13); servers before
+//! 1.27 refuse it with 422 too ("resourceVersionMatch is forbidden for
+//! watch"). So a 422 at the start of a streaming list means "not here", and
+//! [`ListMode::Auto`] lists in pages from then on.
+//!
+//! kube-runtime 5.0 starts a streaming list at `resourceVersion=0`: the
+//! objects are the watch cache's as it stands, which on an API server
+//! lagging behind etcd may be a little old, where a paged list is a
+//! consistent read. The watch goes on from there, so the served data
+//! converges either way; only the first moment differs.
 
 use std::fmt::Debug;
+use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt, Stream, StreamExt};
@@ -25,6 +49,9 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
+
+/// The flag that chooses how watches list, for messages.
+const LIST_MODE_FLAG: &str = "--list-mode";
 
 /// How a failing watch is reported again while it stays down.
 const STALE_LOG_EVERY: Duration = Duration::from_secs(30);
@@ -124,6 +151,142 @@ impl Reporter {
     }
 }
 
+/// How watches get their complete lists (`--list-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListMode {
+    /// Streaming lists where the API server allows them; where it refuses
+    /// the first one, lists in pages from then on, with one warning.
+    Auto,
+    /// Streaming lists only: where the API server refuses them the watches
+    /// fail (and say so, naming the flag) until it allows them.
+    Stream,
+    /// List requests, in pages of `--list-page-size` objects.
+    Paged,
+}
+
+impl ListMode {
+    /// The modes by name, as the flag takes them.
+    pub const NAMES: &[(&str, Self)] =
+        &[("auto", Self::Auto), ("stream", Self::Stream), ("paged", Self::Paged)];
+
+    /// Parses a `--list-mode` value.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::NAMES.iter().find(|(name, _)| *name == s).map(|&(_, mode)| mode).ok_or_else(|| {
+            let names: Vec<&str> = Self::NAMES.iter().map(|(name, _)| *name).collect();
+            format!("{s:?} is not one of {}", names.join(", "))
+        })
+    }
+}
+
+/// How the watches of one API server list: the mode and page size, and in
+/// [`ListMode::Auto`] whether the server refused a streaming list, shared
+/// by every clone so that one refusal switches them all (and warns once).
+#[derive(Debug, Clone)]
+pub struct Lists {
+    mode: ListMode,
+    page_size: Option<NonZeroU32>,
+    refused: Arc<AtomicBool>,
+}
+
+impl Default for Lists {
+    /// kube's default: paged, 500 objects a page.
+    fn default() -> Self {
+        Self::new(ListMode::Paged, NonZeroU32::new(500))
+    }
+}
+
+impl Lists {
+    /// Lists in `mode`; `page_size` objects per request when paged (`None`:
+    /// one request for all).
+    pub fn new(mode: ListMode, page_size: Option<NonZeroU32>) -> Self {
+        Self { mode, page_size, refused: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// The same mode and page size for the watches of another API server,
+    /// which may allow streaming lists where this one refused them.
+    pub fn for_another_server(&self) -> Self {
+        Self::new(self.mode, self.page_size)
+    }
+
+    /// The mode as configured.
+    pub fn mode(&self) -> ListMode {
+        self.mode
+    }
+
+    /// Objects per list request when paged.
+    pub fn page_size(&self) -> Option<NonZeroU32> {
+        self.page_size
+    }
+
+    /// Whether the next list is a streaming list.
+    fn streaming(&self) -> bool {
+        match self.mode {
+            ListMode::Stream => true,
+            ListMode::Auto => !self.refused.load(Ordering::Relaxed),
+            ListMode::Paged => false,
+        }
+    }
+
+    /// `config` (selectors) set up for a streaming list or a paged one.
+    fn config(&self, config: &watcher::Config, streaming: bool) -> watcher::Config {
+        let config = watcher::Config { page_size: self.page_size.map(NonZeroU32::get), ..config.clone() };
+        if streaming { config.streaming_lists() } else { config }
+    }
+
+    /// What `error` means in this mode when a watch that tried a streaming
+    /// list failed with it before it had listed. (Whether it tried is the
+    /// caller's: another watch's refusal may have switched the mode since.)
+    fn refusal(&self, error: &watcher::Error) -> Refusal {
+        match error {
+            watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 422 => {
+                self.refused(&status.message)
+            }
+            _ => Refusal::None,
+        }
+    }
+
+    /// What a streaming list that the API server ended before its end
+    /// bookmark (`k8s.io/initial-events-end`) means in this mode. kube's
+    /// watcher starts such a list again by itself, silently; a server that
+    /// takes the parameters but never ends the list would keep the watch
+    /// from ever being ready.
+    fn unfinished(&self) -> Refusal {
+        self.refused("it ended a streaming list without the bookmark that marks the end of its objects")
+    }
+
+    /// The API server refused a streaming list because of `why`.
+    fn refused(&self, why: &str) -> Refusal {
+        match self.mode {
+            ListMode::Auto => {
+                if !self.refused.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        reason = %why,
+                        "the API server refuses streaming lists (its WatchList feature gate is off, or it \
+                         predates Kubernetes 1.27); listing in pages of --list-page-size from now on \
+                         ({LIST_MODE_FLAG} paged says so and skips the attempt)"
+                    );
+                }
+                Refusal::FallBack
+            }
+            ListMode::Stream | ListMode::Paged => Refusal::Failed(format!(
+                "the API server refuses streaming lists ({why}): enable its WatchList feature gate, \
+                 or use {LIST_MODE_FLAG} auto or paged"
+            )),
+        }
+    }
+}
+
+/// What a failure of a streaming list before its end means.
+#[derive(Debug, PartialEq)]
+enum Refusal {
+    /// Not a refusal: an error like any other.
+    None,
+    /// Refused; the next attempt lists in pages.
+    FallBack,
+    /// Refused and the mode insists: report this and retry as usual.
+    Failed(String),
+}
+
 /// The scopes watches run in: each namespace, or all namespaces at once.
 pub fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
     if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() }
@@ -172,10 +335,12 @@ pub trait Translate<K>: Send {
 }
 
 /// Runs one watch until `out`'s receiver is gone, restarting it with a
-/// complete list (after a backoff) after every error.
+/// complete list (after a backoff) after every error. `config` gives the
+/// selectors; `lists` how to list.
 pub async fn relist<K, T>(
     api: Api<K>,
     config: watcher::Config,
+    lists: &Lists,
     mut reporter: Reporter,
     translate: T,
     out: mpsc::Sender<T::Message>,
@@ -185,13 +350,16 @@ pub async fn relist<K, T>(
 {
     let mut backoff = BACKOFF_MIN;
     loop {
-        let stream = watcher::watcher(api.clone(), config.clone());
+        let streaming = lists.streaming();
+        let stream = watcher::watcher(api.clone(), lists.config(&config, streaming));
         // A panic while translating an object (a bug, never an input we
         // expect) is a watch failure like any other: reported, then a
         // relist after the backoff. Whoever spawned the watch never sees
         // it die.
         let run =
-            std::panic::AssertUnwindSafe(pump(stream, &mut reporter, &translate, &out)).catch_unwind().await;
+            std::panic::AssertUnwindSafe(pump(stream, (lists, streaming), &mut reporter, &translate, &out))
+                .catch_unwind()
+                .await;
         let end = run.unwrap_or_else(|payload| {
             let message = payload
                 .downcast_ref::<&str>()
@@ -203,6 +371,8 @@ pub async fn relist<K, T>(
         });
         match end {
             End::Closed => return,
+            // Refused a streaming list: list in pages at once.
+            End::FallBack => {}
             End::Failed { listed } => {
                 if listed {
                     backoff = BACKOFF_MIN;
@@ -220,11 +390,15 @@ enum End {
     Closed,
     /// The watch failed; `listed` when it had completed a list first.
     Failed { listed: bool },
+    /// The API server refused a streaming list; the next list is paged.
+    FallBack,
 }
 
-/// Turns watch events into messages until the watch fails.
+/// Turns watch events into messages until the watch fails; `streaming`
+/// when its list is a streaming one.
 async fn pump<K, S, T>(
     stream: S,
+    (lists, streaming): (&Lists, bool),
     reporter: &mut Reporter,
     translate: &T,
     out: &mpsc::Sender<T::Message>,
@@ -236,13 +410,33 @@ where
     let mut stream = std::pin::pin!(stream);
     let mut buffer = Vec::new();
     let mut listed = false;
+    // Whether a list began (`Init`) and has not ended (`InitDone`).
+    let mut started = false;
+    let how = if streaming { "streamed" } else { "paged" };
     while let Some(event) = stream.next().await {
         let (message, complete) = match event {
             Err(e) => {
-                reporter.failed(&e.to_string());
+                // Only the first watch of a streaming list asks for its
+                // initial events; a refusal can come before the list only.
+                let refusal = if streaming && !listed { lists.refusal(&e) } else { Refusal::None };
+                match refusal {
+                    Refusal::FallBack => return End::FallBack,
+                    Refusal::Failed(why) => reporter.failed(&why),
+                    Refusal::None => reporter.failed(&e.to_string()),
+                }
                 return End::Failed { listed };
             }
             Ok(Event::Init) => {
+                if started && streaming {
+                    // A second start: the streaming list ended unfinished.
+                    match lists.unfinished() {
+                        Refusal::FallBack => return End::FallBack,
+                        Refusal::Failed(why) => reporter.failed(&why),
+                        Refusal::None => {}
+                    }
+                    return End::Failed { listed };
+                }
+                started = true;
                 buffer.clear();
                 continue;
             }
@@ -251,8 +445,9 @@ where
                 continue;
             }
             Ok(Event::InitDone) => {
+                started = false;
                 let items = std::mem::take(&mut buffer);
-                info!(watch = %reporter.name(), objects = items.len(), "watch listed");
+                info!(watch = %reporter.name(), objects = items.len(), list = how, "watch listed");
                 listed = true;
                 (translate.listed(items), true)
             }
@@ -275,4 +470,163 @@ where
     }
     // A watcher stream does not end by itself; treat it as a failure.
     End::Failed { listed }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    /// Objects are strings; a list sends them all, a change sends itself.
+    struct Strings;
+
+    impl Translate<String> for Strings {
+        type Item = String;
+        type Message = String;
+        fn item(&self, object: &String) -> Option<String> {
+            Some(object.clone())
+        }
+        fn listed(&self, items: Vec<String>) -> String {
+            format!("listed {}", items.join(","))
+        }
+        fn applied(&self, object: &String) -> Option<String> {
+            Some(format!("applied {object}"))
+        }
+        fn deleted(&self, object: &String) -> Option<String> {
+            Some(format!("deleted {object}"))
+        }
+    }
+
+    fn refused() -> watcher::Error {
+        let status = Status::failure(
+            "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            "Invalid",
+        )
+        .with_code(422);
+        watcher::Error::WatchStartFailed(kube::Error::Api(status.boxed()))
+    }
+
+    /// Runs `pump` over `events` as a streaming list (or not) in `lists`;
+    /// how it ended, the messages sent and the watch's error count.
+    fn run(
+        lists: &Lists,
+        streaming: bool,
+        events: Vec<Result<Event<String>, watcher::Error>>,
+    ) -> (String, Vec<String>, u64) {
+        let health = Arc::new(WatchHealth::new("test".to_owned()));
+        let mut reporter = Reporter::new(health.clone());
+        let (tx, mut rx) = mpsc::channel(16);
+        let stream = futures::stream::iter(events).chain(futures::stream::pending());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let end = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_millis(300),
+                pump(stream, (lists, streaming), &mut reporter, &Strings, &tx),
+            )
+            .await
+        });
+        // Still pumping when the events have run out: running.
+        let end = end.map_or_else(|_| "running".to_owned(), |end| name(&end));
+        drop(tx);
+        let mut sent = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            sent.push(m);
+        }
+        (end, sent, health.errors())
+    }
+
+    fn name(end: &End) -> String {
+        match end {
+            End::Closed => "closed".to_owned(),
+            End::FallBack => "fall back".to_owned(),
+            End::Failed { listed } => format!("failed, listed {listed}"),
+        }
+    }
+
+    #[test]
+    fn list_modes_parse_by_name_only() {
+        assert_eq!(ListMode::parse("auto"), Ok(ListMode::Auto));
+        assert_eq!(ListMode::parse("stream"), Ok(ListMode::Stream));
+        assert_eq!(ListMode::parse("paged"), Ok(ListMode::Paged));
+        assert!(ListMode::parse("streaming").unwrap_err().contains("auto, stream, paged"));
+    }
+
+    #[test]
+    fn auto_falls_back_to_pages_for_every_watch_after_one_refused_stream() {
+        let lists = Lists::new(ListMode::Auto, NonZeroU32::new(500));
+        let other = lists.clone();
+        assert!(lists.streaming() && other.streaming());
+        let (end, sent, errors) = run(&lists, true, vec![Err(refused())]);
+        assert_eq!(end, "fall back");
+        assert!(sent.is_empty());
+        assert_eq!(errors, 0, "a refusal in auto mode is no watch failure");
+        assert!(!lists.streaming() && !other.streaming(), "one refusal switches every clone");
+        let config = other.config(&watcher::Config::default(), other.streaming());
+        assert_eq!(config.initial_list_strategy, watcher::InitialListStrategy::ListWatch);
+        assert_eq!(config.page_size, Some(500));
+        // A watch that had asked for a stream before the switch falls back too.
+        assert_eq!(run(&other, true, vec![Err(refused())]).0, "fall back");
+    }
+
+    #[test]
+    fn stream_mode_fails_on_a_refused_stream_and_keeps_streaming() {
+        let lists = Lists::new(ListMode::Stream, None);
+        let (end, _, errors) = run(&lists, true, vec![Err(refused())]);
+        assert_eq!(end, "failed, listed false");
+        assert_eq!(errors, 1);
+        assert!(lists.streaming());
+        let config = lists.config(&watcher::Config::default().labels("a"), true);
+        assert_eq!(config.initial_list_strategy, watcher::InitialListStrategy::StreamingList);
+        assert_eq!(config.label_selector.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_paged_list_refused_with_422_is_an_error_like_any_other() {
+        let lists = Lists::new(ListMode::Auto, None);
+        let (end, _, errors) = run(&lists, false, vec![Err(refused())]);
+        assert_eq!(end, "failed, listed false");
+        assert_eq!(errors, 1);
+        assert!(lists.streaming(), "only a refused stream switches auto mode");
+    }
+
+    #[test]
+    fn a_streaming_list_that_starts_again_unfinished_counts_as_refused() {
+        let events = || {
+            vec![
+                Ok(Event::Init),
+                Ok(Event::InitApply("a".to_owned())),
+                // kube's watcher restarts a stream that ended before its
+                // end bookmark: a second start, without an end between.
+                Ok(Event::Init),
+                Ok(Event::InitApply("a".to_owned())),
+            ]
+        };
+        let auto = Lists::new(ListMode::Auto, None);
+        assert_eq!(run(&auto, true, events()).0, "fall back");
+        assert!(!auto.streaming());
+        let stream = Lists::new(ListMode::Stream, None);
+        let (end, sent, errors) = run(&stream, true, events());
+        assert_eq!((end.as_str(), sent.len(), errors), ("failed, listed false", 0, 1));
+    }
+
+    #[test]
+    fn a_finished_stream_then_changes_and_a_relist_are_sent_in_order() {
+        let lists = Lists::new(ListMode::Stream, None);
+        let events = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply("a".to_owned())),
+            Ok(Event::InitApply("b".to_owned())),
+            Ok(Event::InitDone),
+            Ok(Event::Apply("c".to_owned())),
+            Ok(Event::Delete("a".to_owned())),
+            // A relist after a 410 Gone starts a list again: not a refusal.
+            Ok(Event::Init),
+            Ok(Event::InitApply("b".to_owned())),
+            Ok(Event::InitDone),
+        ];
+        let (end, sent, errors) = run(&lists, true, events);
+        assert_eq!(end, "running");
+        assert_eq!(sent, ["listed a,b", "applied c", "deleted a", "listed b"]);
+        assert_eq!(errors, 0);
+    }
 }

@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use crate::fleet::member::{self, Member};
 use crate::fleet::merge::merge;
 use crate::fleet::state::{FleetState, MemberEvent};
+use crate::k8s::watch::Lists;
 use crate::model::{ClusterId, ImportType, Port, ServiceImport, ServiceKey};
 use crate::store::{Object, ObjectId, SourceId, Update};
 
@@ -34,6 +35,7 @@ pub const FIRST_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// and `liveness` follows the new id.
 pub async fn run(
     members: Vec<Member>,
+    lists: Lists,
     source: SourceId,
     updates: mpsc::Sender<Update>,
     liveness: Arc<Liveness>,
@@ -43,7 +45,9 @@ pub async fn run(
     let mut follow = tokio::task::JoinSet::new();
     follow.spawn(member::follow_ids(members.clone(), ids_tx));
     let mut members = members;
-    while let Some(now) = fleet(&members, source, &updates, &mut ids).await {
+    // Each member's API server allows streaming lists or not by itself.
+    let lists: Vec<Lists> = members.iter().map(|_| lists.for_another_server()).collect();
+    while let Some(now) = fleet(&members, &lists, source, &updates, &mut ids).await {
         for (i, (m, id)) in members.iter_mut().zip(now).enumerate() {
             if m.cluster == id {
                 continue;
@@ -80,6 +84,7 @@ pub async fn run(
 /// new ids).
 async fn fleet(
     members: &[Member],
+    lists: &[Lists],
     source: SourceId,
     updates: &mpsc::Sender<Update>,
     ids: &mut tokio::sync::watch::Receiver<Vec<ClusterId>>,
@@ -87,8 +92,8 @@ async fn fleet(
     let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
     // The watches live as long as this listing.
     let mut watches = tokio::task::JoinSet::new();
-    for (i, m) in members.iter().enumerate() {
-        member::spawn_watches(&mut watches, i, m, &[], tx.clone());
+    for (i, (m, lists)) in members.iter().zip(lists).enumerate() {
+        member::spawn_watches(&mut watches, i, m, &[], lists, tx.clone());
     }
     drop(tx);
     let mut state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), 1);

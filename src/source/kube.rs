@@ -44,9 +44,10 @@ pub struct KubeSource {
     pub namespaces: Vec<String>,
     /// Which fleet managers' shapes are watched too (`--interop`).
     pub interop: Interop,
-    /// Objects per list request; `None`: one request for all
-    /// (`--list-page-size`).
-    pub page_size: Option<std::num::NonZeroU32>,
+    /// How the watches list (`--list-mode`, `--list-page-size`); one
+    /// value for all of them, so that a refused streaming list switches
+    /// them all to pages.
+    pub lists: watch::Lists,
 }
 
 /// One planned watch.
@@ -59,7 +60,7 @@ pub struct Watch {
     kind: Kind,
     namespace: Option<String>,
     interop: Interop,
-    page_size: Option<std::num::NonZeroU32>,
+    lists: watch::Lists,
 }
 
 #[derive(Clone, Copy)]
@@ -93,7 +94,7 @@ pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
                 kind,
                 namespace: ns.clone(),
                 interop: src.interop,
-                page_size: src.page_size,
+                lists: src.lists.clone(),
             });
         }
     }
@@ -105,14 +106,14 @@ pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
 pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
     let mut reporter = Reporter::new(watch.health.clone());
     let scope = watch.namespace.as_deref();
-    let base =
-        watcher::Config { page_size: watch.page_size.map(std::num::NonZeroU32::get), ..Default::default() };
+    let base = watcher::Config::default();
+    let lists = &watch.lists;
     match watch.kind {
         Kind::EndpointSlice => {
             let api: Api<EndpointSlice> = watch::scoped(client, scope);
             let cfg = base.labels(LABEL_SERVICE_NAME);
             let to_store = watch.to_store(slice_object, slice_id);
-            watch::relist(api, cfg, reporter, to_store, updates).await;
+            watch::relist(api, cfg, lists, reporter, to_store, updates).await;
         }
         Kind::ForeignSlice => {
             let api: Api<EndpointSlice> = watch::scoped(client, scope);
@@ -125,18 +126,18 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
             };
             let cfg = base.labels(&format!("{wanted},!{LABEL_SERVICE_NAME}"));
             let to_store = watch.to_store(foreign_slice_object, slice_id);
-            watch::relist(api, cfg, reporter, to_store, updates).await;
+            watch::relist(api, cfg, lists, reporter, to_store, updates).await;
         }
         Kind::Service => {
             let api: Api<Service> = watch::scoped(client, scope);
             let to_store = watch.to_store(service_object, service_id);
-            watch::relist(api, base, reporter, to_store, updates).await;
+            watch::relist(api, base, lists, reporter, to_store, updates).await;
         }
         Kind::ServiceImport => {
             let resource = discover_mcs(&client, "ServiceImport", "serviceimports", &mut reporter).await;
             let api: Api<DynamicObject> = watch::scoped_with(client, scope, &resource);
             let to_store = watch.to_store(import_object, import_id);
-            watch::relist(api, base, reporter, to_store, updates).await;
+            watch::relist(api, base, lists, reporter, to_store, updates).await;
         }
     }
 }

@@ -25,6 +25,7 @@ mod hostile;
 mod image;
 mod incumbent;
 mod interop;
+mod list_mode;
 mod metrics;
 mod monitoring;
 mod policy;
