@@ -186,8 +186,8 @@ pub async fn follow_ids(members: Vec<Member>, out: tokio::sync::watch::Sender<Ve
 
 /// Starts the three watches of member `index` in every scope (see
 /// [`scopes`]) in `tasks` (they end with whoever owns the set), listing as
-/// `lists` says, sending to `events`. The member's health list has three entries per scope, in that
-/// order.
+/// `lists` says, sending to `events`. The member's health list has three
+/// entries per scope, in that order.
 pub fn spawn_watches(
     tasks: &mut JoinSet<()>,
     index: usize,

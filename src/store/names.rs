@@ -83,28 +83,36 @@ impl Drafts {
         let mut key = std::mem::take(&mut self.scratch);
         key.clear();
         write_prefix_key(labels, &mut key);
-        if !self.nodes.contains_key(&key[..]) {
-            // Checked first: when the name fits, so does each ancestor.
-            let name = child(labels, &self.base)?;
-            // An ancestor's key is a suffix of the key. Ancestors are always
-            // created with their descendants, so the nearest one that exists
-            // ends the walk.
-            let mut at = 0;
-            for skip in 1..labels.len() {
-                at += usize::from(key[at]) + 1;
-                if self.nodes.contains_key(&key[at..]) {
-                    break;
-                }
-                let ent = child(&labels[skip..], &self.base)?;
-                self.nodes.insert(key[at..].into(), (ent, Draft::default()));
-            }
-            self.nodes.insert(key[..].into(), (name, Draft::default()));
-        }
-        let found = self.nodes.get_key_value(&key[..]).map(|(k, _)| k.clone());
+        let found = match self.nodes.get_key_value(&key[..]) {
+            Some((known, _)) => Some(known.clone()),
+            None => self.create(labels, &key),
+        };
         self.scratch = key;
         let key = found?;
         let draft = &mut self.nodes.get_mut(&key[..])?.1;
         Some((key, draft))
+    }
+
+    /// Creates the name `labels` (whose key is `key`) and every missing
+    /// ancestor; its key, or `None` when the name would be too long.
+    fn create(&mut self, labels: &[&str], key: &[u8]) -> Option<Key> {
+        // Checked first: when the name fits, so does each ancestor.
+        let name = child(labels, &self.base)?;
+        // An ancestor's key is a suffix of the key. Ancestors are always
+        // created with their descendants, so the nearest one that exists
+        // ends the walk.
+        let mut at = 0;
+        for skip in 1..labels.len() {
+            at += usize::from(key[at]) + 1;
+            if self.nodes.contains_key(&key[at..]) {
+                break;
+            }
+            let ent = child(&labels[skip..], &self.base)?;
+            self.nodes.insert(key[at..].into(), (ent, Draft::default()));
+        }
+        let key: Key = key.into();
+        self.nodes.insert(key.clone(), (name, Draft::default()));
+        Some(key)
     }
 
     /// Every name, the service name first: a `_<port>._<proto>` name shares
@@ -169,12 +177,12 @@ pub(crate) fn service_names(
     // An endpoint name has addresses and nothing else: it is answered from
     // `hosts` at query time instead of being encoded here (see `hosts`).
     let is_host = |key: &Key, draft: &Draft| !key.is_empty() && draft.srv.is_empty() && !draft.a.is_empty();
+    let name_of = |key: &[u8]| d.nodes.get(key).map(|(name, _)| name.clone());
+    let targets = Targets { addrs: &d.targets, name_of: &name_of };
     let mut names: FxHashMap<Box<[u8]>, NameNode> = d
         .in_order()
         .filter(|(key, (_, draft))| !is_host(key, draft))
         .filter_map(|(key, (owner, draft))| {
-            let name_of = |key: &[u8]| d.nodes.get(key).map(|(name, _)| name.clone());
-            let targets = Targets { addrs: &d.targets, name_of: &name_of };
             let node = encode_node(owner, draft, ttl, targets, (key.is_empty(), &mut srv_answers));
             if node.is_none() {
                 warn!(service = %import.key, name = %owner, "cannot encode name; leaving it out");
