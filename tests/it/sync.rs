@@ -411,7 +411,11 @@ fn a_leader_paused_past_its_lease_stops_every_task_once_it_knows() {
     let quiet = watches(&clusters, 0);
     let first = syncing(&clusters, ns, &["--lease-duration", "5", "--identity", "first"]);
     eventually("first leads", || first.leading());
-    let second = syncing(&clusters, ns, &["--lease-duration", "5", "--identity", "second"]);
+    // The second takes over once the first's 5 s Lease runs out, and holds
+    // it for 30 s at a time: on a starved machine a missed renewal of its
+    // own would otherwise hand the Lease back to the first, whose writes
+    // would then be right and fail the check below.
+    let second = syncing(&clusters, ns, &["--lease-duration", "30", "--identity", "second"]);
     let export = |i: usize| {
         rt.block_on(async {
             let name = format!("svc-{i}");
@@ -465,18 +469,23 @@ fn a_leader_paused_past_its_lease_stops_every_task_once_it_knows() {
     rt.block_on(async {
         let slices: Api<EndpointSlice> = Api::namespaced(clusters.client(0).await, ns);
         let ours = slices.list_metadata(&ListParams::default().labels(OURS)).await.expect("list");
-        let name = ours.items[0].metadata.name.clone().expect("name");
+        // Not svc-0's: the new leader is deleting that one meanwhile.
+        let name = ours
+            .items
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .find(|n| n.starts_with("svc-1-"))
+            .expect("svc-1's slice");
         slices.delete(&name, &Default::default()).await.expect("delete slice");
     });
     eventually("second synced 7 services", || rt.block_on(r[0].ours()) == (7, 7, 7));
     std::thread::sleep(Duration::from_secs(3));
     assert!(writes(&second) > 0.0, "the new leader wrote the changes");
+    assert!(second.leading(), "the second still leads:\n{}", second.log());
     assert_eq!(writes(&first), at_loss, "the old leader wrote after it lost the Lease:\n{}", first.log());
-    // (No check that the second still leads here: on a starved machine it
-    // may itself miss a renewal and step down, legitimately, as CI showed.
-    // That it took over was checked above; that the first wrote nothing
-    // after its loss, just now.)
-    assert_eq!(watches(&clusters, 0), leading, "one leader's watches");
+    // A watch the second re-opens meanwhile is counted twice for a moment.
+    let one = within(Duration::from_secs(10), || watches(&clusters, 0) == leading);
+    assert!(one, "{} watches open, {leading} with one leader", watches(&clusters, 0));
 }
 
 #[test]
