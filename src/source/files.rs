@@ -222,22 +222,53 @@ impl FileSource {
     }
 }
 
+/// The pieces a file's bytes are digested in: [`digest`] and
+/// [`digest_of_file`] feed the hasher the same pieces, so their digests of
+/// the same bytes agree.
+const PIECE: usize = 256 * 1024;
+
+/// A digest of a file's bytes, to skip re-reading a file that did not change.
+/// foldhash's quality hasher with a fixed seed: several times faster than
+/// std's SipHash over a large file (a serial step at start-up; 2.5 % of its
+/// instructions at 10,000 services). Not a cryptographic digest, and it
+/// need not be: the file is the operator's own, nobody picks its versions
+/// to collide.
 fn digest(bytes: &[u8]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    h.write(bytes);
+    let mut h = digester();
+    for piece in bytes.chunks(PIECE) {
+        h.write(piece);
+    }
     h.finish()
+}
+
+fn digester() -> impl Hasher {
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0x636c_7573_7465_7273).build_hasher()
 }
 
 /// [`digest`] of a file's bytes, read in pieces.
 fn digest_of_file(path: &Path) -> io::Result<u64> {
     use std::io::Read;
     let mut file = std::fs::File::open(path)?;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut buf = vec![0; 256 * 1024];
+    let mut h = digester();
+    let mut buf = vec![0; PIECE];
     loop {
-        match file.read(&mut buf)? {
-            0 => return Ok(h.finish()),
-            n => h.write(&buf[..n]),
+        // Whole pieces, as `digest` cuts them: a read may return fewer bytes.
+        let mut n = 0;
+        while n < PIECE {
+            match file.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if n == 0 {
+            return Ok(h.finish());
+        }
+        h.write(&buf[..n]);
+        if n < PIECE {
+            return Ok(h.finish());
         }
     }
 }
