@@ -251,22 +251,15 @@ fn digest_of_file(path: &Path) -> io::Result<u64> {
     use std::io::Read;
     let mut file = std::fs::File::open(path)?;
     let mut h = digester();
-    let mut buf = vec![0; PIECE];
+    let mut buf = Vec::with_capacity(PIECE);
     loop {
-        // Whole pieces, as `digest` cuts them: a read may return fewer bytes.
-        let mut n = 0;
-        while n < PIECE {
-            match file.read(&mut buf[n..]) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        // Whole pieces, as `digest` cuts them (a single read may return
+        // fewer bytes; `take` + `read_to_end` fills the piece).
+        buf.clear();
+        let n = (&mut file).take(PIECE as u64).read_to_end(&mut buf)?;
+        if n > 0 {
+            h.write(&buf);
         }
-        if n == 0 {
-            return Ok(h.finish());
-        }
-        h.write(&buf[..n]);
         if n < PIECE {
             return Ok(h.finish());
         }
