@@ -10,10 +10,11 @@
 //! `FOOTPRINT_SERVICES=N` for one other size). Without `--bench` (how
 //! `cargo test --benches` runs bench targets) it checks 1,000 services.
 // A counting allocator wrapper needs `unsafe impl GlobalAlloc`; it only
-// counts and forwards to the system allocator.
+// counts and forwards to the server's allocator (mimalloc), so the resident
+// memory it reports beside the counted bytes is what `serve` would hold.
 #![allow(unsafe_code, clippy::print_stdout)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -22,8 +23,10 @@ use clusterset_dns::model::{
     AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport,
     ServiceKey, SliceKey, SliceOrigin,
 };
+use clusterset_dns::ops::memory::resident_bytes;
 use clusterset_dns::store::{self, Object, SourceId, Update, ZoneConfig};
 use hickory_proto::rr::Name;
+use mimalloc::MiMalloc;
 
 /// Live heap bytes and the most they reached since the last reset.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -36,18 +39,18 @@ fn grew(by: usize) {
     PEAK.fetch_max(now, Ordering::Relaxed);
 }
 
-// SAFETY: forwards every call unchanged to `System`; the counters are
+// SAFETY: forwards every call unchanged to `MiMalloc`; the counters are
 // atomics, which never allocate.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         grew(layout.size());
         // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
+        unsafe { MiMalloc.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { MiMalloc.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if new_size >= layout.size() {
@@ -56,7 +59,7 @@ unsafe impl GlobalAlloc for Counting {
             LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
         }
         // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { MiMalloc.realloc(ptr, layout, new_size) }
     }
 }
 
@@ -130,6 +133,9 @@ struct Figures {
     services: usize,
     objects_bytes: usize,
     model_and_snapshot: usize,
+    /// Resident bytes the model and snapshot added to the process: the
+    /// counted bytes plus the allocator's size classes and part-used pages.
+    resident: u64,
     snapshot: usize,
     peak_build: usize,
     build: Duration,
@@ -143,6 +149,7 @@ fn measure(services: usize, publishes: usize) -> Figures {
         store::AnswerConfig::standard(),
     ));
     let empty = live();
+    let resident_empty = resident_bytes().unwrap_or(0);
     let objects = fleet(services);
     let objects_bytes = live() - empty;
     reset_peak();
@@ -152,6 +159,7 @@ fn measure(services: usize, publishes: usize) -> Figures {
     let build = t.elapsed();
     let peak_build = PEAK.load(Ordering::Relaxed) - empty;
     let model_and_snapshot = live() - empty;
+    let resident = resident_bytes().unwrap_or(0).saturating_sub(resident_empty);
 
     // One headless service's slice in one cluster changes, back and forth.
     let headless = (0..services).step_by(10).nth(services / 20).unwrap_or(0);
@@ -171,7 +179,17 @@ fn measure(services: usize, publishes: usize) -> Figures {
     drop(writer);
     let snapshot = live() - empty;
     drop(snap);
-    Figures { services, objects_bytes, model_and_snapshot, snapshot, peak_build, build, publish_one, answers }
+    Figures {
+        services,
+        objects_bytes,
+        model_and_snapshot,
+        resident,
+        snapshot,
+        peak_build,
+        build,
+        publish_one,
+        answers,
+    }
 }
 
 fn per(bytes: usize, services: usize) -> String {
@@ -189,18 +207,19 @@ fn main() {
         "\n## footprint: heap bytes per service (every 10th headless, {CLUSTERS} clusters × {ENDPOINTS} endpoints)\n"
     );
     println!(
-        "| services | objects as the store takes them | writer model + snapshot | snapshot alone | peak while building | build (all CPUs) | publish one changed slice (median) |"
+        "| services | objects as the store takes them | writer model + snapshot | resident | snapshot alone | peak while building | build (all CPUs) | publish one changed slice (median) |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for services in sizes {
         let f = measure(services, if bench { 200 } else { 20 });
         assert!(f.answers, "the snapshot serves every service");
         println!(
-            "| {} | {} B | {} B ({:.0} MB) | {} B ({:.0} MB) | {:.0} MB | {:.2} s | {:.3} ms |",
+            "| {} | {} B | {} B ({:.0} MB) | {:.0} MB | {} B ({:.0} MB) | {:.0} MB | {:.2} s | {:.3} ms |",
             f.services,
             per(f.objects_bytes, f.services),
             per(f.model_and_snapshot, f.services),
             f.model_and_snapshot as f64 / 1e6,
+            f.resident as f64 / 1e6,
             per(f.snapshot, f.services),
             f.snapshot as f64 / 1e6,
             f.peak_build as f64 / 1e6,
