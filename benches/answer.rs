@@ -55,7 +55,8 @@ fn objects(ip_offset: u32) -> Vec<Object> {
                     .map(|e| Endpoint {
                         addresses: vec![IpAddr::from(std::net::Ipv4Addr::from(
                             0x0A40_0000 + (i as u32) * 16 + c * 4 + e,
-                        ))],
+                        ))]
+                        .into(),
                         hostname: None,
                         ready: true,
                         zone: None,

@@ -99,7 +99,7 @@ fn slice(i: usize, c: u32, moved: bool) -> Object {
         ports: vec![port],
         endpoints: (0..ENDPOINTS)
             .map(|e| Endpoint {
-                addresses: vec![IpAddr::V4(Ipv4Addr::from(base + e))],
+                addresses: vec![IpAddr::V4(Ipv4Addr::from(base + e))].into(),
                 hostname: None,
                 ready: true,
                 zone: None,

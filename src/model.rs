@@ -19,5 +19,6 @@ pub use policy::{
     AnswerOverrides, ClusterWeight, PolicyKind, parse_clusters, parse_weights,
 };
 pub use service::{
-    AddressFamily, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport, ServiceKey, SliceKey,
+    AddressFamily, Addresses, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport, ServiceKey,
+    SliceKey,
 };

@@ -336,13 +336,14 @@ mod tests {
                 let endpoints = (1..=per)
                     .map(|e| Endpoint {
                         addresses: vec![match family {
-                            AddressFamily::V4 => format!("10.{c}.1.{e}").parse().unwrap(),
+                            AddressFamily::V4 => format!("10.{c}.1.{e}").parse::<std::net::IpAddr>().unwrap(),
                             AddressFamily::V6 => format!("fd00:{c}::{e}").parse().unwrap(),
-                        }],
+                        }]
+                        .into(),
                         hostname: None,
                         ready: true,
-                        zone: Some(format!("z{c}")),
-                        target: Some(format!("Pod/ns/p{c}-{e}")),
+                        zone: Some(format!("z{c}").into()),
+                        target: Some(format!("Pod/ns/p{c}-{e}").into()),
                     })
                     .collect();
                 objects.push(Object::Slice(EndpointSet {

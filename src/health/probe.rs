@@ -278,7 +278,7 @@ mod tests {
                 endpoints: addrs
                     .iter()
                     .map(|a| Endpoint {
-                        addresses: vec![a.parse().unwrap()],
+                        addresses: vec![a.parse::<std::net::IpAddr>().unwrap()].into(),
                         hostname: None,
                         ready: true,
                         zone: None,

@@ -210,14 +210,18 @@ pub(super) fn endpoint_slice_of(
         // targetRef; that pairs its A and AAAA answers.
         let target = ep.target_ref.as_ref().and_then(|t| {
             let name = t.name.as_deref().filter(|n| !n.is_empty())?;
-            Some(format!(
-                "{}/{}/{}",
-                t.kind.as_deref().unwrap_or(""),
-                t.namespace.as_deref().unwrap_or(namespace),
-                name
-            ))
+            Some(
+                format!(
+                    "{}/{}/{}",
+                    t.kind.as_deref().unwrap_or(""),
+                    t.namespace.as_deref().unwrap_or(namespace),
+                    name
+                )
+                .into_boxed_str(),
+            )
         });
-        endpoints.push(Endpoint { addresses, hostname, ready, zone: ep.zone.clone(), target });
+        let zone = ep.zone.as_deref().map(Into::into);
+        endpoints.push(Endpoint { addresses: addresses.into(), hostname, ready, zone, target });
     }
     Ok(SliceOutcome::Endpoints(EndpointSet {
         slice: SliceKey { namespace: namespace.to_owned(), name: cx.name.to_owned() },

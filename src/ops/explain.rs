@@ -145,7 +145,7 @@ fn explain_balance(out: &mut String, b: &Balance, fam: usize, client: &Client) {
         let _ = writeln!(
             out,
             "  {:<28} cluster {:<12} zone {:<12} {:<9} tier {} weight {} [{}]",
-            e.name,
+            e.label(),
             c.name.as_str(),
             e.zone_name.as_deref().unwrap_or("-"),
             if b.healthy[i] { "healthy" } else { "UNHEALTHY" },

@@ -9,10 +9,9 @@
 //! an endpoint or a cluster down (`Update::EndpointHealth`,
 //! `Update::ClusterLiveness`) builds a new `Balance` and re-encodes nothing.
 
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::model::{ClusterId, ClusterWeight, PolicyKind, ServiceKey};
+use crate::model::{Addresses, ClusterId, ClusterWeight, PolicyKind, ServiceKey};
 
 /// One cluster of a balanced service.
 #[derive(Debug, Clone)]
@@ -41,12 +40,25 @@ pub struct EndpointMeta {
     pub zone: Option<u16>,
     /// Its records per family (0 = A, 1 = AAAA): first index, count.
     pub records: [(u32, u16); 2],
-    /// What identifies it (targetRef, hostname or address), for explain.
-    pub name: Box<str>,
+    /// What identifies it (targetRef or hostname), for explain; none when
+    /// its address does, the common case, which then costs no allocation
+    /// (see [`EndpointMeta::label`]).
+    pub name: Option<Box<str>>,
     /// Its zone's name, for explain.
     pub zone_name: Option<Box<str>>,
     /// Its addresses, for health and explain.
-    pub addresses: Box<[IpAddr]>,
+    pub addresses: Addresses,
+}
+
+impl EndpointMeta {
+    /// What identifies it: its targetRef or hostname, else its address.
+    pub fn label(&self) -> String {
+        match (&self.name, self.addresses.first()) {
+            (Some(name), _) => name.to_string(),
+            (None, Some(address)) => address.to_string(),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 /// A service's answer policy and the metadata of its endpoints; see the

@@ -35,6 +35,8 @@ struct Candidate {
     cluster: ClusterId,
     zone: Option<String>,
     name: String,
+    /// Named by its `targetRef` or hostname, not by its address.
+    named: bool,
     addrs: [Vec<IpAddr>; 2],
 }
 
@@ -241,17 +243,19 @@ fn collect_candidates(slices: &[&EndpointSet]) -> Vec<Candidate> {
     for slice in slices {
         let fam = usize::from(slice.family == crate::model::AddressFamily::V6);
         for ep in slice.endpoints.iter().filter(|e| e.ready && !e.addresses.is_empty()) {
+            let named = ep.target.is_some() || ep.hostname.is_some();
             let ids: Vec<(String, Vec<IpAddr>)> = match (&ep.target, &ep.hostname) {
-                (Some(t), _) => vec![(t.clone(), ep.addresses.clone())],
-                (None, Some(h)) => vec![(h.to_string(), ep.addresses.clone())],
+                (Some(t), _) => vec![(t.to_string(), ep.addresses.to_vec())],
+                (None, Some(h)) => vec![(h.to_string(), ep.addresses.to_vec())],
                 (None, None) => ep.addresses.iter().map(|a| (a.to_string(), vec![*a])).collect(),
             };
             for (id, addrs) in ids {
                 let i = *index.entry((slice.cluster.clone(), id.clone())).or_insert_with(|| {
                     out.push(Candidate {
                         cluster: slice.cluster.clone(),
-                        zone: ep.zone.clone(),
+                        zone: ep.zone.as_deref().map(str::to_owned),
                         name: id,
+                        named,
                         addrs: [Vec::new(), Vec::new()],
                     });
                     out.len() - 1
@@ -328,7 +332,7 @@ fn balanced(
             cluster: (clusters.len() - 1) as u16,
             zone: c.zone.as_deref().map(|z| cx.interner.zone_id(z)),
             records: range,
-            name: c.name.as_str().into(),
+            name: c.named.then(|| c.name.as_str().into()),
             zone_name: c.zone.as_deref().map(Into::into),
             addresses: addresses.into(),
         });
@@ -384,7 +388,7 @@ fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> 
             // An endpoint with a hostname is one name with all its addresses;
             // without, each address names itself (`10-3-0-10`).
             let named: Vec<(DnsLabel, Vec<IpAddr>)> = match &ep.hostname {
-                Some(h) => vec![(h.clone(), ep.addresses.clone())],
+                Some(h) => vec![(h.clone(), ep.addresses.to_vec())],
                 None => ep.addresses.iter().map(|a| (DnsLabel::from_address(*a), vec![*a])).collect(),
             };
             for (host, addrs) in named {

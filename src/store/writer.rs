@@ -665,7 +665,7 @@ mod tests {
                 family,
                 ports: vec![port.clone()],
                 endpoints: vec![crate::model::Endpoint {
-                    addresses: addrs.to_vec(),
+                    addresses: addrs.into(),
                     hostname: Some(DnsLabel::parse("web-0").unwrap()),
                     ready: true,
                     zone: None,
