@@ -34,7 +34,7 @@ pub use hosts::{Hosts, PtrTargetRef, Ptrs, address_len, write_address, write_ptr
 pub use input::{Object, ObjectId, SourceId, Update};
 pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};
-pub use snapshot::{Identity, ServiceNames, Snapshot, Zone, ZoneConfig, version};
+pub use snapshot::{Identity, NameTable, ServiceNames, Snapshot, Zone, ZoneConfig, version};
 pub use transfer::ZoneWalk;
 pub use writer::Writer;
 

@@ -17,7 +17,7 @@ use super::encode;
 use super::hosts::Hosts;
 use super::intern::Interner;
 use super::records::{NameNode, RRset, Records};
-use super::snapshot::{ServiceNames, Zone, ZoneNames};
+use super::snapshot::{NameTable, ServiceNames, Zone, ZoneNames};
 use crate::model::{ClusterId, DnsLabel, EndpointSet, ImportType, PolicyKind, Port, ServiceImport};
 
 /// What building a service needs besides its objects: the writer's
@@ -231,7 +231,8 @@ pub(crate) fn service_names(
         .collect();
     hosts.sort_unstable_by_key(|&(key, _)| key); // `Hosts` searches them by key
     let hosts = Hosts::new(&service_key, vips, hosts);
-    Some(ServiceNames { names: Arc::new(names), balance, hosts: Arc::new(hosts) })
+    let names = NameTable::new(names.into_iter().collect());
+    Some(ServiceNames { names, balance, hosts: Arc::new(hosts) })
 }
 
 /// The ready endpoints with an address, merged across a cluster's IPv4 and

@@ -158,7 +158,7 @@ fn wire_of(name: &Name) -> Box<[u8]> {
 #[derive(Debug, Default)]
 pub struct ServiceNames {
     /// Shared with the next snapshot when only the health overlay changes.
-    pub(crate) names: Arc<FxHashMap<Box<[u8]>, NameNode>>,
+    pub(crate) names: NameTable,
     /// Present when the service name answers endpoints: which records are
     /// answered, in which order, is chosen per query from this.
     pub(crate) balance: Option<Arc<Balance>>,
@@ -193,6 +193,65 @@ impl ServiceNames {
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
+    }
+}
+
+/// A service's names and their nodes, sorted by key: one shared block.
+///
+/// A service has a handful of names (two for a ClusterSetIP service with a
+/// named port, a dozen for a headless one in ten clusters), where a hash
+/// table cost about 210 bytes in two heap blocks for the two (BENCHMARKS.md
+/// "Fleet scale"); a binary search over so few keys is no slower than
+/// hashing the prefix.
+#[derive(Debug, Clone, Default)]
+pub struct NameTable(Option<Arc<[NameEntry]>>);
+
+/// A name's prefix key and its node.
+type NameEntry = (Box<[u8]>, NameNode);
+
+impl NameTable {
+    /// The table of `names`, in any order, keys distinct.
+    pub(crate) fn new(mut names: Vec<NameEntry>) -> Self {
+        if names.is_empty() {
+            return Self(None);
+        }
+        names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        debug_assert!(names.windows(2).all(|w| w[0].0 != w[1].0), "distinct keys");
+        Self(Some(names.into()))
+    }
+
+    fn entries(&self) -> &[NameEntry] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+
+    /// The node of `prefix`.
+    pub fn get(&self, prefix: &[u8]) -> Option<&NameNode> {
+        let entries = self.entries();
+        entries.binary_search_by(|(k, _)| (**k).cmp(prefix)).ok().map(|i| &entries[i].1)
+    }
+
+    /// Every (prefix, node), in byte order of the prefixes.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &NameNode)> {
+        self.entries().iter().map(|(k, n)| (&k[..], n))
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// True when both are the same block (shared, not re-encoded).
+    #[cfg(test)]
+    pub(crate) fn shares(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        }
     }
 }
 

@@ -93,7 +93,7 @@ impl ZoneWalk {
         let mut names: Vec<(Name, &[u8], Option<&NameNode>)> = service
             .names
             .iter()
-            .map(|(prefix, node)| (&prefix[..], Some(node)))
+            .map(|(prefix, node)| (prefix, Some(node)))
             .chain((0..hosts.len()).map(|i| (hosts.prefix(i), None)))
             .filter_map(|(prefix, node)| Some((name_of(&[prefix, &base])?, prefix, node)))
             .collect();

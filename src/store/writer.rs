@@ -629,7 +629,7 @@ mod tests {
         let snap = reader.load();
         let srv = |svc: &str, prefix: &[&str]| {
             let names = &snap.services.get(&*wire_key("ns", svc)).unwrap().names;
-            names.get(&*names::prefix_key(prefix)).unwrap().get(33).unwrap().answer.clone()
+            names.get(&names::prefix_key(prefix)).unwrap().get(33).unwrap().answer.clone()
         };
         let (bare, port) = (srv("one", &[]), srv("one", &["_http", "_tcp"]));
         assert_eq!(bare.len(), 1);
@@ -683,7 +683,7 @@ mod tests {
         w.publish();
         let snap = reader.load();
         let names = &snap.services.get(&*wire_key("ns", "hl")).unwrap().names;
-        let set = |prefix: &[&str]| names.get(&*names::prefix_key(prefix)).unwrap().get(33).unwrap().clone();
+        let set = |prefix: &[&str]| names.get(&names::prefix_key(prefix)).unwrap().get(33).unwrap().clone();
         let (bare, http) = (set(&[]), set(&["_http", "_tcp"]));
         assert!(http.shifted && !bare.shifted);
         assert!(http.additional.same_allocation(&bare.additional), "kept once");
