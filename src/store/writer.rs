@@ -25,7 +25,13 @@ use crate::model::{
 
 #[derive(Default)]
 struct SourceState {
-    objects: HashMap<ObjectId, ServiceKey>,
+    /// The service of each of its slices and backing Services: their ids
+    /// do not say it, and a slice can be relabelled to another service.
+    /// An import's id is its service, so imports are not indexed here (at
+    /// 100,000 services that index cost ~15 MB of keys held twice).
+    owners: HashMap<ObjectId, ServiceKey>,
+    /// How many imports it holds; a `Replace` finds them in `services`.
+    imports: usize,
     synced: bool,
 }
 
@@ -115,8 +121,15 @@ impl Writer {
                 self.zone_dirty = true;
             }
             Update::Replace { source, objects } => {
-                let old: Vec<ObjectId> =
-                    self.sources.entry(source).or_default().objects.keys().cloned().collect();
+                let state = self.sources.entry(source).or_default();
+                let mut old: Vec<ObjectId> = state.owners.keys().cloned().collect();
+                if state.imports > 0 {
+                    old.extend(
+                        (self.services.iter())
+                            .filter(|(_, s)| s.imports.get(&source).is_some())
+                            .map(|(key, _)| ObjectId::Import(key.clone())),
+                    );
+                }
                 // A first list has nothing to remove: no set of 200,000 ids.
                 if !old.is_empty() {
                     let keep: foldhash::HashSet<ObjectId> = objects.iter().map(Object::id).collect();
@@ -201,12 +214,15 @@ impl Writer {
     }
 
     fn upsert(&mut self, source: SourceId, object: Object) {
-        let id = object.id();
         let key = object.service().clone();
-        let previous = self.sources.entry(source).or_default().objects.insert(id.clone(), key.clone());
-        if let Some(previous) = previous.filter(|p| *p != key) {
-            // A slice can be relabelled to another service.
-            self.remove_from_service(source, &id, &previous);
+        let src = self.sources.entry(source).or_default();
+        if !matches!(object, Object::Import(_)) {
+            let id = object.id();
+            let previous = src.owners.insert(id.clone(), key.clone());
+            if let Some(previous) = previous.filter(|p| *p != key) {
+                // A slice can be relabelled to another service.
+                self.remove_from_service(source, &id, &previous);
+            }
         }
         let state = self.services.entry(key.clone()).or_default();
         // Compared before it is stored, so the object is moved, never copied.
@@ -229,8 +245,11 @@ impl Writer {
                     }
                     Some(_) => Change::Records,
                 };
-                if change != Change::None {
-                    state.imports.insert(source, import);
+                if change != Change::None
+                    && state.imports.insert(source, import).is_none()
+                    && let Some(src) = self.sources.get_mut(&source)
+                {
+                    src.imports += 1;
                 }
                 if change == Change::Health {
                     self.health_dirty.insert(key.clone());
@@ -261,7 +280,10 @@ impl Writer {
     }
 
     fn remove(&mut self, source: SourceId, id: &ObjectId) {
-        let key = self.sources.get_mut(&source).and_then(|s| s.objects.remove(id));
+        let key = match id {
+            ObjectId::Import(key) => Some(key.clone()),
+            _ => self.sources.get_mut(&source).and_then(|s| s.owners.remove(id)),
+        };
         if let Some(key) = key {
             self.remove_from_service(source, id, &key);
         }
@@ -272,7 +294,13 @@ impl Writer {
             return;
         };
         let removed = match id {
-            ObjectId::Import(_) => state.imports.remove(&source).is_some(),
+            ObjectId::Import(_) => {
+                let removed = state.imports.remove(&source).is_some();
+                if removed && let Some(src) = self.sources.get_mut(&source) {
+                    src.imports -= 1;
+                }
+                removed
+            }
             ObjectId::Slice(slice) => state.slices.remove(&(source, slice.clone())).is_some(),
             ObjectId::Service(service) => state.backing.remove(&(source, service.clone())).is_some(),
         };
@@ -799,6 +827,37 @@ mod tests {
         let snap = reader.load();
         assert_eq!(snap.service_count(), 1);
         assert!(snap.service(&wire_key("ns", "a")).is_none());
+    }
+
+    #[test]
+    fn a_replace_finds_the_sources_imports_without_an_index_and_leaves_other_sources_alone() {
+        let (reader, mut w) = store();
+        let both = || vec![import("ns", "a", "10.0.0.1"), import("ns", "b", "10.0.0.1")];
+        w.apply(Update::Replace { source: SourceId(1), objects: both() });
+        w.apply(Update::Replace { source: SourceId(2), objects: vec![import("ns", "b", "10.0.0.2")] });
+        let key = |name: &str| ServiceKey {
+            namespace: DnsLabel::parse("ns").unwrap(),
+            name: DnsLabel::parse(name).unwrap(),
+        };
+        w.apply(Update::Remove { source: SourceId(1), id: ObjectId::Import(key("a")) });
+        // Removing what the source does not hold changes nothing.
+        w.apply(Update::Remove { source: SourceId(1), id: ObjectId::Import(key("a")) });
+        w.apply(Update::Remove { source: SourceId(3), id: ObjectId::Import(key("b")) });
+        w.publish();
+        assert_eq!(reader.load().service_count(), 1);
+        // Source 1 lets go of b; source 2 still holds it.
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
+        w.publish();
+        assert_eq!(reader.load().service_count(), 1);
+        assert!(reader.load().service(&wire_key("ns", "b")).is_some());
+        w.apply(Update::Replace { source: SourceId(2), objects: vec![] });
+        w.publish();
+        assert_eq!(reader.load().service_count(), 0);
+        // The counts came back to nothing: a new list is a first list again.
+        assert!(w.sources.values().all(|s| s.imports == 0 && s.owners.is_empty()));
+        w.apply(Update::Replace { source: SourceId(1), objects: both() });
+        w.publish();
+        assert_eq!(reader.load().service_count(), 2);
     }
 
     #[test]
