@@ -227,6 +227,12 @@ impl NameTable {
     /// The node of `prefix`.
     pub fn get(&self, prefix: &[u8]) -> Option<&NameNode> {
         let entries = self.entries();
+        if prefix.is_empty() {
+            // The service name, most queries: its key sorts first. A binary
+            // search would first compare another name's key, a heap block
+            // the query has no other use for (a cache miss at fleet scale).
+            return entries.first().filter(|(k, _)| k.is_empty()).map(|(_, n)| n);
+        }
         entries.binary_search_by(|(k, _)| (**k).cmp(prefix)).ok().map(|i| &entries[i].1)
     }
 
@@ -339,5 +345,41 @@ impl Snapshot {
     /// a headless endpoint): the names they point to.
     pub fn reverse(&self, ip: IpAddr) -> Option<&Ptrs> {
         self.reverse.get(&ip)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::records::RRset;
+
+    fn node(n: usize) -> NameNode {
+        let sets = (0..n).map(|_| RRset {
+            rtype: 1,
+            answer: Records::default(),
+            additional: Records::default(),
+            shifted: false,
+            also: None,
+        });
+        NameNode { sets: sets.collect() }
+    }
+
+    #[test]
+    fn a_name_table_finds_every_key_and_nothing_else() {
+        let keys: [&[u8]; 4] = [b"", b"\x05_http\x04_tcp", b"\x08cluster1", b"\x01a\x08cluster1"];
+        // Given out of order; each node told apart by its number of sets.
+        let table =
+            NameTable::new(keys.iter().enumerate().rev().map(|(i, k)| (Box::from(*k), node(i))).collect());
+        assert_eq!(table.len(), 4);
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(table.get(k).map(|n| n.sets.len()), Some(i), "{k:?}");
+        }
+        assert!(table.get(b"\x01b").is_none() && table.get(b"\x08cluster2").is_none());
+        let prefixes: Vec<&[u8]> = table.iter().map(|(k, _)| k).collect();
+        assert!(prefixes.is_sorted());
+        // Without the service name itself, the empty key finds nothing.
+        let no_service = NameTable::new(vec![(Box::from(&b"\x08cluster1"[..]), node(0))]);
+        assert!(no_service.get(b"").is_none());
+        assert!(NameTable::default().get(b"").is_none() && NameTable::default().is_empty());
     }
 }
