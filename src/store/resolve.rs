@@ -43,12 +43,12 @@ pub(crate) fn served<'a>(
     key: &ServiceKey,
     import: Option<&'a ServiceImport>,
     backing: &'a VecMap<(SourceId, SliceKey), BackingService>,
-    slices: &'a VecMap<(SourceId, SliceKey), EndpointSet>,
+    slices: impl Iterator<Item = &'a EndpointSet> + Clone,
 ) -> Option<Served<'a>> {
     // `min_by_key` keeps the first of equals: map order, (source, name).
     let backing = backing.values().min_by_key(|b| b.kind);
-    let first = slices.values().map(|s| s.origin).min();
-    let slices = slices.values().filter(|s| Some(s.origin) == first).collect();
+    let first = slices.clone().map(|s| s.origin).min();
+    let slices = slices.filter(|s| Some(s.origin) == first).collect();
     let (import, unresolved) = match (import, backing) {
         (Some(i), _) if !i.ips.is_empty() || i.kind == ImportType::Headless => (Cow::Borrowed(i), None),
         (Some(i), Some(b)) if b.headless => {
@@ -155,7 +155,7 @@ mod tests {
     fn import_ips_win_over_a_backing_service() {
         let b = VecMap::from_iter([backing("derived-db", BackingKind::KarmadaDerived, &["10.96.0.9"])]);
         let i = import(&["10.0.0.1"]);
-        let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
+        let s = served(&key(), Some(&i), &b, NONE_S.values()).unwrap();
         assert_eq!(ips(&s.import), vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
         assert_eq!(s.import.ports[0].port, 80);
         assert!(s.unresolved.is_none());
@@ -165,7 +165,7 @@ mod tests {
     fn an_import_without_ips_takes_the_backing_service_ips_and_ports() {
         let b = VecMap::from_iter([backing("derived-db", BackingKind::KarmadaDerived, &["10.96.0.9"])]);
         let i = import(&[]);
-        let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
+        let s = served(&key(), Some(&i), &b, NONE_S.values()).unwrap();
         assert_eq!(ips(&s.import), vec!["10.96.0.9".parse::<IpAddr>().unwrap()]);
         assert_eq!(s.import.ports[0].port, 5432);
     }
@@ -183,7 +183,7 @@ mod tests {
                 b.insert(id, v);
             }
             let i = import(&[]);
-            let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
+            let s = served(&key(), Some(&i), &b, NONE_S.values()).unwrap();
             assert_eq!(ips(&s.import), vec!["10.96.0.9".parse::<IpAddr>().unwrap()]);
         }
     }
@@ -192,7 +192,7 @@ mod tests {
     fn a_headless_backing_service_makes_the_import_headless() {
         let b = VecMap::from_iter([backing("db", BackingKind::Kosmos, &["None"])]);
         let i = import(&[]);
-        let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
+        let s = served(&key(), Some(&i), &b, NONE_S.values()).unwrap();
         assert_eq!(s.import.kind, ImportType::Headless);
         assert!(s.unresolved.is_none());
     }
@@ -200,20 +200,20 @@ mod tests {
     #[test]
     fn a_missing_or_unallocated_backing_service_is_named() {
         let i = import(&[]);
-        let s = served(&key(), Some(&i), &NONE_B, &NONE_S).unwrap();
+        let s = served(&key(), Some(&i), &NONE_B, NONE_S.values()).unwrap();
         assert!(s.import.ips.is_empty());
         assert!(s.unresolved.unwrap().contains("ServiceImport shop/db has no spec.ips"));
         let b = VecMap::from_iter([backing("derived-db", BackingKind::KarmadaDerived, &[])]);
-        let s = served(&key(), Some(&i), &b, &NONE_S).unwrap();
+        let s = served(&key(), Some(&i), &b, NONE_S.values()).unwrap();
         assert!(s.unresolved.unwrap().contains("shop/derived-db"));
     }
 
     #[test]
     fn only_a_crosscluster_service_stands_for_a_missing_import() {
         let b = VecMap::from_iter([backing("db", BackingKind::Kosmos, &["10.96.0.7"])]);
-        assert!(served(&key(), None, &b, &NONE_S).is_none());
+        assert!(served(&key(), None, &b, NONE_S.values()).is_none());
         let b = VecMap::from_iter([backing("db", BackingKind::KarmadaCrossCluster, &["10.96.0.7"])]);
-        let s = served(&key(), None, &b, &NONE_S).unwrap();
+        let s = served(&key(), None, &b, NONE_S.values()).unwrap();
         assert_eq!(s.import.kind, ImportType::ClusterSetIp);
         assert_eq!(ips(&s.import), vec!["10.96.0.7".parse::<IpAddr>().unwrap()]);
     }
@@ -226,14 +226,14 @@ mod tests {
             slice("c-kosmos", SliceOrigin::Kosmos),
         ]);
         let i = import(&["10.0.0.1"]);
-        let s = served(&key(), Some(&i), &NONE_B, &slices).unwrap();
+        let s = served(&key(), Some(&i), &NONE_B, slices.values()).unwrap();
         assert_eq!(s.slices.len(), 1);
         assert_eq!(s.slices[0].slice.name, "b-mcs");
         let slices = VecMap::from_iter([
             slice("c-kosmos", SliceOrigin::Kosmos),
             slice("a-karmada", SliceOrigin::Karmada),
         ]);
-        let s = served(&key(), Some(&i), &NONE_B, &slices).unwrap();
+        let s = served(&key(), Some(&i), &NONE_B, slices.values()).unwrap();
         assert_eq!(s.slices.iter().map(|s| s.slice.name.as_str()).collect::<Vec<_>>(), ["a-karmada"]);
     }
 }

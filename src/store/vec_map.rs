@@ -1,10 +1,13 @@
-//! A map kept as a sorted vector: the writer's per-service objects.
+//! Maps kept as sorted vectors: the writer's per-service objects.
 //!
 //! A service nearly always has one import and a few slices. A `BTreeMap`
 //! allocates a node for eleven entries on the first insert (about 2 KB for
 //! a slice), which at 100,000 services is most of the writer's memory; a
 //! sorted vector allocates exactly what it holds and iterates in the same
 //! key order.
+
+use super::input::SourceId;
+use crate::model::{EndpointSet, SliceKey};
 
 /// A map with keys in order, for a handful of entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +62,7 @@ impl<K: Ord, V> VecMap<K, V> {
     }
 
     /// The values, in key order.
-    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> + Clone {
         self.entries.iter().map(|(_, v)| v)
     }
 
@@ -79,9 +82,100 @@ impl<K: Ord, V> FromIterator<(K, V)> for VecMap<K, V> {
     }
 }
 
+/// A service's EndpointSlices of every source, in (source, slice name)
+/// order: a [`VecMap`] whose key is read from the slice itself. Keyed
+/// apart, the slice's namespace and name were held twice (the key beside
+/// the slice: ~100 bytes per slice in two more heap blocks).
+#[derive(Debug, Default)]
+pub(crate) struct SliceMap {
+    entries: Vec<(SourceId, EndpointSet)>,
+}
+
+impl SliceMap {
+    fn find(&self, source: SourceId, slice: &SliceKey) -> Result<usize, usize> {
+        self.entries.binary_search_by(|(s, set)| (*s, &set.slice).cmp(&(source, slice)))
+    }
+
+    /// Sets the slice `set.slice` of `source` to `set`; returns the one it
+    /// replaced.
+    pub(crate) fn insert(&mut self, source: SourceId, set: EndpointSet) -> Option<EndpointSet> {
+        match self.find(source, &set.slice) {
+            Ok(i) => Some(std::mem::replace(&mut self.entries[i].1, set)),
+            Err(i) => {
+                // Exactly one more, as `VecMap::insert`.
+                self.entries.reserve_exact(1);
+                self.entries.insert(i, (source, set));
+                None
+            }
+        }
+    }
+
+    /// The slice `slice` of `source`.
+    pub(crate) fn get(&self, source: SourceId, slice: &SliceKey) -> Option<&EndpointSet> {
+        self.find(source, slice).ok().map(|i| &self.entries[i].1)
+    }
+
+    /// Removes the slice `slice` of `source`; returns it.
+    pub(crate) fn remove(&mut self, source: SourceId, slice: &SliceKey) -> Option<EndpointSet> {
+        let i = self.find(source, slice).ok()?;
+        let (_, set) = self.entries.remove(i);
+        if self.entries.is_empty() {
+            self.entries = Vec::new(); // give the allocation back
+        }
+        Some(set)
+    }
+
+    /// The slices, in (source, name) order.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &EndpointSet> + Clone {
+        self.entries.iter().map(|(_, set)| set)
+    }
+
+    /// True when there is no slice.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{AddressFamily, ClusterId, DnsLabel, ServiceKey, SliceOrigin};
+
+    fn set(name: &str) -> EndpointSet {
+        EndpointSet {
+            slice: SliceKey { namespace: "ns".into(), name: name.into() },
+            service: ServiceKey {
+                namespace: DnsLabel::parse("ns").unwrap(),
+                name: DnsLabel::parse("a").unwrap(),
+            },
+            cluster: ClusterId::parse("c1").unwrap(),
+            family: AddressFamily::V4,
+            ports: vec![],
+            endpoints: vec![],
+            origin: SliceOrigin::Mcs,
+        }
+    }
+
+    #[test]
+    fn slices_are_kept_once_in_source_then_name_order() {
+        let mut m = SliceMap::default();
+        assert!(m.insert(SourceId(2), set("a")).is_none());
+        assert!(m.insert(SourceId(1), set("b")).is_none());
+        assert!(m.insert(SourceId(1), set("a")).is_none());
+        let mut changed = set("b");
+        changed.cluster = ClusterId::parse("c2").unwrap();
+        assert_eq!(m.insert(SourceId(1), changed).map(|s| s.cluster), Some(ClusterId::parse("c1").unwrap()));
+        let order: Vec<(&str, &str)> =
+            m.values().map(|s| (s.slice.name.as_str(), s.cluster.as_str())).collect();
+        assert_eq!(order, [("a", "c1"), ("b", "c2"), ("a", "c1")]);
+        let key = |n: &str| SliceKey { namespace: "ns".into(), name: n.into() };
+        assert!(m.get(SourceId(2), &key("a")).is_some() && m.get(SourceId(2), &key("b")).is_none());
+        assert!(m.remove(SourceId(1), &key("c")).is_none());
+        for (source, name) in [(1, "a"), (1, "b"), (2, "a")] {
+            assert!(m.remove(SourceId(source), &key(name)).is_some());
+        }
+        assert!(m.is_empty() && m.entries.capacity() == 0);
+    }
 
     #[test]
     fn keeps_keys_in_order_and_replaces_equal_keys() {

@@ -18,7 +18,7 @@ use super::names::{self, BuildCtx};
 use super::resolve;
 use super::shards;
 use super::snapshot::{ServiceNames, Snapshot, Zone};
-use super::vec_map::VecMap;
+use super::vec_map::{SliceMap, VecMap};
 use crate::model::{
     BackingKind, BackingService, ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey,
 };
@@ -40,7 +40,7 @@ struct ServiceState {
     /// Imports by source; the first (lowest source id) is served.
     imports: VecMap<SourceId, ServiceImport>,
     /// Slices of every source and cluster.
-    slices: VecMap<(SourceId, SliceKey), EndpointSet>,
+    slices: SliceMap,
     /// Services backing an import without `spec.ips` (`--interop`).
     backing: VecMap<(SourceId, SliceKey), BackingService>,
     /// Whether this service counts for its namespace's existence.
@@ -257,10 +257,9 @@ impl Writer {
                 change == Change::Records
             }
             Object::Slice(slice) => {
-                let id = (source, slice.slice.clone());
-                let changed = state.slices.get(&id) != Some(&slice);
+                let changed = state.slices.get(source, &slice.slice) != Some(&slice);
                 if changed {
-                    state.slices.insert(id, slice);
+                    state.slices.insert(source, slice);
                 }
                 changed
             }
@@ -301,7 +300,7 @@ impl Writer {
                 }
                 removed
             }
-            ObjectId::Slice(slice) => state.slices.remove(&(source, slice.clone())).is_some(),
+            ObjectId::Slice(slice) => state.slices.remove(source, slice).is_some(),
             ObjectId::Service(service) => state.backing.remove(&(source, service.clone())).is_some(),
         };
         self.recount(key);
@@ -355,7 +354,8 @@ impl Writer {
     /// answers NODATA, if it does.
     fn build_one(&self, key: &ServiceKey) -> (Option<ServiceNames>, Option<String>) {
         let Some(state) = self.services.get(key) else { return (None, None) };
-        let Some(served) = resolve::served(key, state.imports.values().next(), &state.backing, &state.slices)
+        let Some(served) =
+            resolve::served(key, state.imports.values().next(), &state.backing, state.slices.values())
         else {
             return (None, None);
         };
