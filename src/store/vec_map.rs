@@ -9,16 +9,57 @@
 use super::input::SourceId;
 use crate::model::{EndpointSet, SliceKey};
 
+/// A vector kept in the order of a comparison its callers give: what both
+/// maps below are made of. It grows by exactly one entry (`Vec` would
+/// reserve room for four) and gives its allocation back when emptied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Sorted<T> {
+    entries: Vec<T>,
+}
+
+impl<T> Sorted<T> {
+    const fn new() -> Self {
+        Self { entries: Vec::new() }
+    }
+
+    /// Where an entry comparing as `cmp` says is, or would go.
+    fn find(&self, cmp: impl FnMut(&T) -> std::cmp::Ordering) -> Result<usize, usize> {
+        self.entries.binary_search_by(cmp)
+    }
+
+    /// Puts `entry` where `find` said: over the one found, or inserted.
+    /// Returns the entry it replaced.
+    fn put(&mut self, at: Result<usize, usize>, entry: T) -> Option<T> {
+        match at {
+            Ok(i) => Some(std::mem::replace(&mut self.entries[i], entry)),
+            Err(i) => {
+                self.entries.reserve_exact(1);
+                self.entries.insert(i, entry);
+                None
+            }
+        }
+    }
+
+    /// Removes the entry at `i`.
+    fn take(&mut self, i: usize) -> T {
+        let entry = self.entries.remove(i);
+        if self.entries.is_empty() {
+            self.entries = Vec::new(); // give the allocation back
+        }
+        entry
+    }
+}
+
 /// A map with keys in order, for a handful of entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct VecMap<K, V> {
-    entries: Vec<(K, V)>,
+    entries: Sorted<(K, V)>,
 }
 
 impl<K, V> VecMap<K, V> {
     /// An empty map (allocates nothing).
     pub(crate) const fn new() -> Self {
-        Self { entries: Vec::new() }
+        Self { entries: Sorted::new() }
     }
 }
 
@@ -30,45 +71,34 @@ impl<K, V> Default for VecMap<K, V> {
 
 impl<K: Ord, V> VecMap<K, V> {
     fn find(&self, key: &K) -> Result<usize, usize> {
-        self.entries.binary_search_by(|(k, _)| k.cmp(key))
+        self.entries.find(|(k, _)| k.cmp(key))
     }
 
     /// Sets `key` to `value`; returns the value it replaced.
     pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
-        match self.find(&key) {
-            Ok(i) => Some(std::mem::replace(&mut self.entries[i].1, value)),
-            Err(i) => {
-                // Exactly one more: `Vec` would reserve room for four.
-                self.entries.reserve_exact(1);
-                self.entries.insert(i, (key, value));
-                None
-            }
-        }
+        let at = self.find(&key);
+        self.entries.put(at, (key, value)).map(|(_, v)| v)
     }
 
     /// The value of `key`.
     pub(crate) fn get(&self, key: &K) -> Option<&V> {
-        self.find(key).ok().map(|i| &self.entries[i].1)
+        self.find(key).ok().map(|i| &self.entries.entries[i].1)
     }
 
     /// Removes `key`; returns its value.
     pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
         let i = self.find(key).ok()?;
-        let (_, v) = self.entries.remove(i);
-        if self.entries.is_empty() {
-            self.entries = Vec::new(); // give the allocation back
-        }
-        Some(v)
+        Some(self.entries.take(i).1)
     }
 
     /// The values, in key order.
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> + Clone {
-        self.entries.iter().map(|(_, v)| v)
+        self.entries.entries.iter().map(|(_, v)| v)
     }
 
     /// True when there is no entry.
     pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.entries.is_empty()
     }
 }
 
@@ -86,53 +116,48 @@ impl<K: Ord, V> FromIterator<(K, V)> for VecMap<K, V> {
 /// order: a [`VecMap`] whose key is read from the slice itself. Keyed
 /// apart, the slice's namespace and name were held twice (the key beside
 /// the slice: ~100 bytes per slice in two more heap blocks).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SliceMap {
-    entries: Vec<(SourceId, EndpointSet)>,
+    entries: Sorted<(SourceId, EndpointSet)>,
+}
+
+impl Default for SliceMap {
+    fn default() -> Self {
+        Self { entries: Sorted::new() }
+    }
 }
 
 impl SliceMap {
     fn find(&self, source: SourceId, slice: &SliceKey) -> Result<usize, usize> {
-        self.entries.binary_search_by(|(s, set)| (*s, &set.slice).cmp(&(source, slice)))
+        self.entries.find(|(s, set)| (*s, &set.slice).cmp(&(source, slice)))
     }
 
     /// Sets the slice `set.slice` of `source` to `set`; returns the one it
     /// replaced.
     pub(crate) fn insert(&mut self, source: SourceId, set: EndpointSet) -> Option<EndpointSet> {
-        match self.find(source, &set.slice) {
-            Ok(i) => Some(std::mem::replace(&mut self.entries[i].1, set)),
-            Err(i) => {
-                // Exactly one more, as `VecMap::insert`.
-                self.entries.reserve_exact(1);
-                self.entries.insert(i, (source, set));
-                None
-            }
-        }
+        let at = self.find(source, &set.slice);
+        self.entries.put(at, (source, set)).map(|(_, old)| old)
     }
 
     /// The slice `slice` of `source`.
     pub(crate) fn get(&self, source: SourceId, slice: &SliceKey) -> Option<&EndpointSet> {
-        self.find(source, slice).ok().map(|i| &self.entries[i].1)
+        self.find(source, slice).ok().map(|i| &self.entries.entries[i].1)
     }
 
     /// Removes the slice `slice` of `source`; returns it.
     pub(crate) fn remove(&mut self, source: SourceId, slice: &SliceKey) -> Option<EndpointSet> {
         let i = self.find(source, slice).ok()?;
-        let (_, set) = self.entries.remove(i);
-        if self.entries.is_empty() {
-            self.entries = Vec::new(); // give the allocation back
-        }
-        Some(set)
+        Some(self.entries.take(i).1)
     }
 
     /// The slices, in (source, name) order.
     pub(crate) fn values(&self) -> impl Iterator<Item = &EndpointSet> + Clone {
-        self.entries.iter().map(|(_, set)| set)
+        self.entries.entries.iter().map(|(_, set)| set)
     }
 
     /// True when there is no slice.
     pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.entries.is_empty()
     }
 }
 
@@ -174,7 +199,7 @@ mod tests {
         for (source, name) in [(1, "a"), (1, "b"), (2, "a")] {
             assert!(m.remove(SourceId(source), &key(name)).is_some());
         }
-        assert!(m.is_empty() && m.entries.capacity() == 0);
+        assert!(m.is_empty() && m.entries.entries.capacity() == 0);
     }
 
     #[test]
@@ -188,8 +213,8 @@ mod tests {
         assert_eq!(m.remove(&1), None);
         m.remove(&2);
         m.remove(&3);
-        assert!(m.is_empty() && m.entries.capacity() == 0);
+        assert!(m.is_empty() && m.entries.entries.capacity() == 0);
         m.insert(1, "a");
-        assert_eq!(m.entries.capacity(), 1, "a map of one holds one");
+        assert_eq!(m.entries.entries.capacity(), 1, "a map of one holds one");
     }
 }
