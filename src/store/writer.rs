@@ -30,8 +30,6 @@ struct SourceState {
     /// An import's id is its service, so imports are not indexed here (at
     /// 100,000 services that index cost ~15 MB of keys held twice).
     owners: HashMap<ObjectId, ServiceKey>,
-    /// How many imports it holds; a `Replace` finds them in `services`.
-    imports: usize,
     synced: bool,
 }
 
@@ -121,15 +119,15 @@ impl Writer {
                 self.zone_dirty = true;
             }
             Update::Replace { source, objects } => {
-                let state = self.sources.entry(source).or_default();
-                let mut old: Vec<ObjectId> = state.owners.keys().cloned().collect();
-                if state.imports > 0 {
-                    old.extend(
-                        (self.services.iter())
-                            .filter(|(_, s)| s.imports.get(&source).is_some())
-                            .map(|(key, _)| ObjectId::Import(key.clone())),
-                    );
-                }
+                // Its imports are found among the services (a relist or a
+                // reload: one pass, as the objects' own).
+                let mut old: Vec<ObjectId> =
+                    self.sources.entry(source).or_default().owners.keys().cloned().collect();
+                old.extend(
+                    (self.services.iter())
+                        .filter(|(_, s)| s.imports.get(&source).is_some())
+                        .map(|(key, _)| ObjectId::Import(key.clone())),
+                );
                 // A first list has nothing to remove: no set of 200,000 ids.
                 if !old.is_empty() {
                     let keep: foldhash::HashSet<ObjectId> = objects.iter().map(Object::id).collect();
@@ -245,11 +243,8 @@ impl Writer {
                     }
                     Some(_) => Change::Records,
                 };
-                if change != Change::None
-                    && state.imports.insert(source, import).is_none()
-                    && let Some(src) = self.sources.get_mut(&source)
-                {
-                    src.imports += 1;
+                if change != Change::None {
+                    state.imports.insert(source, import);
                 }
                 if change == Change::Health {
                     self.health_dirty.insert(key.clone());
@@ -293,13 +288,7 @@ impl Writer {
             return;
         };
         let removed = match id {
-            ObjectId::Import(_) => {
-                let removed = state.imports.remove(&source).is_some();
-                if removed && let Some(src) = self.sources.get_mut(&source) {
-                    src.imports -= 1;
-                }
-                removed
-            }
+            ObjectId::Import(_) => state.imports.remove(&source).is_some(),
             ObjectId::Slice(slice) => state.slices.remove(source, slice).is_some(),
             ObjectId::Service(service) => state.backing.remove(&(source, service.clone())).is_some(),
         };
@@ -853,8 +842,9 @@ mod tests {
         w.apply(Update::Replace { source: SourceId(2), objects: vec![] });
         w.publish();
         assert_eq!(reader.load().service_count(), 0);
-        // The counts came back to nothing: a new list is a first list again.
-        assert!(w.sources.values().all(|s| s.imports == 0 && s.owners.is_empty()));
+        // Nothing is left of either source: a new list is a first list again.
+        assert!(w.sources.values().all(|s| s.owners.is_empty()));
+        assert!(w.services.values().all(|s| s.imports.is_empty()));
         w.apply(Update::Replace { source: SourceId(1), objects: both() });
         w.publish();
         assert_eq!(reader.load().service_count(), 2);
