@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -42,8 +43,10 @@ pub struct Seen {
 /// What a watch of our objects reports.
 #[derive(Debug)]
 pub enum OwnChange {
-    /// A complete list of one kind in one scope (`None`: every namespace).
-    Listed(&'static str, Option<String>, Vec<Seen>),
+    /// A complete list of one kind in one scope (`None`: every namespace),
+    /// asked for at the instant given: what was written after it may be
+    /// missing from the list and still exist.
+    Listed(&'static str, Option<String>, Vec<Seen>, Instant),
     /// Created or changed.
     Applied(Seen),
     /// Deleted.
@@ -65,10 +68,11 @@ pub struct OwnEvent {
 
 /// The last resourceVersions our own writes produced, per object: a spec
 /// apply and a status write follow each other, and their events may arrive
-/// after both, so one version is not enough.
+/// after both, so one version is not enough. With them, when the last was
+/// recorded: a list asked for before it may not hold the object yet.
 #[derive(Debug)]
 pub struct Written<R> {
-    versions: HashMap<R, VecDeque<String>>,
+    versions: HashMap<R, (Instant, VecDeque<String>)>,
 }
 
 impl<R> Default for Written<R> {
@@ -84,7 +88,8 @@ impl<R: Hash + Eq> Written<R> {
     /// Records a version one of our writes produced.
     pub fn record(&mut self, object: R, version: Option<&str>) {
         let Some(v) = version else { return };
-        let slot = self.versions.entry(object).or_default();
+        let (at, slot) = self.versions.entry(object).or_insert_with(|| (Instant::now(), VecDeque::new()));
+        *at = Instant::now();
         if slot.len() == KEPT {
             slot.pop_front();
         }
@@ -93,7 +98,13 @@ impl<R: Hash + Eq> Written<R> {
 
     /// True when `version` of `object` is the result of one of our writes.
     pub fn ours(&self, object: &R, version: &str) -> bool {
-        self.versions.get(object).is_some_and(|v| v.iter().any(|x| x == version))
+        self.versions.get(object).is_some_and(|(_, v)| v.iter().any(|x| x == version))
+    }
+
+    /// True when one of our writes of `object` was recorded at `instant` or
+    /// later.
+    pub fn since(&self, object: &R, instant: Instant) -> bool {
+        self.versions.get(object).is_some_and(|(at, _)| *at >= instant)
     }
 
     /// Forgets an object (deleted, or to be written again).
@@ -138,8 +149,8 @@ impl<K: Resource> Translate<K> for ToOwn {
         self.seen(k)
     }
 
-    fn listed(&self, items: Vec<Seen>) -> OwnEvent {
-        self.event(OwnChange::Listed(self.kind, self.scope.clone(), items))
+    fn listed(&self, items: Vec<Seen>, began: Instant) -> OwnEvent {
+        self.event(OwnChange::Listed(self.kind, self.scope.clone(), items, began))
     }
 
     fn applied(&self, k: &K) -> Option<OwnEvent> {
@@ -164,7 +175,7 @@ impl Translate<Namespace> for ToNamespaces {
         n.metadata.name.clone()
     }
 
-    fn listed(&self, items: Vec<String>) -> OwnEvent {
+    fn listed(&self, items: Vec<String>, _: Instant) -> OwnEvent {
         OwnEvent { member: self.member, change: OwnChange::Namespaces(items) }
     }
 
@@ -264,5 +275,22 @@ mod tests {
         assert!(!w.ours(&web, "6"), "only the last {KEPT} are kept");
         w.forget(&web);
         assert!(!w.ours(&web, "10") && w.is_empty());
+    }
+
+    #[test]
+    fn a_write_is_since_an_instant_when_recorded_at_or_after_it() {
+        let mut w: Written<(usize, &str)> = Written::default();
+        let web = (0, "shop/web");
+        let before = Instant::now();
+        assert!(!w.since(&web, before), "never written");
+        w.record(web, Some("5"));
+        let after = Instant::now();
+        assert!(w.since(&web, before));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(!w.since(&web, Instant::now()), "written before the instant");
+        w.record(web, Some("6"));
+        assert!(w.since(&web, after), "the last write counts");
+        w.forget(&web);
+        assert!(!w.since(&web, before));
     }
 }

@@ -253,6 +253,38 @@ impl KeyState {
     }
 }
 
+/// Our objects of `kind` in member `m` and `scope` (`None`: every
+/// namespace) that a list asked for at `began` does not hold: deleted
+/// while the watch was down. An object written since `began` is not among
+/// them: the list may predate it, however late it arrives (a batch of
+/// writes throttled by the API server can take longer than the list),
+/// and taking it for gone would write it again, and again see the
+/// events of the first write as someone else's.
+fn gone(
+    keys: &HashMap<ServiceKey, KeyState>,
+    m: usize,
+    (kind, scope): (&str, Option<&str>),
+    items: &[Seen],
+    began: std::time::Instant,
+) -> Vec<(ServiceKey, ObjectRef)> {
+    let listed: BTreeSet<(&str, &str)> =
+        items.iter().map(|s| (s.namespace.as_str(), s.name.as_str())).collect();
+    let mut gone = Vec::new();
+    for (key, ks) in keys {
+        for r in &ks.owned {
+            if r.member == m
+                && r.kind == kind
+                && scope.is_none_or(|ns| ns == r.namespace)
+                && !listed.contains(&(r.namespace.as_str(), r.name.as_str()))
+                && !ks.written.since(r, began)
+            {
+                gone.push((key.clone(), r.clone()));
+            }
+        }
+    }
+    gone
+}
+
 /// What a reconcile reads and never changes; shared by the services of a
 /// batch.
 struct Ctx<'a> {
@@ -517,26 +549,11 @@ impl Syncer {
             }
             OwnChange::Applied(seen) => self.repair(m, &seen, false, live),
             OwnChange::Deleted(seen) => self.repair(m, &seen, true, live),
-            OwnChange::Listed(kind, scope, items) => {
+            OwnChange::Listed(kind, scope, items, began) => {
                 for seen in &items {
                     self.repair(m, seen, false, live);
                 }
-                // Owned but not listed: deleted while the watch was down.
-                let listed: BTreeSet<(&str, &str)> =
-                    items.iter().map(|s| (s.namespace.as_str(), s.name.as_str())).collect();
-                let mut gone = Vec::new();
-                for (key, ks) in &self.keys {
-                    for r in &ks.owned {
-                        if r.member == m
-                            && r.kind == kind
-                            && scope.as_ref().is_none_or(|ns| *ns == r.namespace)
-                            && !listed.contains(&(r.namespace.as_str(), r.name.as_str()))
-                        {
-                            gone.push((key.clone(), r.clone()));
-                        }
-                    }
-                }
-                for (key, r) in gone {
+                for (key, r) in gone(&self.keys, m, (kind, scope.as_deref()), &items, began) {
                     if let Some(ks) = self.keys.get_mut(&key) {
                         ks.invalidate(&r);
                         info!(member = %self.members[m].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "ours, and gone: writing it again");
@@ -1267,6 +1284,44 @@ fn now_rfc3339() -> String {
 mod tests {
     use super::*;
     use crate::model::DnsLabel;
+
+    #[test]
+    fn an_object_written_after_its_list_began_is_not_gone() {
+        let key =
+            ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("web").unwrap() };
+        let import = object(1, "ServiceImport", &key, "web".into());
+        let slice = object(1, "EndpointSlice", &key, "web-abc".into());
+        let mut ks = KeyState::default();
+        ks.owned.extend([import.clone(), slice.clone()]);
+        ks.written.record(import.clone(), Some("5"));
+        let listed_at = std::time::Instant::now();
+        // The slice is written while the list is under way.
+        std::thread::sleep(Duration::from_millis(2));
+        ks.written.record(slice.clone(), Some("6"));
+        let keys = HashMap::from([(key.clone(), ks)]);
+        let seen = |r: &ObjectRef| Seen {
+            kind: r.kind,
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            service: "web".into(),
+            version: "5".into(),
+        };
+        // Neither listed: the import, written before the list, is gone; the
+        // slice may be newer than the list.
+        assert_eq!(
+            gone(&keys, 1, ("ServiceImport", None), &[], listed_at),
+            vec![(key.clone(), import.clone())]
+        );
+        assert_eq!(gone(&keys, 1, ("EndpointSlice", Some("shop")), &[], listed_at), vec![]);
+        // A later list without the slice: gone.
+        std::thread::sleep(Duration::from_millis(2));
+        let later = std::time::Instant::now();
+        assert_eq!(gone(&keys, 1, ("EndpointSlice", None), &[], later), vec![(key.clone(), slice)]);
+        // Listed, of another member, or of another namespace: not gone.
+        assert_eq!(gone(&keys, 1, ("ServiceImport", None), &[seen(&import)], listed_at), vec![]);
+        assert_eq!(gone(&keys, 0, ("ServiceImport", None), &[], listed_at), vec![]);
+        assert_eq!(gone(&keys, 1, ("ServiceImport", Some("other")), &[], listed_at), vec![]);
+    }
 
     #[test]
     fn retries_back_off_exponentially_with_a_spread_and_a_cap() {

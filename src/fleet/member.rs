@@ -300,7 +300,7 @@ impl<K: Resource, V: Send> Translate<K> for ToFleet<K, V> {
         (self.entry)(&self.cluster, k)
     }
 
-    fn listed(&self, entries: Vec<Entry<V>>) -> MemberEvent {
+    fn listed(&self, entries: Vec<Entry<V>>, _: std::time::Instant) -> MemberEvent {
         self.event(Delta::Listed(self.scope.clone(), entries))
     }
 

@@ -326,8 +326,10 @@ pub trait Translate<K>: Send {
     /// One object of a list; `None` leaves it out.
     fn item(&self, object: &K) -> Option<Self::Item>;
     /// A complete list (the first, or a relist): it replaces what the
-    /// consumer held from this watch.
-    fn listed(&self, items: Vec<Self::Item>) -> Self::Message;
+    /// consumer held from this watch. `began` is when the list was asked
+    /// for: an object written after it may be missing from the list
+    /// without being gone (its event follows).
+    fn listed(&self, items: Vec<Self::Item>, began: Instant) -> Self::Message;
     /// An object added or changed; `None` sends nothing.
     fn applied(&self, object: &K) -> Option<Self::Message>;
     /// An object deleted; `None` sends nothing.
@@ -410,8 +412,10 @@ where
     let mut stream = std::pin::pin!(stream);
     let mut buffer = Vec::new();
     let mut listed = false;
-    // Whether a list began (`Init`) and has not ended (`InitDone`).
+    // Whether a list began (`Init`) and has not ended (`InitDone`), and
+    // when it began.
     let mut started = false;
+    let mut began = Instant::now();
     let how = if streaming { "streamed" } else { "paged" };
     while let Some(event) = stream.next().await {
         let (message, complete) = match event {
@@ -437,6 +441,7 @@ where
                     return End::Failed { listed };
                 }
                 started = true;
+                began = Instant::now();
                 buffer.clear();
                 continue;
             }
@@ -449,7 +454,7 @@ where
                 let items = std::mem::take(&mut buffer);
                 info!(watch = %reporter.name(), objects = items.len(), list = how, "watch listed");
                 listed = true;
-                (translate.listed(items), true)
+                (translate.listed(items, began), true)
             }
             Ok(Event::Apply(k)) => match translate.applied(&k) {
                 Some(m) => (m, false),
@@ -486,7 +491,7 @@ mod tests {
         fn item(&self, object: &String) -> Option<String> {
             Some(object.clone())
         }
-        fn listed(&self, items: Vec<String>) -> String {
+        fn listed(&self, items: Vec<String>, _: Instant) -> String {
             format!("listed {}", items.join(","))
         }
         fn applied(&self, object: &String) -> Option<String> {

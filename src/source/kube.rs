@@ -181,7 +181,7 @@ impl<K> Translate<K> for ToStore<K> {
         self.convert(k)
     }
 
-    fn listed(&self, objects: Vec<Object>) -> Update {
+    fn listed(&self, objects: Vec<Object>, _: std::time::Instant) -> Update {
         Update::Replace { source: self.source, objects }
     }
 

@@ -122,6 +122,12 @@ fn a_throttling_api_server_slows_sync_down_but_it_converges_without_a_storm() {
     assert_eq!(later, after, "requests still refused after convergence: the controller keeps retrying");
     let exports = sync.metric("clusterset_dns_sync_reconciles_total").unwrap_or(0.0);
     assert!(exports >= N as f64, "{exports} reconciles for {N} services");
+    // Nobody but sync touches its objects here: a list that arrived after
+    // a slow batch of writes must not make them look deleted or edited.
+    let log = sync.log();
+    let mistaken =
+        log.lines().filter(|l| l.contains("ours, and gone") || l.contains("by someone else")).count();
+    assert_eq!(mistaken, 0, "{mistaken} of sync's own objects taken for someone else's doing");
     // serve answers every import (a VIP each), its client's retries bounded
     // as sync's are, never kube's default minutes per request.
     let answered = |i: usize| {
