@@ -27,7 +27,7 @@ use serde_json::json;
 use common::dns::{Dns, POLL_EVERY};
 use common::objects::{Fleet, import_resource, timed_call};
 use common::report::row;
-use common::{SmallFleet, main_of};
+use common::{SERVED_FLEET, ServedFleet, main_of};
 use harness::served::Served;
 
 /// Changes timed.
@@ -37,7 +37,7 @@ const PROPAGATION_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn main() {
     main_of("propagation", |rt| {
-        SmallFleet::run(rt, |small| propagation(rt, &small.client, &small.server, &small.fleet))
+        ServedFleet::run(rt, SERVED_FLEET, |f| propagation(rt, &f.client, &f.server, &f.fleet))
     });
 }
 

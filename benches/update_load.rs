@@ -5,6 +5,8 @@
 //! per second are patched, then the patches alone.
 //!
 //! `cargo bench --bench update_load`; see `common` for how bench targets run.
+//! `UPDATE_SERVICES=N` measures a cluster of N services instead (fleet
+//! scale: a multiple of 100, 10 % headless, 3N slices, listed by streaming).
 
 #![allow(clippy::print_stdout)]
 
@@ -26,7 +28,7 @@ use serde_json::json;
 
 use common::objects::{CLUSTER_IDS, Fleet, slice_resource};
 use common::report::percentile;
-use common::{SmallFleet, main_of};
+use common::{SERVED_FLEET, ServedFleet, main_of};
 use harness::procfs::loadavg;
 use harness::served::Served;
 
@@ -40,7 +42,11 @@ const UPDATE_ROUNDS: usize = 3;
 
 fn main() {
     main_of("update_load", |rt| {
-        SmallFleet::run(rt, |small| update_load(rt, &small.client, &small.server, &small.fleet))
+        let services = match std::env::var("UPDATE_SERVICES") {
+            Ok(n) => n.parse().map_err(|e| anyhow!("UPDATE_SERVICES={n}: {e}"))?,
+            Err(_) => SERVED_FLEET,
+        };
+        ServedFleet::run(rt, services, |f| update_load(rt, &f.client, &f.server, &f.fleet))
     });
 }
 

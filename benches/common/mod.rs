@@ -87,24 +87,43 @@ pub fn serve_with(kubeconfig: &std::path::Path, extra: &[&str]) -> Served {
     Served::start_tied(&args)
 }
 
-/// The cluster `propagation` and `update_load` measure: 1,000 ClusterSetIP
-/// services in 10 namespaces, 3 slices each, and a ready server watching it
-/// through the serve identity.
-pub struct SmallFleet {
+/// The cluster `propagation` and `update_load` measure, and a ready server
+/// watching it through the serve identity. At the default 1,000: ClusterSetIP
+/// services in 10 namespaces, 3 slices each. Larger (fleet scale, a multiple
+/// of 100): 100 namespaces, every 10th service headless as in `scale`, and
+/// the server lists by streaming (the API server with the WatchList gate),
+/// so that it is ready in seconds rather than minutes of pages.
+pub struct ServedFleet {
     pub clusters: TestClusters,
     pub client: kube::Client,
     pub server: Served,
     pub fleet: Fleet,
 }
 
-impl SmallFleet {
-    pub fn start(rt: &tokio::runtime::Runtime) -> Result<Self> {
-        let fleet = Fleet { prefix: "p", namespaces: 10, per_namespace: 100, headless_every: 0 };
-        println!("\n## cluster of 1,000 services");
-        let clusters = start_clusters(1);
+/// The size of [`ServedFleet`] unless a bench is told otherwise.
+pub const SERVED_FLEET: usize = 1_000;
+
+impl ServedFleet {
+    pub fn start(rt: &tokio::runtime::Runtime, services: usize) -> Result<Self> {
+        let large = services > SERVED_FLEET;
+        if large && !services.is_multiple_of(100) {
+            anyhow::bail!("{services} services: a multiple of 100 (100 namespaces)");
+        }
+        let fleet = if large {
+            Fleet { prefix: "p", namespaces: 100, per_namespace: services / 100, headless_every: 10 }
+        } else {
+            Fleet { prefix: "p", namespaces: 10, per_namespace: services.div_ceil(10), headless_every: 0 }
+        };
+        println!("\n## cluster of {} services", fleet.services());
+        let (env, lists): (&[(&str, &str)], &[&str]) = if large {
+            (&[("CLUSTERS_APISERVER_ARGS", "--feature-gates=WatchList=true")], &["--list-mode", "stream"])
+        } else {
+            (&[], &[])
+        };
+        let clusters = start_clusters_env(1, env);
         let client = rt.block_on(clusters.client(0));
         rt.block_on(create_fleet(&client, &fleet))?;
-        let server = serve(&clusters.serve_kubeconfig(0));
+        let server = serve_with(&clusters.serve_kubeconfig(0), lists);
         let ready = server.wait_ready(SERVER_READY_TIMEOUT);
         println!("server ready {:.0} ms after start", ms(ready));
         Ok(Self { clusters, client, server, fleet })
@@ -112,11 +131,15 @@ impl SmallFleet {
 
     /// Starts the cluster and the server, runs `bench` on them, then stops
     /// the server (SIGINT) and the cluster.
-    pub fn run(rt: &tokio::runtime::Runtime, bench: impl FnOnce(&Self) -> Result<()>) -> Result<()> {
-        let mut small = Self::start(rt)?;
-        bench(&small)?;
-        small.server.stop();
-        drop(small.clusters);
+    pub fn run(
+        rt: &tokio::runtime::Runtime,
+        services: usize,
+        bench: impl FnOnce(&Self) -> Result<()>,
+    ) -> Result<()> {
+        let mut served = Self::start(rt, services)?;
+        bench(&served)?;
+        served.server.stop();
+        drop(served.clusters);
         Ok(())
     }
 }
