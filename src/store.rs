@@ -21,6 +21,7 @@ mod localities;
 mod names;
 mod records;
 mod resolve;
+mod reverse;
 mod shards;
 mod snapshot;
 mod transfer;

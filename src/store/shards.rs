@@ -52,12 +52,6 @@ impl<K: Hash + Eq + Clone, V: Clone> Shards<K, V> {
         self.len
     }
 
-    /// True when there is none.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Every entry, shard by shard.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.shards.iter().flat_map(|s| s.iter())

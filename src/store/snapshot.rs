@@ -24,6 +24,7 @@ use super::encode;
 use super::hosts::{Hosts, Ptrs};
 use super::localities::Localities;
 use super::records::{NameNode, Records};
+use super::reverse::Reverse;
 use super::shards::Shards;
 
 /// What the operator configures about the zone.
@@ -291,7 +292,7 @@ pub struct Snapshot {
     pub(crate) any_hinfo: Records,
     /// PTR answers for the addresses the services name (`in-addr.arpa` and
     /// `ip6.arpa`): the names they point to, written per query.
-    pub(crate) reverse: Shards<IpAddr, Ptrs>,
+    pub(crate) reverse: Reverse,
 }
 
 impl Snapshot {
@@ -306,7 +307,7 @@ impl Snapshot {
             zone_names: names.names,
             negative_soa: names.negative_soa,
             any_hinfo: names.any_hinfo,
-            reverse: Shards::default(),
+            reverse: Reverse::default(),
         }
     }
 
@@ -344,7 +345,7 @@ impl Snapshot {
     /// The PTR records of an address a service names (a clusterset VIP or
     /// a headless endpoint): the names they point to.
     pub fn reverse(&self, ip: IpAddr) -> Option<&Ptrs> {
-        self.reverse.get(&ip)
+        self.reverse.get(ip)
     }
 }
 

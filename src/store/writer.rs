@@ -16,7 +16,7 @@ use super::input::{Object, ObjectId, SourceId, Update};
 use super::intern::Interner;
 use super::names::{self, BuildCtx};
 use super::resolve;
-use super::shards;
+use super::reverse;
 use super::snapshot::{ServiceNames, Snapshot, Zone};
 use super::vec_map::{SliceMap, VecMap};
 use crate::model::{
@@ -513,13 +513,13 @@ enum Change {
 
 /// Adds `target` to the names `ip` answers.
 fn name(
-    reverse: &mut shards::Edit<IpAddr, Ptrs>,
+    reverse: &mut reverse::Edit,
     twice: &mut FxHashMap<IpAddr, Vec<PtrTarget>>,
     ip: IpAddr,
     target: PtrTarget,
 ) {
     let Some(all) = twice.get_mut(&ip) else {
-        match reverse.get(&ip).map(Ptrs::to_vec) {
+        match reverse.get(ip).map(Ptrs::to_vec) {
             Some(mut all) => {
                 all.push(target);
                 set_ptrs(reverse, ip, &all);
@@ -535,14 +535,14 @@ fn name(
 
 /// Takes `target` out of the names `ip` answers.
 fn unname(
-    reverse: &mut shards::Edit<IpAddr, Ptrs>,
+    reverse: &mut reverse::Edit,
     twice: &mut FxHashMap<IpAddr, Vec<PtrTarget>>,
     ip: IpAddr,
     target: &PtrTarget,
 ) {
     let Some(all) = twice.get_mut(&ip) else {
-        if reverse.get(&ip).is_some_and(|p| p.is_only(target)) {
-            reverse.remove(&ip);
+        if reverse.get(ip).is_some_and(|p| p.is_only(target)) {
+            reverse.remove(ip);
         }
         return;
     };
@@ -556,13 +556,13 @@ fn unname(
     match twice.remove(&ip) {
         Some(last) if !last.is_empty() => set_ptrs(reverse, ip, &last),
         _ => {
-            reverse.remove(&ip);
+            reverse.remove(ip);
         }
     }
 }
 
 /// `ip` answers `targets` (none: nothing is set).
-fn set_ptrs(reverse: &mut shards::Edit<IpAddr, Ptrs>, ip: IpAddr, targets: &[PtrTarget]) {
+fn set_ptrs(reverse: &mut reverse::Edit, ip: IpAddr, targets: &[PtrTarget]) {
     if let Some(ptrs) = Ptrs::of(targets) {
         reverse.insert(ip, ptrs);
     }
