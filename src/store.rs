@@ -26,6 +26,7 @@ mod shards;
 mod snapshot;
 mod transfer;
 mod vec_map;
+mod wire_key;
 mod writer;
 
 pub use answer_config::{AnswerConfig, ClientNet};

@@ -26,6 +26,7 @@ use super::localities::Localities;
 use super::records::{NameNode, Records};
 use super::reverse::Reverse;
 use super::shards::Shards;
+use super::wire_key::WireKey;
 
 /// What the operator configures about the zone.
 #[derive(Debug, Clone)]
@@ -281,7 +282,7 @@ pub struct Snapshot {
     pub(crate) serial: u32,
     pub(crate) ready: bool,
     /// Services keyed by the lower-case wire bytes of `<svc>.<ns>`.
-    pub(crate) services: Shards<Arc<[u8]>, Arc<ServiceNames>>,
+    pub(crate) services: Shards<WireKey, Arc<ServiceNames>>,
     /// Names outside any service (apex, `dns-version`, `svc`, `<ns>.svc`, …),
     /// keyed by the wire bytes of the labels in front of the apex.
     pub(crate) zone_names: FxHashMap<Box<[u8]>, NameNode>,

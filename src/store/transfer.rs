@@ -17,6 +17,7 @@ use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
 use super::records::NameNode;
 use super::snapshot::Snapshot;
+use super::wire_key::WireKey;
 
 /// SOA's record type.
 const SOA: u16 = 6;
@@ -29,7 +30,7 @@ const HEADER_LEN: usize = 12;
 pub struct ZoneWalk {
     snap: Arc<Snapshot>,
     /// Service keys (`<svc>.<ns>` wire bytes), in the order listed.
-    services: Vec<Arc<[u8]>>,
+    services: Vec<WireKey>,
     /// Next service to list; `None` until the zone's own names are listed.
     next: Option<usize>,
 }
@@ -38,7 +39,7 @@ impl ZoneWalk {
     /// Starts a walk of `snap`; the snapshot is held until the walk is dropped,
     /// so every message of a transfer comes from it.
     pub fn new(snap: Arc<Snapshot>) -> Self {
-        let mut keyed: Vec<(Name, Arc<[u8]>)> = snap
+        let mut keyed: Vec<(Name, WireKey)> = snap
             .services
             .keys()
             .map(|k| (name_of(&[k, b"\0".as_slice()]).unwrap_or_default(), k.clone()))
@@ -83,7 +84,7 @@ impl ZoneWalk {
             return false;
         };
         self.next = Some(i + 1);
-        let Some(service) = self.snap.services.get(key) else {
+        let Some(service) = self.snap.services.get(&key[..]) else {
             return true;
         };
         let base = [&key[..], b"\x03svc", zone].concat();

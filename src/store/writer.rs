@@ -19,6 +19,7 @@ use super::resolve;
 use super::reverse;
 use super::snapshot::{ServiceNames, Snapshot, Zone};
 use super::vec_map::{SliceMap, VecMap};
+use super::wire_key::WireKey;
 use crate::model::{
     BackingKind, BackingService, ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey,
 };
@@ -423,7 +424,7 @@ impl Writer {
         for key in std::mem::take(&mut self.health_dirty).difference(&dirty) {
             let wire = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]);
             if let Some(names) = services.get(&wire[..]).and_then(|old| self.rehealth(key, old)) {
-                services.insert(wire.into(), Arc::new(names));
+                services.insert(WireKey::new(&wire), Arc::new(names));
             }
         }
         // Every cluster and zone the rebuilt services name gets its id
@@ -437,7 +438,7 @@ impl Writer {
             }
         }
         for (key, built, unresolved) in self.build(dirty) {
-            let wire: Arc<[u8]> = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]).into();
+            let wire = WireKey::new(&names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]));
             match unresolved {
                 Some(why) => {
                     self.unresolved.insert(key.clone(), why);
@@ -446,7 +447,7 @@ impl Writer {
                     self.unresolved.remove(&key);
                 }
             }
-            let old_hosts = services.get(&*wire).map(|old| old.hosts.clone());
+            let old_hosts = services.get(&wire[..]).map(|old| old.hosts.clone());
             for (ip, target) in old_hosts.iter().flat_map(|h| h.ptrs()) {
                 unname(&mut reverse, &mut self.named_twice, ip, &target);
             }
@@ -458,7 +459,7 @@ impl Writer {
                     services.insert(wire, Arc::new(names));
                 }
                 None => {
-                    services.remove(&*wire);
+                    services.remove(&wire[..]);
                 }
             }
             if self.services.get(&key).is_some_and(ServiceState::is_empty) {
