@@ -101,10 +101,10 @@ impl<R: Hash + Eq> Written<R> {
         self.versions.get(object).is_some_and(|(_, v)| v.iter().any(|x| x == version))
     }
 
-    /// True when one of our writes of `object` was recorded at `instant` or
-    /// later.
-    pub fn since(&self, object: &R, instant: Instant) -> bool {
-        self.versions.get(object).is_some_and(|(at, _)| *at >= instant)
+    /// True when our last write of `object` was recorded before `instant`
+    /// (and it has not been forgotten since).
+    pub fn before(&self, object: &R, instant: Instant) -> bool {
+        self.versions.get(object).is_some_and(|(at, _)| *at < instant)
     }
 
     /// Forgets an object (deleted, or to be written again).
@@ -278,19 +278,20 @@ mod tests {
     }
 
     #[test]
-    fn a_write_is_since_an_instant_when_recorded_at_or_after_it() {
+    fn a_write_is_before_an_instant_when_its_last_record_is() {
         let mut w: Written<(usize, &str)> = Written::default();
         let web = (0, "shop/web");
-        let before = Instant::now();
-        assert!(!w.since(&web, before), "never written");
-        w.record(web, Some("5"));
-        let after = Instant::now();
-        assert!(w.since(&web, before));
+        let first = Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(2));
-        assert!(!w.since(&web, Instant::now()), "written before the instant");
+        assert!(!w.before(&web, Instant::now()), "never written");
+        w.record(web, Some("5"));
+        assert!(!w.before(&web, first), "written after the instant");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let second = Instant::now();
+        assert!(w.before(&web, second));
         w.record(web, Some("6"));
-        assert!(w.since(&web, after), "the last write counts");
+        assert!(!w.before(&web, second), "the last write counts");
         w.forget(&web);
-        assert!(!w.since(&web, before));
+        assert!(!w.before(&web, Instant::now()), "forgotten");
     }
 }

@@ -255,11 +255,13 @@ impl KeyState {
 
 /// Our objects of `kind` in member `m` and `scope` (`None`: every
 /// namespace) that a list asked for at `began` does not hold: deleted
-/// while the watch was down. An object written since `began` is not among
-/// them: the list may predate it, however late it arrives (a batch of
-/// writes throttled by the API server can take longer than the list),
-/// and taking it for gone would write it again, and again see the
-/// events of the first write as someone else's.
+/// while the watch was down. Only an object whose last write was recorded
+/// before `began` can be gone. One written since may be newer than the
+/// list, however late the list arrives (a batch of writes throttled by
+/// the API server can take longer), and taking it for gone would write it
+/// again, and again see the events of the first write as someone else's.
+/// One with no write recorded was never written (its write failed and is
+/// retried) or is being written again: nothing to repair.
 fn gone(
     keys: &HashMap<ServiceKey, KeyState>,
     m: usize,
@@ -276,7 +278,7 @@ fn gone(
                 && r.kind == kind
                 && scope.is_none_or(|ns| ns == r.namespace)
                 && !listed.contains(&(r.namespace.as_str(), r.name.as_str()))
-                && !ks.written.since(r, began)
+                && ks.written.before(r, began)
             {
                 gone.push((key.clone(), r.clone()));
             }
@@ -1286,14 +1288,17 @@ mod tests {
     use crate::model::DnsLabel;
 
     #[test]
-    fn an_object_written_after_its_list_began_is_not_gone() {
+    fn only_an_object_written_before_a_list_began_can_be_gone() {
         let key =
             ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("web").unwrap() };
         let import = object(1, "ServiceImport", &key, "web".into());
         let slice = object(1, "EndpointSlice", &key, "web-abc".into());
+        // Wanted, but its write failed: owned, never written.
+        let vip = object(1, "Service", &key, "web-clusterset".into());
         let mut ks = KeyState::default();
-        ks.owned.extend([import.clone(), slice.clone()]);
+        ks.owned.extend([import.clone(), slice.clone(), vip]);
         ks.written.record(import.clone(), Some("5"));
+        std::thread::sleep(Duration::from_millis(2));
         let listed_at = std::time::Instant::now();
         // The slice is written while the list is under way.
         std::thread::sleep(Duration::from_millis(2));
@@ -1317,7 +1322,9 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let later = std::time::Instant::now();
         assert_eq!(gone(&keys, 1, ("EndpointSlice", None), &[], later), vec![(key.clone(), slice)]);
-        // Listed, of another member, or of another namespace: not gone.
+        // Never written, listed, of another member, or of another
+        // namespace: not gone.
+        assert_eq!(gone(&keys, 1, ("Service", None), &[], later), vec![]);
         assert_eq!(gone(&keys, 1, ("ServiceImport", None), &[seen(&import)], listed_at), vec![]);
         assert_eq!(gone(&keys, 0, ("ServiceImport", None), &[], listed_at), vec![]);
         assert_eq!(gone(&keys, 1, ("ServiceImport", Some("other")), &[], listed_at), vec![]);
