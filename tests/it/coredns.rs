@@ -608,16 +608,36 @@ impl Drop for CoreDns {
     }
 }
 
-/// A port free for both UDP and TCP on 127.0.0.1 (at the time of asking).
+/// A port free for both UDP and TCP on 127.0.0.1 (at the time of asking),
+/// for a program that is told its port (CoreDNS).
+///
+/// Taken below the kernel's ephemeral range, where no `bind(port 0)`
+/// lands: our servers under test bind port 0 with SO_REUSEPORT, and so
+/// does CoreDNS its port, so a CoreDNS given a port the kernel had just
+/// handed to one of our servers would join that server's socket group
+/// and take a share of its queries (a test then sees answers from the
+/// wrong server).
 pub(crate) fn free_port() -> u16 {
-    for _ in 0..50 {
-        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind TCP");
-        let port = tcp.local_addr().expect("local addr").port();
-        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000usize, usize::from(ephemeral).max(10_100));
+    // Stepping from a per-process start, so that two test binaries at
+    // once rarely try the same ports.
+    let start = std::process::id() as usize * 7919;
+    for _ in 0..200 {
+        let step = NEXT.fetch_add(1, Ordering::Relaxed) * 101;
+        let port = u16::try_from(low + (start + step) % (high - low)).unwrap_or(0);
+        if let (Ok(_tcp), Ok(_udp)) =
+            (TcpListener::bind(("127.0.0.1", port)), UdpSocket::bind(("127.0.0.1", port)))
+            && port != 0
+        {
             return port;
         }
     }
-    panic!("no port free for both UDP and TCP on 127.0.0.1");
+    panic!("no port below {high} free for both UDP and TCP on 127.0.0.1");
 }
 
 /// One `dig` try with a 1 s timeout: no client retry adding a second
