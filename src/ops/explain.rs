@@ -57,7 +57,7 @@ pub fn report_for(
         _ => None,
     };
     match (balance, family) {
-        (Some(b), Some(fam)) => explain_balance(&mut out, b, fam, &client),
+        (Some(b), Some(fam)) => explain_balance(&mut out, snap, b, fam, &client),
         (Some(_), None) => {
             let _ = writeln!(out, "policy: none for {rtype} (policies choose A and AAAA answers)");
         }
@@ -124,7 +124,7 @@ fn service_of<'s>(snap: &'s Snapshot, name: &Name) -> Option<(Option<&'s Balance
     Some((s.balance(), k == 3))
 }
 
-fn explain_balance(out: &mut String, b: &Balance, fam: usize, client: &Client) {
+fn explain_balance(out: &mut String, snap: &Snapshot, b: &Balance, fam: usize, client: &Client) {
     let seq = b.peek_seq(fam);
     let records = b.endpoints.iter().map(|e| usize::from(e.records[fam].1)).sum();
     let mut picks = Picks::default();
@@ -147,7 +147,7 @@ fn explain_balance(out: &mut String, b: &Balance, fam: usize, client: &Client) {
             "  {:<28} cluster {:<12} zone {:<12} {:<9} tier {} weight {} [{}]",
             e.label(),
             c.name.as_str(),
-            e.zone_name.as_deref().unwrap_or("-"),
+            e.zone.and_then(|z| snap.topology_zone(z)).unwrap_or("-"),
             if b.healthy[i] { "healthy" } else { "UNHEALTHY" },
             select::tier(b, i, client, drawn),
             c.weight,

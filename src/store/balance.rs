@@ -44,8 +44,6 @@ pub struct EndpointMeta {
     /// its address does, the common case, which then costs no allocation
     /// (see [`EndpointMeta::label`]).
     pub name: Option<Box<str>>,
-    /// Its zone's name, for explain.
-    pub zone_name: Option<Box<str>>,
     /// Its addresses, for health and explain.
     pub addresses: Addresses,
 }

@@ -334,7 +334,6 @@ fn balanced(
             zone: c.zone.as_deref().map(|z| cx.interner.zone_id(z)),
             records: range,
             name: c.named.then(|| c.name.as_str().into()),
-            zone_name: c.zone.as_deref().map(Into::into),
             addresses: addresses.into(),
         });
     }

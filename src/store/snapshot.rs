@@ -294,6 +294,10 @@ pub struct Snapshot {
     /// PTR answers for the addresses the services name (`in-addr.arpa` and
     /// `ip6.arpa`): the names they point to, written per query.
     pub(crate) reverse: Reverse,
+    /// The names of the interned topology zones (`EndpointMeta::zone`):
+    /// the configuration's, then those slices name. Shared by snapshots
+    /// until a new zone appears, so an endpoint keeps only the id.
+    pub(crate) zones: Arc<[Box<str>]>,
 }
 
 impl Snapshot {
@@ -301,6 +305,7 @@ impl Snapshot {
     /// only the names outside services (`names::zone_names` at serial 0).
     pub(crate) fn empty(zone: Arc<Zone>, names: ZoneNames) -> Self {
         Self {
+            zones: zone.localities.zones.iter().map(|z| z.as_str().into()).collect(),
             zone,
             serial: 0,
             ready: false,
@@ -341,6 +346,11 @@ impl Snapshot {
     /// A node outside the services, by its prefix in front of the apex.
     pub fn zone_name(&self, prefix: &[u8]) -> Option<&NameNode> {
         self.zone_names.get(prefix)
+    }
+
+    /// The name of the interned topology zone `id` (an endpoint's zone).
+    pub fn topology_zone(&self, id: u16) -> Option<&str> {
+        self.zones.get(usize::from(id)).map(|z| &**z)
     }
 
     /// The PTR records of an address a service names (a clusterset VIP or

@@ -482,6 +482,11 @@ impl Writer {
             negative_soa: zone_names.negative_soa,
             any_hinfo: zone_names.any_hinfo,
             reverse: reverse.finish(),
+            zones: if old.zones.len() == self.interner.zones.len() {
+                old.zones.clone()
+            } else {
+                self.interner.zones.iter().map(|z| z.as_str().into()).collect()
+            },
         };
         debug!(
             serial = snap.serial,

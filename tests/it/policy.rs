@@ -243,6 +243,10 @@ fn explain_shows_candidates_decision_and_the_exact_answer() {
     .expect("valid");
     assert!(report.contains("policy: local-first"), "{report}");
     assert!(report.contains("candidates (4):"), "{report}");
+    // Each candidate with its slice's zone, or none.
+    let line = |name: &str| report.lines().find(|l| l.contains(name)).unwrap_or_default().to_owned();
+    assert!(line("web-0").contains("zone us-east-1a"), "{report}");
+    assert!(line("web-1").contains("zone -"), "{report}");
     assert!(report.contains("decision:"), "{report}");
     assert!(
         report.ends_with("answer: NoError\n  hl.ns1.svc.clusterset.local. 5 IN A 10.2.0.1\n"),
