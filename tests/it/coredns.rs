@@ -616,14 +616,15 @@ impl Drop for CoreDns {
 /// does CoreDNS its port, so a CoreDNS given a port the kernel had just
 /// handed to one of our servers would join that server's socket group
 /// and take a share of its queries (a test then sees answers from the
-/// wrong server).
+/// wrong server). And below 20000, where `scripts/clusters.sh` picks the
+/// control planes' ports.
 pub(crate) fn free_port() -> u16 {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
-    let (low, high) = (10_000usize, usize::from(ephemeral).max(10_100));
+    let (low, high) = (10_000usize, usize::from(ephemeral).clamp(10_100, 20_000));
     // Stepping from a per-process start, so that two test binaries at
     // once rarely try the same ports.
     let start = std::process::id() as usize * 7919;
