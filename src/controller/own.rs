@@ -88,8 +88,9 @@ impl<R: Hash + Eq> Written<R> {
     /// Records a version one of our writes produced.
     pub fn record(&mut self, object: R, version: Option<&str>) {
         let Some(v) = version else { return };
-        let (at, slot) = self.versions.entry(object).or_insert_with(|| (Instant::now(), VecDeque::new()));
-        *at = Instant::now();
+        let now = Instant::now();
+        let (at, slot) = self.versions.entry(object).or_insert_with(|| (now, VecDeque::new()));
+        *at = now;
         if slot.len() == KEPT {
             slot.pop_front();
         }

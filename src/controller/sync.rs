@@ -211,7 +211,8 @@ struct KeyState {
     applied: HashMap<ObjectRef, String>,
     /// The ClusterIPs of each VIP Service written.
     vips: HashMap<ObjectRef, Vec<String>>,
-    /// Objects of ours that exist.
+    /// Objects of ours that exist, and those a reconcile wanted whose write
+    /// failed (retried with the service; `written` has no version of them).
     owned: BTreeSet<ObjectRef>,
     /// lastTransitionTime per (member, condition type), with its status.
     transitions: HashMap<(usize, &'static str), (Status, String)>,
