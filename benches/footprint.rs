@@ -10,7 +10,7 @@
 //! `FOOTPRINT_SERVICES=N` for one other size). Without `--bench` (how
 //! `cargo test --benches` runs bench targets) it checks 1,000 services.
 // A counting allocator wrapper needs `unsafe impl GlobalAlloc`; it only
-// counts and forwards to the server's allocator (mimalloc), so the resident
+// counts and forwards to the server's allocator (jemalloc), so the resident
 // memory it reports beside the counted bytes is what `serve` would hold.
 #![allow(unsafe_code, clippy::print_stdout)]
 
@@ -26,7 +26,7 @@ use clusterset_dns::model::{
 use clusterset_dns::ops::memory::resident_bytes;
 use clusterset_dns::store::{self, Object, SourceId, Update, ZoneConfig};
 use hickory_proto::rr::Name;
-use mimalloc::MiMalloc;
+use tikv_jemallocator::Jemalloc;
 
 /// Live heap bytes and the most they reached since the last reset.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -39,18 +39,18 @@ fn grew(by: usize) {
     PEAK.fetch_max(now, Ordering::Relaxed);
 }
 
-// SAFETY: forwards every call unchanged to `MiMalloc`; the counters are
+// SAFETY: forwards every call unchanged to `Jemalloc`; the counters are
 // atomics, which never allocate.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         grew(layout.size());
         // SAFETY: same contract as the caller's.
-        unsafe { MiMalloc.alloc(layout) }
+        unsafe { Jemalloc.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
-        unsafe { MiMalloc.dealloc(ptr, layout) }
+        unsafe { Jemalloc.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if new_size >= layout.size() {
@@ -59,12 +59,17 @@ unsafe impl GlobalAlloc for Counting {
             LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
         }
         // SAFETY: same contract as the caller's.
-        unsafe { MiMalloc.realloc(ptr, layout, new_size) }
+        unsafe { Jemalloc.realloc(ptr, layout, new_size) }
     }
 }
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
+
+// The server's jemalloc options (src/main.rs), so the resident bytes
+// reported are what `serve` would hold.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: &[u8; 19] = clusterset_dns::ops::memory::ALLOCATOR_OPTIONS;
 
 fn live() -> usize {
     LIVE.load(Ordering::Relaxed)

@@ -10,7 +10,14 @@ use tracing_subscriber::EnvFilter;
 
 /// See Cargo.toml and BENCHMARKS.md ("Fleet scale") for why this allocator.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options: see `ALLOCATOR_OPTIONS`.
+// SAFETY: jemalloc reads this symbol as a `const char *` to a NUL-terminated
+// string; a reference to a byte array is that pointer, and it is immutable.
+#[allow(unsafe_code)]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: &[u8; 19] = clusterset_dns::ops::memory::ALLOCATOR_OPTIONS;
 
 /// BSD sysexits: a bad command line or configuration.
 const EX_USAGE: u8 = 64;

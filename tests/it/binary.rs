@@ -254,3 +254,25 @@ fn a_workload_over_the_memory_limit_stops_the_server_naming_the_size() {
     assert!(status.is_some_and(|st| !st.success()), "still running (or exit 0) over the limit:\n{}", s.log());
     assert!(s.log().contains("services, over 90 % of the"), "the size is named:\n{}", s.log());
 }
+
+#[test]
+fn the_allocator_starts_with_the_options_the_binary_gives_it() {
+    // jemalloc lists every source of options it read when asked to
+    // (`confirm_conf`); the binary's own are the global variable's.
+    let out = Command::new(BIN)
+        .arg("--version")
+        .env("_RJEM_MALLOC_CONF", "confirm_conf:true")
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let options = std::str::from_utf8(clusterset_dns::ops::memory::ALLOCATOR_OPTIONS)
+        .expect("ASCII")
+        .trim_end_matches('\0');
+    assert!(
+        err.lines()
+            .any(|l| l.contains("global variable malloc_conf)") && l.ends_with(&format!("\"{options}\""))),
+        "jemalloc did not read the binary's options {options:?}:\n{err}"
+    );
+    assert!(err.contains(&format!("Set conf value: {options}")), "{err}");
+}
