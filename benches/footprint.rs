@@ -7,7 +7,9 @@
 //! headless with 4 endpoints in each of 10 clusters, the others ClusterSetIP.
 //!
 //! `cargo bench --bench footprint` (sizes 10,000 and 100,000; set
-//! `FOOTPRINT_SERVICES=N` for one other size). Without `--bench` (how
+//! `FOOTPRINT_SERVICES=N` for one other size, and
+//! `FOOTPRINT_HEADLESS_EVERY=K` for every K-th service headless instead of
+//! every 10th: 1 for all, 0 for none, to see what each kind costs). Without `--bench` (how
 //! `cargo test --benches` runs bench targets) it checks 1,000 services.
 // A counting allocator wrapper needs `unsafe impl GlobalAlloc`; it only
 // counts and forwards to the server's allocator (jemalloc), so the resident
@@ -94,7 +96,7 @@ fn key(i: usize) -> ServiceKey {
 /// no other endpoint has.
 fn slice(i: usize, c: u32, moved: bool) -> Object {
     let port = Port { name: Some(label("http")), protocol: Protocol::Tcp, port: 80 + (i % 7) as u16 };
-    let first = if moved { 0x0B40_0000 } else { 0x0A40_0000 + (i as u32 / 10) * CLUSTERS * ENDPOINTS };
+    let first = if moved { 0x0B40_0000 } else { 0x0A40_0000 + i as u32 * CLUSTERS * ENDPOINTS };
     let base = first + c * ENDPOINTS;
     Object::Slice(EndpointSet {
         slice: SliceKey { namespace: format!("ns{}", i % 100), name: format!("svc{i}-cluster{c}") },
@@ -115,10 +117,15 @@ fn slice(i: usize, c: u32, moved: bool) -> Object {
     })
 }
 
-fn fleet(services: usize) -> Vec<Object> {
+/// Whether service `i` is headless: every `every`-th, none when 0.
+fn is_headless(i: usize, every: usize) -> bool {
+    every != 0 && i.is_multiple_of(every)
+}
+
+fn fleet(services: usize, every: usize) -> Vec<Object> {
     let mut out = Vec::with_capacity(services * 2);
     for i in 0..services {
-        let headless = i % 10 == 0;
+        let headless = is_headless(i, every);
         let port = Port { name: Some(label("http")), protocol: Protocol::Tcp, port: 80 + (i % 7) as u16 };
         out.push(Object::Import(ServiceImport {
             key: key(i),
@@ -144,18 +151,20 @@ struct Figures {
     snapshot: usize,
     peak_build: usize,
     build: Duration,
-    publish_one: Duration,
+    /// `None` when no service is headless (the change is to a headless
+    /// service's slice).
+    publish_one: Option<Duration>,
     answers: bool,
 }
 
-fn measure(services: usize, publishes: usize) -> Figures {
+fn measure(services: usize, every: usize, publishes: usize) -> Figures {
     let (reader, mut writer) = store::new(ZoneConfig::with_defaults(
         Name::from_ascii("clusterset.local.").expect("zone"),
         store::AnswerConfig::standard(),
     ));
     let empty = live();
     let resident_empty = resident_bytes().unwrap_or(0);
-    let objects = fleet(services);
+    let objects = fleet(services, every);
     let objects_bytes = live() - empty;
     reset_peak();
     let t = Instant::now();
@@ -167,17 +176,19 @@ fn measure(services: usize, publishes: usize) -> Figures {
     let resident = resident_bytes().unwrap_or(0).saturating_sub(resident_empty);
 
     // One headless service's slice in one cluster changes, back and forth.
-    let headless = (0..services).step_by(10).nth(services / 20).unwrap_or(0);
+    let headless: Vec<usize> = (0..services).filter(|&i| is_headless(i, every)).collect();
     let mut times = Vec::with_capacity(publishes);
-    for n in 0..publishes {
-        let object = slice(headless, 3, n % 2 == 0);
-        let t = Instant::now();
-        writer.apply(Update::Upsert { source: SourceId(1), object });
-        writer.publish();
-        times.push(t.elapsed());
+    if let Some(&headless) = headless.get(headless.len() / 2) {
+        for n in 0..publishes {
+            let object = slice(headless, 3, n % 2 == 0);
+            let t = Instant::now();
+            writer.apply(Update::Upsert { source: SourceId(1), object });
+            writer.publish();
+            times.push(t.elapsed());
+        }
     }
     times.sort();
-    let publish_one = times.get(times.len() / 2).copied().unwrap_or_default();
+    let publish_one = times.get(times.len() / 2).copied();
 
     let snap = reader.load_full();
     let answers = snap.service_count() == services && snap.is_ready();
@@ -208,18 +219,25 @@ fn main() {
         None if bench => vec![10_000, 100_000],
         None => vec![1_000],
     };
+    let every: usize =
+        std::env::var("FOOTPRINT_HEADLESS_EVERY").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let headless = match every {
+        0 => "none headless".to_owned(),
+        1 => "all headless".to_owned(),
+        k => format!("every {k}th headless"),
+    };
     println!(
-        "\n## footprint: heap bytes per service (every 10th headless, {CLUSTERS} clusters × {ENDPOINTS} endpoints)\n"
+        "\n## footprint: heap bytes per service ({headless}, {CLUSTERS} clusters × {ENDPOINTS} endpoints)\n"
     );
     println!(
         "| services | objects as the store takes them | writer model + snapshot | resident | snapshot alone | peak while building | build (all CPUs) | publish one changed slice (median) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for services in sizes {
-        let f = measure(services, if bench { 200 } else { 20 });
+        let f = measure(services, every, if bench { 200 } else { 20 });
         assert!(f.answers, "the snapshot serves every service");
         println!(
-            "| {} | {} B | {} B ({:.0} MB) | {:.0} MB | {} B ({:.0} MB) | {:.0} MB | {:.2} s | {:.3} ms |",
+            "| {} | {} B | {} B ({:.0} MB) | {:.0} MB | {} B ({:.0} MB) | {:.0} MB | {:.2} s | {} |",
             f.services,
             per(f.objects_bytes, f.services),
             per(f.model_and_snapshot, f.services),
@@ -229,7 +247,7 @@ fn main() {
             f.snapshot as f64 / 1e6,
             f.peak_build as f64 / 1e6,
             f.build.as_secs_f64(),
-            f.publish_one.as_secs_f64() * 1e3,
+            f.publish_one.map_or("-".to_owned(), |t| format!("{:.3} ms", t.as_secs_f64() * 1e3)),
         );
     }
 }
