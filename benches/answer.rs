@@ -114,6 +114,8 @@ fn answer_path(c: &mut Criterion) {
         ("hit_a_edns", query("svc1.ns1.svc.clusterset.local.", RecordType::A, true)),
         ("hit_headless_a_12", query("svc10.ns0.svc.clusterset.local.", RecordType::A, true)),
         ("hit_srv", query("_http._tcp.svc1.ns1.svc.clusterset.local.", RecordType::SRV, true)),
+        // 12 SRV records and their 12 targets' A records.
+        ("hit_headless_srv_12", query("_http._tcp.svc10.ns0.svc.clusterset.local.", RecordType::SRV, true)),
         // A headless endpoint's own name, and the reverse names of an
         // endpoint and of a VIP.
         (

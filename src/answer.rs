@@ -9,7 +9,7 @@ pub mod select;
 
 pub use select::{Decision, MAX_PICKS, Pick, Picks};
 
-use crate::store::{Balance, Client, Hosts, NameNode, Ptrs, Records, Snapshot};
+use crate::store::{Balance, Client, HostSrv, Hosts, NameNode, Ptrs, Records, Snapshot};
 
 /// Record and query types the answer path treats specially.
 pub mod rtype {
@@ -129,6 +129,18 @@ pub enum Synth<'s> {
     Addresses(&'s [std::net::IpAddr]),
     /// The PTR records of the reverse name of this address.
     Ptr(std::net::IpAddr, &'s Ptrs),
+    /// A headless service's SRV records, and their targets' addresses as
+    /// additional records.
+    Srv {
+        /// The service's endpoint names (the targets).
+        hosts: &'s Hosts,
+        /// The RRset.
+        srv: &'s HostSrv,
+        /// The zone the targets are named in (wire form).
+        zone: &'s [u8],
+        /// Where the service name starts in the question.
+        svc_at: u16,
+    },
 }
 
 impl Answer<'_> {
@@ -295,6 +307,7 @@ pub fn lookup_for<'s>(
     }
     let mut balance = None;
     let mut host = None;
+    let mut hosts = None;
     let mut svc_at = 0;
     let node: Option<&NameNode> = if k >= 3 && label(k - 1) == b"\x03svc" {
         // <prefix>.<svc>.<ns>.svc.<zone>
@@ -305,8 +318,9 @@ pub fn lookup_for<'s>(
             balance = service.and_then(|s| s.balance());
         }
         let node = service.and_then(|s| s.get(&name[..svc]));
+        hosts = service.map(|s| s.hosts());
         if node.is_none() {
-            host = service.and_then(|s| Some((s.hosts(), s.hosts().find(&name[..svc])?)));
+            host = hosts.and_then(|h| Some((h, h.find(&name[..svc])?)));
         }
         node
     } else {
@@ -350,6 +364,20 @@ pub fn lookup_for<'s>(
         };
     }
     match node.get(q.qtype) {
+        Some(set) if set.from_hosts => {
+            let Some((hosts, srv)) = hosts.and_then(|h| Some((h, h.srv(&name[..svc_at as usize])?))) else {
+                return Answer::negative(Rcode::NoError, apex);
+            };
+            // Targets name the zone asked, unless one would be too long there.
+            let zone = match (also, zone.also_wire.as_deref()) {
+                (true, Some(wire)) if srv.fits(hosts, wire) => wire,
+                _ => &zone.wire[..],
+            };
+            Answer {
+                synth: Some(Synth::Srv { hosts, srv, zone, svc_at }),
+                ..Answer::bare(Rcode::NoError, true)
+            }
+        }
         Some(set) => {
             // SRV targets name the zone they are in: the second zone has
             // its own encoding of them.

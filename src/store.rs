@@ -32,7 +32,7 @@ mod writer;
 pub use answer_config::{AnswerConfig, ClientNet};
 pub use answer_stats::{ANSWER_SLOTS, AnswerStats};
 pub use balance::{Balance, BalanceCluster, EndpointMeta};
-pub use hosts::{Hosts, PtrTargetRef, Ptrs, address_len, write_address, write_ptr};
+pub use hosts::{HostSrv, Hosts, PtrTargetRef, Ptrs, address_len, write_address, write_ptr};
 pub use input::{Object, ObjectId, SourceId, Update};
 pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};

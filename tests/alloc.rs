@@ -99,6 +99,7 @@ fn answering_common_queries_allocates_nothing() {
         query("api.shop.svc.clusterset.local.", RecordType::AAAA, true),
         query("db.shop.svc.clusterset.local.", RecordType::A, true),
         query("_postgres._tcp.db.shop.svc.clusterset.local.", RecordType::SRV, true),
+        query("db.shop.svc.clusterset.local.", RecordType::SRV, false),
         query("db-0.cluster-a.db.shop.svc.clusterset.local.", RecordType::A, false),
         query("fd00-1--6-20.cluster-a.cache.shop.svc.clusterset.local.", RecordType::AAAA, true),
         query("10.0.42.10.in-addr.arpa.", RecordType::PTR, false),

@@ -22,6 +22,11 @@ use std::sync::Arc;
 
 /// `index` of a [`PtrTarget`] naming the service name itself.
 const SERVICE: u32 = u32::MAX;
+/// Marks, in a [`HostSrv`] record's target index, the first record naming
+/// that target: its addresses go in the additional section, once.
+const FIRST: u32 = 1 << 31;
+/// The `svc` label between a service and the zone.
+const SVC: &[u8] = b"\x03svc";
 /// Offset of the question's name in a message (after the header).
 const QNAME_AT: u16 = 12;
 
@@ -42,6 +47,25 @@ pub struct Hosts {
     /// Every name's IPv4 then IPv6 addresses, each family in the order
     /// given, without repeats.
     addrs: Box<[IpAddr]>,
+    /// The SRV RRsets whose targets are these names (a headless service's).
+    srv: Box<[HostSrv]>,
+}
+
+/// The SRV RRset of one name of a headless service (the service name, or a
+/// `_<port>._<proto>` name) whose targets are the service's endpoint names
+/// in [`Hosts`]: written per query (see the module docs).
+#[derive(Debug)]
+pub struct HostSrv {
+    /// The owner's prefix key (empty for the service name).
+    owner: Box<[u8]>,
+    /// Per record, in answer order and without repeats: its port, and its
+    /// target's index in the names, with [`FIRST`] on the first record of
+    /// each target. The same list for two names (one named port) is kept
+    /// once.
+    records: Arc<[(u16, u32)]>,
+    /// The longest target prefix: whether every target fits in another
+    /// zone's name (at most 255 bytes).
+    longest: u8,
 }
 
 impl Hosts {
@@ -86,7 +110,46 @@ impl Hosts {
             prefixes: prefixes.into(),
             ends: ends.into(),
             addrs: addrs.into(),
+            srv: Box::default(),
         }
+    }
+
+    /// The same names with SRV RRsets: per owner (its prefix key), the
+    /// (port, target prefix) of each record in answer order, without
+    /// repeats, every target one of the names.
+    pub(crate) fn with_srv<'a>(
+        mut self,
+        sets: impl IntoIterator<Item = (&'a [u8], Vec<(u16, &'a [u8])>)>,
+    ) -> Self {
+        let mut srv: Vec<HostSrv> = Vec::new();
+        for (owner, given) in sets {
+            let mut records = Vec::with_capacity(given.len());
+            let mut longest = 0;
+            let mut seen = vec![false; self.len()];
+            for (port, target) in given {
+                let Some(i) = self.find(target) else {
+                    debug_assert!(false, "an SRV target is one of the names");
+                    continue;
+                };
+                longest = longest.max(target.len());
+                let first = !std::mem::replace(&mut seen[i], true);
+                records.push((port, i as u32 | if first { FIRST } else { 0 }));
+            }
+            let records: Arc<[(u16, u32)]> = match srv.iter().find(|s| *s.records == records[..]) {
+                Some(same) => same.records.clone(),
+                None => records.into(),
+            };
+            // A prefix is part of a name: at most 255 bytes.
+            srv.push(HostSrv { owner: owner.into(), records, longest: longest.min(255) as u8 });
+        }
+        self.srv = srv.into();
+        self
+    }
+
+    /// The SRV RRset of the name `owner` (a prefix key), when its targets
+    /// are these names.
+    pub fn srv(&self, owner: &[u8]) -> Option<&HostSrv> {
+        self.srv.iter().find(|s| *s.owner == *owner)
     }
 
     /// Number of endpoint names.
@@ -144,6 +207,134 @@ impl Hosts {
         });
         vips.chain(names)
     }
+}
+
+impl HostSrv {
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Never true: an SRV RRset has records.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// True when every target, moved to the zone `zone` (wire form), is a
+    /// name (at most 255 bytes).
+    pub fn fits(&self, hosts: &Hosts, zone: &[u8]) -> bool {
+        usize::from(self.longest) + hosts.service.len() + SVC.len() + zone.len() <= 255
+    }
+
+    /// Appends record `j`, its target in the zone `zone` (wire form).
+    pub fn write(&self, hosts: &Hosts, j: usize, zone: &[u8], ttl: u32, out: &mut Vec<u8>) {
+        let mut suffix = [0u8; 255];
+        let suffix = target_suffix(hosts, zone, &mut suffix);
+        self.write_with(hosts, j, suffix, ttl, out);
+    }
+
+    /// Appends record `j`, its target ending in `suffix` (the service,
+    /// `svc` and the zone); returns false when it would pass `budget`.
+    fn write_within(
+        &self,
+        hosts: &Hosts,
+        j: usize,
+        suffix: &[u8],
+        ttl: u32,
+        out: &mut Vec<u8>,
+        budget: usize,
+    ) -> bool {
+        let Some(&(_, target)) = self.records.get(j) else { return false };
+        let prefix = hosts.prefix((target & !FIRST) as usize);
+        if out.len() + 18 + prefix.len() + suffix.len() > budget {
+            return false;
+        }
+        self.write_with(hosts, j, suffix, ttl, out);
+        true
+    }
+
+    fn write_with(&self, hosts: &Hosts, j: usize, suffix: &[u8], ttl: u32, out: &mut Vec<u8>) {
+        let Some(&(port, target)) = self.records.get(j) else { return };
+        let prefix = hosts.prefix((target & !FIRST) as usize);
+        let rdlen = (6 + prefix.len() + suffix.len()) as u16;
+        // Identical records must be identical, so the weight depends only
+        // on how many records the RRset has (as `names::encode_node`).
+        let weight = (100 / self.records.len()).max(1) as u16;
+        let mut head = [0xC0, QNAME_AT as u8, 0, 33, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        head[6..10].copy_from_slice(&ttl.to_be_bytes());
+        head[10..12].copy_from_slice(&rdlen.to_be_bytes());
+        head[14..16].copy_from_slice(&weight.to_be_bytes());
+        head[16..18].copy_from_slice(&port.to_be_bytes());
+        out.extend_from_slice(&head);
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(suffix);
+    }
+
+    /// Appends the records, as many whole ones as fit in `budget`; returns
+    /// (count, all fitted).
+    pub fn write_answer(
+        &self,
+        hosts: &Hosts,
+        zone: &[u8],
+        ttl: u32,
+        out: &mut Vec<u8>,
+        budget: usize,
+    ) -> (u16, bool) {
+        let mut suffix = [0u8; 255];
+        let suffix = target_suffix(hosts, zone, &mut suffix);
+        for j in 0..self.records.len() {
+            if !self.write_within(hosts, j, suffix, ttl, out, budget) {
+                return (j as u16, false);
+            }
+        }
+        (self.records.len() as u16, true)
+    }
+
+    /// Appends the additional records: each target's A then AAAA records,
+    /// in the order of the targets' first records, the owner its prefix
+    /// and a pointer to the service name, which starts `svc_at` bytes into
+    /// the question; as many whole ones as fit in `budget`. Returns the
+    /// count.
+    pub fn write_additional(
+        &self,
+        hosts: &Hosts,
+        svc_at: u16,
+        ttl: u32,
+        out: &mut Vec<u8>,
+        budget: usize,
+    ) -> u16 {
+        let pointer = (0xC000 | (QNAME_AT + svc_at)).to_be_bytes();
+        let mut n = 0;
+        for &(_, target) in self.records.iter().filter(|(_, t)| t & FIRST != 0) {
+            let i = (target & !FIRST) as usize;
+            let prefix = hosts.prefix(i);
+            for ip in (0..2).flat_map(|f| hosts.addresses(i, f)) {
+                let mut record = [0u8; 28];
+                record[..2].copy_from_slice(&pointer);
+                let len = 2 + rdata_into(*ip, ttl, &mut record[2..]);
+                if out.len() + prefix.len() + len > budget {
+                    return n;
+                }
+                out.extend_from_slice(prefix);
+                out.extend_from_slice(&record[..len]);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// The part of every SRV target after its prefix: the service, `svc`, and
+/// `zone`, written into `buf`. Targets were checked to fit in a name
+/// (`HostSrv::fits`, `names::child`); a longer one is cut, never written past.
+fn target_suffix<'b>(hosts: &Hosts, zone: &[u8], buf: &'b mut [u8; 255]) -> &'b [u8] {
+    let mut n = 0;
+    for part in [&hosts.service[..], SVC, zone] {
+        let take = part.len().min(buf.len() - n);
+        buf[n..n + take].copy_from_slice(&part[..take]);
+        n += take;
+    }
+    &buf[..n]
 }
 
 /// Where name `i`'s prefix starts in `Hosts::prefixes`.
@@ -266,20 +457,29 @@ pub struct PtrTargetRef<'a> {
 /// question's name.
 pub fn write_address(out: &mut Vec<u8>, ip: IpAddr, ttl: u32) {
     out.extend_from_slice(&[0xC0, QNAME_AT as u8]);
-    match ip {
-        IpAddr::V4(v4) => {
-            out.extend_from_slice(&[0, 1, 0, 1]);
-            out.extend_from_slice(&ttl.to_be_bytes());
-            out.extend_from_slice(&[0, 4]);
-            out.extend_from_slice(&v4.octets());
-        }
-        IpAddr::V6(v6) => {
-            out.extend_from_slice(&[0, 28, 0, 1]);
-            out.extend_from_slice(&ttl.to_be_bytes());
-            out.extend_from_slice(&[0, 16]);
-            out.extend_from_slice(&v6.octets());
-        }
-    }
+    write_rdata(out, ip, ttl);
+}
+
+/// Appends what follows the owner of the A or AAAA record of `ip`.
+fn write_rdata(out: &mut Vec<u8>, ip: IpAddr, ttl: u32) {
+    let mut rest = [0u8; 26];
+    let len = rdata_into(ip, ttl, &mut rest);
+    out.extend_from_slice(&rest[..len]);
+}
+
+/// Writes what follows the owner of the A or AAAA record of `ip` (type,
+/// class, TTL, length, address) to the front of `out`; returns its length.
+fn rdata_into(ip: IpAddr, ttl: u32, out: &mut [u8]) -> usize {
+    let (head, addr): ([u8; 2], &[u8]) = match &ip {
+        IpAddr::V4(v4) => ([0, 1], &v4.octets()[..]),
+        IpAddr::V6(v6) => ([0, 28], &v6.octets()[..]),
+    };
+    out[..2].copy_from_slice(&head);
+    out[2..4].copy_from_slice(&[0, 1]);
+    out[4..8].copy_from_slice(&ttl.to_be_bytes());
+    out[8..10].copy_from_slice(&(addr.len() as u16).to_be_bytes());
+    out[10..10 + addr.len()].copy_from_slice(addr);
+    10 + addr.len()
 }
 
 /// Length of the A or AAAA record of `ip`.
@@ -524,6 +724,44 @@ mod tests {
                 assert!(!write_ptr(&mut Vec::new(), addr, t, &wire, 30, out.len() - 1), "over the budget");
             }
         }
+    }
+
+    #[test]
+    fn srv_lists_are_kept_once_and_each_target_is_additional_once() {
+        let (a, b) = (prefix_key(&["10-0-0-1", "east"]), prefix_key(&["web-0", "west"]));
+        let port = prefix_key(&["_http", "_tcp"]);
+        let h = Arc::try_unwrap(hosts()).unwrap().with_srv([
+            (&b""[..], vec![(80, &a[..]), (53, &a[..]), (80, &b[..])]),
+            (&port[..], vec![(80, &a[..]), (53, &a[..]), (80, &b[..])]),
+            (&b"\x04_dns\x04_udp"[..], vec![(53, &a[..])]),
+        ]);
+        let (bare, http) = (h.srv(b"").unwrap(), h.srv(&port).unwrap());
+        assert!(Arc::ptr_eq(&bare.records, &http.records), "one named port: one list");
+        assert_eq!(h.srv(b"\x04_dns\x04_udp").map(HostSrv::len), Some(1));
+        assert!(h.srv(b"\x03_ftp\x04_tcp").is_none());
+        let firsts: Vec<bool> = bare.records.iter().map(|(_, t)| t & FIRST != 0).collect();
+        assert_eq!(firsts, [true, false, true]);
+        // 10.0.0.1; 10.0.0.2, fd00::1, fd00::2: four additional records.
+        let mut out = Vec::new();
+        assert_eq!(bare.write_additional(&h, 0, 5, &mut out, usize::MAX), 4);
+        // The longest target (14 bytes of prefix, 8 of service, 4 of `svc`)
+        // in a zone of 229 bytes is 255 long; one byte more is no name.
+        let zone = |last: u8| {
+            [
+                &[63u8][..],
+                &[b'a'; 63],
+                &[63],
+                &[b'b'; 63],
+                &[63],
+                &[b'c'; 63],
+                &[last],
+                &vec![b'd'; last.into()],
+                &[0],
+            ]
+            .concat()
+        };
+        assert_eq!(zone(35).len(), 229);
+        assert!(bare.fits(&h, b"\x05local\x00") && bare.fits(&h, &zone(35)) && !bare.fits(&h, &zone(36)));
     }
 
     #[test]

@@ -126,6 +126,18 @@ impl Drafts {
     }
 }
 
+/// An endpoint name: addresses and nothing else (not the service name).
+fn is_host(key: &Key, draft: &Draft) -> bool {
+    !key.is_empty() && draft.srv.is_empty() && !draft.a.is_empty()
+}
+
+/// An SRV RRset whose targets are all endpoint names (a headless
+/// service's): written per query from `Hosts::srv`, not encoded.
+fn srv_from_hosts(d: &Drafts, draft: &Draft) -> bool {
+    !draft.srv.is_empty()
+        && draft.srv.iter().all(|(_, target)| d.nodes.get(target).is_some_and(|(_, t)| is_host(target, t)))
+}
+
 /// Builds every name of one service. `None` means the service has no names at
 /// all: a headless service without a ready endpoint is NXDOMAIN (spec §2.4.1).
 pub(crate) fn service_names(
@@ -176,16 +188,17 @@ pub(crate) fn service_names(
     }
     let ttl = zone.config.ttl;
     let mut srv_answers = SrvAnswers::default();
-    // An endpoint name has addresses and nothing else: it is answered from
-    // `hosts` at query time instead of being encoded here (see `hosts`).
-    let is_host = |key: &Key, draft: &Draft| !key.is_empty() && draft.srv.is_empty() && !draft.a.is_empty();
     let name_of = |key: &[u8]| d.nodes.get(key).map(|(name, _)| name.clone());
     let targets = Targets { addrs: &d.targets, name_of: &name_of };
+    // An endpoint name has addresses and nothing else: it is answered from
+    // `hosts` at query time instead of being encoded here (see `hosts`), and
+    // so is an SRV RRset whose targets are all endpoint names.
     let mut names: FxHashMap<Box<[u8]>, NameNode> = d
         .in_order()
         .filter(|(key, (_, draft))| !is_host(key, draft))
         .filter_map(|(key, (owner, draft))| {
-            let node = encode_node(owner, draft, ttl, targets, (key.is_empty(), &mut srv_answers));
+            let shared = (key.is_empty(), &mut srv_answers);
+            let node = encode_node(owner, draft, ttl, targets, shared, srv_from_hosts(&d, draft));
             if node.is_none() {
                 warn!(service = %import.key, name = %owner, "cannot encode name; leaving it out");
             }
@@ -230,7 +243,14 @@ pub(crate) fn service_names(
         .map(|(key, (_, draft))| (&key[..], &draft.a[..]))
         .collect();
     hosts.sort_unstable_by_key(|&(key, _)| key); // `Hosts` searches them by key
-    let hosts = Hosts::new(&service_key, vips, hosts);
+    let srv_sets =
+        d.nodes.iter().filter(|(_, (_, draft))| srv_from_hosts(&d, draft)).map(|(key, (_, draft))| {
+            let mut srv: Vec<(u16, &[u8])> =
+                draft.srv.iter().map(|(port, target)| (*port, &target[..])).collect();
+            dedup_in_order(&mut srv);
+            (&key[..], srv)
+        });
+    let hosts = Hosts::new(&service_key, vips, hosts).with_srv(srv_sets);
     let names = NameTable::new(names.into_iter().collect());
     Some(ServiceNames { names, balance, hosts: Arc::new(hosts) })
 }
@@ -306,6 +326,7 @@ fn balanced(
                 answer: encode::records(owner, rtype, &records)?,
                 additional: Records::default(),
                 shifted: false,
+                from_hosts: false,
                 also: None,
             });
         }
@@ -430,9 +451,17 @@ fn also_srv(origin: &Name, also: &Name, ttl: u32, d: &Drafts, names: &mut FxHash
         if draft.srv.is_empty() {
             continue;
         }
+        if srv_from_hosts(d, draft) {
+            // Written per query in either zone; a target too long for the
+            // second zone answers there as in the first (as below).
+            if draft.srv.iter().any(|(_, target)| name_of(target).is_none()) {
+                warn!(name = %owner, zone = %also, "SRV name too long for the second zone; left out there");
+            }
+            continue;
+        }
         let encoded = rezone(owner, origin, also).and_then(|owner| {
             let draft = Draft { a: Vec::new(), srv: draft.srv.clone() };
-            let node = encode_node(&owner, &draft, ttl, targets, (key.is_empty(), &mut srv_answers))?;
+            let node = encode_node(&owner, &draft, ttl, targets, (key.is_empty(), &mut srv_answers), false)?;
             let set = node.get(u16::from(RecordType::SRV))?;
             Some((set.answer.clone(), set.additional.clone(), set.shifted))
         });
@@ -484,6 +513,7 @@ fn encode_node(
     ttl: u32,
     Targets { addrs: targets, name_of }: Targets<'_>,
     (is_service, shared): (bool, &mut SrvAnswers),
+    srv_from_hosts: bool,
 ) -> Option<NameNode> {
     let mut sets = Vec::new();
     let mut v4: Vec<IpAddr> = draft.a.iter().copied().filter(IpAddr::is_ipv4).collect();
@@ -498,11 +528,21 @@ fn encode_node(
                 answer: encode::records(owner, rtype, &records)?,
                 additional: Records::default(),
                 shifted: false,
+                from_hosts: false,
                 also: None,
             });
         }
     }
-    if !draft.srv.is_empty() {
+    if srv_from_hosts {
+        sets.push(RRset {
+            rtype: u16::from(RecordType::SRV),
+            answer: Records::default(),
+            additional: Records::default(),
+            shifted: false,
+            from_hosts: true,
+            also: None,
+        });
+    } else if !draft.srv.is_empty() {
         let mut srv = draft.srv.clone();
         dedup_in_order(&mut srv);
         // Identical records must be identical, so the weight depends only on
@@ -545,7 +585,14 @@ fn encode_node(
                 (additional, false)
             }
         };
-        sets.push(RRset { rtype: u16::from(RecordType::SRV), answer, additional, shifted, also: None });
+        sets.push(RRset {
+            rtype: u16::from(RecordType::SRV),
+            answer,
+            additional,
+            shifted,
+            from_hosts: false,
+            also: None,
+        });
     }
     Some(NameNode { sets: sets.into() })
 }
@@ -669,6 +716,7 @@ fn rrset(owner: &Name, rtype: RecordType, answer: &[Record], additional: &[Recor
         answer: encode::records(owner, rtype, answer)?,
         additional: encode::records(owner, rtype, additional)?,
         shifted: false,
+        from_hosts: false,
         also: None,
     })
 }

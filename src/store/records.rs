@@ -129,6 +129,10 @@ pub struct RRset {
     /// the service name's): each owner's pointer into the question moves
     /// by where the service name starts in the question asked.
     pub shifted: bool,
+    /// The records are written per query from the service's endpoint names
+    /// (`Hosts::srv`, a headless service's SRV RRsets): `answer` and
+    /// `additional` are empty.
+    pub from_hosts: bool,
     /// For the second zone (`--also-zone`), when this RRset holds names (SRV
     /// targets) that must be in it: its own answer and additional records.
     /// Address records hold no name and serve both zones as they are.

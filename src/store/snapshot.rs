@@ -371,6 +371,7 @@ mod tests {
             answer: Records::default(),
             additional: Records::default(),
             shifted: false,
+            from_hosts: false,
             also: None,
         });
         NameNode { sets: sets.collect() }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use hickory_proto::rr::{Name, Record};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
+use super::hosts::{HostSrv, Hosts};
 use super::records::NameNode;
 use super::snapshot::Snapshot;
 use super::wire_key::WireKey;
@@ -75,7 +76,7 @@ impl ZoneWalk {
             names.sort_by(|a, b| a.0.cmp(&b.0));
             for (_, prefix, node) in names {
                 let owner = [prefix, zone].concat();
-                node_records(&owner, node, prefix.is_empty(), out);
+                node_records(&owner, node, prefix.is_empty(), None, out);
             }
             self.next = Some(0);
             return true;
@@ -103,7 +104,10 @@ impl ZoneWalk {
         for (_, prefix, node) in names {
             let owner = [prefix, &base].concat();
             match node {
-                Some(node) => node_records(&owner, node, false, out),
+                Some(node) => {
+                    let srv = hosts.srv(prefix).map(|srv| (&**hosts, srv, &zone[..], ttl));
+                    node_records(&owner, node, false, srv, out)
+                }
                 None => {
                     let Some(i) = hosts.find(prefix) else { continue };
                     for ip in (0..2).flat_map(|f| hosts.addresses(i, f)) {
@@ -119,10 +123,27 @@ impl ZoneWalk {
 }
 
 /// Every answer record of `node`, owned by `owner` (wire form); the apex
-/// SOA is skipped at the apex (it opens and closes the transfer).
-fn node_records(owner: &[u8], node: &NameNode, apex: bool, out: &mut Vec<Record>) {
+/// SOA is skipped at the apex (it opens and closes the transfer). An SRV
+/// RRset written per query is written from `srv` (its endpoint names, the
+/// RRset, the zone and TTL) here too.
+fn node_records(
+    owner: &[u8],
+    node: &NameNode,
+    apex: bool,
+    srv: Option<(&Hosts, &HostSrv, &[u8], u32)>,
+    out: &mut Vec<Record>,
+) {
     for set in node.sets.iter().filter(|s| !(apex && s.rtype == SOA)) {
-        out.extend((0..set.answer.len()).filter_map(|i| decode(owner, set.answer.get(i))));
+        match srv {
+            Some((hosts, srv, zone, ttl)) if set.from_hosts => {
+                for j in 0..srv.len() {
+                    let mut bytes = Vec::new();
+                    srv.write(hosts, j, zone, ttl, &mut bytes);
+                    out.extend(decode(owner, &bytes));
+                }
+            }
+            _ => out.extend((0..set.answer.len()).filter_map(|i| decode(owner, set.answer.get(i)))),
+        }
     }
 }
 

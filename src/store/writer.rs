@@ -665,70 +665,133 @@ mod tests {
     }
 
     #[test]
-    fn a_named_port_with_the_service_names_targets_shares_its_additional_records_moved() {
+    fn a_headless_services_srv_records_are_written_per_query_as_the_encoder_writes_them() {
+        use hickory_proto::rr::rdata::SRV;
         use hickory_proto::rr::{RData, Record, RecordType};
         let (reader, mut w) = store();
-        let port = Port { name: Some(DnsLabel::parse("http").unwrap()), protocol: Protocol::Tcp, port: 80 };
-        let key =
-            ServiceKey { namespace: DnsLabel::parse("ns").unwrap(), name: DnsLabel::parse("hl").unwrap() };
+        let label = |s: &str| DnsLabel::parse(s).unwrap();
+        let http = Port { name: Some(label("http")), protocol: Protocol::Tcp, port: 80 };
+        let dns = Port { name: Some(label("dns")), protocol: Protocol::Udp, port: 53 };
+        let key = ServiceKey { namespace: label("ns"), name: label("hl") };
         let import = ServiceImport {
             key: key.clone(),
             kind: ImportType::Headless,
             ips: vec![],
-            ports: vec![port.clone()],
+            ports: vec![http.clone(), dns.clone()],
             answers: Default::default(),
         };
-        let addrs: Vec<IpAddr> =
-            ["10.0.0.1", "fd00::1", "10.0.0.2"].iter().map(|a| a.parse().unwrap()).collect();
-        let slice = |family, addrs: &[IpAddr]| {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let endpoint = |addrs: &[IpAddr], hostname: Option<&str>| crate::model::Endpoint {
+            addresses: addrs.into(),
+            hostname: hostname.map(label),
+            ready: true,
+            zone: None,
+            target: None,
+        };
+        let slice = |family, endpoints| {
             Object::Slice(EndpointSet {
                 slice: SliceKey { namespace: "ns".into(), name: format!("hl-{family:?}") },
                 service: key.clone(),
                 cluster: ClusterId::parse("east").unwrap(),
                 family,
-                ports: vec![port.clone()],
-                endpoints: vec![crate::model::Endpoint {
-                    addresses: addrs.into(),
-                    hostname: Some(DnsLabel::parse("web-0").unwrap()),
-                    ready: true,
-                    zone: None,
-                    target: None,
-                }],
+                ports: vec![http.clone(), dns.clone()],
+                endpoints,
                 origin: crate::model::SliceOrigin::Mcs,
             })
         };
         let objects = vec![
             Object::Import(import),
-            slice(crate::model::AddressFamily::V4, &[addrs[0], addrs[2]]),
-            slice(crate::model::AddressFamily::V6, &addrs[1..2]),
+            slice(
+                crate::model::AddressFamily::V4,
+                vec![
+                    endpoint(&[ip("10.0.0.1"), ip("10.0.0.2")], Some("web-0")),
+                    endpoint(&[ip("10.0.0.3")], None),
+                ],
+            ),
+            slice(crate::model::AddressFamily::V6, vec![endpoint(&[ip("fd00::1")], Some("web-0"))]),
         ];
         w.apply(Update::Replace { source: SourceId(1), objects });
         w.publish();
         let snap = reader.load();
-        let names = &snap.services.get(&*wire_key("ns", "hl")).unwrap().names;
-        let set = |prefix: &[&str]| names.get(&names::prefix_key(prefix)).unwrap().get(33).unwrap().clone();
-        let (bare, http) = (set(&[]), set(&["_http", "_tcp"]));
-        assert!(http.shifted && !bare.shifted);
-        assert!(http.additional.same_allocation(&bare.additional), "kept once");
-        // Moved, they are what the encoder writes behind the longer question.
-        let owner = Name::from_str("_http._tcp.hl.ns.svc.clusterset.local.").unwrap();
-        let target = Name::from_str("web-0.east.hl.ns.svc.clusterset.local.").unwrap();
-        let records: Vec<Record> = [addrs[0], addrs[2], addrs[1]]
-            .iter()
-            .map(|ip| {
-                let rdata = match ip {
-                    IpAddr::V4(v4) => RData::A((*v4).into()),
-                    IpAddr::V6(v6) => RData::AAAA((*v6).into()),
-                };
-                Record::from_rdata(target.clone(), 5, rdata)
-            })
-            .collect();
-        let expected = super::super::encode::records(&owner, RecordType::SRV, &records).unwrap();
-        assert_eq!(http.additional.len(), 3);
-        for i in 0..3 {
+        let service = snap.services.get(&*wire_key("ns", "hl")).unwrap();
+        let zone = &snap.zone().wire;
+        let name = |s: &str| Name::from_str(s).unwrap();
+        let (web, other) = (
+            name("web-0.east.hl.ns.svc.clusterset.local."),
+            name("10-0-0-3.east.hl.ns.svc.clusterset.local."),
+        );
+        // Every target once in the additional section, in the order of the
+        // first record naming it, A before AAAA.
+        let additional = [(&web, "10.0.0.1"), (&web, "10.0.0.2"), (&web, "fd00::1"), (&other, "10.0.0.3")];
+        for (prefix, owner, svc_at, records) in [
+            (
+                vec![],
+                "hl.ns.svc.clusterset.local.",
+                0,
+                vec![(80, &web), (53, &web), (80, &other), (53, &other)],
+            ),
+            (
+                vec!["_http", "_tcp"],
+                "_http._tcp.hl.ns.svc.clusterset.local.",
+                11,
+                vec![(80, &web), (80, &other)],
+            ),
+            (
+                vec!["_dns", "_udp"],
+                "_dns._udp.hl.ns.svc.clusterset.local.",
+                10,
+                vec![(53, &web), (53, &other)],
+            ),
+        ] {
+            let prefix = names::prefix_key(&prefix);
+            let set = service.names.get(&prefix).unwrap().get(33).unwrap();
+            assert!(
+                set.from_hosts && set.answer.is_empty() && set.additional.is_empty(),
+                "{owner}: not encoded"
+            );
+            let owner = name(owner);
+            let weight = 100 / records.len() as u16;
+            let srv: Vec<Record> = records
+                .iter()
+                .map(|(port, target)| {
+                    Record::from_rdata(
+                        owner.clone(),
+                        5,
+                        RData::SRV(SRV::new(0, weight, *port, (*target).clone())),
+                    )
+                })
+                .collect();
+            let addresses: Vec<Record> = additional
+                .iter()
+                .map(|(target, a)| {
+                    let rdata = match ip(a) {
+                        IpAddr::V4(v4) => RData::A(v4.into()),
+                        IpAddr::V6(v6) => RData::AAAA(v6.into()),
+                    };
+                    Record::from_rdata((*target).clone(), 5, rdata)
+                })
+                .collect();
+            let expected = super::super::encode::records(&owner, RecordType::SRV, &srv).unwrap();
+            let expected_additional =
+                super::super::encode::records(&owner, RecordType::SRV, &addresses).unwrap();
+            let hosts = &service.hosts;
+            let written = hosts.srv(&prefix).unwrap();
             let mut out = Vec::new();
-            http.additional.push_shifted(i, 11, &mut out);
-            assert_eq!(out, expected.get(i), "record {i}");
+            assert_eq!(
+                written.write_answer(hosts, zone, 5, &mut out, usize::MAX),
+                (records.len() as u16, true)
+            );
+            assert_eq!(out, expected.bytes(), "{owner}: answer");
+            out.clear();
+            assert_eq!(written.write_additional(hosts, svc_at, 5, &mut out, usize::MAX), 4);
+            assert_eq!(out, expected_additional.bytes(), "{owner}: additional");
+            // Whole records only, within the budget.
+            let first = expected.get(0).len();
+            out.clear();
+            assert_eq!(written.write_answer(hosts, zone, 5, &mut out, first + 1), (1, false));
+            assert_eq!(out, expected.get(0));
+            out.clear();
+            assert_eq!(written.write_additional(hosts, svc_at, 5, &mut out, expected_additional.start(2)), 2);
         }
     }
 

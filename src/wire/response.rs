@@ -84,9 +84,12 @@ pub(crate) fn write(
             }
         }
         // Additional records are optional; missing ones do not set TC.
-        ar = match ans.additional_shift {
-            0 => copy(out, ans.additional, budget).0,
-            shift => copy_shifted(out, ans.additional, shift, budget),
+        ar = match (ans.synth, ans.additional_shift) {
+            (Some(Synth::Srv { hosts, srv, svc_at, .. }), _) => {
+                srv.write_additional(hosts, svc_at, snap.zone().config.ttl, out, budget)
+            }
+            (_, 0) => copy(out, ans.additional, budget).0,
+            (_, shift) => copy_shifted(out, ans.additional, shift, budget),
         };
     }
     if let Some(edns) = req.edns {
@@ -156,6 +159,7 @@ fn synthesize(out: &mut Vec<u8>, synth: Synth<'_>, snap: &Snapshot, budget: usiz
             }
             (ptrs.len() as u16, true)
         }
+        Synth::Srv { hosts, srv, zone, .. } => srv.write_answer(hosts, zone, ttl, out, budget),
     }
 }
 
