@@ -97,15 +97,9 @@ pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, Convert
         }
         ips.push(ip);
     }
-    let ports = obj
-        .spec
-        .ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            port(&cx, &format!("spec.ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), p.port)
-        })
-        .collect::<Result<_, _>>()?;
+    let ports = exactly(obj.spec.ports.iter().enumerate().map(|(i, p)| {
+        port(&cx, &format!("spec.ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), p.port)
+    }))?;
     let (answers, problems) = answer_overrides(obj);
     for problem in problems {
         // A bad annotation must not take the service away: it is served
@@ -175,18 +169,12 @@ pub(super) fn endpoint_slice_of(
     };
     let (service, cluster, origin) = identify(&cx, &obj.metadata)?;
 
-    let ports = obj
-        .ports
-        .iter()
-        .flatten()
-        .enumerate()
-        .filter_map(|(i, p)| {
-            // A slice port without a number means "all ports" (EndpointSlice
-            // API); it gives no SRV record, so it is left out, not an error.
-            let number = p.port?;
-            Some(port(&cx, &format!("ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), number.into()))
-        })
-        .collect::<Result<_, _>>()?;
+    let ports = exactly(obj.ports.iter().flatten().enumerate().filter_map(|(i, p)| {
+        // A slice port without a number means "all ports" (EndpointSlice
+        // API); it gives no SRV record, so it is left out, not an error.
+        let number = p.port?;
+        Some(port(&cx, &format!("ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), number.into()))
+    }))?;
 
     let mut endpoints = Vec::with_capacity(obj.endpoints.len());
     for (i, ep) in obj.endpoints.iter().enumerate() {
@@ -232,6 +220,19 @@ pub(super) fn endpoint_slice_of(
         endpoints,
         origin,
     }))
+}
+
+/// The items, or the first error, in a vector no longer than they are.
+/// `collect` through `Result` cannot know the count and keeps room for
+/// four; a fleet holds one such vector per import and per slice (~14 MB of
+/// room for ports never there at 100,000 services).
+pub(super) fn exactly<T, E>(items: impl Iterator<Item = Result<T, E>>) -> Result<Vec<T>, E> {
+    let (least, most) = items.size_hint();
+    let mut out = Vec::with_capacity(most.unwrap_or(least));
+    for item in items {
+        out.push(item?);
+    }
+    Ok(out)
 }
 
 pub(super) fn port(
