@@ -24,6 +24,10 @@ use crate::model::{
     BackingKind, BackingService, ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey,
 };
 
+/// A service built: its names (`None`: it has none), and why it is
+/// answered NODATA, if it is.
+type Built = (ServiceKey, Option<ServiceNames>, Option<String>);
+
 #[derive(Default)]
 struct SourceState {
     /// The service of each of its slices and backing Services: their ids
@@ -355,19 +359,21 @@ impl Writer {
         (names::service_names(&self.zone, &served.import, &slices, &cx), served.unresolved)
     }
 
-    /// Builds the names of every service in `keys`; at start-up (the whole
-    /// fleet at once) on every CPU, else on this thread.
-    fn build(&self, keys: BTreeSet<ServiceKey>) -> Vec<(ServiceKey, Option<ServiceNames>, Option<String>)> {
+    /// Builds the names of every service in `keys`, in blocks in key order;
+    /// at start-up (the whole fleet at once) on every CPU, else on this
+    /// thread (one block).
+    fn build(&self, keys: BTreeSet<ServiceKey>) -> Vec<Vec<Built>> {
         let keys: Vec<ServiceKey> = keys.into_iter().collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
         if keys.len() < PARALLEL_BUILD || threads < 2 {
-            return keys
+            let built = keys
                 .into_iter()
                 .map(|key| {
                     let (built, why) = self.build_one(&key);
                     (key, built, why)
                 })
                 .collect();
+            return vec![built];
         }
         // Threads take blocks of services as they finish the last, rather
         // than a fixed share each: a headless service costs tens of times a
@@ -407,7 +413,10 @@ impl Writer {
                 .collect()
         });
         done.sort_unstable_by_key(|(block, _)| *block);
-        done.into_iter().flat_map(|(_, built)| built).collect()
+        // Not flattened into one vector: the publish consumes the blocks
+        // one by one, so at 100,000 services no second list of them all
+        // (~10 MB) is held at the peak.
+        done.into_iter().map(|(_, built)| built).collect()
     }
 
     /// Publishes a new snapshot if anything changed since the last one, and
@@ -437,7 +446,7 @@ impl Writer {
                 }
             }
         }
-        for (key, built, unresolved) in self.build(dirty) {
+        for (key, built, unresolved) in self.build(dirty).into_iter().flatten() {
             let wire = WireKey::new(&names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]));
             match unresolved {
                 Some(why) => {
