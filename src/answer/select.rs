@@ -327,7 +327,7 @@ mod tests {
             kind: ImportType::Headless,
             ips: vec![],
             ports: vec![],
-            answers: overrides,
+            answers: overrides.into(),
         })];
         for c in 1..=3 {
             let families: &[AddressFamily] =
@@ -600,7 +600,8 @@ mod tests {
                 answers: AnswerOverrides {
                     unreachable: unreachable.iter().map(|c| ClusterId::parse(c).unwrap()).collect(),
                     ..Default::default()
-                },
+                }
+                .into(),
             })
         };
         w.apply(Update::Upsert { source: SourceId(1), object: import(&["c2", "c3"]) });

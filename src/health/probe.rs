@@ -250,8 +250,8 @@ mod tests {
 
     use super::*;
     use crate::model::{
-        AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, Port,
-        Protocol, ServiceImport, SliceKey,
+        AddressFamily, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport,
+        SliceKey,
     };
     use crate::store::{self, AnswerConfig, Object, SourceId, Writer, ZoneConfig};
 
@@ -267,7 +267,7 @@ mod tests {
                 kind: ImportType::Headless,
                 ips: vec![],
                 ports: vec![],
-                answers: AnswerOverrides::default(),
+                answers: Default::default(),
             }),
             Object::Slice(EndpointSet {
                 slice: SliceKey { namespace: "ns".into(), name: format!("{name}-x") },

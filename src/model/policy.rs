@@ -122,6 +122,56 @@ pub struct AnswerOverrides {
     pub disconnected: Vec<std::net::IpAddr>,
 }
 
+/// A ServiceImport's [`AnswerOverrides`], kept in a block of its own only
+/// when it overrides something: nearly every import overrides nothing, and
+/// the 88 bytes inline were 8 MB of a 100,000-service fleet's model. Reads
+/// as the overrides (`Deref`, none when absent); a write (`DerefMut`)
+/// makes the block.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides(Option<Box<AnswerOverrides>>);
+
+/// What an import without overrides reads.
+static NO_OVERRIDES: AnswerOverrides = AnswerOverrides {
+    policy: None,
+    weights: None,
+    local_min_healthy: None,
+    endpoint_answers: None,
+    max_answers: None,
+    prefer_close: false,
+    probe_port: None,
+    unreachable: Vec::new(),
+    disconnected: Vec::new(),
+};
+
+impl std::ops::Deref for Overrides {
+    type Target = AnswerOverrides;
+
+    fn deref(&self) -> &AnswerOverrides {
+        self.0.as_deref().unwrap_or(&NO_OVERRIDES)
+    }
+}
+
+impl std::ops::DerefMut for Overrides {
+    fn deref_mut(&mut self) -> &mut AnswerOverrides {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl From<AnswerOverrides> for Overrides {
+    fn from(o: AnswerOverrides) -> Self {
+        Self((o != NO_OVERRIDES).then(|| Box::new(o)))
+    }
+}
+
+/// The same overrides, boxed or not.
+impl PartialEq for Overrides {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Overrides {}
+
 impl AnswerOverrides {
     /// True when `self` and `other` differ at most in what only the health
     /// overlay reads (the unreachable clusters, the disconnected addresses).
@@ -228,6 +278,22 @@ pub fn parse_weights(s: &str) -> Result<Vec<ClusterWeight>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overrides_take_a_block_only_when_they_override_something() {
+        let none = Overrides::from(AnswerOverrides::default());
+        assert!(none.0.is_none() && *none == AnswerOverrides::default());
+        let some = Overrides::from(AnswerOverrides { max_answers: Some(3), ..Default::default() });
+        assert!(some.0.is_some() && some.max_answers == Some(3));
+        assert_ne!(none, some);
+        // A write makes the block; equal values are equal either way.
+        let mut written = none.clone();
+        written.max_answers = Some(3);
+        assert_eq!(written, some);
+        written.max_answers = None;
+        assert_eq!(written, none);
+        assert!(std::mem::size_of::<Overrides>() <= 8);
+    }
 
     #[test]
     fn annotations_are_read_and_bad_ones_reported_by_key() {

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use super::{AnswerOverrides, ClusterId, DnsLabel, SliceOrigin};
+use super::{ClusterId, DnsLabel, Overrides, SliceOrigin};
 
 /// A service across the clusterset: `<name>.<namespace>.svc.<zone>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -100,7 +100,7 @@ pub struct ServiceImport {
     pub ports: Vec<Port>,
     /// What its `clusterset-dns.io/…` annotations (and
     /// `spec.trafficDistribution`) change about its answers.
-    pub answers: AnswerOverrides,
+    pub answers: Overrides,
 }
 
 /// The IP family of an EndpointSlice (`addressType`).

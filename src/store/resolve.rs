@@ -22,8 +22,7 @@ use std::borrow::Cow;
 use super::input::SourceId;
 use super::vec_map::VecMap;
 use crate::model::{
-    AnswerOverrides, BackingKind, BackingService, EndpointSet, ImportType, ServiceImport, ServiceKey,
-    SliceKey,
+    BackingKind, BackingService, EndpointSet, ImportType, ServiceImport, ServiceKey, SliceKey,
 };
 
 /// What one service is answered from.
@@ -78,7 +77,7 @@ pub(crate) fn served<'a>(
                 kind: if b.headless { ImportType::Headless } else { ImportType::ClusterSetIp },
                 ips: b.ips.clone(),
                 ports: b.ports.clone(),
-                answers: AnswerOverrides::default(),
+                answers: Default::default(),
             };
             let unresolved = (!b.headless && b.ips.is_empty()).then(|| {
                 format!("Service {} (MultiClusterService CrossCluster) has no cluster IP", b.object)
@@ -116,7 +115,7 @@ mod tests {
             kind: ImportType::ClusterSetIp,
             ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
             ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 80 }],
-            answers: AnswerOverrides::default(),
+            answers: Default::default(),
         }
     }
 
