@@ -52,15 +52,10 @@ fn objects(ip_offset: u32) -> Vec<Object> {
         if headless {
             for c in 0..3u32 {
                 let endpoints = (0..4u32)
-                    .map(|e| Endpoint {
-                        addresses: vec![IpAddr::from(std::net::Ipv4Addr::from(
-                            0x0A40_0000 + (i as u32) * 16 + c * 4 + e,
-                        ))]
-                        .into(),
-                        hostname: None,
-                        ready: true,
-                        zone: None,
-                        target: None,
+                    .map(|e| {
+                        let ip =
+                            IpAddr::from(std::net::Ipv4Addr::from(0x0A40_0000 + (i as u32) * 16 + c * 4 + e));
+                        Endpoint::new(vec![ip].into(), true)
                     })
                     .collect();
                 out.push(Object::Slice(EndpointSet {

@@ -105,13 +105,7 @@ fn slice(i: usize, c: u32, moved: bool) -> Object {
         family: AddressFamily::V4,
         ports: vec![port],
         endpoints: (0..ENDPOINTS)
-            .map(|e| Endpoint {
-                addresses: vec![IpAddr::V4(Ipv4Addr::from(base + e))].into(),
-                hostname: None,
-                ready: true,
-                zone: None,
-                target: None,
-            })
+            .map(|e| Endpoint::new(vec![IpAddr::V4(Ipv4Addr::from(base + e))].into(), true))
             .collect(),
         origin: SliceOrigin::Mcs,
     })

@@ -334,16 +334,16 @@ mod tests {
                 if c == 1 { &[AddressFamily::V4, AddressFamily::V6] } else { &[AddressFamily::V4] };
             for &family in families {
                 let endpoints = (1..=per)
-                    .map(|e| Endpoint {
-                        addresses: vec![match family {
-                            AddressFamily::V4 => format!("10.{c}.1.{e}").parse::<std::net::IpAddr>().unwrap(),
+                    .map(|e| {
+                        let ip: std::net::IpAddr = match family {
+                            AddressFamily::V4 => format!("10.{c}.1.{e}").parse().unwrap(),
                             AddressFamily::V6 => format!("fd00:{c}::{e}").parse().unwrap(),
-                        }]
-                        .into(),
-                        hostname: None,
-                        ready: true,
-                        zone: Some(format!("z{c}").into()),
-                        target: Some(format!("Pod/ns/p{c}-{e}").into()),
+                        };
+                        Endpoint::new(vec![ip].into(), true).with_names(
+                            None,
+                            Some(&format!("z{c}")),
+                            Some(&format!("Pod/ns/p{c}-{e}")),
+                        )
                     })
                     .collect();
                 objects.push(Object::Slice(EndpointSet {

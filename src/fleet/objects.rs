@@ -400,7 +400,7 @@ endpoints:
         let set = endpoint_set(&cluster(), &key, &slice).unwrap().unwrap();
         assert_eq!(set.cluster, cluster());
         assert_eq!(set.slice.name, "cluster-a/web-abcde");
-        assert_eq!(set.endpoints[0].zone.as_deref(), Some("z1"));
+        assert_eq!(set.endpoints[0].zone(), Some("z1"));
         let ours: EndpointSlice = serde_yaml::from_str(
             &yaml.replace("{kubernetes.io/service-name: web}", "{kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: sync.clusterset-dns.io}"),
         )

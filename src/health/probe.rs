@@ -135,7 +135,7 @@ fn targets(reader: &Reader) -> (u32, Vec<Target>) {
         let Some(b) = names.balance() else { continue };
         let Some(port) = b.probe_port else { continue };
         for e in b.endpoints.iter() {
-            for &ip in e.addresses.iter() {
+            for ip in names.endpoint_addresses(e) {
                 out.push(Target { service: b.service.clone(), addr: SocketAddr::new(ip, port) });
             }
         }
@@ -277,13 +277,7 @@ mod tests {
                 ports: vec![Port { name: None, protocol: Protocol::Tcp, port }],
                 endpoints: addrs
                     .iter()
-                    .map(|a| Endpoint {
-                        addresses: vec![a.parse::<std::net::IpAddr>().unwrap()].into(),
-                        hostname: None,
-                        ready: true,
-                        zone: None,
-                        target: None,
-                    })
+                    .map(|a| Endpoint::new(vec![a.parse::<std::net::IpAddr>().unwrap()].into(), true))
                     .collect(),
                 origin: crate::model::SliceOrigin::Mcs,
             }),
@@ -315,9 +309,11 @@ mod tests {
     /// Whether `addr`'s endpoint of service `name` is healthy now.
     fn healthy(reader: &Reader, name: &str, addr: &str) -> bool {
         let snap = reader.load();
-        let b = snap.service(&store::names_key("ns", name)).and_then(|s| s.balance()).expect("balanced");
+        let names = snap.service(&store::names_key("ns", name)).expect("service");
+        let b = names.balance().expect("balanced");
         let ip: IpAddr = addr.parse().unwrap();
-        let i = b.endpoints.iter().position(|e| e.addresses.contains(&ip)).expect("endpoint");
+        let i =
+            b.endpoints.iter().position(|e| names.endpoint_addresses(e).any(|a| a == ip)).expect("endpoint");
         b.healthy[i]
     }
 

@@ -198,18 +198,18 @@ pub(super) fn endpoint_slice_of(
         // targetRef; that pairs its A and AAAA answers.
         let target = ep.target_ref.as_ref().and_then(|t| {
             let name = t.name.as_deref().filter(|n| !n.is_empty())?;
-            Some(
-                format!(
-                    "{}/{}/{}",
-                    t.kind.as_deref().unwrap_or(""),
-                    t.namespace.as_deref().unwrap_or(namespace),
-                    name
-                )
-                .into_boxed_str(),
-            )
+            Some(format!(
+                "{}/{}/{}",
+                t.kind.as_deref().unwrap_or(""),
+                t.namespace.as_deref().unwrap_or(namespace),
+                name
+            ))
         });
-        let zone = ep.zone.as_deref().map(Into::into);
-        endpoints.push(Endpoint { addresses: addresses.into(), hostname, ready, zone, target });
+        endpoints.push(Endpoint::new(addresses.into(), ready).with_names(
+            hostname.as_ref(),
+            ep.zone.as_deref(),
+            target.as_deref(),
+        ));
     }
     Ok(SliceOutcome::Endpoints(EndpointSet {
         slice: SliceKey { namespace: namespace.to_owned(), name: cx.name.to_owned() },
@@ -335,7 +335,7 @@ endpoints:
         assert_eq!(s.service.name.as_str(), "db");
         assert!(s.endpoints[0].ready);
         assert!(!s.endpoints[1].ready);
-        assert_eq!(s.endpoints[0].hostname.as_ref().map(DnsLabel::as_str), Some("db-0"));
+        assert_eq!(s.endpoints[0].hostname(), Some("db-0"));
     }
 
     #[test]
@@ -356,8 +356,8 @@ endpoints:
         let yaml =
             SLICE.replace("  hostname: db-0", "  hostname: db-0\n  targetRef: {kind: Pod, name: db-0}");
         let SliceOutcome::Endpoints(s) = slice(&yaml).unwrap() else { panic!("not endpoints") };
-        assert_eq!(s.endpoints[0].target.as_deref(), Some("Pod/shop/db-0"));
-        assert_eq!(s.endpoints[1].target, None);
+        assert_eq!(s.endpoints[0].target(), Some("Pod/shop/db-0"));
+        assert_eq!(s.endpoints[1].target(), None);
     }
 
     #[test]

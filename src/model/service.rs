@@ -171,19 +171,108 @@ impl std::fmt::Debug for Addresses {
 }
 
 /// One endpoint of an EndpointSlice.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its `hostname`, `zone` and `targetRef` are kept in one string (with two
+/// lengths), not three: a fleet holds hundreds of thousands of endpoints,
+/// most with none of the three or with a zone and a targetRef only, and
+/// three `Option<Box<str>>` were 48 bytes each and a heap block per value
+/// present (BENCHMARKS.md "Fleet scale"). Read them with
+/// [`Endpoint::hostname`], [`Endpoint::zone`] and [`Endpoint::target`].
+#[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
     /// Its addresses (all of the slice's family).
     pub addresses: Addresses,
-    /// `hostname`, which names it as `<hostname>.<clusterid>.<svc>…`.
-    pub hostname: Option<DnsLabel>,
     /// `conditions.ready`; unset counts as ready.
     pub ready: bool,
+    /// The hostname, the zone and the target, one after the other; `None`
+    /// when all three are absent or empty.
+    names: Option<Box<str>>,
+    /// Length of the hostname in `names` (a DNS label: at most 63 bytes).
+    hostname_len: u8,
+    /// Length of the zone in `names`.
+    zone_len: u32,
+    /// Which of the three are present ([`HOSTNAME`], [`ZONE`], [`TARGET`]):
+    /// a present empty zone is not an absent one.
+    present: u8,
+}
+
+/// [`Endpoint::present`] bits.
+const HOSTNAME: u8 = 1;
+const ZONE: u8 = 2;
+const TARGET: u8 = 4;
+
+impl Endpoint {
+    /// An endpoint with these addresses and readiness, no hostname, zone or
+    /// target.
+    pub fn new(addresses: Addresses, ready: bool) -> Self {
+        Self { addresses, ready, names: None, hostname_len: 0, zone_len: 0, present: 0 }
+    }
+
+    /// The same endpoint with this `hostname`, `zone` and `targetRef`
+    /// (`kind/namespace/name`).
+    ///
+    /// A zone of 4 GiB or more is left out: no API object or objects file
+    /// this server can read holds one.
+    pub fn with_names(
+        mut self,
+        hostname: Option<&DnsLabel>,
+        zone: Option<&str>,
+        target: Option<&str>,
+    ) -> Self {
+        let zone = zone.filter(|z| u32::try_from(z.len()).is_ok());
+        let hostname = hostname.map(DnsLabel::as_str);
+        let mut text = String::new();
+        self.present = 0;
+        for (bit, part) in [(HOSTNAME, hostname), (ZONE, zone), (TARGET, target)] {
+            if let Some(part) = part {
+                self.present |= bit;
+                text.push_str(part);
+            }
+        }
+        // A DNS label is at most 63 bytes; the zone's length was checked.
+        self.hostname_len = hostname.map_or(0, |h| h.len().min(usize::from(u8::MAX)) as u8);
+        self.zone_len = zone.map_or(0, |z| z.len() as u32);
+        self.names = (!text.is_empty()).then(|| text.into_boxed_str());
+        self
+    }
+
+    /// The part of `names` from `start`, `len` bytes long, if `bit` is present.
+    fn part(&self, bit: u8, start: usize, len: usize) -> Option<&str> {
+        if self.present & bit == 0 {
+            return None;
+        }
+        Some(self.names.as_deref().and_then(|n| n.get(start..start + len)).unwrap_or(""))
+    }
+
+    /// `hostname`, which names it as `<hostname>.<clusterid>.<svc>…`.
+    pub fn hostname(&self) -> Option<&str> {
+        self.part(HOSTNAME, 0, usize::from(self.hostname_len))
+    }
+
     /// `zone`, for locality-aware answers.
-    pub zone: Option<Box<str>>,
+    pub fn zone(&self) -> Option<&str> {
+        self.part(ZONE, usize::from(self.hostname_len), self.zone_len as usize)
+    }
+
     /// `targetRef` as `kind/namespace/name`: the same Pod's endpoints in the
     /// IPv4 and the IPv6 slice share it, which pairs their A and AAAA answers.
-    pub target: Option<Box<str>>,
+    pub fn target(&self) -> Option<&str> {
+        let start = usize::from(self.hostname_len) + self.zone_len as usize;
+        let len = self.names.as_deref().map_or(0, str::len).saturating_sub(start);
+        self.part(TARGET, start, len)
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("addresses", &self.addresses)
+            .field("hostname", &self.hostname())
+            .field("ready", &self.ready)
+            .field("zone", &self.zone())
+            .field("target", &self.target())
+            .finish()
+    }
 }
 
 /// The content of one MCS EndpointSlice: one cluster's endpoints of one
@@ -223,5 +312,33 @@ mod tests {
         }
         // One address needs no heap block: the type is no larger than a `Vec`.
         assert!(std::mem::size_of::<Addresses>() <= std::mem::size_of::<Vec<IpAddr>>());
+    }
+
+    #[test]
+    fn an_endpoint_keeps_each_of_hostname_zone_and_target_apart() {
+        let ip: IpAddr = "10.0.0.1".parse().expect("ip");
+        let host = DnsLabel::parse("db-0").expect("label");
+        let (h, z, t) = (Some(&host), Some("eu-1a"), Some("Pod/shop/db-0"));
+        // Every combination, and an empty zone, which is not an absent one.
+        for hostname in [None, h] {
+            for zone in [None, Some(""), z] {
+                for target in [None, t] {
+                    let e = Endpoint::new(vec![ip].into(), true).with_names(hostname, zone, target);
+                    let got = (e.hostname(), e.zone(), e.target());
+                    assert_eq!(got, (hostname.map(DnsLabel::as_str), zone, target), "{e:?}");
+                    let again = Endpoint::new(vec![ip].into(), true).with_names(hostname, zone, target);
+                    assert_eq!(e, again);
+                }
+            }
+        }
+        let plain = Endpoint::new(vec![ip].into(), true);
+        assert_ne!(plain, plain.clone().with_names(None, Some(""), None));
+        assert_ne!(
+            plain.clone().with_names(None, Some("ab"), None),
+            plain.clone().with_names(None, None, Some("ab")),
+            "the same text as zone or as target"
+        );
+        // Three optional strings cost 16 bytes inline, not 48 (see the type's docs).
+        assert!(std::mem::size_of::<Endpoint>() <= 48, "{}", std::mem::size_of::<Endpoint>());
     }
 }

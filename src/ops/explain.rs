@@ -10,7 +10,7 @@ use hickory_proto::op::{Edns, Message, Query};
 use hickory_proto::rr::{Name, RecordType};
 
 use crate::answer::select::{self, Picks};
-use crate::store::{Balance, Client, Snapshot};
+use crate::store::{Balance, Client, ServiceNames, Snapshot};
 use crate::wire::{Explain, Scratch, Transport, WireConfig, respond_as};
 
 /// Builds the report; `Err` explains a bad request.
@@ -22,7 +22,7 @@ pub fn report(snap: &Snapshot, name: &str, qtype: &str, cluster: Option<&str>) -
         RecordType::from_str(&qtype.to_ascii_uppercase()).map_err(|e| format!("type {qtype:?}: {e}"))?;
     let l = &snap.zone().localities;
     let service = service_of(snap, &qname);
-    let balance = service.filter(|(_, is_service_name)| *is_service_name).and_then(|(s, _)| s);
+    let balance = service.filter(|(_, is_service_name)| *is_service_name).and_then(|(s, _)| s.balance());
     let client = match cluster {
         None => Client::default(),
         Some(c) => l
@@ -48,8 +48,8 @@ pub fn report_for(
     who: &str,
 ) -> Result<String, String> {
     let mut out = String::new();
-    let balance =
-        service_of(snap, qname).filter(|(_, is_service_name)| *is_service_name).and_then(|(s, _)| s);
+    let service = service_of(snap, qname).filter(|(_, is_service_name)| *is_service_name).map(|(s, _)| s);
+    let balance = service.and_then(|s| s.balance().map(|b| (s, b)));
     let _ = writeln!(out, "query: {qname} {rtype} from {who}");
     let family = match rtype {
         RecordType::A => Some(0),
@@ -57,7 +57,7 @@ pub fn report_for(
         _ => None,
     };
     match (balance, family) {
-        (Some(b), Some(fam)) => explain_balance(&mut out, snap, b, fam, &client),
+        (Some((names, b)), Some(fam)) => explain_balance(&mut out, snap, (names, b), fam, &client),
         (Some(_), None) => {
             let _ = writeln!(out, "policy: none for {rtype} (policies choose A and AAAA answers)");
         }
@@ -109,7 +109,7 @@ impl Explain for Report {
 }
 
 /// The service a name belongs to, and whether it is the service name itself.
-fn service_of<'s>(snap: &'s Snapshot, name: &Name) -> Option<(Option<&'s Balance>, bool)> {
+fn service_of<'s>(snap: &'s Snapshot, name: &Name) -> Option<(&'s ServiceNames, bool)> {
     let origin = &snap.zone().config.origin;
     if !origin.zone_of(name) {
         return None;
@@ -121,10 +121,16 @@ fn service_of<'s>(snap: &'s Snapshot, name: &Name) -> Option<(Option<&'s Balance
     }
     let key = crate::store::names_key(&labels[k - 2], &labels[k - 3]);
     let s = snap.service(&key)?;
-    Some((s.balance(), k == 3))
+    Some((s, k == 3))
 }
 
-fn explain_balance(out: &mut String, snap: &Snapshot, b: &Balance, fam: usize, client: &Client) {
+fn explain_balance(
+    out: &mut String,
+    snap: &Snapshot,
+    (names, b): (&ServiceNames, &Balance),
+    fam: usize,
+    client: &Client,
+) {
     let seq = b.peek_seq(fam);
     let records = b.endpoints.iter().map(|e| usize::from(e.records[fam].1)).sum();
     let mut picks = Picks::default();
@@ -141,11 +147,11 @@ fn explain_balance(out: &mut String, snap: &Snapshot, b: &Balance, fam: usize, c
     let _ = writeln!(out, "candidates ({}):", b.endpoints.len());
     for (i, e) in b.endpoints.iter().enumerate() {
         let c = &b.clusters[usize::from(e.cluster)];
-        let addrs: Vec<String> = e.addresses.iter().map(ToString::to_string).collect();
+        let addrs: Vec<String> = names.endpoint_addresses(e).map(|a| a.to_string()).collect();
         let _ = writeln!(
             out,
             "  {:<28} cluster {:<12} zone {:<12} {:<9} tier {} weight {} [{}]",
-            e.label(),
+            names.endpoint_label(e),
             c.name.as_str(),
             e.zone.and_then(|z| snap.topology_zone(z)).unwrap_or("-"),
             if b.healthy[i] { "healthy" } else { "UNHEALTHY" },

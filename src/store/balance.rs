@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::model::{Addresses, ClusterId, ClusterWeight, PolicyKind, ServiceKey};
+use crate::model::{ClusterId, ClusterWeight, PolicyKind, ServiceKey};
 
 /// One cluster of a balanced service.
 #[derive(Debug, Clone)]
@@ -42,21 +42,11 @@ pub struct EndpointMeta {
     pub records: [(u32, u16); 2],
     /// What identifies it (targetRef or hostname), for explain; none when
     /// its address does, the common case, which then costs no allocation
-    /// (see [`EndpointMeta::label`]).
+    /// (see [`ServiceNames::endpoint_label`](super::ServiceNames::endpoint_label)).
     pub name: Option<Box<str>>,
-    /// Its addresses, for health and explain.
-    pub addresses: Addresses,
-}
-
-impl EndpointMeta {
-    /// What identifies it: its targetRef or hostname, else its address.
-    pub fn label(&self) -> String {
-        match (&self.name, self.addresses.first()) {
-            (Some(name), _) => name.to_string(),
-            (None, Some(address)) => address.to_string(),
-            (None, None) => String::new(),
-        }
-    }
+    // Its addresses are not kept here: they are in its records
+    // (`ServiceNames::endpoint_addresses`), and a copy was 24 of 64 bytes
+    // per endpoint at fleet scale (BENCHMARKS.md "Fleet scale").
 }
 
 /// A service's answer policy and the metadata of its endpoints; see the

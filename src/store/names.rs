@@ -2,6 +2,7 @@
 //! records (`../shared/docs/dns-behaviour.md` is the contract), built from
 //! model values and encoded once per change.
 
+use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::rc::Rc;
@@ -264,8 +265,8 @@ fn collect_candidates(slices: &[&EndpointSet]) -> Vec<Candidate> {
     for slice in slices {
         let fam = usize::from(slice.family == crate::model::AddressFamily::V6);
         for ep in slice.endpoints.iter().filter(|e| e.ready && !e.addresses.is_empty()) {
-            let named = ep.target.is_some() || ep.hostname.is_some();
-            let ids: Vec<(String, Vec<IpAddr>)> = match (&ep.target, &ep.hostname) {
+            let named = ep.target().is_some() || ep.hostname().is_some();
+            let ids: Vec<(String, Vec<IpAddr>)> = match (ep.target(), ep.hostname()) {
                 (Some(t), _) => vec![(t.to_string(), ep.addresses.to_vec())],
                 (None, Some(h)) => vec![(h.to_string(), ep.addresses.to_vec())],
                 (None, None) => ep.addresses.iter().map(|a| (a.to_string(), vec![*a])).collect(),
@@ -274,7 +275,7 @@ fn collect_candidates(slices: &[&EndpointSet]) -> Vec<Candidate> {
                 let i = *index.entry((slice.cluster.clone(), id.clone())).or_insert_with(|| {
                     out.push(Candidate {
                         cluster: slice.cluster.clone(),
-                        zone: ep.zone.as_deref().map(str::to_owned),
+                        zone: ep.zone().map(str::to_owned),
                         name: id,
                         named,
                         addrs: [Vec::new(), Vec::new()],
@@ -355,7 +356,6 @@ fn balanced(
             zone: c.zone.as_deref().map(|z| cx.interner.zone_id(z)),
             records: range,
             name: c.named.then(|| c.name.as_str().into()),
-            addresses: addresses.into(),
         });
     }
     set_weights(&mut clusters, &endpoints, &healthy, o.weights.as_deref());
@@ -408,12 +408,15 @@ fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> 
             any_ready = true;
             // An endpoint with a hostname is one name with all its addresses;
             // without, each address names itself (`10-3-0-10`).
-            let named: Vec<(DnsLabel, Vec<IpAddr>)> = match &ep.hostname {
-                Some(h) => vec![(h.clone(), ep.addresses.to_vec())],
-                None => ep.addresses.iter().map(|a| (DnsLabel::from_address(*a), vec![*a])).collect(),
+            let named: Vec<(Cow<'_, str>, Vec<IpAddr>)> = match ep.hostname() {
+                Some(h) => vec![(Cow::Borrowed(h), ep.addresses.to_vec())],
+                None => {
+                    let own = |a: &IpAddr| Cow::Owned(DnsLabel::from_address(*a).as_str().to_owned());
+                    ep.addresses.iter().map(|a| (own(a), vec![*a])).collect()
+                }
             };
             for (host, addrs) in named {
-                let mut labels = vec![host.as_str()];
+                let mut labels = vec![&*host];
                 labels.extend(&cluster);
                 let Some((target, node)) = d.node(&labels) else {
                     warn!(service = %import.key, slice = %slice.slice, host = %host, "endpoint name too long; leaving it out");

@@ -19,7 +19,7 @@ use rustc_hash::FxHashMap;
 
 use super::answer_config::AnswerConfig;
 use super::answer_stats::AnswerStats;
-use super::balance::Balance;
+use super::balance::{Balance, EndpointMeta};
 use super::encode;
 use super::hosts::{Hosts, Ptrs};
 use super::localities::Localities;
@@ -187,6 +187,33 @@ impl ServiceNames {
         self.balance.as_deref()
     }
 
+    /// The addresses of `endpoint`, one of [`ServiceNames::balance`]'s:
+    /// read from its records in the service name's A and AAAA RRsets (where
+    /// its `records` ranges point), IPv4 first. An address two endpoints
+    /// share is one record, the first's.
+    pub fn endpoint_addresses<'a>(&'a self, endpoint: &EndpointMeta) -> impl Iterator<Item = IpAddr> + 'a {
+        let node = self.names.get(&[]);
+        let [(a_first, a_count), (aaaa_first, aaaa_count)] = endpoint.records;
+        let family = move |rtype: u16, first: u32, count: u16| {
+            let records = node.and_then(|n| n.get(rtype)).map(|s| &s.answer);
+            (first..first + u32::from(count)).filter_map(move |i| {
+                let records = records.filter(|r| (i as usize) < r.len())?;
+                address_of(records.get(i as usize))
+            })
+        };
+        family(A, a_first, a_count).chain(family(AAAA, aaaa_first, aaaa_count))
+    }
+
+    /// What identifies `endpoint` (one of the balance's), for explain: its
+    /// targetRef or hostname, else its first address.
+    pub fn endpoint_label(&self, endpoint: &EndpointMeta) -> String {
+        match (&endpoint.name, self.endpoint_addresses(endpoint).next()) {
+            (Some(name), _) => name.to_string(),
+            (None, Some(address)) => address.to_string(),
+            (None, None) => String::new(),
+        }
+    }
+
     /// Number of names.
     pub fn len(&self) -> usize {
         self.names.len()
@@ -195,6 +222,22 @@ impl ServiceNames {
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
+    }
+}
+
+/// Record types whose records [`ServiceNames::endpoint_addresses`] reads.
+const A: u16 = 1;
+const AAAA: u16 = 28;
+
+/// The address an encoded A or AAAA record (as `encode` writes it: owner,
+/// type, class, TTL, length, then the address) ends with.
+fn address_of(record: &[u8]) -> Option<IpAddr> {
+    const FIXED: usize = 10; // type, class, TTL, RDLENGTH after the owner
+    let rdata = record.len().checked_sub(2 + FIXED).map(|_| &record[2 + FIXED..])?;
+    match rdata.len() {
+        4 => <[u8; 4]>::try_from(rdata).ok().map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(rdata).ok().map(IpAddr::from),
+        _ => None,
     }
 }
 

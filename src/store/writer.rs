@@ -196,10 +196,15 @@ impl Writer {
     /// record with `old`; `None` when its health did not change.
     fn rehealth(&self, key: &ServiceKey, old: &ServiceNames) -> Option<ServiceNames> {
         let b = old.balance.as_ref()?;
+        let mut addresses = Vec::new();
         let healthy: Box<[bool]> = b
             .endpoints
             .iter()
-            .map(|e| self.healthy(key, &b.clusters[usize::from(e.cluster)].name, &e.addresses))
+            .map(|e| {
+                addresses.clear();
+                addresses.extend(old.endpoint_addresses(e));
+                self.healthy(key, &b.clusters[usize::from(e.cluster)].name, &addresses)
+            })
             .collect();
         if healthy == b.healthy {
             return None;
@@ -441,7 +446,7 @@ impl Writer {
         for key in &dirty {
             for slice in self.services.get(key).iter().flat_map(|s| s.slices.values()) {
                 self.interner.cluster(&slice.cluster);
-                for zone in slice.endpoints.iter().filter_map(|e| e.zone.as_deref()) {
+                for zone in slice.endpoints.iter().filter_map(|e| e.zone()) {
                     self.interner.zone(zone);
                 }
             }
@@ -639,6 +644,71 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoints_addresses_are_read_back_from_its_records() {
+        use crate::model::{AddressFamily, ClusterId, Endpoint, EndpointSet, SliceKey, SliceOrigin};
+        let (reader, mut w) = store();
+        let key =
+            ServiceKey { namespace: DnsLabel::parse("ns").unwrap(), name: DnsLabel::parse("db").unwrap() };
+        let ip = |s: &str| IpAddr::from_str(s).unwrap();
+        let ep = |a: &str, target: Option<&str>| {
+            Endpoint::new(vec![ip(a)].into(), true).with_names(None, None, target)
+        };
+        let slice = |name: &str, family, endpoints| {
+            Object::Slice(EndpointSet {
+                slice: SliceKey { namespace: "ns".into(), name: name.into() },
+                service: key.clone(),
+                cluster: ClusterId::parse("c1").unwrap(),
+                family,
+                ports: vec![],
+                endpoints,
+                origin: SliceOrigin::Mcs,
+            })
+        };
+        let objects = vec![
+            Object::Import(ServiceImport {
+                key: key.clone(),
+                kind: ImportType::Headless,
+                ips: vec![],
+                ports: vec![],
+                answers: Default::default(),
+            }),
+            // Pod p0 in both families (paired by targetRef); p1 IPv4 only;
+            // an endpoint without a target; and p2 repeating p1's address.
+            slice(
+                "v4",
+                AddressFamily::V4,
+                vec![
+                    ep("10.0.0.1", Some("Pod/ns/p0")),
+                    ep("10.0.0.2", Some("Pod/ns/p1")),
+                    ep("10.0.0.3", None),
+                    ep("10.0.0.2", Some("Pod/ns/p2")),
+                ],
+            ),
+            slice("v6", AddressFamily::V6, vec![ep("fd00::1", Some("Pod/ns/p0"))]),
+        ];
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.publish();
+        let snap = reader.load_full();
+        let names = snap.service(&wire_key("ns", "db")).unwrap();
+        let b = names.balance().unwrap();
+        let got: Vec<(String, Vec<IpAddr>)> = b
+            .endpoints
+            .iter()
+            .map(|e| (names.endpoint_label(e), names.endpoint_addresses(e).collect()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("Pod/ns/p0".to_owned(), vec![ip("10.0.0.1"), ip("fd00::1")]),
+                ("Pod/ns/p1".to_owned(), vec![ip("10.0.0.2")]),
+                ("10.0.0.3".to_owned(), vec![ip("10.0.0.3")]),
+                // One record per address: the first endpoint naming it has it.
+                ("Pod/ns/p2".to_owned(), vec![]),
+            ]
+        );
+    }
+
+    #[test]
     fn a_single_named_ports_srv_answer_is_the_service_names_own() {
         let (reader, mut w) = store();
         let mut one = import("ns", "one", "10.0.0.1");
@@ -690,12 +760,12 @@ mod tests {
             answers: Default::default(),
         };
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
-        let endpoint = |addrs: &[IpAddr], hostname: Option<&str>| crate::model::Endpoint {
-            addresses: addrs.into(),
-            hostname: hostname.map(label),
-            ready: true,
-            zone: None,
-            target: None,
+        let endpoint = |addrs: &[IpAddr], hostname: Option<&str>| {
+            crate::model::Endpoint::new(addrs.into(), true).with_names(
+                hostname.map(label).as_ref(),
+                None,
+                None,
+            )
         };
         let slice = |family, endpoints| {
             Object::Slice(EndpointSet {
