@@ -19,6 +19,7 @@ mod input;
 mod intern;
 mod localities;
 mod names;
+mod owners;
 mod records;
 mod resolve;
 mod reverse;

@@ -91,6 +91,11 @@ impl<K: Ord, V> VecMap<K, V> {
         Some(self.entries.take(i).1)
     }
 
+    /// The keys, in order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> {
+        self.entries.entries.iter().map(|(k, _)| k)
+    }
+
     /// The values, in key order.
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> + Clone {
         self.entries.entries.iter().map(|(_, v)| v)
@@ -148,6 +153,13 @@ impl SliceMap {
     pub(crate) fn remove(&mut self, source: SourceId, slice: &SliceKey) -> Option<EndpointSet> {
         let i = self.find(source, slice).ok()?;
         Some(self.entries.take(i).1)
+    }
+
+    /// The slices of `source`, in name order.
+    pub(crate) fn of(&self, source: SourceId) -> impl Iterator<Item = &EndpointSet> {
+        let entries = &self.entries.entries;
+        let start = entries.partition_point(|(s, _)| *s < source);
+        entries[start..].iter().take_while(move |(s, _)| *s == source).map(|(_, set)| set)
     }
 
     /// The slices, in (source, name) order.

@@ -15,6 +15,7 @@ use super::hosts::{PtrTarget, Ptrs};
 use super::input::{Object, ObjectId, SourceId, Update};
 use super::intern::Interner;
 use super::names::{self, BuildCtx};
+use super::owners::Owners;
 use super::resolve;
 use super::reverse;
 use super::snapshot::{ServiceNames, Snapshot, Zone};
@@ -30,11 +31,10 @@ type Built = (ServiceKey, Option<ServiceNames>, Option<String>);
 
 #[derive(Default)]
 struct SourceState {
-    /// The service of each of its slices and backing Services: their ids
-    /// do not say it, and a slice can be relabelled to another service.
+    /// The service of each of its slices and backing Services (`owners`).
     /// An import's id is its service, so imports are not indexed here (at
     /// 100,000 services that index cost ~15 MB of keys held twice).
-    owners: HashMap<ObjectId, ServiceKey>,
+    owners: Owners,
     synced: bool,
 }
 
@@ -59,6 +59,23 @@ impl ServiceState {
 
     fn is_empty(&self) -> bool {
         self.imports.is_empty() && self.slices.is_empty() && self.backing.is_empty()
+    }
+
+    /// Whether `source`'s object `id` is among this service's.
+    fn holds(&self, source: SourceId, id: &ObjectId) -> bool {
+        match id {
+            ObjectId::Import(_) => self.imports.get(&source).is_some(),
+            ObjectId::Slice(slice) => self.slices.get(source, slice).is_some(),
+            ObjectId::Service(service) => self.backing.keys().any(|(s, k)| *s == source && k == service),
+        }
+    }
+
+    /// The ids of `source`'s objects in this service (`key`).
+    fn ids_of<'a>(&'a self, key: &'a ServiceKey, source: SourceId) -> impl Iterator<Item = ObjectId> + 'a {
+        let import = self.imports.get(&source).map(|_| ObjectId::Import(key.clone()));
+        let slices = self.slices.of(source).map(|set| ObjectId::Slice(set.slice.clone()));
+        let backing = self.backing.keys().filter(move |(s, _)| *s == source);
+        import.into_iter().chain(slices).chain(backing.map(|(_, k)| ObjectId::Service(k.clone())))
     }
 }
 
@@ -124,15 +141,10 @@ impl Writer {
                 self.zone_dirty = true;
             }
             Update::Replace { source, objects } => {
-                // Its imports are found among the services (a relist or a
+                // Its objects are found among the services (a relist or a
                 // reload: one pass, as the objects' own).
-                let mut old: Vec<ObjectId> =
-                    self.sources.entry(source).or_default().owners.keys().cloned().collect();
-                old.extend(
-                    (self.services.iter())
-                        .filter(|(_, s)| s.imports.get(&source).is_some())
-                        .map(|(key, _)| ObjectId::Import(key.clone())),
-                );
+                let old: Vec<ObjectId> =
+                    self.services.iter().flat_map(|(key, s)| s.ids_of(key, source)).collect();
                 // A first list has nothing to remove: no set of 200,000 ids.
                 if !old.is_empty() {
                     let keep: foldhash::HashSet<ObjectId> = objects.iter().map(Object::id).collect();
@@ -226,10 +238,17 @@ impl Writer {
         let src = self.sources.entry(source).or_default();
         if !matches!(object, Object::Import(_)) {
             let id = object.id();
-            let previous = src.owners.insert(id.clone(), key.clone());
-            if let Some(previous) = previous.filter(|p| *p != key) {
-                // A slice can be relabelled to another service.
-                self.remove_from_service(source, &id, &previous);
+            let services = &self.services;
+            let holds = |k: &ServiceKey| services.get(k).is_some_and(|s| s.holds(source, &id));
+            match src.owners.get(&id, holds).cloned() {
+                Some(previous) if previous == key => {}
+                Some(previous) => {
+                    // A slice can be relabelled to another service.
+                    src.owners.remove(&id, &previous);
+                    src.owners.insert(&id, key.clone());
+                    self.remove_from_service(source, &id, &previous);
+                }
+                None => src.owners.insert(&id, key.clone()),
             }
         }
         let state = self.services.entry(key.clone()).or_default();
@@ -286,7 +305,13 @@ impl Writer {
     fn remove(&mut self, source: SourceId, id: &ObjectId) {
         let key = match id {
             ObjectId::Import(key) => Some(key.clone()),
-            _ => self.sources.get_mut(&source).and_then(|s| s.owners.remove(id)),
+            _ => self.sources.get_mut(&source).and_then(|src| {
+                let services = &self.services;
+                let holds = |k: &ServiceKey| services.get(k).is_some_and(|s| s.holds(source, id));
+                let key = src.owners.get(id, holds).cloned()?;
+                src.owners.remove(id, &key);
+                Some(key)
+            }),
         };
         if let Some(key) = key {
             self.remove_from_service(source, id, &key);
@@ -641,6 +666,63 @@ mod tests {
             before.services.get(&*wire_key("ns", "svc7")).unwrap(),
             after.services.get(&*wire_key("ns", "svc7")).unwrap()
         ));
+    }
+
+    #[test]
+    fn a_relabelled_slice_moves_to_its_new_service_and_is_removed_from_there() {
+        use crate::model::{AddressFamily, ClusterId, Endpoint, EndpointSet, SliceKey, SliceOrigin};
+        let (reader, mut w) = store();
+        let key = |n: &str| ServiceKey {
+            namespace: DnsLabel::parse("ns").unwrap(),
+            name: DnsLabel::parse(n).unwrap(),
+        };
+        let headless = |n: &str| {
+            Object::Import(ServiceImport {
+                key: key(n),
+                kind: ImportType::Headless,
+                ips: vec![],
+                ports: vec![],
+                answers: Default::default(),
+            })
+        };
+        let slice = |service: &str, ip: &str| {
+            Object::Slice(EndpointSet {
+                slice: SliceKey { namespace: "ns".into(), name: "the-slice".into() },
+                service: key(service),
+                cluster: ClusterId::parse("c1").unwrap(),
+                family: AddressFamily::V4,
+                ports: vec![],
+                endpoints: vec![Endpoint::new(vec![IpAddr::from_str(ip).unwrap()].into(), true)],
+                origin: SliceOrigin::Mcs,
+            })
+        };
+        let answered = |reader: &Reader, n: &str| {
+            let snap = reader.load_full();
+            snap.service(&wire_key("ns", n)).and_then(|s| s.balance()).map_or(0, |b| b.endpoints.len())
+        };
+        let objects = vec![headless("a"), headless("b"), slice("a", "10.0.0.1")];
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.publish();
+        assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (1, 0));
+        w.apply(Update::Upsert { source: SourceId(1), object: slice("b", "10.0.0.2") });
+        w.publish();
+        assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (0, 1), "moved, not copied");
+        // The same again changes nothing; a delete finds it in its new service.
+        w.apply(Update::Upsert { source: SourceId(1), object: slice("b", "10.0.0.2") });
+        assert_eq!(w.publish(), 0);
+        let id = ObjectId::Slice(SliceKey { namespace: "ns".into(), name: "the-slice".into() });
+        w.apply(Update::Remove { source: SourceId(1), id: id.clone() });
+        w.publish();
+        assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (0, 0));
+        assert!(w.sources.values().all(|s| s.owners.is_empty()));
+        // Back, then gone with a relist that no longer holds it.
+        w.apply(Update::Upsert { source: SourceId(1), object: slice("a", "10.0.0.3") });
+        w.publish();
+        assert_eq!(answered(&reader, "a"), 1);
+        w.apply(Update::Replace { source: SourceId(1), objects: vec![headless("a"), headless("b")] });
+        w.publish();
+        assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (0, 0));
+        assert!(w.sources.values().all(|s| s.owners.is_empty()), "nothing left in the index");
     }
 
     #[test]
