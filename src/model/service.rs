@@ -138,6 +138,13 @@ impl Addresses {
     }
 }
 
+/// No address (no allocation).
+impl Default for Addresses {
+    fn default() -> Self {
+        Self(Repr::Other(Box::default()))
+    }
+}
+
 impl std::ops::Deref for Addresses {
     type Target = [IpAddr];
 

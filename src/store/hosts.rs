@@ -20,6 +20,8 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::model::Addresses;
+
 /// `index` of a [`PtrTarget`] naming the service name itself.
 const SERVICE: u32 = u32::MAX;
 /// Marks, in a [`HostSrv`] record's target index, the first record naming
@@ -32,12 +34,24 @@ const QNAME_AT: u16 = 12;
 
 /// The endpoint names of one service and the addresses naming the service;
 /// see the module docs. Immutable once built.
+///
+/// 48 bytes: a ClusterSetIP service (nine in ten of a fleet) has no
+/// endpoint name and one VIP, so the endpoint names are one optional box
+/// and one VIP is kept inline. As six boxed slices it was 96 bytes and a
+/// heap block for the VIP (BENCHMARKS.md, "Fleet scale").
 #[derive(Debug, Default)]
 pub struct Hosts {
     /// `<svc>.<ns>` in lower-case wire form (the service's key).
     service: Box<[u8]>,
     /// Addresses naming the service name (a ClusterSetIP service's VIPs).
-    vips: Box<[IpAddr]>,
+    vips: Addresses,
+    /// Its endpoint names (a headless service's); `None` when it has none.
+    names: Option<Box<Names>>,
+}
+
+/// The endpoint names of a [`Hosts`] and the SRV RRsets that target them.
+#[derive(Debug, Default)]
+struct Names {
     /// Every name's prefix (its lower-case wire labels in front of the
     /// service name), concatenated, the names in byte order of the prefixes.
     prefixes: Box<[u8]>,
@@ -104,14 +118,15 @@ impl Hosts {
                 true
             }
         });
-        Self {
-            service: service.into(),
-            vips: vips.into(),
-            prefixes: prefixes.into(),
-            ends: ends.into(),
-            addrs: addrs.into(),
-            srv: Box::default(),
-        }
+        let names = (!ends.is_empty()).then(|| {
+            Box::new(Names {
+                prefixes: prefixes.into(),
+                ends: ends.into(),
+                addrs: addrs.into(),
+                srv: Box::default(),
+            })
+        });
+        Self { service: service.into(), vips: vips.into(), names }
     }
 
     /// The same names with SRV RRsets: per owner (its prefix key), the
@@ -142,30 +157,37 @@ impl Hosts {
             // A prefix is part of a name: at most 255 bytes.
             srv.push(HostSrv { owner: owner.into(), records, longest: longest.min(255) as u8 });
         }
-        self.srv = srv.into();
+        if !srv.is_empty() {
+            self.names.get_or_insert_default().srv = srv.into();
+        }
         self
+    }
+
+    /// Per name: the ends of its prefix and addresses (`Names::ends`).
+    fn ends(&self) -> &[[u32; 3]] {
+        self.names.as_ref().map_or(&[], |n| &n.ends)
     }
 
     /// The SRV RRset of the name `owner` (a prefix key), when its targets
     /// are these names.
     pub fn srv(&self, owner: &[u8]) -> Option<&HostSrv> {
-        self.srv.iter().find(|s| *s.owner == *owner)
+        self.names.as_ref()?.srv.iter().find(|s| *s.owner == *owner)
     }
 
     /// Number of endpoint names.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.ends().len()
     }
 
     /// True when there is none.
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.ends().is_empty()
     }
 
     /// The index of the endpoint name whose prefix (lower-case wire labels
     /// in front of the service name) is `prefix`.
     pub fn find(&self, prefix: &[u8]) -> Option<usize> {
-        let (mut lo, mut hi) = (0, self.ends.len());
+        let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.prefix(mid).cmp(prefix) {
@@ -179,27 +201,29 @@ impl Hosts {
 
     /// The prefix of name `i`.
     pub fn prefix(&self, i: usize) -> &[u8] {
-        let end = self.ends.get(i).map_or(0, |e| e[0] as usize);
-        self.prefixes.get(start_of(&self.ends, i)..end).unwrap_or(&[])
+        let Some(names) = &self.names else { return &[] };
+        let end = names.ends.get(i).map_or(0, |e| e[0] as usize);
+        names.prefixes.get(start_of(&names.ends, i)..end).unwrap_or(&[])
     }
 
     /// The addresses of name `i` of one family (0 = IPv4, 1 = IPv6).
     pub fn addresses(&self, i: usize, family: usize) -> &[IpAddr] {
-        let Some(e) = self.ends.get(i) else { return &[] };
-        let start = match (family, i.checked_sub(1).and_then(|p| self.ends.get(p))) {
+        let Some(names) = &self.names else { return &[] };
+        let Some(e) = names.ends.get(i) else { return &[] };
+        let start = match (family, i.checked_sub(1).and_then(|p| names.ends.get(p))) {
             (0, Some(prev)) => prev[2] as usize,
             (0, None) => 0,
             _ => e[1] as usize,
         };
         let end = e[1 + family.min(1)] as usize;
-        self.addrs.get(start..end).unwrap_or(&[])
+        names.addrs.get(start..end).unwrap_or(&[])
     }
 
     /// Every address this service names with the name it names, the VIPs
     /// first, then each endpoint name's, in order.
     pub(crate) fn ptrs(self: &Arc<Self>) -> impl Iterator<Item = (IpAddr, PtrTarget)> + '_ {
         let vips = self.vips.iter().map(|ip| (*ip, PtrTarget { hosts: self.clone(), index: SERVICE }));
-        let names = (0..self.ends.len()).flat_map(move |i| {
+        let names = (0..self.len()).flat_map(move |i| {
             let both = [self.addresses(i, 0), self.addresses(i, 1)];
             both.into_iter()
                 .flatten()
@@ -762,6 +786,21 @@ mod tests {
         };
         assert_eq!(zone(35).len(), 229);
         assert!(bare.fits(&h, b"\x05local\x00") && bare.fits(&h, &zone(35)) && !bare.fits(&h, &zone(36)));
+    }
+
+    #[test]
+    fn a_service_without_endpoint_names_keeps_one_vip_and_no_names_inline() {
+        // Service key, one inline VIP, no names: a ClusterSetIP service's
+        // 48 bytes (a 64-byte `Arc` block, no other).
+        assert_eq!(std::mem::size_of::<Hosts>(), 48);
+        let vip = ip("10.0.0.9");
+        let h = Arc::new(Hosts::new(&prefix_key(&["web", "shop"]), &[vip, vip], []));
+        assert!(h.names.is_none() && h.is_empty() && h.srv(b"").is_none());
+        assert_eq!((h.find(b""), h.prefix(0), h.addresses(0, 0)), (None, &[][..], &[][..]));
+        let ptrs: Vec<(IpAddr, u32)> = h.ptrs().map(|(ip, t)| (ip, t.index)).collect();
+        assert_eq!(ptrs, [(vip, SERVICE)], "repeats dropped");
+        let same = Arc::try_unwrap(h).unwrap().with_srv([]);
+        assert!(same.names.is_none(), "no SRV RRset of its own names: still none");
     }
 
     #[test]
