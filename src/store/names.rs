@@ -252,8 +252,37 @@ pub(crate) fn service_names(
             (&key[..], srv)
         });
     let hosts = Hosts::new(&service_key, vips, hosts).with_srv(srv_sets);
+    share_additional(&mut names);
     let names = NameTable::new(names.into_iter().collect());
     Some(ServiceNames { names, balance, hosts: Arc::new(hosts) })
+}
+
+/// Makes each additional section that is the same records (same bytes,
+/// same boundaries) as an answer of the service, or as an additional
+/// section already seen, share that one allocation. A ClusterSetIP
+/// service's SRV target is the service name itself, so its SRV additional
+/// records are the service name's A answer byte for byte (the owner is
+/// the question, `C0 0C`, in both): a second block of ~40 B in nine
+/// services of ten.
+fn share_additional(names: &mut FxHashMap<Box<[u8]>, NameNode>) {
+    let mut kept: Vec<Records> = names
+        .values()
+        .flat_map(|node| node.sets.iter())
+        .flat_map(|set| [Some(&set.answer), set.also.as_deref().map(|(answer, _)| answer)])
+        .flatten()
+        .filter(|r| !r.is_empty())
+        .cloned()
+        .collect();
+    for set in names.values_mut().flat_map(|node| node.sets.iter_mut()) {
+        let RRset { additional, also, .. } = set;
+        let also = also.as_deref_mut().map(|(_, additional)| additional);
+        for additional in std::iter::once(additional).chain(also).filter(|r| !r.is_empty()) {
+            match kept.iter().find(|k| *k == additional) {
+                Some(same) => *additional = same.clone(),
+                None => kept.push(additional.clone()),
+            }
+        }
+    }
 }
 
 /// The ready endpoints with an address, merged across a cluster's IPv4 and

@@ -10,7 +10,9 @@ use std::sync::Arc;
 /// One allocation holds them all, shared by reference count: a snapshot
 /// holds hundreds of thousands of these, so each costs one heap block, and
 /// the same records (a service name's SRV answer and a single named
-/// port's) are shared between names and snapshots without a copy. The
+/// port's; a ClusterSetIP service's A answer and its SRV additional
+/// records: `names::share_additional`) are shared between names and
+/// snapshots without a copy. The
 /// layout is the record count (u32), the end offset of each record (u32
 /// each), then the records' bytes; all little-endian. Empty records
 /// allocate nothing.

@@ -791,6 +791,41 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_set_ip_services_srv_additional_records_are_its_a_answer() {
+        let (reader, mut w) = store();
+        let named = |name: &str, ip: &str| {
+            let mut object = import("ns", name, ip);
+            if let Object::Import(i) = &mut object {
+                i.ports = vec![Port {
+                    name: Some(DnsLabel::parse("http").unwrap()),
+                    protocol: Protocol::Tcp,
+                    port: 80,
+                }];
+            }
+            object
+        };
+        w.apply(Update::Replace {
+            source: SourceId(1),
+            objects: vec![named("one", "10.0.0.1"), named("two", "10.0.0.2")],
+        });
+        w.publish();
+        let snap = reader.load();
+        let set = |svc: &str, prefix: &[&str], rtype: u16| {
+            let names = &snap.services.get(&*wire_key("ns", svc)).unwrap().names;
+            names.get(&names::prefix_key(prefix)).unwrap().get(rtype).unwrap().clone()
+        };
+        let (a, srv, port) = (set("one", &[], 1), set("one", &[], 33), set("one", &["_http", "_tcp"], 33));
+        assert_eq!(srv.additional, a.answer);
+        assert!(srv.additional.same_allocation(&a.answer), "the same records, kept once");
+        assert!(port.shifted && port.additional.same_allocation(&a.answer));
+        // Nothing to share across services: hickory-proto writes an SRV
+        // target in full (RFC 2782), and the target is the service name.
+        let other = set("two", &[], 33);
+        assert_eq!(srv.answer.bytes()[..18], other.answer.bytes()[..18], "owner, TTL, weight, port");
+        assert_ne!(srv.answer.bytes(), other.answer.bytes());
+    }
+
+    #[test]
     fn a_single_named_ports_srv_answer_is_the_service_names_own() {
         let (reader, mut w) = store();
         let mut one = import("ns", "one", "10.0.0.1");
