@@ -1,7 +1,8 @@
 //! A hash map that a new snapshot shares with the old one shard by shard.
 //!
-//! A snapshot's big maps (services, reverse addresses) hold hundreds of
-//! thousands of entries at fleet scale. Copying one whole map to publish a
+//! A snapshot's service map holds a hundred thousand entries at fleet
+//! scale (the reverse map, larger still, is sorted shards of its own:
+//! `reverse`). Copying one whole map to publish a
 //! change to one service would cost time and memory in proportion to the
 //! fleet; instead the map is split into [`SHARDS`] shards behind their own
 //! `Arc`s, and an edit copies only the shards it touches (copy on write).

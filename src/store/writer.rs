@@ -1033,7 +1033,10 @@ mod tests {
         w.publish();
         let after = reader.load_full();
         assert!(after.serial() > before.serial());
-        assert!(after.reverse.shares_all(&before.reverse), "no service rebuilt: shared");
+        assert!(
+            after.services.shares_all(&before.services) && after.reverse.shares_all(&before.reverse),
+            "no service rebuilt: shared"
+        );
         // Gone with the services.
         w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "b", "10.0.0.2")] });
         w.publish();
