@@ -228,7 +228,9 @@ impl Endpoint {
     ) -> Self {
         let zone = zone.filter(|z| u32::try_from(z.len()).is_ok());
         let hostname = hostname.map(DnsLabel::as_str);
-        let mut text = String::new();
+        // Sized exactly: no second block when it is boxed.
+        let mut text =
+            String::with_capacity([hostname, zone, target].iter().flatten().map(|p| p.len()).sum());
         self.present = 0;
         for (bit, part) in [(HOSTNAME, hostname), (ZONE, zone), (TARGET, target)] {
             if let Some(part) = part {

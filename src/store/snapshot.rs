@@ -233,7 +233,7 @@ const AAAA: u16 = 28;
 /// type, class, TTL, length, then the address) ends with.
 fn address_of(record: &[u8]) -> Option<IpAddr> {
     const FIXED: usize = 10; // type, class, TTL, RDLENGTH after the owner
-    let rdata = record.len().checked_sub(2 + FIXED).map(|_| &record[2 + FIXED..])?;
+    let rdata = record.get(2 + FIXED..)?;
     match rdata.len() {
         4 => <[u8; 4]>::try_from(rdata).ok().map(IpAddr::from),
         16 => <[u8; 16]>::try_from(rdata).ok().map(IpAddr::from),

@@ -238,9 +238,7 @@ impl Writer {
         let src = self.sources.entry(source).or_default();
         if !matches!(object, Object::Import(_)) {
             let id = object.id();
-            let services = &self.services;
-            let holds = |k: &ServiceKey| services.get(k).is_some_and(|s| s.holds(source, &id));
-            match src.owners.get(&id, holds).cloned() {
+            match src.owners.get(&id, holder(&self.services, source, &id)).cloned() {
                 Some(previous) if previous == key => {}
                 Some(previous) => {
                     // A slice can be relabelled to another service.
@@ -306,9 +304,7 @@ impl Writer {
         let key = match id {
             ObjectId::Import(key) => Some(key.clone()),
             _ => self.sources.get_mut(&source).and_then(|src| {
-                let services = &self.services;
-                let holds = |k: &ServiceKey| services.get(k).is_some_and(|s| s.holds(source, id));
-                let key = src.owners.get(id, holds).cloned()?;
+                let key = src.owners.get(id, holder(&self.services, source, id)).cloned()?;
                 src.owners.remove(id, &key);
                 Some(key)
             }),
@@ -537,6 +533,16 @@ impl Writer {
         self.current.store(Arc::new(snap));
         rebuilt
     }
+}
+
+/// Whether a service holds `source`'s object `id`: how `Owners` confirms a
+/// match found by the id's hash.
+fn holder<'a>(
+    services: &'a HashMap<ServiceKey, ServiceState>,
+    source: SourceId,
+    id: &'a ObjectId,
+) -> impl Fn(&ServiceKey) -> bool + 'a {
+    move |key| services.get(key).is_some_and(|s| s.holds(source, id))
 }
 
 /// Services rebuilt in one publish from which the work is spread over
