@@ -24,6 +24,7 @@ mod records;
 mod resolve;
 mod reverse;
 mod shards;
+mod slice;
 mod snapshot;
 mod transfer;
 mod vec_map;

@@ -18,8 +18,9 @@ use super::encode;
 use super::hosts::Hosts;
 use super::intern::Interner;
 use super::records::{NameNode, RRset, Records};
+use super::slice::Slice;
 use super::snapshot::{NameTable, ServiceNames, Zone, ZoneNames};
-use crate::model::{ClusterId, DnsLabel, EndpointSet, ImportType, PolicyKind, Port, ServiceImport};
+use crate::model::{ClusterId, DnsLabel, ImportType, PolicyKind, Port, ServiceImport};
 
 /// What building a service needs besides its objects: the writer's
 /// interned localities and its health overlay.
@@ -144,7 +145,7 @@ fn srv_from_hosts(d: &Drafts, draft: &Draft) -> bool {
 pub(crate) fn service_names(
     zone: &Zone,
     import: &ServiceImport,
-    slices: &[&EndpointSet],
+    slices: &[&Slice],
     cx: &BuildCtx<'_>,
 ) -> Option<ServiceNames> {
     let base = child(&[import.key.name.as_str(), import.key.namespace.as_str(), "svc"], &zone.config.origin)?;
@@ -216,7 +217,7 @@ pub(crate) fn service_names(
         let probe_port = import.answers.probe_port.or_else(|| {
             slices
                 .iter()
-                .flat_map(|s| &s.ports)
+                .flat_map(|s| s.ports.iter())
                 .find(tcp)
                 .or_else(|| import.ports.iter().find(tcp))
                 .map(|p| p.port)
@@ -288,7 +289,7 @@ fn share_additional(names: &mut FxHashMap<Box<[u8]>, NameNode>) {
 /// The ready endpoints with an address, merged across a cluster's IPv4 and
 /// IPv6 slices by identity (`targetRef`, else hostname; an endpoint with
 /// neither is one per address), grouped by cluster.
-fn collect_candidates(slices: &[&EndpointSet]) -> Vec<Candidate> {
+fn collect_candidates(slices: &[&Slice]) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     let mut index: FxHashMap<(ClusterId, String), usize> = FxHashMap::default();
     for slice in slices {
@@ -428,7 +429,7 @@ fn port_labels(port: &Port) -> PortLabels {
 }
 
 /// Adds a headless service's names; false when it has no ready endpoint.
-fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> bool {
+fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&Slice]) -> bool {
     let mut any_ready = false;
     for slice in slices {
         let cluster: Vec<&str> = slice.cluster.labels().collect();
@@ -448,7 +449,7 @@ fn headless(d: &mut Drafts, import: &ServiceImport, slices: &[&EndpointSet]) -> 
                 let mut labels = vec![&*host];
                 labels.extend(&cluster);
                 let Some((target, node)) = d.node(&labels) else {
-                    warn!(service = %import.key, slice = %slice.slice, host = %host, "endpoint name too long; leaving it out");
+                    warn!(service = %import.key, slice = %slice.name, host = %host, "endpoint name too long; leaving it out");
                     continue;
                 };
                 // The service name's A/AAAA are built apart (`balanced`).

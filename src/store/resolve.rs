@@ -20,17 +20,16 @@
 use std::borrow::Cow;
 
 use super::input::SourceId;
+use super::slice::Slice;
 use super::vec_map::VecMap;
-use crate::model::{
-    BackingKind, BackingService, EndpointSet, ImportType, ServiceImport, ServiceKey, SliceKey,
-};
+use crate::model::{BackingKind, BackingService, ImportType, ServiceImport, ServiceKey, SliceKey};
 
 /// What one service is answered from.
 pub(crate) struct Served<'a> {
     /// The import, as given or completed from its backing Service.
     pub(crate) import: Cow<'a, ServiceImport>,
     /// The slices of the winning origin.
-    pub(crate) slices: Vec<&'a EndpointSet>,
+    pub(crate) slices: Vec<&'a Slice>,
     /// Why a ClusterSetIP import has no address (answered NODATA), naming
     /// the objects; `None` when it has one or needs none.
     pub(crate) unresolved: Option<String>,
@@ -42,7 +41,7 @@ pub(crate) fn served<'a>(
     key: &ServiceKey,
     import: Option<&'a ServiceImport>,
     backing: &'a VecMap<(SourceId, SliceKey), BackingService>,
-    slices: impl Iterator<Item = &'a EndpointSet> + Clone,
+    slices: impl Iterator<Item = &'a Slice> + Clone,
 ) -> Option<Served<'a>> {
     // `min_by_key` keeps the first of equals: map order, (source, name).
     let backing = backing.values().min_by_key(|b| b.kind);
@@ -103,7 +102,7 @@ mod tests {
     use crate::model::{AddressFamily, ClusterId, DnsLabel, Port, Protocol, SliceOrigin};
 
     static NONE_B: VecMap<(SourceId, SliceKey), BackingService> = VecMap::new();
-    static NONE_S: VecMap<(SourceId, SliceKey), EndpointSet> = VecMap::new();
+    static NONE_S: VecMap<(SourceId, SliceKey), Slice> = VecMap::new();
 
     fn key() -> ServiceKey {
         ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("db").unwrap() }
@@ -132,16 +131,15 @@ mod tests {
         ((SourceId(3), object), b)
     }
 
-    fn slice(name: &str, origin: SliceOrigin) -> ((SourceId, SliceKey), EndpointSet) {
+    fn slice(name: &str, origin: SliceOrigin) -> ((SourceId, SliceKey), Slice) {
         let s = SliceKey { namespace: "shop".into(), name: name.into() };
-        let set = EndpointSet {
-            slice: s.clone(),
-            service: key(),
+        let set = Slice {
+            name: name.into(),
             cluster: ClusterId::parse("c1").unwrap(),
             family: AddressFamily::V4,
-            ports: vec![],
-            endpoints: vec![],
             origin,
+            ports: Default::default(),
+            endpoints: Default::default(),
         };
         ((SourceId(2), s), set)
     }
@@ -227,12 +225,12 @@ mod tests {
         let i = import(&["10.0.0.1"]);
         let s = served(&key(), Some(&i), &NONE_B, slices.values()).unwrap();
         assert_eq!(s.slices.len(), 1);
-        assert_eq!(s.slices[0].slice.name, "b-mcs");
+        assert_eq!(&*s.slices[0].name, "b-mcs");
         let slices = VecMap::from_iter([
             slice("c-kosmos", SliceOrigin::Kosmos),
             slice("a-karmada", SliceOrigin::Karmada),
         ]);
         let s = served(&key(), Some(&i), &NONE_B, slices.values()).unwrap();
-        assert_eq!(s.slices.iter().map(|s| s.slice.name.as_str()).collect::<Vec<_>>(), ["a-karmada"]);
+        assert_eq!(s.slices.iter().map(|s| &*s.name).collect::<Vec<_>>(), ["a-karmada"]);
     }
 }

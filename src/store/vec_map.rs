@@ -7,7 +7,7 @@
 //! key order.
 
 use super::input::SourceId;
-use crate::model::{EndpointSet, SliceKey};
+use super::slice::Slice;
 
 /// A vector kept in the order of a comparison its callers give: what both
 /// maps below are made of. It grows by exactly one entry (`Vec` would
@@ -118,12 +118,13 @@ impl<K: Ord, V> FromIterator<(K, V)> for VecMap<K, V> {
 }
 
 /// A service's EndpointSlices of every source, in (source, slice name)
-/// order: a [`VecMap`] whose key is read from the slice itself. Keyed
-/// apart, the slice's namespace and name were held twice (the key beside
-/// the slice: ~100 bytes per slice in two more heap blocks).
+/// order: a [`VecMap`] whose key is read from the slice itself (a slice's
+/// namespace is its service's). Keyed apart, the slice's namespace and
+/// name were held twice (the key beside the slice: ~100 bytes per slice in
+/// two more heap blocks).
 #[derive(Debug)]
 pub(crate) struct SliceMap {
-    entries: Sorted<(SourceId, EndpointSet)>,
+    entries: Sorted<(SourceId, Slice)>,
 }
 
 impl Default for SliceMap {
@@ -133,38 +134,38 @@ impl Default for SliceMap {
 }
 
 impl SliceMap {
-    fn find(&self, source: SourceId, slice: &SliceKey) -> Result<usize, usize> {
-        self.entries.find(|(s, set)| (*s, &set.slice).cmp(&(source, slice)))
+    fn find(&self, source: SourceId, name: &str) -> Result<usize, usize> {
+        self.entries.find(|(s, slice)| (*s, &*slice.name).cmp(&(source, name)))
     }
 
-    /// Sets the slice `set.slice` of `source` to `set`; returns the one it
-    /// replaced.
-    pub(crate) fn insert(&mut self, source: SourceId, set: EndpointSet) -> Option<EndpointSet> {
-        let at = self.find(source, &set.slice);
-        self.entries.put(at, (source, set)).map(|(_, old)| old)
+    /// Sets the slice `slice.name` of `source` to `slice`; returns the one
+    /// it replaced.
+    pub(crate) fn insert(&mut self, source: SourceId, slice: Slice) -> Option<Slice> {
+        let at = self.find(source, &slice.name);
+        self.entries.put(at, (source, slice)).map(|(_, old)| old)
     }
 
-    /// The slice `slice` of `source`.
-    pub(crate) fn get(&self, source: SourceId, slice: &SliceKey) -> Option<&EndpointSet> {
-        self.find(source, slice).ok().map(|i| &self.entries.entries[i].1)
+    /// The slice `name` of `source`.
+    pub(crate) fn get(&self, source: SourceId, name: &str) -> Option<&Slice> {
+        self.find(source, name).ok().map(|i| &self.entries.entries[i].1)
     }
 
-    /// Removes the slice `slice` of `source`; returns it.
-    pub(crate) fn remove(&mut self, source: SourceId, slice: &SliceKey) -> Option<EndpointSet> {
-        let i = self.find(source, slice).ok()?;
+    /// Removes the slice `name` of `source`; returns it.
+    pub(crate) fn remove(&mut self, source: SourceId, name: &str) -> Option<Slice> {
+        let i = self.find(source, name).ok()?;
         Some(self.entries.take(i).1)
     }
 
     /// The slices of `source`, in name order.
-    pub(crate) fn of(&self, source: SourceId) -> impl Iterator<Item = &EndpointSet> {
+    pub(crate) fn of(&self, source: SourceId) -> impl Iterator<Item = &Slice> {
         let entries = &self.entries.entries;
         let start = entries.partition_point(|(s, _)| *s < source);
-        entries[start..].iter().take_while(move |(s, _)| *s == source).map(|(_, set)| set)
+        entries[start..].iter().take_while(move |(s, _)| *s == source).map(|(_, slice)| slice)
     }
 
     /// The slices, in (source, name) order.
-    pub(crate) fn values(&self) -> impl Iterator<Item = &EndpointSet> + Clone {
-        self.entries.entries.iter().map(|(_, set)| set)
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Slice> + Clone {
+        self.entries.entries.iter().map(|(_, slice)| slice)
     }
 
     /// True when there is no slice.
@@ -176,20 +177,16 @@ impl SliceMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{AddressFamily, ClusterId, DnsLabel, ServiceKey, SliceOrigin};
+    use crate::model::{AddressFamily, ClusterId, SliceOrigin};
 
-    fn set(name: &str) -> EndpointSet {
-        EndpointSet {
-            slice: SliceKey { namespace: "ns".into(), name: name.into() },
-            service: ServiceKey {
-                namespace: DnsLabel::parse("ns").unwrap(),
-                name: DnsLabel::parse("a").unwrap(),
-            },
+    fn set(name: &str) -> Slice {
+        Slice {
+            name: name.into(),
             cluster: ClusterId::parse("c1").unwrap(),
             family: AddressFamily::V4,
-            ports: vec![],
-            endpoints: vec![],
             origin: SliceOrigin::Mcs,
+            ports: Default::default(),
+            endpoints: Default::default(),
         }
     }
 
@@ -202,14 +199,12 @@ mod tests {
         let mut changed = set("b");
         changed.cluster = ClusterId::parse("c2").unwrap();
         assert_eq!(m.insert(SourceId(1), changed).map(|s| s.cluster), Some(ClusterId::parse("c1").unwrap()));
-        let order: Vec<(&str, &str)> =
-            m.values().map(|s| (s.slice.name.as_str(), s.cluster.as_str())).collect();
+        let order: Vec<(&str, &str)> = m.values().map(|s| (&*s.name, s.cluster.as_str())).collect();
         assert_eq!(order, [("a", "c1"), ("b", "c2"), ("a", "c1")]);
-        let key = |n: &str| SliceKey { namespace: "ns".into(), name: n.into() };
-        assert!(m.get(SourceId(2), &key("a")).is_some() && m.get(SourceId(2), &key("b")).is_none());
-        assert!(m.remove(SourceId(1), &key("c")).is_none());
+        assert!(m.get(SourceId(2), "a").is_some() && m.get(SourceId(2), "b").is_none());
+        assert!(m.remove(SourceId(1), "c").is_none());
         for (source, name) in [(1, "a"), (1, "b"), (2, "a")] {
-            assert!(m.remove(SourceId(source), &key(name)).is_some());
+            assert!(m.remove(SourceId(source), name).is_some());
         }
         assert!(m.is_empty() && m.entries.entries.capacity() == 0);
     }

@@ -18,12 +18,11 @@ use super::names::{self, BuildCtx};
 use super::owners::Owners;
 use super::resolve;
 use super::reverse;
+use super::slice::{PortLists, Slice};
 use super::snapshot::{ServiceNames, Snapshot, Zone};
 use super::vec_map::{SliceMap, VecMap};
 use super::wire_key::WireKey;
-use crate::model::{
-    BackingKind, BackingService, ClusterId, DnsLabel, EndpointSet, ServiceImport, ServiceKey, SliceKey,
-};
+use crate::model::{BackingKind, BackingService, ClusterId, DnsLabel, ServiceImport, ServiceKey, SliceKey};
 
 /// A service built: its names (`None`: it has none), and why it is
 /// answered NODATA, if it is.
@@ -61,11 +60,14 @@ impl ServiceState {
         self.imports.is_empty() && self.slices.is_empty() && self.backing.is_empty()
     }
 
-    /// Whether `source`'s object `id` is among this service's.
-    fn holds(&self, source: SourceId, id: &ObjectId) -> bool {
+    /// Whether `source`'s object `id` is among this service's (`key`).
+    fn holds(&self, key: &ServiceKey, source: SourceId, id: &ObjectId) -> bool {
         match id {
             ObjectId::Import(_) => self.imports.get(&source).is_some(),
-            ObjectId::Slice(slice) => self.slices.get(source, slice).is_some(),
+            // A slice's namespace is its service's (`Slice::name`).
+            ObjectId::Slice(slice) => {
+                *slice.namespace == *key.namespace.as_str() && self.slices.get(source, &slice.name).is_some()
+            }
             ObjectId::Service(service) => self.backing.keys().any(|(s, k)| *s == source && k == service),
         }
     }
@@ -73,7 +75,7 @@ impl ServiceState {
     /// The ids of `source`'s objects in this service (`key`).
     fn ids_of<'a>(&'a self, key: &'a ServiceKey, source: SourceId) -> impl Iterator<Item = ObjectId> + 'a {
         let import = self.imports.get(&source).map(|_| ObjectId::Import(key.clone()));
-        let slices = self.slices.of(source).map(|set| ObjectId::Slice(set.slice.clone()));
+        let slices = self.slices.of(source).map(|slice| ObjectId::Slice(slice.key(key)));
         let backing = self.backing.keys().filter(move |(s, _)| *s == source);
         import.into_iter().chain(slices).chain(backing.map(|(_, k)| ObjectId::Service(k.clone())))
     }
@@ -92,6 +94,8 @@ pub struct Writer {
     zone_dirty: bool,
     serial: u32,
     interner: Interner,
+    /// Port lists shared by the slices (and imports) that name equal ones.
+    ports: PortLists,
     /// Addresses marked down per service (health overlay).
     down: HashMap<ServiceKey, BTreeSet<IpAddr>>,
     /// Clusters marked not alive.
@@ -115,6 +119,7 @@ impl Writer {
     pub(crate) fn new(zone: Arc<Zone>, current: Arc<ArcSwap<Snapshot>>) -> Self {
         Self {
             interner: zone.localities.interner(),
+            ports: PortLists::default(),
             down: HashMap::default(),
             dead_clusters: BTreeSet::new(),
             health_dirty: BTreeSet::new(),
@@ -235,6 +240,15 @@ impl Writer {
 
     fn upsert(&mut self, source: SourceId, object: Object) {
         let key = object.service().clone();
+        if let Object::Slice(set) = &object
+            && *set.slice.namespace != *key.namespace.as_str()
+        {
+            // Every source reads a slice's service in the slice's own
+            // namespace, so this is a bug in a source; the slice is filed
+            // by name under its service and could not be found again.
+            warn!(slice = %set.slice, service = %key, "slice names a service in another namespace; skipping it");
+            return;
+        }
         let src = self.sources.entry(source).or_default();
         if !matches!(object, Object::Import(_)) {
             let id = object.id();
@@ -278,10 +292,10 @@ impl Writer {
                 }
                 change == Change::Records
             }
-            Object::Slice(slice) => {
-                let changed = state.slices.get(source, &slice.slice) != Some(&slice);
+            Object::Slice(set) => {
+                let changed = state.slices.get(source, &set.slice.name).is_none_or(|old| !old.same_as(&set));
                 if changed {
-                    state.slices.insert(source, slice);
+                    state.slices.insert(source, Slice::new(set, &mut self.ports));
                 }
                 changed
             }
@@ -320,7 +334,7 @@ impl Writer {
         };
         let removed = match id {
             ObjectId::Import(_) => state.imports.remove(&source).is_some(),
-            ObjectId::Slice(slice) => state.slices.remove(source, slice).is_some(),
+            ObjectId::Slice(slice) => state.slices.remove(source, &slice.name).is_some(),
             ObjectId::Service(service) => state.backing.remove(&(source, service.clone())).is_some(),
         };
         self.recount(key);
@@ -379,7 +393,7 @@ impl Writer {
         else {
             return (None, None);
         };
-        let slices: Vec<&EndpointSet> = served.slices;
+        let slices: Vec<&Slice> = served.slices;
         let healthy = |c: &ClusterId, a: &[IpAddr]| self.healthy(key, c, a);
         let cx = BuildCtx { interner: &self.interner, healthy: &healthy };
         (names::service_names(&self.zone, &served.import, &slices, &cx), served.unresolved)
@@ -542,7 +556,7 @@ fn holder<'a>(
     source: SourceId,
     id: &'a ObjectId,
 ) -> impl Fn(&ServiceKey) -> bool + 'a {
-    move |key| services.get(key).is_some_and(|s| s.holds(source, id))
+    move |key| services.get(key).is_some_and(|s| s.holds(key, source, id))
 }
 
 /// Services rebuilt in one publish from which the work is spread over
@@ -627,7 +641,7 @@ mod tests {
     use hickory_proto::rr::Name;
 
     use super::*;
-    use crate::model::{ImportType, Port, Protocol};
+    use crate::model::{EndpointSet, ImportType, Port, Protocol};
     use crate::store::hosts;
     use crate::store::{self, Reader, ZoneConfig};
 
@@ -729,6 +743,69 @@ mod tests {
         w.publish();
         assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (0, 0));
         assert!(w.sources.values().all(|s| s.owners.is_empty()), "nothing left in the index");
+    }
+
+    #[test]
+    fn slices_of_one_name_in_two_namespaces_stay_apart_and_a_misfiled_one_is_skipped() {
+        use crate::model::{AddressFamily, ClusterId, Endpoint, EndpointSet, SliceKey, SliceOrigin};
+        let (reader, mut w) = store();
+        let key = |ns: &str| ServiceKey {
+            namespace: DnsLabel::parse(ns).unwrap(),
+            name: DnsLabel::parse("db").unwrap(),
+        };
+        let headless = |ns: &str| {
+            Object::Import(ServiceImport {
+                key: key(ns),
+                kind: ImportType::Headless,
+                ips: vec![],
+                ports: vec![],
+                answers: Default::default(),
+            })
+        };
+        // A slice is filed by name under its service, its namespace the
+        // service's: `slice_ns` differing from `service_ns` is a source's bug.
+        let slice = |slice_ns: &str, service_ns: &str, ip: &str| {
+            Object::Slice(EndpointSet {
+                slice: SliceKey { namespace: slice_ns.into(), name: "db-c1".into() },
+                service: key(service_ns),
+                cluster: ClusterId::parse("c1").unwrap(),
+                family: AddressFamily::V4,
+                ports: vec![],
+                endpoints: vec![Endpoint::new(vec![IpAddr::from_str(ip).unwrap()].into(), true)],
+                origin: SliceOrigin::Mcs,
+            })
+        };
+        let answered = |reader: &Reader, ns: &str| {
+            let snap = reader.load_full();
+            let service = snap.service(&wire_key(ns, "db"));
+            service.and_then(|s| s.balance()).map(|b| s_addresses(service.unwrap(), b)).unwrap_or_default()
+        };
+        let objects = vec![
+            headless("a"),
+            headless("b"),
+            slice("a", "a", "10.0.0.1"),
+            slice("b", "b", "10.0.0.2"),
+            slice("a", "b", "10.0.0.3"),
+        ];
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.publish();
+        assert_eq!(answered(&reader, "a"), ["10.0.0.1"]);
+        assert_eq!(answered(&reader, "b"), ["10.0.0.2"], "the misfiled slice is not b's");
+        // Each is found again by its own id: removing a's leaves b's.
+        let id = |ns: &str| ObjectId::Slice(SliceKey { namespace: ns.into(), name: "db-c1".into() });
+        w.apply(Update::Remove { source: SourceId(1), id: id("a") });
+        w.publish();
+        assert!(answered(&reader, "a").is_empty());
+        assert_eq!(answered(&reader, "b"), ["10.0.0.2"]);
+        w.apply(Update::Remove { source: SourceId(1), id: id("b") });
+        w.publish();
+        assert!(answered(&reader, "b").is_empty());
+        assert!(w.sources.values().all(|s| s.owners.is_empty()), "nothing left in the index");
+    }
+
+    /// The addresses a balanced service answers, as text.
+    fn s_addresses(names: &ServiceNames, b: &crate::store::Balance) -> Vec<String> {
+        b.endpoints.iter().flat_map(|e| names.endpoint_addresses(e)).map(|a| a.to_string()).collect()
     }
 
     #[test]
