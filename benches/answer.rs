@@ -45,8 +45,8 @@ fn objects(ip_offset: u32) -> Vec<Object> {
         out.push(Object::Import(ServiceImport {
             key: key(i),
             kind: if headless { ImportType::Headless } else { ImportType::ClusterSetIp },
-            ips: if headless { vec![] } else { vec![ip] },
-            ports: vec![port.clone()],
+            ips: if headless { Default::default() } else { vec![ip].into() },
+            ports: vec![port.clone()].into(),
             answers: Default::default(),
         }));
         if headless {

@@ -124,8 +124,12 @@ fn fleet(services: usize, every: usize) -> Vec<Object> {
         out.push(Object::Import(ServiceImport {
             key: key(i),
             kind: if headless { ImportType::Headless } else { ImportType::ClusterSetIp },
-            ips: if headless { vec![] } else { vec![IpAddr::V4(Ipv4Addr::from(0x0AC8_0000 + i as u32))] },
-            ports: vec![port],
+            ips: if headless {
+                Default::default()
+            } else {
+                vec![IpAddr::V4(Ipv4Addr::from(0x0AC8_0000 + i as u32))].into()
+            },
+            ports: vec![port].into(),
             answers: Default::default(),
         }));
         if headless {

@@ -325,8 +325,8 @@ mod tests {
         let mut objects = vec![Object::Import(ServiceImport {
             key: key(),
             kind: ImportType::Headless,
-            ips: vec![],
-            ports: vec![],
+            ips: Default::default(),
+            ports: Default::default(),
             answers: overrides.into(),
         })];
         for c in 1..=3 {
@@ -595,8 +595,8 @@ mod tests {
             Object::Import(ServiceImport {
                 key: key(),
                 kind: ImportType::Headless,
-                ips: vec![],
-                ports: vec![],
+                ips: Default::default(),
+                ports: Default::default(),
                 answers: AnswerOverrides {
                     unreachable: unreachable.iter().map(|c| ClusterId::parse(c).unwrap()).collect(),
                     ..Default::default()

@@ -265,8 +265,8 @@ mod tests {
             Object::Import(ServiceImport {
                 key: key(name),
                 kind: ImportType::Headless,
-                ips: vec![],
-                ports: vec![],
+                ips: Default::default(),
+                ports: Default::default(),
                 answers: Default::default(),
             }),
             Object::Slice(EndpointSet {

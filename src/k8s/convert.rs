@@ -106,7 +106,7 @@ pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, Convert
         // with the global settings for what the annotation would change.
         warn!(service = %key, "ServiceImport {key}: {problem}; using the default");
     }
-    Ok(ServiceImport { key, kind, ips, ports, answers: answers.into() })
+    Ok(ServiceImport { key, kind, ips: ips.into(), ports: ports.into(), answers: answers.into() })
 }
 
 /// The `clusterset-dns.io/…` annotations and `spec.trafficDistribution`,

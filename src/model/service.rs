@@ -1,6 +1,7 @@
 //! Services and endpoints as the DNS sees them.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::{ClusterId, DnsLabel, Overrides, SliceOrigin};
 
@@ -94,10 +95,12 @@ pub struct ServiceImport {
     pub key: ServiceKey,
     /// ClusterSetIP or Headless.
     pub kind: ImportType,
-    /// The clusterset VIPs (at most one per family).
-    pub ips: Vec<IpAddr>,
-    /// The merged ports.
-    pub ports: Vec<Port>,
+    /// The clusterset VIPs (at most one per family): nearly always one, kept
+    /// inline, so an import needs no heap block for its VIP.
+    pub ips: Addresses,
+    /// The merged ports, shared by the store between every import and slice
+    /// with equal ports, so 100,000 imports with the same ports hold one list.
+    pub ports: Arc<[Port]>,
     /// What its `clusterset-dns.io/…` annotations (and
     /// `spec.trafficDistribution`) change about its answers.
     pub answers: Overrides,
@@ -112,12 +115,13 @@ pub enum AddressFamily {
     V6,
 }
 
-/// An endpoint's addresses, in the order given.
+/// An endpoint's addresses, or an import's VIPs, in the order given.
 ///
 /// Nearly always exactly one: the EndpointSlice API lets consumers use only
-/// the first. One is kept inline, so the 400,000 endpoints of a 100,000-service
-/// fleet cost no allocation each (a `Vec` of one address is a 32-byte heap
-/// block beside its 24 bytes; see BENCHMARKS.md "Fleet scale").
+/// the first, and an import has at most one VIP per family, most only one.
+/// One is kept inline, so the 400,000 endpoints and 100,000 imports of a
+/// 100,000-service fleet cost no allocation each (a `Vec` of one address is
+/// a 32-byte heap block beside its 24 bytes; see BENCHMARKS.md "Fleet scale").
 #[derive(Clone, PartialEq, Eq)]
 pub struct Addresses(Repr);
 
@@ -321,6 +325,35 @@ mod tests {
         }
         // One address needs no heap block: the type is no larger than a `Vec`.
         assert!(std::mem::size_of::<Addresses>() <= std::mem::size_of::<Vec<IpAddr>>());
+    }
+
+    #[test]
+    fn an_import_keeps_its_vip_inline_and_shares_its_ports() {
+        let vip: IpAddr = "10.0.0.1".parse().expect("ip");
+        let http = Port { name: DnsLabel::parse("http").ok(), protocol: Protocol::Tcp, port: 80 };
+        let import = ServiceImport {
+            key: ServiceKey {
+                namespace: DnsLabel::parse("shop").expect("label"),
+                name: DnsLabel::parse("web").expect("label"),
+            },
+            kind: ImportType::ClusterSetIp,
+            ips: vec![vip].into(),
+            ports: vec![http].into(),
+            answers: Overrides::default(),
+        };
+        // The one VIP lies inside the import itself: no heap block for it.
+        let start = std::ptr::from_ref(&import) as usize;
+        let inside = start..start + std::mem::size_of::<ServiceImport>();
+        assert!(inside.contains(&(import.ips.as_ptr() as usize)), "the VIP is on the heap");
+        assert_eq!(&import.ips[..], &[vip]);
+        // A clone (resolving a backed import makes one) copies no port list.
+        assert!(Arc::ptr_eq(&import.ports, &import.clone().ports));
+        // 88 bytes: the two labels 32, the inline VIP 24, the port list 16, the
+        // overrides 8, the kind 1 and padding. With a `Vec` each for the VIPs
+        // and the ports it was 96 and two heap blocks more per import; a
+        // fleet holds 100,000 imports (BENCHMARKS.md "Fleet scale").
+        let size = std::mem::size_of::<ServiceImport>();
+        assert!(size <= 88, "ServiceImport grew to {size} bytes");
     }
 
     #[test]

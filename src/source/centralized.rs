@@ -200,7 +200,8 @@ fn service_objects(state: &FleetState, key: &ServiceKey) -> Vec<Object> {
     }
     answers.prefer_close |=
         matches!(spec.traffic_distribution.as_deref(), Some("PreferClose" | "PreferSameZone"));
-    let import = ServiceImport { key: key.clone(), kind: spec.kind, ips, ports, answers: answers.into() };
+    let import =
+        ServiceImport { key: key.clone(), kind: spec.kind, ips: ips.into(), ports, answers: answers.into() };
     let mut objects = vec![Object::Import(import)];
     objects.extend(state.endpoint_sets(key, &merged.clusters).into_iter().map(Object::Slice));
     objects

@@ -167,16 +167,16 @@ pub(crate) fn service_names(
                 candidates = collect_candidates(slices);
             }
             let answered: Vec<IpAddr> = if candidates.is_empty() {
-                import.ips.clone()
+                import.ips.to_vec()
             } else {
                 candidates.iter().flat_map(|c| c.addrs.iter().flatten().copied()).collect()
             };
             d.targets.insert(base_key.clone(), answered);
             let (_, service) = d.node(&[])?;
             if candidates.is_empty() {
-                service.a.extend(&import.ips);
+                service.a.extend(import.ips.iter());
             }
-            for port in &import.ports {
+            for port in import.ports.iter() {
                 // The bare name answers every port; `_<port>._<proto>` only named ones.
                 service_srv(&mut d, &port_labels(port), &base_key)?;
             }

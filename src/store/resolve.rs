@@ -18,6 +18,7 @@
 //!   and never depends on which object arrived last.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use super::input::SourceId;
 use super::slice::Slice;
@@ -53,7 +54,7 @@ pub(crate) fn served<'a>(
             (Cow::Owned(ServiceImport { kind: ImportType::Headless, ports: ports(i, b), ..i.clone() }), None)
         }
         (Some(i), Some(b)) if !b.ips.is_empty() => {
-            (Cow::Owned(ServiceImport { ips: b.ips.clone(), ports: ports(i, b), ..i.clone() }), None)
+            (Cow::Owned(ServiceImport { ips: b.ips[..].into(), ports: ports(i, b), ..i.clone() }), None)
         }
         (Some(i), Some(b)) => (
             Cow::Borrowed(i),
@@ -74,8 +75,8 @@ pub(crate) fn served<'a>(
             let import = ServiceImport {
                 key: key.clone(),
                 kind: if b.headless { ImportType::Headless } else { ImportType::ClusterSetIp },
-                ips: b.ips.clone(),
-                ports: b.ports.clone(),
+                ips: b.ips[..].into(),
+                ports: b.ports[..].into(),
                 answers: Default::default(),
             };
             let unresolved = (!b.headless && b.ips.is_empty()).then(|| {
@@ -90,8 +91,8 @@ pub(crate) fn served<'a>(
 
 /// The backing Service's ports: they are what its cluster IP serves (Kosmos
 /// writes a placeholder port on its imports). The import's when it has none.
-fn ports(import: &ServiceImport, backing: &BackingService) -> Vec<crate::model::Port> {
-    if backing.ports.is_empty() { import.ports.clone() } else { backing.ports.clone() }
+fn ports(import: &ServiceImport, backing: &BackingService) -> Arc<[crate::model::Port]> {
+    if backing.ports.is_empty() { Arc::clone(&import.ports) } else { backing.ports[..].into() }
 }
 
 #[cfg(test)]
@@ -112,8 +113,8 @@ mod tests {
         ServiceImport {
             key: key(),
             kind: ImportType::ClusterSetIp,
-            ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
-            ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 80 }],
+            ips: ips.iter().map(|i| i.parse().unwrap()).collect::<Vec<_>>().into(),
+            ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 80 }].into(),
             answers: Default::default(),
         }
     }
@@ -145,7 +146,7 @@ mod tests {
     }
 
     fn ips(i: &ServiceImport) -> Vec<IpAddr> {
-        i.ips.clone()
+        i.ips.to_vec()
     }
 
     #[test]

@@ -656,8 +656,8 @@ mod tests {
         Object::Import(ServiceImport {
             key: ServiceKey { namespace: DnsLabel::parse(ns).unwrap(), name: DnsLabel::parse(name).unwrap() },
             kind: ImportType::ClusterSetIp,
-            ips: vec![IpAddr::from_str(ip).unwrap()],
-            ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 80 }],
+            ips: vec![IpAddr::from_str(ip).unwrap()].into(),
+            ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 80 }].into(),
             answers: Default::default(),
         })
     }
@@ -700,8 +700,8 @@ mod tests {
             Object::Import(ServiceImport {
                 key: key(n),
                 kind: ImportType::Headless,
-                ips: vec![],
-                ports: vec![],
+                ips: Default::default(),
+                ports: Default::default(),
                 answers: Default::default(),
             })
         };
@@ -757,8 +757,8 @@ mod tests {
             Object::Import(ServiceImport {
                 key: key(ns),
                 kind: ImportType::Headless,
-                ips: vec![],
-                ports: vec![],
+                ips: Default::default(),
+                ports: Default::default(),
                 answers: Default::default(),
             })
         };
@@ -833,8 +833,8 @@ mod tests {
             Object::Import(ServiceImport {
                 key: key.clone(),
                 kind: ImportType::Headless,
-                ips: vec![],
-                ports: vec![],
+                ips: Default::default(),
+                ports: Default::default(),
                 answers: Default::default(),
             }),
             // Pod p0 in both families (paired by targetRef); p1 IPv4 only;
@@ -883,7 +883,8 @@ mod tests {
                     name: Some(DnsLabel::parse("http").unwrap()),
                     protocol: Protocol::Tcp,
                     port: 80,
-                }];
+                }]
+                .into();
             }
             object
         };
@@ -918,13 +919,15 @@ mod tests {
                 name: Some(DnsLabel::parse("http").unwrap()),
                 protocol: Protocol::Tcp,
                 port: 80,
-            }];
+            }]
+            .into();
         }
         if let Object::Import(i) = &mut two {
             i.ports = vec![
                 Port { name: Some(DnsLabel::parse("http").unwrap()), protocol: Protocol::Tcp, port: 80 },
                 Port { name: Some(DnsLabel::parse("dns").unwrap()), protocol: Protocol::Udp, port: 53 },
-            ];
+            ]
+            .into();
         }
         w.apply(Update::Replace { source: SourceId(1), objects: vec![one, two] });
         w.publish();
@@ -955,8 +958,8 @@ mod tests {
         let import = ServiceImport {
             key: key.clone(),
             kind: ImportType::Headless,
-            ips: vec![],
-            ports: vec![http.clone(), dns.clone()],
+            ips: Default::default(),
+            ports: vec![http.clone(), dns.clone()].into(),
             answers: Default::default(),
         };
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
