@@ -94,7 +94,7 @@ pub struct Writer {
     zone_dirty: bool,
     serial: u32,
     interner: Interner,
-    /// Port lists shared by the slices (and imports) that name equal ones.
+    /// Port lists shared by the imports and slices that name equal ones.
     ports: PortLists,
     /// Addresses marked down per service (health overlay).
     down: HashMap<ServiceKey, BTreeSet<IpAddr>>,
@@ -285,7 +285,8 @@ impl Writer {
                     Some(_) => Change::Records,
                 };
                 if change != Change::None {
-                    state.imports.insert(source, import);
+                    let ports = self.ports.share(&import.ports);
+                    state.imports.insert(source, ServiceImport { ports, ..import });
                 }
                 if change == Change::Health {
                     self.health_dirty.insert(key.clone());
@@ -801,6 +802,46 @@ mod tests {
         w.publish();
         assert!(answered(&reader, "b").is_empty());
         assert!(w.sources.values().all(|s| s.owners.is_empty()), "nothing left in the index");
+    }
+
+    #[test]
+    fn imports_and_slices_with_equal_ports_hold_one_list() {
+        use crate::model::{AddressFamily, ClusterId, EndpointSet, SliceKey, SliceOrigin};
+        let (_reader, mut w) = store();
+        let label = |s: &str| DnsLabel::parse(s).unwrap();
+        let http = || vec![Port { name: Some(label("http")), protocol: Protocol::Tcp, port: 80 }];
+        let key = |n: &str| ServiceKey { namespace: label("ns"), name: label(n) };
+        let import = |n: &str| {
+            Object::Import(ServiceImport {
+                key: key(n),
+                kind: ImportType::Headless,
+                ips: Default::default(),
+                ports: http().into(),
+                answers: Default::default(),
+            })
+        };
+        let slice = |n: &str| {
+            Object::Slice(EndpointSet {
+                slice: SliceKey { namespace: "ns".into(), name: format!("{n}-c1") },
+                service: key(n),
+                cluster: ClusterId::parse("c1").unwrap(),
+                family: AddressFamily::V4,
+                ports: http(),
+                endpoints: vec![],
+                origin: SliceOrigin::Mcs,
+            })
+        };
+        let objects = vec![import("a"), import("b"), slice("a"), slice("b")];
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        let lists: Vec<&Arc<[Port]>> = ["a", "b"]
+            .iter()
+            .flat_map(|n| {
+                let state = &w.services[&key(n)];
+                state.imports.values().map(|i| &i.ports).chain(state.slices.values().map(|s| &s.ports))
+            })
+            .collect();
+        assert_eq!(lists.len(), 4);
+        assert!(lists.iter().all(|l| Arc::ptr_eq(l, lists[0])), "one allocation for all four");
     }
 
     /// The addresses a balanced service answers, as text.
