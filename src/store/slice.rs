@@ -5,7 +5,7 @@
 //! namespace, its service's key and its ports. Kept so, a slice of a
 //! 100,000-service fleet held its namespace three times (its key, its
 //! service's key, the service it is filed under), its service's name
-//! twice, and a port list equal to every other slice's: ~150 bytes in the
+//! twice, and a port list equal to every other slice's: ~160 bytes in the
 //! vector of its service and five small heap blocks beside its endpoints
 //! (BENCHMARKS.md "Fleet scale"). A [`Slice`] keeps what the service's
 //! answers and the writer's bookkeeping read, once.
@@ -149,6 +149,14 @@ mod tests {
             change(&mut other);
             assert!(!s.same_as(&other), "{other:?}");
         }
+    }
+
+    #[test]
+    fn a_slice_is_half_an_endpoint_set() {
+        // Name, cluster, ports and endpoints (16 bytes each), family and
+        // origin: 72 bytes, where an `EndpointSet` is 152 (module docs).
+        let size = std::mem::size_of::<Slice>();
+        assert!(size <= 72, "Slice grew to {size} bytes");
     }
 
     #[test]
