@@ -10,7 +10,8 @@
 //! `FOOTPRINT_SERVICES=N` for one other size, and
 //! `FOOTPRINT_HEADLESS_EVERY=K` for every K-th service headless instead of
 //! every 10th: 1 for all, 0 for none, to see what each kind costs). Without `--bench` (how
-//! `cargo test --benches` runs bench targets) it checks 1,000 services.
+//! `cargo test --benches` runs bench targets) it checks 1,000 services and
+//! fails when their bytes per service exceed [`BUDGET_AT_1000`].
 // A counting allocator wrapper needs `unsafe impl GlobalAlloc`; it only
 // counts and forwards to the server's allocator (jemalloc), so the resident
 // memory it reports beside the counted bytes is what `serve` would hold.
@@ -83,6 +84,15 @@ fn reset_peak() {
 
 const CLUSTERS: u32 = 10;
 const ENDPOINTS: u32 = 4;
+
+/// Counted heap bytes per service (writer model and snapshot) that
+/// `cargo test --benches` holds 1,000 services of the default shape to:
+/// about 10 % above the 2,325 bytes of 2026-11-26 (BENCHMARKS.md "Fleet
+/// scale"), so a change that adds bytes to every service fails CI and
+/// says how many, and one that saves them should lower it. Counted bytes
+/// are what the store asks for, the same on every run and machine, not a
+/// timing.
+const BUDGET_AT_1000: usize = 2_560;
 
 fn label(s: &str) -> DnsLabel {
     DnsLabel::parse(s).expect("label")
@@ -234,6 +244,14 @@ fn main() {
     for services in sizes {
         let f = measure(services, every, if bench { 200 } else { 20 });
         assert!(f.answers, "the snapshot serves every service");
+        if !bench && services == 1_000 && every == 10 {
+            let per_service = f.model_and_snapshot / services;
+            assert!(
+                per_service <= BUDGET_AT_1000,
+                "{per_service} heap bytes per service at 1,000 services, over the budget of {BUDGET_AT_1000}: \
+                 find what grew (BENCHMARKS.md \"Fleet scale\"), or raise the budget in the same commit and say why"
+            );
+        }
         println!(
             "| {} | {} B | {} B ({:.0} MB) | {:.0} MB | {} B ({:.0} MB) | {:.0} MB | {:.2} s | {} |",
             f.services,
