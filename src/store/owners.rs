@@ -36,6 +36,15 @@ impl Owners {
         self.table.find(h, |(at, key)| *at == h && holds(key)).map(|(_, key)| key)
     }
 
+    /// The service that holds `id` (as [`Owners::get`] finds it), no
+    /// longer indexed as holding it: one lookup where `get` then `remove`
+    /// would be two.
+    pub(crate) fn take(&mut self, id: &ObjectId, holds: impl Fn(&ServiceKey) -> bool) -> Option<ServiceKey> {
+        let h = self.hash(id);
+        let entry = self.table.find_entry(h, |(at, key)| *at == h && holds(key)).ok()?;
+        Some(entry.remove().0.1)
+    }
+
     /// Records that `key` holds `id`, which is not indexed yet.
     pub(crate) fn insert(&mut self, id: &ObjectId, key: ServiceKey) {
         let h = self.hash(id);
@@ -114,5 +123,8 @@ mod tests {
         assert_eq!(owners.get(&slice("a"), |_| false), None);
         assert_eq!(owners.get(&slice("a"), |k| *k == key("svc1")), Some(&key("svc1")));
         assert!(!owners.remove(&slice("a"), &key("svc2")));
+        assert_eq!(owners.take(&slice("a"), |_| false), None, "nor taken by one that does not hold it");
+        assert_eq!(owners.take(&slice("a"), |k| *k == key("svc1")), Some(key("svc1")));
+        assert!(owners.is_empty() && owners.take(&slice("a"), |_| true).is_none(), "taken once");
     }
 }

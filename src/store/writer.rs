@@ -318,11 +318,10 @@ impl Writer {
     fn remove(&mut self, source: SourceId, id: &ObjectId) {
         let key = match id {
             ObjectId::Import(key) => Some(key.clone()),
-            _ => self.sources.get_mut(&source).and_then(|src| {
-                let key = src.owners.get(id, holder(&self.services, source, id)).cloned()?;
-                src.owners.remove(id, &key);
-                Some(key)
-            }),
+            _ => self
+                .sources
+                .get_mut(&source)
+                .and_then(|src| src.owners.take(id, holder(&self.services, source, id))),
         };
         if let Some(key) = key {
             self.remove_from_service(source, id, &key);
