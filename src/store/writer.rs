@@ -662,6 +662,36 @@ mod tests {
         })
     }
 
+    fn service_key(ns: &str, name: &str) -> ServiceKey {
+        ServiceKey { namespace: DnsLabel::parse(ns).unwrap(), name: DnsLabel::parse(name).unwrap() }
+    }
+
+    /// A headless import of `ns/name` without ports.
+    fn headless(ns: &str, name: &str) -> Object {
+        Object::Import(ServiceImport {
+            key: service_key(ns, name),
+            kind: ImportType::Headless,
+            ips: Default::default(),
+            ports: Default::default(),
+            answers: Default::default(),
+        })
+    }
+
+    /// An MCS IPv4 slice `slice_ns/slice_name` of `service`, cluster c1,
+    /// one ready endpoint at `ip`.
+    fn v4_slice(slice_ns: &str, slice_name: &str, service: ServiceKey, ip: &str) -> Object {
+        use crate::model::{AddressFamily, ClusterId, Endpoint, SliceKey, SliceOrigin};
+        Object::Slice(EndpointSet {
+            slice: SliceKey { namespace: slice_ns.into(), name: slice_name.into() },
+            service,
+            cluster: ClusterId::parse("c1").unwrap(),
+            family: AddressFamily::V4,
+            ports: vec![],
+            endpoints: vec![Endpoint::new(vec![IpAddr::from_str(ip).unwrap()].into(), true)],
+            origin: SliceOrigin::Mcs,
+        })
+    }
+
     fn wire_key(ns: &str, name: &str) -> Vec<u8> {
         names::prefix_key(&[name, ns])
     }
@@ -690,32 +720,10 @@ mod tests {
 
     #[test]
     fn a_relabelled_slice_moves_to_its_new_service_and_is_removed_from_there() {
-        use crate::model::{AddressFamily, ClusterId, Endpoint, EndpointSet, SliceKey, SliceOrigin};
+        use crate::model::SliceKey;
         let (reader, mut w) = store();
-        let key = |n: &str| ServiceKey {
-            namespace: DnsLabel::parse("ns").unwrap(),
-            name: DnsLabel::parse(n).unwrap(),
-        };
-        let headless = |n: &str| {
-            Object::Import(ServiceImport {
-                key: key(n),
-                kind: ImportType::Headless,
-                ips: Default::default(),
-                ports: Default::default(),
-                answers: Default::default(),
-            })
-        };
-        let slice = |service: &str, ip: &str| {
-            Object::Slice(EndpointSet {
-                slice: SliceKey { namespace: "ns".into(), name: "the-slice".into() },
-                service: key(service),
-                cluster: ClusterId::parse("c1").unwrap(),
-                family: AddressFamily::V4,
-                ports: vec![],
-                endpoints: vec![Endpoint::new(vec![IpAddr::from_str(ip).unwrap()].into(), true)],
-                origin: SliceOrigin::Mcs,
-            })
-        };
+        let headless = |n: &str| headless("ns", n);
+        let slice = |service: &str, ip: &str| v4_slice("ns", "the-slice", service_key("ns", service), ip);
         let answered = |reader: &Reader, n: &str| {
             let snap = reader.load_full();
             snap.service(&wire_key("ns", n)).and_then(|s| s.balance()).map_or(0, |b| b.endpoints.len())
@@ -747,33 +755,13 @@ mod tests {
 
     #[test]
     fn slices_of_one_name_in_two_namespaces_stay_apart_and_a_misfiled_one_is_skipped() {
-        use crate::model::{AddressFamily, ClusterId, Endpoint, EndpointSet, SliceKey, SliceOrigin};
+        use crate::model::SliceKey;
         let (reader, mut w) = store();
-        let key = |ns: &str| ServiceKey {
-            namespace: DnsLabel::parse(ns).unwrap(),
-            name: DnsLabel::parse("db").unwrap(),
-        };
-        let headless = |ns: &str| {
-            Object::Import(ServiceImport {
-                key: key(ns),
-                kind: ImportType::Headless,
-                ips: Default::default(),
-                ports: Default::default(),
-                answers: Default::default(),
-            })
-        };
+        let headless = |ns: &str| headless(ns, "db");
         // A slice is filed by name under its service, its namespace the
         // service's: `slice_ns` differing from `service_ns` is a source's bug.
         let slice = |slice_ns: &str, service_ns: &str, ip: &str| {
-            Object::Slice(EndpointSet {
-                slice: SliceKey { namespace: slice_ns.into(), name: "db-c1".into() },
-                service: key(service_ns),
-                cluster: ClusterId::parse("c1").unwrap(),
-                family: AddressFamily::V4,
-                ports: vec![],
-                endpoints: vec![Endpoint::new(vec![IpAddr::from_str(ip).unwrap()].into(), true)],
-                origin: SliceOrigin::Mcs,
-            })
+            v4_slice(slice_ns, "db-c1", service_key(service_ns, "db"), ip)
         };
         let answered = |reader: &Reader, ns: &str| {
             let snap = reader.load_full();
