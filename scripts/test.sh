@@ -12,6 +12,11 @@
 # (scripts/k8s-bins.sh); everything built is cached under ~/.cache/clusterset-dns.
 #
 # usage: scripts/test.sh            everything
+#        scripts/test.sh --quick    the inner loop (CONTRIBUTING.md): formatting,
+#                                   clippy, unit tests, the over-the-wire tests
+#                                   that need no Kubernetes, tidy, alloc and the
+#                                   footprint budget; installs only dig and a C
+#                                   compiler. CI always runs everything.
 #        FUZZ_SECONDS=N scripts/test.sh   fuzz each target N seconds (default 45;
 #                                         CI=true: at least 45)
 #        FUZZ_SECONDS=0 scripts/test.sh   skip the fuzzing run (local use only;
@@ -20,6 +25,48 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '\n=== %s  %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 fuzz_seconds=${FUZZ_SECONDS:-45}
+quick=false
+case "${1:-}" in
+  --quick) quick=true ;;
+  "") ;;
+  *) echo "usage: scripts/test.sh [--quick]" >&2; exit 64 ;;
+esac
+if [ "${CI:-}" = true ] && $quick; then
+  echo "CI runs everything: --quick is for the inner loop" >&2; exit 64
+fi
+
+# The modules of tests/it that start our own server in process or as the
+# binary on loopback and need nothing else but dig and nslookup: no
+# Kubernetes component, no root, no container tools. The rest of tests/it
+# runs real clusters, CoreDNS, kube-proxy, Helm or podman.
+QUICK_IT=(abuse binary client conformance contract dig_debug hostile interop metrics
+  policy readiness reverse same_name supervise transfer)
+
+if $quick; then
+  start=$SECONDS
+  say "quick: tools"
+  need_apt=()
+  command -v dig >/dev/null && command -v nslookup >/dev/null || need_apt+=(bind9-dnsutils)
+  command -v cc >/dev/null || need_apt+=(build-essential)
+  if [ ${#need_apt[@]} -gt 0 ]; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  fi
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+  say "quick: format and lints"
+  cargo fmt --check
+  cargo clippy --all-targets --locked -- -D warnings
+  say "quick: unit, tidy, alloc and over-the-wire tests without Kubernetes"
+  filters=()
+  for m in "${QUICK_IT[@]}"; do filters+=("$m::"); done
+  cargo test --locked --lib --bins --test tidy --test alloc
+  cargo test --locked --test it -- "${filters[@]}"
+  say "quick: footprint budget"
+  cargo test --locked --bench footprint
+  say "quick: passed in $((SECONDS - start)) s (scripts/test.sh runs everything)"
+  exit 0
+fi
 if [ "${CI:-}" = true ] && [ "$fuzz_seconds" -lt 45 ]; then fuzz_seconds=45; fi
 
 say "tools"
