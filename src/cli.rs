@@ -444,6 +444,12 @@ pub struct SyncOptions {
     /// removes its endpoints.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     pub member_lost_after: u64,
+    /// Seconds between full resyncs: every member's objects of ours are read
+    /// whole again and every service is reconciled against them, so a
+    /// change no event announced is repaired by then (at start and at every
+    /// leadership change this happens anyway).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..))]
+    pub resync_interval: u64,
     /// Export every Service in namespaces whose name starts with this
     /// (repeatable). Services annotated `clusterset-dns.io/export: "true"`
     /// (or Kosmos's `kosmos.io/auto-create-mcs: "true"`) are exported

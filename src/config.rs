@@ -560,6 +560,7 @@ pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour
         namespaces: namespaces.to_vec(),
         on_member_lost,
         lost_after: Duration::from_secs(o.member_lost_after),
+        resync: Duration::from_secs(o.resync_interval),
         auto_export_prefixes: o.auto_export_namespace_prefixes.clone(),
     })
 }

@@ -5,10 +5,22 @@
 //! objects and never touches the store.
 //!
 //! - `desired`: the objects to keep, pure functions of the merged import.
+//! - `reconcile`: one service in every member, each member in its own lane.
+//! - `api`: every member write behind one trait, with deadlines.
+//! - `adopt`: our objects read whole from a member, to repair drift.
+//! - `fence`: writes only while the Lease is surely ours.
 //! - `own`: watches of our own objects, so what someone else deletes or
 //!   edits is written again.
-//! - `sync`: the event loop: fleet state → reconcile of touched services.
+//! - `queue`: which service is reconciled next, and retries.
+//! - `stats`: what the controller did, for `/metrics`.
+//! - `sync`: the event loop: fleet state → reconciles of touched services.
 
+pub mod adopt;
+pub mod api;
 pub mod desired;
+pub mod fence;
 pub mod own;
+pub mod queue;
+pub mod reconcile;
+pub mod stats;
 pub mod sync;

@@ -8,20 +8,25 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use prometheus::Registry;
 use prometheus::proto::MetricType;
 
 use super::Process;
 use crate::config::SyncConfig;
-use crate::controller::sync::{ErrorReason, SyncStats, Syncer};
+use crate::controller::api::{ErrorReason, Kind};
+use crate::controller::fence::Fence;
+use crate::controller::stats::SyncStats;
+use crate::controller::sync::Syncer;
 use crate::fault::{Failures, Point, Task};
 use crate::fleet::member;
 use crate::k8s::client::{self, ClientError};
@@ -68,12 +73,26 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     // `run_in`, so it cannot die unseen.
     let (ids_tx, mut ids) = tokio::sync::watch::channel(Vec::new());
     let mut follow = Box::pin(member::follow_ids(members.clone(), ids_tx));
-    let stats = Arc::new(SyncStats::default());
+    let stats = Arc::new(SyncStats::new().map_err(SyncError::Metrics)?);
+    for h in [
+        Box::new(stats.reconcile_seconds.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(stats.write_seconds.clone()),
+    ] {
+        process.registry.register(h).map_err(SyncError::Metrics)?;
+    }
     let leading = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
-    let healths: MemberHealth =
-        members.iter().map(|m| (m.name.clone(), m.health.clone(), m.throttle.clone())).collect();
+    // The probe's health counts as the watches' do: a frozen API server
+    // shows in the member's staleness.
+    let healths: MemberHealth = members
+        .iter()
+        .map(|m| {
+            let mut health = m.health.clone();
+            health.push(m.probe.clone());
+            (m.name.clone(), health, m.throttle.clone())
+        })
+        .collect();
     let failures = process.failures.clone();
     let sup = Supervisor::new(failures.clone());
     process
@@ -99,7 +118,12 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
         info!("no leader election: syncing");
         leading.store(true, Ordering::Relaxed);
         let syncer = |members: &[member::Member]| {
-            Box::pin(Syncer::new(members.to_vec(), cfg.behaviour.clone(), stats.clone())) as SyncerFuture
+            Box::pin(Syncer::new(
+                members.to_vec(),
+                cfg.behaviour.clone(),
+                stats.clone(),
+                Arc::new(Fence::open()),
+            )) as SyncerFuture
         };
         let mut controller = start_controller(syncer(&members));
         let failed = loop {
@@ -119,6 +143,17 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
         return failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)));
     };
     let client = client::connect(&lease.connection).await?;
+    // Writes only while the Lease is surely ours: a replica frozen past it
+    // sends nothing once it runs again (controller::fence). Polled by this
+    // function, as `follow` is, so it cannot die unseen.
+    let fence = Arc::new(Fence::closed());
+    let mut fencing = Box::pin(fence_on_lease(
+        client.clone(),
+        lease.namespace.clone(),
+        lease.name.clone(),
+        lease.identity.clone(),
+        fence.clone(),
+    ));
     let secs = lease.duration.as_secs();
     let manager = LeaseManagerBuilder::new(client, &lease.name)
         .with_namespace(&lease.namespace)
@@ -139,7 +174,8 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
         match (is_leader, controller.is_some()) {
             (true, false) => {
                 info!(identity = %lease.identity, "leading: syncing");
-                let syncer = Syncer::new(members.clone(), cfg.behaviour.clone(), stats.clone());
+                let syncer =
+                    Syncer::new(members.clone(), cfg.behaviour.clone(), stats.clone(), fence.clone());
                 controller = Some(start_controller(Box::pin(syncer)));
             }
             (false, true) => {
@@ -153,6 +189,7 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
         tokio::select! {
             changed = leader.changed() => if changed.is_err() { break },
             () = &mut follow => {}
+            () = &mut fencing => {}
             Ok(()) = ids.changed() => {
                 rekey(&mut members, &ids.borrow_and_update());
                 // Started again at the top of the loop, with the new ids.
@@ -180,6 +217,41 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
         Err(e) => warn!("election task: {e}"),
     }
     failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)))
+}
+
+/// How often the Lease is read for the fence: well inside the renewal
+/// margin (a third of the lease duration), so a renewal opens the fence
+/// again before it closes.
+const FENCE_READ: Duration = Duration::from_millis(500);
+
+/// Keeps `fence` open until the Lease's expiry while `identity` holds it,
+/// closed while another replica (or none) does; a read that is not answered
+/// changes nothing, and the fence runs out by itself. Never returns.
+async fn fence_on_lease(
+    client: kube::Client,
+    namespace: String,
+    name: String,
+    identity: String,
+    fence: Arc<Fence>,
+) {
+    let api: kube::Api<Lease> = kube::Api::namespaced(client, &namespace);
+    loop {
+        match tokio::time::timeout(FENCE_READ * 4, api.get_opt(&name)).await {
+            Ok(Ok(Some(lease))) => {
+                let spec = lease.spec.unwrap_or_default();
+                match (spec.holder_identity, spec.renew_time, spec.lease_duration_seconds) {
+                    (Some(holder), Some(renewed), Some(secs)) if holder == identity => {
+                        fence.held(renewed.0.into(), Duration::from_secs(u64::try_from(secs).unwrap_or(0)));
+                    }
+                    _ => fence.close(),
+                }
+            }
+            Ok(Ok(None)) => fence.close(),
+            Ok(Err(e)) => debug!(error = %e, "cannot read the Lease for the fence"),
+            Err(_) => debug!("the Lease read for the fence was not answered"),
+        }
+        tokio::time::sleep(FENCE_READ).await;
+    }
 }
 
 /// Gives members their new cluster ids. The controller is then started
@@ -253,13 +325,25 @@ const SYNC_FAMILIES: &[FamilyDecl] = &[
     ),
     (
         "clusterset_dns_sync_errors_total",
-        "Failed reconciles of a service, by reason (throttled, forbidden, conflict, invalid, server, unreachable); each is retried with its own exponential backoff.",
+        "Failed reconciles of a service, by reason (throttled, forbidden, conflict, invalid, server, unreachable, fenced: not sent, the Lease may have run out); each is retried with its own exponential backoff.",
         MetricType::COUNTER,
         &["reason"],
     ),
     (
+        "clusterset_dns_sync_queue_depth",
+        "Services waiting to be reconciled (changed, at startup, or touched while being reconciled); retries waiting out their backoff are not counted.",
+        MetricType::GAUGE,
+        &[],
+    ),
+    (
+        "clusterset_dns_sync_drift_repaired_total",
+        "Objects of ours found changed or deleted by someone else (live, by a watch, or at start and resync) and written again, by kind.",
+        MetricType::COUNTER,
+        &["kind"],
+    ),
+    (
         "clusterset_dns_sync_member_stale_seconds",
-        "Seconds since a member's API last answered its watches (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.",
+        "Seconds since a member's API last answered its watches or the controller's probe (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.",
         MetricType::GAUGE,
         &["member"],
     ),
@@ -296,6 +380,12 @@ fn sync_collector(
                 .iter()
                 .zip(&s.errors)
                 .map(|(r, c)| metrics::counter(&[("reason", r.as_str())], c.load(Ordering::Relaxed)))
+                .collect(),
+            vec![metrics::gauge(&[], s.queue_depth.load(Ordering::Relaxed) as f64)],
+            Kind::ALL
+                .iter()
+                .zip(&s.drift_repaired)
+                .map(|(k, c)| metrics::counter(&[("kind", k.as_str())], c.load(Ordering::Relaxed)))
                 .collect(),
             members
                 .iter()

@@ -60,6 +60,69 @@ pub fn digest_of(body: &Value) -> String {
     format!("{h:016x}")
 }
 
+/// True when the object `live` (as an API server returned it) holds every
+/// field of the apply body `body` with its value: what server-side apply
+/// would change is nothing. Fields others added, or the server defaulted,
+/// are not looked at; a null or empty value in the body matches an absent
+/// field (the API server drops them); lists must match item by item, as
+/// every list we write is atomic or keyed by position.
+pub fn covers(live: &Value, body: &Value) -> bool {
+    difference(live, body).is_none()
+}
+
+/// [`difference`] of a whole object: its `apiVersion` and `kind` left out,
+/// which a list's items do not carry.
+pub fn object_difference(live: &Value, body: &Value) -> Option<String> {
+    let fields = body.as_object()?;
+    fields.iter().filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind")).find_map(|(k, v)| {
+        let d = difference(live.get(k).unwrap_or(&Value::Null), v)?;
+        Some(if d.is_empty() {
+            k.clone()
+        } else if d.starts_with('[') {
+            format!("{k}{d}")
+        } else {
+            format!("{k}.{d}")
+        })
+    })
+}
+
+/// The path of the first field of `body` that `live` does not hold with
+/// its value (`spec.ports[0].port`), for the log; `None` when it
+/// [`covers`] it.
+pub fn difference(live: &Value, body: &Value) -> Option<String> {
+    match body {
+        Value::Null => None,
+        Value::Object(fields) => fields.iter().find_map(|(k, v)| {
+            let have = live.get(k).unwrap_or(&Value::Null);
+            difference(have, v).map(|d| {
+                if d.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{k}{}{d}", if d.starts_with('[') { "" } else { "." })
+                }
+            })
+        }),
+        Value::Array(items) => match live {
+            Value::Array(have) if have.len() == items.len() => {
+                have.iter().zip(items).enumerate().find_map(|(i, (h, v))| {
+                    difference(h, v).map(|d| {
+                        if d.is_empty() {
+                            format!("[{i}]")
+                        } else if d.starts_with('[') {
+                            format!("[{i}]{d}")
+                        } else {
+                            format!("[{i}].{d}")
+                        }
+                    })
+                })
+            }
+            Value::Null if items.is_empty() => None,
+            _ => Some(String::new()),
+        },
+        scalar => (live != scalar).then(String::new),
+    }
+}
+
 /// How a service's VIP Service and MCS EndpointSlices are named. Their
 /// names start with the service's name cut to 40 characters (its
 /// [`stem`]), so services whose names share those 40 characters, and
@@ -576,6 +639,53 @@ mod tests {
 
     fn key(name: &str) -> ServiceKey {
         ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse(name).unwrap() }
+    }
+
+    #[test]
+    fn a_live_object_covers_a_body_when_apply_would_change_nothing() {
+        let body = json!({"metadata": {"name": "web-abc", "labels": {"a": "1"}},
+            "addressType": "IPv4", "ports": [],
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "namespace": null, "name": "web-0"}}]});
+        // As the API server returns it: more metadata, defaults, nulls and
+        // empty lists dropped.
+        let live = json!({"metadata": {"name": "web-abc", "uid": "u", "resourceVersion": "7",
+                "labels": {"a": "1", "added-by": "someone"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true, "serving": true},
+                           "targetRef": {"kind": "Pod", "name": "web-0"}}]});
+        assert!(covers(&live, &body));
+        // Edited: an address, a readiness, an endpoint added, a label value,
+        // a field removed.
+        let edited = |f: &dyn Fn(&mut Value)| {
+            let mut l = live.clone();
+            f(&mut l);
+            covers(&l, &body)
+        };
+        assert!(!edited(&|l| l["endpoints"][0]["addresses"][0] = json!("10.9.9.9")));
+        assert!(!edited(&|l| l["endpoints"][0]["conditions"]["ready"] = json!(false)));
+        assert!(!edited(&|l| l["endpoints"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"addresses": ["10.0.0.2"]}))));
+        assert!(!edited(&|l| l["metadata"]["labels"]["a"] = json!("2")));
+        assert!(!edited(&|l| {
+            l.as_object_mut().unwrap().remove("endpoints");
+        }));
+        assert!(!edited(&|l| l["addressType"] = json!(null)));
+        // A list we write non-empty, found empty or absent.
+        let with_ports = json!({"ports": [{"port": 80}]});
+        assert!(!covers(&json!({}), &with_ports));
+        assert!(!covers(&json!({"ports": []}), &with_ports));
+        assert!(covers(&json!({"ports": [{"port": 80, "protocol": "TCP"}]}), &with_ports));
+        // The log names the field.
+        assert_eq!(
+            difference(&json!({"ports": [{"port": 81}]}), &with_ports).as_deref(),
+            Some("ports[0].port")
+        );
+        let mut l = live.clone();
+        l["endpoints"][0]["addresses"][0] = json!("10.9.9.9");
+        assert_eq!(difference(&l, &body).as_deref(), Some("endpoints[0].addresses[0]"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::api::Kind;
 use super::desired::{FIELD_MANAGER, LABEL_APP_MANAGED_BY};
 use crate::fleet::member::Member;
 use crate::k8s::mcs::LABEL_SERVICE_NAME;
@@ -29,7 +30,7 @@ use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, scopes};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
     /// `ServiceImport`, `Service` or `EndpointSlice`.
-    pub kind: &'static str,
+    pub kind: Kind,
     /// Its namespace.
     pub namespace: String,
     /// Its name.
@@ -46,7 +47,7 @@ pub enum OwnChange {
     /// A complete list of one kind in one scope (`None`: every namespace),
     /// asked for at the instant given: what was written after it may be
     /// missing from the list and still exist.
-    Listed(&'static str, Option<String>, Vec<Seen>, Instant),
+    Listed(Kind, Option<String>, Vec<Seen>, Instant),
     /// Created or changed.
     Applied(Seen),
     /// Deleted.
@@ -117,11 +118,25 @@ impl<R: Hash + Eq> Written<R> {
     pub fn is_empty(&self) -> bool {
         self.versions.is_empty()
     }
+
+    /// Moves out the objects `which` picks (one member's, for its lane).
+    pub fn take(&mut self, which: impl Fn(&R) -> bool) -> Self {
+        let (out, keep) = std::mem::take(&mut self.versions).into_iter().partition(|(r, _)| which(r));
+        self.versions = keep;
+        Self { versions: out }
+    }
+
+    /// Takes back what [`Self::take`] moved out; entries here win.
+    pub fn absorb(&mut self, other: Self) {
+        for (r, v) in other.versions {
+            self.versions.entry(r).or_insert(v);
+        }
+    }
 }
 
 struct ToOwn {
     member: usize,
-    kind: &'static str,
+    kind: Kind,
     scope: Option<String>,
 }
 
@@ -229,7 +244,7 @@ pub fn spawn(
             cfg.clone(),
             events.clone(),
             reporter("ServiceImports"),
-            to("ServiceImport"),
+            to(Kind::ServiceImport),
         );
         let import = import.clone();
         tasks.spawn(async move {
@@ -237,7 +252,7 @@ pub fn spawn(
             watch::relist(api, cfg_, &watch::Lists::default(), r, t, out).await;
         });
         let (client, cfg_, out, r, t) =
-            (member.client.clone(), cfg.clone(), events.clone(), reporter("Services"), to("Service"));
+            (member.client.clone(), cfg.clone(), events.clone(), reporter("Services"), to(Kind::Service));
         tasks.spawn(async move {
             let api: kube::Api<Service> = watch::scoped(client, t.scope.as_deref());
             watch::relist(api, cfg_, &watch::Lists::default(), r, t, out).await;
@@ -247,7 +262,7 @@ pub fn spawn(
             cfg.clone(),
             events.clone(),
             reporter("EndpointSlices"),
-            to("EndpointSlice"),
+            to(Kind::EndpointSlice),
         );
         tasks.spawn(async move {
             let api: kube::Api<EndpointSlice> = watch::scoped(client, t.scope.as_deref());

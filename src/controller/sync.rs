@@ -1,108 +1,48 @@
 //! The controller's event loop. Member watches feed a [`FleetState`]; each
 //! event names the services it touched, and only those are reconciled.
-//! Startup work (every exported service, and objects of ours left by a
-//! previous run) waits in a backlog that live changes always overtake, so a
-//! restart never delays a change behind a full reconcile.
+//! Reconciles run continuously, up to [`CONCURRENCY`] at once, from a
+//! [`WorkQueue`]: the loop keeps reading events, firing retries and checking
+//! members while they run, and a service touched while it runs runs again
+//! when it ends. Startup work (every exported service, and objects of ours
+//! found live) waits in the queue's backlog, which live changes always
+//! overtake.
 //!
-//! Every write is a server-side apply of a body computed from the current
-//! state ([`super::desired`]): idempotent, so a crash at any point is
-//! repaired by the next run. A body equal to the last one applied is not
-//! sent again.
+//! Members are checked every second: a member whose watches fail or whose
+//! API server stops answering a probe (a partition, a frozen process) is
+//! marked unreachable after [`UNREACHABLE_AFTER`]; its writes under way end
+//! at once and no more are sent until it answers again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use serde_json::Value;
-use tokio::sync::mpsc;
+use futures::future::{BoxFuture, join_all};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use super::desired::{self, Consumers, FIELD_MANAGER, LABEL_APP_MANAGED_BY};
-use super::own::{self, OwnChange, OwnEvent, Seen, Written};
+use super::adopt::adopt;
+use super::api::{ApiError, CALL_DEADLINE, Kind, KubeMember, SharedApi};
+use super::desired;
+use super::fence::Fence;
+use super::own::{self, OwnChange, OwnEvent, Seen};
+use super::queue::WorkQueue;
+use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, ObjectRef, now_rfc3339, reconcile};
+use super::stats::SyncStats;
 use crate::fleet::member::{self, Member};
-use crate::fleet::merge::{Condition, Status, condition, merge};
-use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
-use crate::fleet::state::{FleetState, MemberEvent};
-use crate::k8s::mcs::{LABEL_SERVICE_NAME, discover_mcs, mcs_resource};
+use crate::fleet::state::FleetState;
+use crate::k8s::mcs::{discover_mcs, mcs_resource};
 use crate::k8s::watch::{Lists, Reporter, WatchHealth, scopes};
-use crate::model::{AddressFamily, ImportType, ServiceKey};
+use crate::model::{ClusterId, ServiceKey};
 
-/// Services reconciled at once (each writes to its members in turn). The
-/// members' API servers, not the controller, set the pace.
-const BATCH: usize = 64;
-/// Wait before the first retry of a service whose reconcile failed; each
-/// further failure in a row doubles it, up to [`RETRY_MAX`].
-const RETRY: Duration = Duration::from_secs(1);
-/// The longest wait between retries of one service.
-const RETRY_MAX: Duration = Duration::from_secs(300);
+pub use super::api::ErrorReason;
 
-/// Why a reconcile failed, for `clusterset_dns_sync_errors_total{reason}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorReason {
-    /// 429: the API server throttled us (kube's client already retried).
-    Throttled,
-    /// 403: our identity may not do it.
-    Forbidden,
-    /// 409: a conflicting write.
-    Conflict,
-    /// 422 or 400: the API server refused the body.
-    Invalid,
-    /// Any other status from the API server (5xx included).
-    Server,
-    /// No answer: connection, TLS or timeout.
-    Unreachable,
-}
-
-impl ErrorReason {
-    /// Every reason, in metric order.
-    pub const ALL: [Self; 6] =
-        [Self::Throttled, Self::Forbidden, Self::Conflict, Self::Invalid, Self::Server, Self::Unreachable];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Throttled => "throttled",
-            Self::Forbidden => "forbidden",
-            Self::Conflict => "conflict",
-            Self::Invalid => "invalid",
-            Self::Server => "server",
-            Self::Unreachable => "unreachable",
-        }
-    }
-
-    /// The reason of an API error.
-    pub fn of(e: &kube::Error) -> Self {
-        match e {
-            kube::Error::Api(s) => match s.code {
-                429 => Self::Throttled,
-                403 => Self::Forbidden,
-                409 => Self::Conflict,
-                400 | 422 => Self::Invalid,
-                _ => Self::Server,
-            },
-            _ => Self::Unreachable,
-        }
-    }
-}
-
-/// The wait before retry number `failures` (1 = the first) of `key`:
-/// exponential, capped, and spread by up to a fifth so that services
-/// failing together (a member's API gone) do not retry in lockstep.
-fn backoff(key: &ServiceKey, failures: u32) -> Duration {
-    let base = RETRY.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(RETRY_MAX);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let spread = desired::digest_of(&Value::String(format!("{key}{}", now.subsec_nanos())));
-    let fifth = u32::from_str_radix(&spread[..4], 16).unwrap_or(0) % 200;
-    base + base * fifth / 1000
-}
+/// Services reconciled at once (each writes to its members, every member in
+/// its own lane). The members' API servers, not the controller, set the pace.
+pub const CONCURRENCY: usize = 64;
 
 /// What to do about a member whose API stays unreachable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +67,11 @@ pub struct SyncBehaviour {
     pub auto_export_prefixes: Vec<String>,
     /// Namespaces synced; all when empty.
     pub namespaces: Vec<String>,
+    /// How often every member's objects of ours are read whole again and
+    /// every service reconciled against them (`--resync-interval`): what no
+    /// event announces (an edit while a watch was down and its relist
+    /// raced our write) is repaired by then.
+    pub resync: Duration,
 }
 
 /// How long API discovery of a member is waited for at a time.
@@ -134,59 +79,70 @@ const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the first lists of every member are waited for.
 const FIRST_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// A member is considered unreachable (skipped, and marked on imports) once
-/// its watches have failed for this long.
+/// its watches or its probe have failed for this long.
 const UNREACHABLE_AFTER: f64 = 5.0;
-/// How often members' reachability is checked.
+/// How often members' reachability is checked, and each member probed.
 const TICK: Duration = Duration::from_secs(1);
+/// How long a probe of a member's API server waits for its answer.
+const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// API requests the controller made, for the benchmark and `/metrics`.
-#[derive(Debug, Default)]
-pub struct SyncStats {
-    /// Writes (apply, delete).
-    pub writes: AtomicU64,
-    /// Reads (list).
-    pub reads: AtomicU64,
-    /// Writes skipped because the body equalled the last one applied.
-    pub unchanged: AtomicU64,
-    /// Services reconciled.
-    pub reconciles: AtomicU64,
-    /// Services whose exports conflict now (a Conflict condition is True).
-    pub conflicts: AtomicU64,
-    /// Failed reconciles, by [`ErrorReason`] (in [`ErrorReason::ALL`] order).
-    pub errors: [AtomicU64; 6],
-}
-
-/// One object of ours found at start.
-struct Found {
-    kind: &'static str,
-    meta: kube::api::ObjectMeta,
-    /// A VIP Service's addresses.
-    cluster_ips: Option<Vec<String>>,
-    /// A ServiceImport's status.
-    status: Option<Value>,
-}
-
-/// Which object of which member.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct ObjectRef {
-    member: usize,
-    kind: &'static str,
-    namespace: String,
-    name: String,
-}
-
+/// The MCS API versions a member serves.
+#[derive(Clone)]
 struct MemberApis {
-    import: ApiResource,
-    export: ApiResource,
+    import: kube::api::ApiResource,
+    export: kube::api::ApiResource,
+}
+
+/// An own-watch event about a service being reconciled: handled when the
+/// reconcile ends, against the versions its writes recorded (else the
+/// events of its own writes would look like someone else's).
+enum Deferred {
+    Seen {
+        member: usize,
+        seen: Seen,
+        deleted: bool,
+    },
+    Listed {
+        member: usize,
+        kind: Kind,
+        scope: Option<String>,
+        listed: Arc<BTreeSet<(String, String)>>,
+        began: std::time::Instant,
+    },
+}
+
+/// What ends in the loop's set of running work.
+enum Done {
+    /// A service reconciled.
+    Reconciled(ServiceKey, Box<KeyState>, Result<(), ApiError>),
+    /// A member's objects read whole ([`adopt`]) at `began`; with `all`,
+    /// every service is reconciled afterwards (a member just discovered).
+    Adopted {
+        member: usize,
+        found: HashMap<ServiceKey, KeyState>,
+        listed: Vec<Kind>,
+        began: std::time::Instant,
+        all: bool,
+    },
 }
 
 /// The controller.
 pub struct Syncer {
     members: Vec<Member>,
     apis: Vec<MemberApis>,
+    /// What reconciles share; replaced when a member is discovered.
+    env: Arc<Env>,
+    /// Per member: true while it is marked unreachable (ends its calls).
+    down: Vec<watch::Sender<bool>>,
     state: FleetState,
-    /// What the controller knows of its own objects, per service.
+    /// What the controller knows of its own objects, per service not being
+    /// reconciled now (a running reconcile owns its service's).
     keys: HashMap<ServiceKey, KeyState>,
+    /// Found live while their service was being reconciled.
+    adopted: HashMap<ServiceKey, KeyState>,
+    /// Own-watch events about services being reconciled.
+    deferred: HashMap<ServiceKey, Vec<Deferred>>,
+    queue: WorkQueue,
     behaviour: SyncBehaviour,
     /// Members currently unreachable, and since when (RFC 3339).
     unreachable: Vec<Option<String>>,
@@ -195,118 +151,637 @@ pub struct Syncer {
     /// Members whose endpoints are removed (`MemberLost::Remove`).
     removed: Vec<bool>,
     /// Cluster ids that more than one member has, with what to tell users.
-    duplicates: HashMap<crate::model::ClusterId, String>,
+    duplicates: HashMap<ClusterId, String>,
     /// Members whose Namespaces have been listed once.
     namespaces_listed: Vec<bool>,
     stats: Arc<SyncStats>,
 }
 
-/// The controller's memory of one service: disjoint from every other
-/// service's, so services are reconciled concurrently, each with its own.
-#[derive(Debug, Default)]
-struct KeyState {
-    /// The digest of the last body applied per object ([`desired::digest_of`]),
-    /// also written on the object itself ([`desired::ANNOTATION_APPLIED`]) so
-    /// a new leader knows it without writing.
-    applied: HashMap<ObjectRef, String>,
-    /// The ClusterIPs of each VIP Service written.
-    vips: HashMap<ObjectRef, Vec<String>>,
-    /// Objects of ours that exist, and those a reconcile wanted whose write
-    /// failed (retried with the service; `written` has no version of them).
-    owned: BTreeSet<ObjectRef>,
-    /// lastTransitionTime per (member, condition type), with its status.
-    transitions: HashMap<(usize, &'static str), (Status, String)>,
-    /// Counted in [`SyncStats::conflicts`].
-    conflicted: bool,
-    /// The uid of each member's export whose conditions `transitions` and
-    /// `applied` hold.
-    export_uids: HashMap<usize, Option<String>>,
-    /// The resourceVersions our writes gave our objects: a watch event with
-    /// another is someone else's change.
-    written: Written<ObjectRef>,
-}
-
-impl KeyState {
-    /// Forgets what was applied to `r` (and its status), so it is written again.
-    fn invalidate(&mut self, r: &ObjectRef) {
-        self.applied.remove(r);
-        self.applied.remove(&ObjectRef { kind: "ServiceImport/status", ..r.clone() });
-        self.vips.remove(r);
-        self.written.forget(r);
+impl Syncer {
+    /// A controller for these members (API versions discovered now).
+    /// Writes go out only while `fence` is open.
+    pub async fn new(
+        members: Vec<Member>,
+        behaviour: SyncBehaviour,
+        stats: Arc<SyncStats>,
+        fence: Arc<Fence>,
+    ) -> Self {
+        // Until a member's API versions are known it is not written to; a
+        // member down at start must not hold the others up.
+        let mut apis = Vec::new();
+        let mut discovered = Vec::new();
+        for m in &members {
+            let found = tokio::time::timeout(DISCOVERY_TIMEOUT, discover(m)).await;
+            discovered.push(found.is_ok());
+            apis.push(found.unwrap_or_else(|_| {
+                warn!(member = %m.name, "API discovery did not answer within {DISCOVERY_TIMEOUT:?}; retrying while syncing the others");
+                fallback_apis()
+            }));
+        }
+        let duplicates = duplicate_ids(&members);
+        let scopes = scopes(&behaviour.namespaces).len();
+        let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), scopes);
+        let n = members.len();
+        let down: Vec<watch::Sender<bool>> = (0..n).map(|_| watch::channel(false).0).collect();
+        let env = build_env(&members, &apis, &down, &behaviour, &stats, &fence);
+        Self {
+            members,
+            apis,
+            env,
+            down,
+            state,
+            keys: HashMap::new(),
+            adopted: HashMap::new(),
+            deferred: HashMap::new(),
+            queue: WorkQueue::default(),
+            unreachable: vec![None; n],
+            discovered,
+            removed: vec![false; n],
+            duplicates,
+            namespaces_listed: vec![false; n],
+            behaviour,
+            stats,
+        }
     }
 
-    /// How this service's objects are named: as its VIP Service already
-    /// is (a name never moves while the service is exported, whatever is
-    /// exported beside it); otherwise short, unless an elder shares its
-    /// stem ([`Stems::has_elder`]).
-    fn naming(&self, cx: &Ctx<'_>, key: &ServiceKey) -> desired::Naming {
-        for naming in [desired::Naming::Long, desired::Naming::Short] {
-            let vip = desired::vip_name(key, naming);
-            if self.owned.iter().any(|r| r.kind == "Service" && r.name == vip) {
-                return naming;
+    /// Seconds since member `i` last answered: its watches or its probe.
+    fn stale(&self, i: usize) -> f64 {
+        self.members[i].stale_seconds()
+    }
+
+    /// Runs until the watches end.
+    pub async fn run(mut self) {
+        let (tx, mut rx) = mpsc::channel::<crate::fleet::state::MemberEvent>(1024);
+        let (own_tx, mut own_rx) = mpsc::channel::<OwnEvent>(1024);
+        // Every watch is a task of this set: when this future is dropped (the
+        // Lease lost), they all stop with it, none keeps running beside the
+        // next leader's.
+        let mut tasks = JoinSet::new();
+        for (i, m) in self.members.iter().enumerate() {
+            // kube's default lists (paged, 500); `--list-mode` is serve's.
+            let lists = Lists::default();
+            member::spawn_watches(&mut tasks, i, m, &self.behaviour.namespaces, &lists, tx.clone());
+            own::spawn(&mut tasks, i, m, &self.apis[i].import, &self.behaviour.namespaces, own_tx.clone());
+            tasks.spawn(probe(m.client.clone(), Reporter::new(m.probe.clone())));
+        }
+        drop(tx);
+        drop(own_tx);
+        // First: every member's complete lists, so nothing is deleted for
+        // lack of knowledge. A member still silent after FIRST_SYNC_TIMEOUT
+        // does not hold the others up: until it lists, nothing is deleted
+        // anywhere (see `reconcile`).
+        let deadline = Instant::now() + FIRST_SYNC_TIMEOUT;
+        let mut touched = BTreeSet::new();
+        loop {
+            self.mark_removed();
+            if self.state.synced_except(&self.removed) {
+                break;
+            }
+            let wake = (Instant::now() + TICK).min(deadline);
+            match tokio::time::timeout_at(wake, rx.recv()).await {
+                Ok(Some(e)) => self.state.apply(e, &mut touched),
+                Ok(None) => return,
+                Err(_) if Instant::now() < deadline => {}
+                Err(_) => {
+                    let silent: Vec<&str> = self
+                        .members
+                        .iter()
+                        .zip(self.state.members())
+                        .filter(|(_, s)| !s.synced())
+                        .map(|(m, _)| m.name.as_str())
+                        .collect();
+                    warn!(members = ?silent, "members not listed within {FIRST_SYNC_TIMEOUT:?}: syncing the others, deleting nothing until they list");
+                    break;
+                }
             }
         }
-        if cx.stems.has_elder(cx.state, key) { desired::Naming::Long } else { desired::Naming::Short }
+        for key in touched {
+            self.queue.backlog(key);
+        }
+        let mut complete = self.state.synced_except(&self.removed);
+        // What is there now, read whole from every member at once (a member
+        // that does not answer holds the others up for one call deadline at
+        // most), before anything is written.
+        let scopes = scopes(&self.behaviour.namespaces);
+        let reads = (0..self.members.len()).filter(|i| self.discovered[*i]).map(|i| {
+            let (api, cluster, scopes) =
+                (self.env.members[i].api.clone(), self.members[i].cluster.clone(), &scopes);
+            async move { (i, adopt(api.as_ref(), i, &cluster, scopes).await) }
+        });
+        for (i, (found, failed)) in join_all(reads).await {
+            self.adopted(i, found, &failed, false);
+        }
+        info!(services = self.queue.depth(), "sync: members listed; reconciling");
+        let mut running: FuturesUnordered<BoxFuture<'static, Done>> = FuturesUnordered::new();
+        let mut next_tick = Instant::now() + TICK;
+        let mut next_resync = Instant::now() + self.behaviour.resync;
+        loop {
+            self.start(&mut running);
+            self.stats.queue_depth.store(self.queue.depth() as u64, Ordering::Relaxed);
+            let wake = self.queue.next_retry().map_or(next_tick, |t| t.min(next_tick)).min(next_resync);
+            tokio::select! {
+                e = rx.recv() => match e {
+                    Some(e) => {
+                        let mut touched = BTreeSet::new();
+                        self.state.apply(e, &mut touched);
+                        for key in touched {
+                            self.queue.touch(key);
+                        }
+                    }
+                    None => return, // every watch ended: shutting down
+                },
+                Some(e) = own_rx.recv() => self.own_event(e),
+                Some(done) = running.next(), if !running.is_empty() => self.finished(done),
+                () = tokio::time::sleep_until(wake) => {}
+            }
+            let now = Instant::now();
+            self.queue.due(now);
+            if now >= next_tick {
+                self.check_members(&mut running, &scopes).await;
+                if !complete && self.state.synced_except(&self.removed) {
+                    info!("every member listed: reconciling everything, deletions included");
+                    complete = true;
+                    self.queue_all();
+                }
+                next_tick = now + TICK;
+            }
+            if now >= next_resync {
+                info!("resync: reading every member's objects of ours again");
+                self.read_members(&mut running, &scopes, None);
+                next_resync = now + self.behaviour.resync;
+            }
+        }
     }
 
-    fn is_empty(&self) -> bool {
-        self.applied.is_empty() && self.owned.is_empty() && self.transitions.is_empty() && !self.conflicted
+    /// Tops the running reconciles up to [`CONCURRENCY`] from the queue.
+    fn start(&mut self, running: &mut FuturesUnordered<BoxFuture<'static, Done>>) {
+        if running.len() >= CONCURRENCY {
+            return;
+        }
+        let stems = Stems::of(&self.state);
+        while running.len() < CONCURRENCY {
+            let Some(key) = self.queue.pop() else { break };
+            let ks = self.keys.remove(&key).unwrap_or_default();
+            let input = self.input(&key, &stems);
+            let env = self.env.clone();
+            running.push(Box::pin(async move {
+                let (ks, result) = reconcile(ks, input, env).await;
+                Done::Reconciled(key, Box::new(ks), result)
+            }));
+        }
+    }
+
+    /// What a reconcile of `key` reads of the fleet, taken now.
+    fn input(&self, key: &ServiceKey, stems: &Stems) -> Input {
+        let n = self.members.len();
+        let mut exports: Vec<_> = self
+            .state
+            .exports(key)
+            .into_iter()
+            .filter(|e| !(0..n).any(|i| self.removed[i] && self.members[i].cluster == e.cluster))
+            .collect();
+        // Two members with one cluster id: neither's export counts, so their
+        // endpoints never mix under one id.
+        for e in &mut exports {
+            if let Some(why) = self.duplicates.get(&e.cluster) {
+                e.service = crate::fleet::export::Exported::DuplicateCluster(why.clone());
+            }
+        }
+        let sources =
+            exports.iter().map(|e| (e.cluster.clone(), self.state.source_slices(&e.cluster, key))).collect();
+        Input {
+            key: key.clone(),
+            exports,
+            members: (0..n)
+                .map(|i| MemberInput {
+                    writable: self.unreachable[i].is_none() && self.discovered[i],
+                    removed: self.removed[i],
+                    unreachable_since: self.unreachable[i].clone(),
+                    service: self.state.service_of(i, key).cloned(),
+                    export: self.state.export_of(i, key),
+                })
+                .collect(),
+            sources,
+            synced: self.state.synced_except(&self.removed),
+            has_elder: stems.has_elder(&self.state, key),
+        }
+    }
+
+    /// A reconcile or a read of a member ended.
+    fn finished(&mut self, done: Done) {
+        match done {
+            Done::Reconciled(key, ks, result) => {
+                let mut ks = *ks;
+                match result {
+                    Ok(()) => self.queue.done(&key),
+                    Err(e) => {
+                        let reason = e.reason();
+                        self.stats.error(reason);
+                        let asked = Duration::from_secs(e.retry_after().into());
+                        let (wait, n) = self.queue.failed(&key, asked, Instant::now());
+                        warn!(service = %key, reason = reason.as_str(), failures = n, error = %e, "sync failed, retrying in {wait:?}");
+                    }
+                }
+                if let Some(found) = self.adopted.remove(&key) {
+                    ks.adopt(found);
+                    self.queue.backlog(key.clone());
+                }
+                for d in self.deferred.remove(&key).unwrap_or_default() {
+                    let repair = match d {
+                        Deferred::Seen { member, seen, deleted } => {
+                            self.repair_in(&mut ks, member, &seen, deleted)
+                        }
+                        Deferred::Listed { member, kind, scope, listed, began } => {
+                            self.gone_in(&mut ks, member, (kind, scope.as_deref()), &listed, began)
+                        }
+                    };
+                    if repair {
+                        self.queue.touch(key.clone());
+                    }
+                }
+                if !ks.is_empty() {
+                    self.keys.insert(key, ks);
+                }
+            }
+            Done::Adopted { member, found, listed, began, all } => {
+                let seen: BTreeSet<ObjectRef> =
+                    found.values().flat_map(|ks| ks.owned.iter().cloned()).collect();
+                self.adopted(member, found, &[], all);
+                // Ours, not found by a list that began after our last write:
+                // deleted while no event said so.
+                let listed: BTreeSet<Kind> = listed.into_iter().collect();
+                let mut touched = Vec::new();
+                for (key, ks) in &mut self.keys {
+                    let gone: Vec<ObjectRef> = ks
+                        .owned
+                        .iter()
+                        .filter(|r| {
+                            r.member == member
+                                && listed.contains(&r.kind)
+                                && !seen.contains(*r)
+                                && ks.written.before(r, began)
+                        })
+                        .cloned()
+                        .collect();
+                    for r in gone {
+                        info!(member = %self.members[member].name, kind = %r.kind, object = %r.path(), "ours, and gone: writing it again");
+                        self.stats.drift(r.kind);
+                        ks.invalidate(&r);
+                        touched.push(key.clone());
+                    }
+                }
+                for key in touched {
+                    self.queue.backlog(key);
+                }
+            }
+        }
+    }
+
+    /// Takes in what [`adopt`] found in member `m`.
+    fn adopted(
+        &mut self,
+        m: usize,
+        found: HashMap<ServiceKey, KeyState>,
+        failed: &[(Kind, ApiError)],
+        all: bool,
+    ) {
+        for (kind, e) in failed {
+            warn!(member = %self.members[m].name, kind = %kind, error = %e, "cannot list our objects: not adopted, written again if wanted");
+        }
+        let lists = 4 * scopes(&self.behaviour.namespaces).len();
+        self.stats.reads.fetch_add(lists as u64, Ordering::Relaxed);
+        for (key, found) in found {
+            if self.queue.is_running(&key) {
+                self.adopted.entry(key.clone()).or_default().adopt(found);
+            } else {
+                self.keys.entry(key.clone()).or_default().adopt(found);
+            }
+            self.queue.backlog(key);
+        }
+        if all {
+            self.queue_all();
+        }
+    }
+
+    /// Reads every writable member's objects of ours again (`only`: one
+    /// member), in the running set: a member that does not answer holds up
+    /// nothing.
+    fn read_members(
+        &mut self,
+        running: &mut FuturesUnordered<BoxFuture<'static, Done>>,
+        scopes: &[Option<String>],
+        only: Option<usize>,
+    ) {
+        for i in 0..self.members.len() {
+            if only.is_some_and(|o| o != i) || !self.discovered[i] || self.unreachable[i].is_some() {
+                continue;
+            }
+            let (api, cluster, scopes) =
+                (self.env.members[i].api.clone(), self.members[i].cluster.clone(), scopes.to_vec());
+            let all = only.is_some();
+            running.push(Box::pin(async move {
+                let began = std::time::Instant::now();
+                let (found, failed) = adopt(api.as_ref(), i, &cluster, &scopes).await;
+                for (kind, e) in &failed {
+                    warn!(member = i, kind = %kind, error = %e, "cannot list our objects: not adopted, written again if wanted");
+                }
+                let listed = [Kind::ServiceImport, Kind::Service, Kind::EndpointSlice]
+                    .into_iter()
+                    .filter(|k| !failed.iter().any(|(f, _)| f == k))
+                    .collect();
+                Done::Adopted { member: i, found, listed, began, all }
+            }));
+        }
+    }
+
+    /// Someone else's change to one of our objects: what we recorded as
+    /// applied no longer holds, so the service is reconciled and the object
+    /// written again.
+    fn own_event(&mut self, e: OwnEvent) {
+        let m = e.member;
+        match e.change {
+            // A namespace created (or changed) in a member: its services may
+            // now be imported there (namespace sameness). The first list is
+            // the start, which reconciles everything anyway.
+            OwnChange::Namespace(ns) => self.queue_namespace(&ns),
+            OwnChange::Namespaces(all) => {
+                if std::mem::replace(&mut self.namespaces_listed[m], true) {
+                    for ns in all {
+                        self.queue_namespace(&ns);
+                    }
+                }
+            }
+            OwnChange::Applied(seen) => self.repair(m, seen, false),
+            OwnChange::Deleted(seen) => self.repair(m, seen, true),
+            OwnChange::Listed(kind, scope, items, began) => {
+                let listed: Arc<BTreeSet<(String, String)>> =
+                    Arc::new(items.iter().map(|s| (s.namespace.clone(), s.name.clone())).collect());
+                for seen in items {
+                    self.repair(m, seen, false);
+                }
+                let mut touched = Vec::new();
+                let mut keys = std::mem::take(&mut self.keys);
+                for (key, ks) in &mut keys {
+                    if self.gone_in(ks, m, (kind, scope.as_deref()), &listed, began) {
+                        touched.push(key.clone());
+                    }
+                }
+                self.keys = keys;
+                for key in touched {
+                    self.queue.touch(key);
+                }
+                // Services being reconciled check the list when they end.
+                for key in self.queue.running() {
+                    self.deferred.entry(key).or_default().push(Deferred::Listed {
+                        member: m,
+                        kind,
+                        scope: scope.clone(),
+                        listed: listed.clone(),
+                        began,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Queues every service of namespace `ns` some member exports.
+    fn queue_namespace(&mut self, ns: &str) {
+        let keys: Vec<ServiceKey> = self
+            .state
+            .keys()
+            .into_iter()
+            .filter(|k| k.namespace.as_str() == ns && !self.state.exports(k).is_empty())
+            .collect();
+        for key in keys {
+            self.queue.touch(key);
+        }
+    }
+
+    /// Queues the service of `seen` for another write of it, unless the
+    /// event is of our own write or of an object we no longer want.
+    fn repair(&mut self, m: usize, seen: Seen, deleted: bool) {
+        let meta = kube::api::ObjectMeta {
+            namespace: Some(seen.namespace.clone()),
+            name: Some(seen.service.clone()),
+            ..Default::default()
+        };
+        let Ok(key) = crate::fleet::objects::key_of(&self.members[m].cluster, seen.kind.as_str(), &meta)
+        else {
+            return;
+        };
+        if self.queue.is_running(&key) {
+            self.deferred.entry(key).or_default().push(Deferred::Seen { member: m, seen, deleted });
+            return;
+        }
+        let Some(mut ks) = self.keys.remove(&key) else { return };
+        if self.repair_in(&mut ks, m, &seen, deleted) {
+            self.queue.touch(key.clone());
+        }
+        self.keys.insert(key, ks);
+    }
+
+    /// [`Self::repair`] on the service's state; true when it needs a write.
+    fn repair_in(&self, ks: &mut KeyState, m: usize, seen: &Seen, deleted: bool) -> bool {
+        let r = ObjectRef {
+            member: m,
+            kind: seen.kind,
+            namespace: seen.namespace.clone(),
+            name: seen.name.clone(),
+        };
+        if !ks.owned.contains(&r) || (!deleted && ks.written.ours(&r, &seen.version)) {
+            return false;
+        }
+        ks.invalidate(&r);
+        self.stats.drift(r.kind);
+        let what = if deleted { "deleted" } else { "changed" };
+        info!(member = %self.members[m].name, kind = %r.kind, object = %r.path(), "ours, {what} by someone else: writing it again");
+        true
+    }
+
+    /// Our objects of `kind` in member `m` and `scope` (`None`: every
+    /// namespace) that a list asked for at `began` does not hold: deleted
+    /// while the watch was down. Only an object whose last write was recorded
+    /// before `began` can be gone. One written since may be newer than the
+    /// list, however late the list arrives (a batch of writes throttled by
+    /// the API server can take longer), and taking it for gone would write it
+    /// again, and again see the events of the first write as someone else's.
+    /// One with no write recorded was never written (its write failed and is
+    /// retried) or is being written again: nothing to repair. True when one
+    /// is gone (and forgotten, to be written again).
+    fn gone_in(
+        &self,
+        ks: &mut KeyState,
+        m: usize,
+        (kind, scope): (Kind, Option<&str>),
+        listed: &BTreeSet<(String, String)>,
+        began: std::time::Instant,
+    ) -> bool {
+        let gone: Vec<ObjectRef> = gone(ks, m, (kind, scope), listed, began);
+        for r in &gone {
+            info!(member = %self.members[m].name, kind = %r.kind, object = %r.path(), "ours, and gone: writing it again");
+            self.stats.drift(r.kind);
+            ks.invalidate(r);
+        }
+        !gone.is_empty()
+    }
+
+    /// Notices members becoming unreachable or reachable again, and queues
+    /// every service they take part in.
+    async fn check_members(
+        &mut self,
+        running: &mut FuturesUnordered<BoxFuture<'static, Done>>,
+        scopes: &[Option<String>],
+    ) {
+        for i in 0..self.members.len() {
+            if !self.discovered[i]
+                && self.stale(i) == 0.0
+                && let Ok(apis) = tokio::time::timeout(DISCOVERY_TIMEOUT, discover(&self.members[i])).await
+            {
+                info!(member = %self.members[i].name, "API discovered: reconciling everything");
+                self.apis[i] = apis;
+                self.discovered[i] = true;
+                self.env = build_env(
+                    &self.members,
+                    &self.apis,
+                    &self.down,
+                    &self.behaviour,
+                    &self.stats,
+                    &self.env.fence.clone(),
+                );
+                self.read_members(running, scopes, Some(i));
+            }
+        }
+        for i in 0..self.members.len() {
+            let stale = self.stale(i);
+            let unreachable = stale >= UNREACHABLE_AFTER;
+            let name = &self.members[i].name;
+            match (unreachable, self.unreachable[i].is_some()) {
+                (true, false) => {
+                    warn!(member = %name, stale_seconds = stale, "member unreachable: its endpoints are kept and marked; writes to it wait");
+                    self.unreachable[i] = Some(now_rfc3339());
+                    self.down[i].send_replace(true);
+                }
+                (false, true) => {
+                    info!(member = %name, "member reachable again: reconciling everything it takes part in");
+                    self.unreachable[i] = None;
+                    self.down[i].send_replace(false);
+                }
+                _ => continue,
+            }
+            // Writes to it were skipped, or its endpoints are marked: every
+            // service may need a write.
+            self.queue_all();
+        }
+        self.mark_removed();
+    }
+
+    /// Queues every service a member has objects of, and every service the
+    /// controller has objects for.
+    fn queue_all(&mut self) {
+        let keys: Vec<ServiceKey> = self.state.keys().into_iter().chain(self.keys.keys().cloned()).collect();
+        for key in keys {
+            self.queue.touch(key);
+        }
+    }
+
+    /// Applies `--on-member-lost=remove`: members unreachable for the window
+    /// stop counting; their services are queued when that changes.
+    fn mark_removed(&mut self) {
+        for i in 0..self.members.len() {
+            let removed = self.behaviour.on_member_lost == MemberLost::Remove
+                && self.stale(i) >= self.behaviour.lost_after.as_secs_f64();
+            if removed != self.removed[i] {
+                if removed {
+                    warn!(member = %self.members[i].name, "member lost for {:?}: removing its endpoints everywhere (--on-member-lost=remove)", self.behaviour.lost_after);
+                } else {
+                    info!(member = %self.members[i].name, "lost member is back: its endpoints return");
+                }
+                self.removed[i] = removed;
+                for key in self.state.exported_by(i) {
+                    self.queue.touch(key);
+                }
+            }
+        }
     }
 }
 
-/// Our objects of `kind` in member `m` and `scope` (`None`: every
-/// namespace) that a list asked for at `began` does not hold: deleted
-/// while the watch was down. Only an object whose last write was recorded
-/// before `began` can be gone. One written since may be newer than the
-/// list, however late the list arrives (a batch of writes throttled by
-/// the API server can take longer), and taking it for gone would write it
-/// again, and again see the events of the first write as someone else's.
-/// One with no write recorded was never written (its write failed and is
-/// retried) or is being written again: nothing to repair.
+/// Our objects of `kind` in member `m` and `scope` that `listed` (asked for
+/// at `began`) does not hold, though written before it began.
 fn gone(
-    keys: &HashMap<ServiceKey, KeyState>,
+    ks: &KeyState,
     m: usize,
-    (kind, scope): (&str, Option<&str>),
-    items: &[Seen],
+    (kind, scope): (Kind, Option<&str>),
+    listed: &BTreeSet<(String, String)>,
     began: std::time::Instant,
-) -> Vec<(ServiceKey, ObjectRef)> {
-    let listed: BTreeSet<(&str, &str)> =
-        items.iter().map(|s| (s.namespace.as_str(), s.name.as_str())).collect();
-    let mut gone = Vec::new();
-    for (key, ks) in keys {
-        for r in &ks.owned {
-            if r.member == m
+) -> Vec<ObjectRef> {
+    ks.owned
+        .iter()
+        .filter(|r| {
+            r.member == m
                 && r.kind == kind
                 && scope.is_none_or(|ns| ns == r.namespace)
-                && !listed.contains(&(r.namespace.as_str(), r.name.as_str()))
+                && !listed.contains(&(r.namespace.clone(), r.name.clone()))
                 && ks.written.before(r, began)
-            {
-                gone.push((key.clone(), r.clone()));
-            }
-        }
-    }
-    gone
+        })
+        .cloned()
+        .collect()
 }
 
-/// What a reconcile reads and never changes; shared by the services of a
-/// batch.
-struct Ctx<'a> {
-    stems: &'a Stems,
-    members: &'a [Member],
-    apis: &'a [MemberApis],
-    state: &'a FleetState,
-    behaviour: &'a SyncBehaviour,
-    unreachable: &'a [Option<String>],
-    removed: &'a [bool],
-    discovered: &'a [bool],
-    duplicates: &'a HashMap<crate::model::ClusterId, String>,
-    stats: &'a SyncStats,
+/// Probes a member's API server every [`TICK`]: a watch on a frozen or
+/// partitioned API server fails no request, it only stops hearing; the probe
+/// does, within [`PROBE_DEADLINE`].
+async fn probe(client: kube::Client, mut reporter: Reporter) {
+    loop {
+        match tokio::time::timeout(PROBE_DEADLINE, client.apiserver_version()).await {
+            Ok(Ok(_)) => reporter.ok(),
+            Ok(Err(e)) => reporter.failed(&e.to_string()),
+            Err(_) => reporter.failed(&format!("no answer within {PROBE_DEADLINE:?}")),
+        }
+        tokio::time::sleep(TICK).await;
+    }
+}
+
+fn build_env(
+    members: &[Member],
+    apis: &[MemberApis],
+    down: &[watch::Sender<bool>],
+    behaviour: &SyncBehaviour,
+    stats: &Arc<SyncStats>,
+    fence: &Arc<Fence>,
+) -> Arc<Env> {
+    Arc::new(Env {
+        members: members
+            .iter()
+            .zip(apis)
+            .zip(down)
+            .map(|((m, a), down)| {
+                let api: SharedApi = Arc::new(KubeMember::new(
+                    m.name.clone(),
+                    m.client.clone(),
+                    (a.import.clone(), a.export.clone()),
+                    CALL_DEADLINE,
+                    down.subscribe(),
+                    Some(stats.write_seconds.with_label_values(&[m.name.as_str()])),
+                ));
+                MemberEnv {
+                    name: m.name.clone(),
+                    cluster: m.cluster.clone(),
+                    api,
+                    import_version: a.import.api_version.clone(),
+                    export_version: a.export.api_version.clone(),
+                }
+            })
+            .collect(),
+        auto_export_prefixes: behaviour.auto_export_prefixes.clone(),
+        stats: stats.clone(),
+        fence: fence.clone(),
+    })
 }
 
 /// The exported services whose names are longer than their objects' names
 /// can hold ([`desired::stem`]), by namespace and stem, each with its
 /// oldest export's time: what decides a service's [`desired::Naming`].
-/// Built before each batch, from the fleet's exports.
+/// Built before each round of reconciles, from the fleet's exports.
 struct Stems(HashMap<(String, String), Vec<(ServiceKey, i64)>>);
 
 impl Stems {
@@ -341,901 +816,9 @@ impl Stems {
     }
 }
 
-impl Ctx<'_> {
-    /// True while member `i` can be written to: reachable, versions known.
-    fn writable(&self, i: usize) -> bool {
-        self.unreachable[i].is_none() && self.discovered[i]
-    }
-}
-
-impl Syncer {
-    /// A controller for these members (API versions discovered now).
-    pub async fn new(members: Vec<Member>, behaviour: SyncBehaviour, stats: Arc<SyncStats>) -> Self {
-        // Until a member's API versions are known it is not written to; a
-        // member down at start must not hold the others up.
-        let mut apis = Vec::new();
-        let mut discovered = Vec::new();
-        for m in &members {
-            let found = tokio::time::timeout(DISCOVERY_TIMEOUT, discover(m)).await;
-            discovered.push(found.is_ok());
-            apis.push(found.unwrap_or_else(|_| {
-                warn!(member = %m.name, "API discovery did not answer within {DISCOVERY_TIMEOUT:?}; retrying while syncing the others");
-                fallback_apis()
-            }));
-        }
-        let duplicates = duplicate_ids(&members);
-        let scopes = scopes(&behaviour.namespaces).len();
-        let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), scopes);
-        let n = members.len();
-        Self {
-            members,
-            apis,
-            state,
-            keys: HashMap::new(),
-            unreachable: vec![None; n],
-            discovered,
-            removed: vec![false; n],
-            duplicates,
-            namespaces_listed: vec![false; n],
-            behaviour,
-            stats,
-        }
-    }
-
-    /// Runs until the watches end.
-    pub async fn run(mut self) {
-        let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
-        let (own_tx, mut own_rx) = mpsc::channel::<OwnEvent>(1024);
-        // Every watch is a task of this set: when this future is dropped (the
-        // Lease lost), they all stop with it, none keeps running beside the
-        // next leader's.
-        let mut tasks = JoinSet::new();
-        for (i, m) in self.members.iter().enumerate() {
-            // kube's default lists (paged, 500); `--list-mode` is serve's.
-            let lists = Lists::default();
-            member::spawn_watches(&mut tasks, i, m, &self.behaviour.namespaces, &lists, tx.clone());
-            own::spawn(&mut tasks, i, m, &self.apis[i].import, &self.behaviour.namespaces, own_tx.clone());
-        }
-        drop(tx);
-        drop(own_tx);
-        let mut backlog: BTreeSet<ServiceKey> = BTreeSet::new();
-        let mut live: BTreeSet<ServiceKey> = BTreeSet::new();
-        let mut retry: BTreeMap<ServiceKey, Instant> = BTreeMap::new();
-        // Failures in a row per service, for its backoff.
-        let mut failures: HashMap<ServiceKey, u32> = HashMap::new();
-        // First: every member's complete lists, so nothing is deleted for
-        // lack of knowledge. A member still silent after FIRST_SYNC_TIMEOUT
-        // does not hold the others up: until it lists, nothing is deleted
-        // anywhere (see `reconcile`).
-        let deadline = Instant::now() + FIRST_SYNC_TIMEOUT;
-        loop {
-            self.mark_removed(&mut backlog);
-            if self.state.synced_except(&self.removed) {
-                break;
-            }
-            let wake = (Instant::now() + TICK).min(deadline);
-            match tokio::time::timeout_at(wake, rx.recv()).await {
-                Ok(Some(e)) => self.state.apply(e, &mut backlog),
-                Ok(None) => return,
-                Err(_) if Instant::now() < deadline => {}
-                Err(_) => {
-                    let silent: Vec<&str> = self
-                        .members
-                        .iter()
-                        .zip(self.state.members())
-                        .filter(|(_, s)| !s.synced())
-                        .map(|(m, _)| m.name.as_str())
-                        .collect();
-                    warn!(members = ?silent, "members not listed within {FIRST_SYNC_TIMEOUT:?}: syncing the others, deleting nothing until they list");
-                    break;
-                }
-            }
-        }
-        let mut complete = self.state.synced_except(&self.removed);
-        self.adopt(None, &mut backlog).await;
-        info!(services = backlog.len(), "sync: members listed; reconciling");
-        let mut next_tick = Instant::now() + TICK;
-        loop {
-            if Instant::now() >= next_tick {
-                self.check_members(&mut live).await;
-                if !complete && self.state.synced_except(&self.removed) {
-                    info!("every member listed: reconciling everything, deletions included");
-                    complete = true;
-                    self.queue_all(&mut live);
-                }
-                next_tick = Instant::now() + TICK;
-            }
-            while let Ok(e) = rx.try_recv() {
-                self.state.apply(e, &mut live);
-            }
-            while let Ok(e) = own_rx.try_recv() {
-                self.own_event(e, &mut live);
-            }
-            let now = Instant::now();
-            let due: Vec<ServiceKey> =
-                retry.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k.clone()).collect();
-            for k in due {
-                retry.remove(&k);
-                live.insert(k);
-            }
-            // Live changes first, then the startup backlog; a batch of
-            // services is reconciled concurrently.
-            let mut batch = Vec::new();
-            while batch.len() < BATCH {
-                let Some(key) = live.pop_first().or_else(|| backlog.pop_first()) else { break };
-                backlog.remove(&key);
-                let ks = self.keys.remove(&key).unwrap_or_default();
-                batch.push((key, ks));
-            }
-            if batch.is_empty() {
-                let wake = retry.values().min().copied().map_or(next_tick, |t| t.min(next_tick));
-                // A retry or a member check may be due before anything arrives.
-                tokio::select! {
-                    e = rx.recv() => match e {
-                        Some(e) => self.state.apply(e, &mut live),
-                        None => return, // every watch ended: shutting down
-                    },
-                    Some(e) = own_rx.recv() => self.own_event(e, &mut live),
-                    () = tokio::time::sleep_until(wake) => {}
-                }
-                continue;
-            }
-            let stems = Stems::of(&self.state);
-            let cx = Ctx {
-                stems: &stems,
-                members: &self.members,
-                apis: &self.apis,
-                state: &self.state,
-                behaviour: &self.behaviour,
-                unreachable: &self.unreachable,
-                removed: &self.removed,
-                discovered: &self.discovered,
-                duplicates: &self.duplicates,
-                stats: &self.stats,
-            };
-            let done: Vec<(ServiceKey, KeyState, Result<(), kube::Error>)> = stream::iter(batch)
-                .map(|(key, mut ks)| {
-                    let cx = &cx;
-                    async move {
-                        let result = ks.reconcile(cx, &key).await;
-                        (key, ks, result)
-                    }
-                })
-                .buffer_unordered(BATCH)
-                .collect()
-                .await;
-            for (key, ks, result) in done {
-                match result {
-                    Ok(()) => {
-                        failures.remove(&key);
-                    }
-                    Err(e) => {
-                        let reason = ErrorReason::of(&e);
-                        let i = ErrorReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
-                        self.stats.errors[i].fetch_add(1, Ordering::Relaxed);
-                        let n = failures.entry(key.clone()).or_insert(0);
-                        *n += 1;
-                        // The API server's own Retry-After, when it gave one, is
-                        // the least we wait.
-                        let asked = match &e {
-                            kube::Error::Api(s) => s.details.as_ref().map_or(0, |d| d.retry_after_seconds),
-                            _ => 0,
-                        };
-                        let wait = backoff(&key, *n).max(Duration::from_secs(asked.into()));
-                        warn!(service = %key, reason = reason.as_str(), failures = *n, "sync failed, retrying in {wait:?}: {e}");
-                        retry.insert(key.clone(), Instant::now() + wait);
-                    }
-                }
-                if !ks.is_empty() {
-                    self.keys.insert(key, ks);
-                }
-            }
-        }
-    }
-
-    /// Someone else's change to one of our objects: what we recorded as
-    /// applied no longer holds, so the service is reconciled and the object
-    /// written again.
-    fn own_event(&mut self, e: OwnEvent, live: &mut BTreeSet<ServiceKey>) {
-        let m = e.member;
-        match e.change {
-            // A namespace created (or changed) in a member: its services may
-            // now be imported there (namespace sameness). The first list is
-            // the start, which reconciles everything anyway.
-            OwnChange::Namespace(ns) => self.queue_namespace(&ns, live),
-            OwnChange::Namespaces(all) => {
-                if std::mem::replace(&mut self.namespaces_listed[m], true) {
-                    for ns in all {
-                        self.queue_namespace(&ns, live);
-                    }
-                }
-            }
-            OwnChange::Applied(seen) => self.repair(m, &seen, false, live),
-            OwnChange::Deleted(seen) => self.repair(m, &seen, true, live),
-            OwnChange::Listed(kind, scope, items, began) => {
-                for seen in &items {
-                    self.repair(m, seen, false, live);
-                }
-                for (key, r) in gone(&self.keys, m, (kind, scope.as_deref()), &items, began) {
-                    if let Some(ks) = self.keys.get_mut(&key) {
-                        ks.invalidate(&r);
-                        info!(member = %self.members[m].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "ours, and gone: writing it again");
-                        live.insert(key);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Queues every service of namespace `ns` some member exports.
-    fn queue_namespace(&self, ns: &str, live: &mut BTreeSet<ServiceKey>) {
-        live.extend(
-            self.state
-                .keys()
-                .into_iter()
-                .filter(|k| k.namespace.as_str() == ns && !self.state.exports(k).is_empty()),
-        );
-    }
-
-    /// Queues the service of `seen` for another write of it, unless the
-    /// event is of our own write or of an object we no longer want.
-    fn repair(&mut self, m: usize, seen: &Seen, deleted: bool, live: &mut BTreeSet<ServiceKey>) {
-        let meta = kube::api::ObjectMeta {
-            namespace: Some(seen.namespace.clone()),
-            name: Some(seen.service.clone()),
-            ..Default::default()
-        };
-        let Ok(key) = crate::fleet::objects::key_of(&self.members[m].cluster, seen.kind, &meta) else {
-            return;
-        };
-        let Some(ks) = self.keys.get_mut(&key) else { return };
-        let r = ObjectRef {
-            member: m,
-            kind: seen.kind,
-            namespace: seen.namespace.clone(),
-            name: seen.name.clone(),
-        };
-        if !ks.owned.contains(&r) || (!deleted && ks.written.ours(&r, &seen.version)) {
-            return;
-        }
-        ks.invalidate(&r);
-        let what = if deleted { "deleted" } else { "changed" };
-        info!(member = %self.members[m].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "ours, {what} by someone else: writing it again");
-        live.insert(key);
-    }
-
-    /// Notices members becoming unreachable or reachable again, and queues
-    /// every service they take part in.
-    async fn check_members(&mut self, live: &mut BTreeSet<ServiceKey>) {
-        for i in 0..self.members.len() {
-            if !self.discovered[i]
-                && self.members[i].stale_seconds() == 0.0
-                && let Ok(apis) = tokio::time::timeout(DISCOVERY_TIMEOUT, discover(&self.members[i])).await
-            {
-                info!(member = %self.members[i].name, "API discovered: reconciling everything");
-                self.apis[i] = apis;
-                self.discovered[i] = true;
-                self.adopt(Some(i), live).await;
-                self.queue_all(live);
-            }
-        }
-        for i in 0..self.members.len() {
-            let stale = self.members[i].stale_seconds();
-            let unreachable = stale >= UNREACHABLE_AFTER;
-            let name = &self.members[i].name;
-            match (unreachable, self.unreachable[i].is_some()) {
-                (true, false) => {
-                    warn!(member = %name, stale_seconds = stale, "member unreachable: its endpoints are kept and marked; writes to it wait");
-                    self.unreachable[i] = Some(now_rfc3339());
-                }
-                (false, true) => {
-                    info!(member = %name, "member reachable again: reconciling everything it takes part in");
-                    self.unreachable[i] = None;
-                }
-                _ => continue,
-            }
-            // Writes to it were skipped, or its endpoints are marked: every
-            // service may need a write.
-            self.queue_all(live);
-        }
-        self.mark_removed(live);
-    }
-
-    /// Queues every service a member has objects of, and every service the
-    /// controller has objects for.
-    fn queue_all(&self, live: &mut BTreeSet<ServiceKey>) {
-        live.extend(self.state.keys());
-        live.extend(self.keys.keys().cloned());
-    }
-
-    /// Applies `--on-member-lost=remove`: members unreachable for the window
-    /// stop counting; their services are queued when that changes.
-    fn mark_removed(&mut self, live: &mut BTreeSet<ServiceKey>) {
-        for i in 0..self.members.len() {
-            let removed = self.behaviour.on_member_lost == MemberLost::Remove
-                && self.members[i].stale_seconds() >= self.behaviour.lost_after.as_secs_f64();
-            if removed != self.removed[i] {
-                if removed {
-                    warn!(member = %self.members[i].name, "member lost for {:?}: removing its endpoints everywhere (--on-member-lost=remove)", self.behaviour.lost_after);
-                } else {
-                    info!(member = %self.members[i].name, "lost member is back: its endpoints return");
-                }
-                self.removed[i] = removed;
-                live.extend(self.state.exported_by(i));
-            }
-        }
-    }
-
-    /// Finds objects of ours in every member (left by an earlier run, maybe
-    /// for services no longer exported) and queues their services.
-    async fn adopt(&mut self, only: Option<usize>, backlog: &mut BTreeSet<ServiceKey>) {
-        let lp = ListParams::default().labels(&format!("{LABEL_APP_MANAGED_BY}={FIELD_MANAGER}"));
-        for (i, m) in self.members.iter().enumerate() {
-            if only.is_some_and(|o| o != i) || !self.discovered[i] {
-                continue;
-            }
-            let mut found: Vec<Found> = Vec::new();
-            let mut exports: Vec<DynamicObject> = Vec::new();
-            for scope in scopes(&self.behaviour.namespaces) {
-                let (imports, services, slices, export_api): (
-                    Api<DynamicObject>,
-                    Api<Service>,
-                    Api<EndpointSlice>,
-                    Api<DynamicObject>,
-                ) = match &scope {
-                    Some(ns) => (
-                        Api::namespaced_with(m.client.clone(), ns, &self.apis[i].import),
-                        Api::namespaced(m.client.clone(), ns),
-                        Api::namespaced(m.client.clone(), ns),
-                        Api::namespaced_with(m.client.clone(), ns, &self.apis[i].export),
-                    ),
-                    None => (
-                        Api::all_with(m.client.clone(), &self.apis[i].import),
-                        Api::all(m.client.clone()),
-                        Api::all(m.client.clone()),
-                        Api::all_with(m.client.clone(), &self.apis[i].export),
-                    ),
-                };
-                self.stats.reads.fetch_add(4, Ordering::Relaxed);
-                // Whole imports and Services: their status and cluster IPs
-                // are part of what was written; slices only by their digest.
-                match imports.list(&lp).await {
-                    Ok(l) => found.extend(l.items.into_iter().map(|o| Found {
-                        kind: "ServiceImport",
-                        status: o.data.get("status").cloned(),
-                        meta: o.metadata,
-                        cluster_ips: None,
-                    })),
-                    Err(e) => warn!(member = %m.name, "cannot list our ServiceImports: {e}"),
-                }
-                match services.list(&lp).await {
-                    Ok(l) => found.extend(l.items.into_iter().map(|o| Found {
-                        kind: "Service",
-                        cluster_ips: o.spec.and_then(|s| s.cluster_ips),
-                        meta: o.metadata,
-                        status: None,
-                    })),
-                    Err(e) => warn!(member = %m.name, "cannot list our Services: {e}"),
-                }
-                match slices.list_metadata(&lp).await {
-                    Ok(l) => found.extend(l.items.into_iter().map(|o| Found {
-                        kind: "EndpointSlice",
-                        meta: o.metadata,
-                        cluster_ips: None,
-                        status: None,
-                    })),
-                    Err(e) => warn!(member = %m.name, "cannot list our EndpointSlices: {e}"),
-                }
-                match export_api.list(&ListParams::default()).await {
-                    Ok(l) => exports.extend(l.items),
-                    Err(e) => warn!(member = %m.name, "cannot list ServiceExports: {e}"),
-                }
-            }
-            for f in found {
-                let Found { kind, meta, cluster_ips, status } = f;
-                let service = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
-                let digest =
-                    meta.annotations.as_ref().and_then(|a| a.get(desired::ANNOTATION_APPLIED)).cloned();
-                let version = meta.resource_version.clone();
-                let (Some(ns), Some(name), Some(service)) = (meta.namespace, meta.name, service) else {
-                    continue;
-                };
-                let Ok(key) = crate::fleet::objects::key_of(
-                    &m.cluster,
-                    kind,
-                    &kube::api::ObjectMeta {
-                        namespace: Some(ns.clone()),
-                        name: Some(service),
-                        ..Default::default()
-                    },
-                ) else {
-                    continue;
-                };
-                let r = ObjectRef { member: i, kind, namespace: ns, name };
-                let ks = self.keys.entry(key.clone()).or_default();
-                // What an earlier leader applied, as it recorded it: equal
-                // bodies are not written again.
-                if let Some(d) = digest {
-                    ks.applied.insert(r.clone(), d);
-                }
-                if let Some(ips) = cluster_ips {
-                    ks.vips.insert(r.clone(), ips);
-                }
-                if let Some(st) = status {
-                    ks.applied.insert(
-                        ObjectRef { kind: "ServiceImport/status", ..r.clone() },
-                        desired::digest_of(&st),
-                    );
-                }
-                // This version is as we left it: its watch event is not a change.
-                ks.written.record(r.clone(), version.as_deref());
-                ks.owned.insert(r);
-                backlog.insert(key);
-            }
-            // The exports' conditions as written: their transition times are
-            // kept, and equal conditions are not written again.
-            for o in exports {
-                let Ok(key) = crate::fleet::objects::key_of(&m.cluster, "ServiceExport", &o.metadata) else {
-                    continue;
-                };
-                let Some(st) = o.data.get("status").filter(|s| s.get("conditions").is_some()) else {
-                    continue;
-                };
-                let ks = self.keys.entry(key.clone()).or_default();
-                for c in st["conditions"].as_array().into_iter().flatten() {
-                    let kind = match c["type"].as_str() {
-                        Some(condition::VALID) => condition::VALID,
-                        Some(condition::READY) => condition::READY,
-                        Some(condition::CONFLICT) => condition::CONFLICT,
-                        _ => continue,
-                    };
-                    let status = match c["status"].as_str() {
-                        Some("True") => Status::True,
-                        Some("False") => Status::False,
-                        _ => Status::Unknown,
-                    };
-                    let since = c["lastTransitionTime"].as_str().unwrap_or_default().to_owned();
-                    ks.transitions.insert((i, kind), (status, since));
-                }
-                ks.applied.insert(
-                    object(i, "ServiceExport/status", &key, key.name.to_string()),
-                    desired::digest_of(st),
-                );
-                ks.export_uids.insert(i, o.metadata.uid.clone());
-            }
-        }
-    }
-}
-
-impl KeyState {
-    /// Creates or removes the ServiceExport of `key` in member `i` for
-    /// Services that ask to be exported (annotation or namespace prefix).
-    /// Only exports the controller created are ever removed.
-    async fn auto_export(&mut self, cx: &Ctx<'_>, i: usize, key: &ServiceKey) -> Result<(), kube::Error> {
-        let prefixed =
-            cx.behaviour.auto_export_prefixes.iter().any(|p| key.namespace.as_str().starts_with(p.as_str()));
-        let service = cx.state.service_of(i, key);
-        let wants = service.is_some_and(|s| s.auto_export || prefixed);
-        let consumers = service.and_then(|s| s.consumers.as_deref());
-        let has = cx.state.export_of(i, key);
-        let ar = cx.apis[i].export.clone();
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(cx.members[i].client.clone(), key.namespace.as_str(), &ar);
-        // An export of ours follows the Service's consumer clusters.
-        let stale = |e: &crate::fleet::state::ExportInfo| {
-            e.ours && e.annotations.get(ANNOTATION_CONSUMER_CLUSTERS).map(String::as_str) != consumers
-        };
-        let apply = match (wants, &has) {
-            (true, None) => Some("auto-exported"),
-            (true, Some(e)) if stale(e) => Some("auto-export: consumer clusters updated"),
-            _ => None,
-        };
-        if let Some(done) = apply {
-            cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-            api.patch(
-                key.name.as_str(),
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Apply(&desired::export(&ar.api_version, key, consumers)),
-            )
-            .await?;
-            info!(member = %cx.members[i].name, service = %key, consumers = ?consumers, "{done}");
-            return Ok(());
-        }
-        if let (false, Some(e)) = (wants, has)
-            && e.ours
-        {
-            cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-            match api.delete(key.name.as_str(), &DeleteParams::default()).await {
-                Ok(_) => info!(member = %cx.members[i].name, service = %key, "auto-export removed"),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Brings every member in line with the exports of `key`.
-    async fn reconcile(&mut self, cx: &Ctx<'_>, key: &ServiceKey) -> Result<(), kube::Error> {
-        cx.stats.reconciles.fetch_add(1, Ordering::Relaxed);
-        let mut failed: Option<kube::Error> = None;
-        for i in 0..cx.members.len() {
-            if cx.writable(i)
-                && let Err(e) = self.auto_export(cx, i, key).await
-            {
-                warn!(member = %cx.members[i].name, service = %key, "cannot auto-export: {e}");
-                failed = Some(e);
-            }
-        }
-        let removed: Vec<&crate::model::ClusterId> =
-            (0..cx.members.len()).filter(|i| cx.removed[*i]).map(|i| &cx.members[i].cluster).collect();
-        let mut exports: Vec<_> =
-            cx.state.exports(key).into_iter().filter(|e| !removed.contains(&&e.cluster)).collect();
-        // Two members with one cluster id: neither's export counts, so their
-        // endpoints never mix under one id.
-        for e in &mut exports {
-            if let Some(why) = cx.duplicates.get(&e.cluster) {
-                e.service = crate::fleet::export::Exported::DuplicateCluster(why.clone());
-            }
-        }
-        let merged = merge(&exports);
-        let consumers = merged.spec.as_ref().map_or(Consumers::All, |s| Consumers::of(&s.annotations));
-        if let Consumers::Invalid(e) = &consumers {
-            warn!(service = %key, "{e}: imported nowhere until the export's annotation is fixed");
-        }
-        let conflicted = merged.conditions.iter().any(|(_, conds)| {
-            conds.iter().any(|c| c.kind == condition::CONFLICT && c.status == Status::True)
-        });
-        if conflicted != self.conflicted {
-            self.conflicted = conflicted;
-            if conflicted {
-                cx.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-            } else {
-                cx.stats.conflicts.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-        let unreachable: Vec<(crate::model::ClusterId, String)> = (0..cx.members.len())
-            .filter_map(|i| Some((cx.members[i].cluster.clone(), cx.unreachable[i].clone()?)))
-            .filter(|(c, _)| merged.clusters.contains(c))
-            .collect();
-        let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
-        // What we own in unreachable members stays until they answer again.
-        want.extend(self.owned.iter().filter(|r| !cx.writable(r.member)).cloned());
-        // Members that should import but cannot be written now: Ready says so.
-        let not_reached: Vec<&str> = (0..cx.members.len())
-            .filter(|i| !cx.writable(*i) && !cx.removed[*i] && consumers.includes(&cx.members[*i].cluster))
-            .map(|i| cx.members[i].name.as_str())
-            .collect();
-        if let Some(spec) = &merged.spec {
-            // Which of each exporting cluster's ports it serves behind the
-            // VIP, and what its unnamed port is called there.
-            let vip_ports = desired::VipPorts::new(&spec.ports);
-            let cluster_ports: HashMap<&crate::model::ClusterId, desired::ClusterPorts> = exports
-                .iter()
-                .filter_map(|e| match &e.service {
-                    crate::fleet::export::Exported::Service(s) => {
-                        Some((&e.cluster, vip_ports.of_cluster(&s.ports)))
-                    }
-                    _ => None,
-                })
-                .collect();
-            let naming = self.naming(cx, key);
-            for i in 0..cx.members.len() {
-                // Members outside the consumer clusters import nothing:
-                // what we own there is not wanted, so it is deleted below.
-                if !cx.writable(i) || !consumers.includes(&cx.members[i].cluster) {
-                    continue;
-                }
-                match self
-                    .member_objects(
-                        cx,
-                        i,
-                        key,
-                        spec,
-                        &merged.clusters,
-                        &unreachable,
-                        &cluster_ports,
-                        naming,
-                        &mut want,
-                    )
-                    .await
-                {
-                    Ok(()) => {}
-                    // No such namespace in this member: namespace sameness
-                    // means the service is not imported there.
-                    Err(kube::Error::Api(s)) if s.code == 404 => {
-                        debug!(member = %cx.members[i].name, service = %key, "namespace absent; not imported");
-                    }
-                    Err(e) => {
-                        warn!(member = %cx.members[i].name, service = %key, "cannot write: {e}");
-                        failed = Some(e);
-                    }
-                }
-            }
-        }
-        // Whatever we own for this service and no longer want goes, once
-        // every member has listed (before, "not wanted" may mean "not known").
-        // A member removed after --member-lost-after no longer counts.
-        if !cx.state.synced_except(cx.removed) {
-            want.extend(self.owned.iter().cloned());
-        }
-        let owned = std::mem::take(&mut self.owned);
-        let written_everywhere = failed.is_none();
-        let mut kept = BTreeSet::new();
-        for r in owned.difference(&want) {
-            if let Err(e) = self.delete(cx, r).await {
-                kept.insert(r.clone());
-                failed = Some(e);
-            }
-        }
-        kept.extend(want);
-        self.owned = kept;
-        let ready =
-            merged.spec.is_some() && written_everywhere && !matches!(consumers, Consumers::Invalid(_));
-        if let Err(e) = self.conditions(cx, key, &merged.conditions, ready, &consumers, &not_reached).await {
-            failed = Some(e);
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// The import, VIP and slices of `key` in member `i`.
-    #[allow(clippy::too_many_arguments)]
-    async fn member_objects(
-        &mut self,
-        cx: &Ctx<'_>,
-        i: usize,
-        key: &ServiceKey,
-        spec: &crate::fleet::merge::ImportSpec,
-        clusters: &[crate::model::ClusterId],
-        unreachable: &[(crate::model::ClusterId, String)],
-        cluster_ports: &HashMap<&crate::model::ClusterId, desired::ClusterPorts>,
-        naming: desired::Naming,
-        want: &mut BTreeSet<ObjectRef>,
-    ) -> Result<(), kube::Error> {
-        let ns = key.namespace.as_str();
-        let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, naming));
-        let mut ips: Vec<String> = Vec::new();
-        if let Some(vip_name) = &vip_name {
-            let body = desired::vip_service(key, vip_name, spec);
-            let r = object(i, "Service", key, vip_name.clone());
-            want.insert(r.clone());
-            let api: Api<Service> = Api::namespaced(cx.members[i].client.clone(), ns);
-            // A Service's primary IP family cannot change in place (the API
-            // server refuses it, 422, for ever): when the import's changes
-            // (another export became the oldest), the VIP is replaced. Known
-            // from the addresses it was given; if they are not known, from
-            // the refusal.
-            let had_v4 =
-                self.vips.get(&r).and_then(|ips| ips.first()?.parse::<IpAddr>().ok()).map(|a| a.is_ipv4());
-            let wants_v4 = spec.ip_families.first().map(|f| *f == AddressFamily::V4);
-            if let (Some(had), Some(wants)) = (had_v4, wants_v4)
-                && had != wants
-            {
-                info!(member = %cx.members[i].name, service = %key, "the import's IP family changed: replacing its VIP Service");
-                self.delete(cx, &r).await?;
-            }
-            let written = match self.apply(cx, &r, &api, &body).await {
-                Err(kube::Error::Api(s)) if s.code == 422 && primary_family_refused(&s) => {
-                    info!(member = %cx.members[i].name, service = %key, "VIP Service of another IP family: replacing it");
-                    self.delete(cx, &r).await?;
-                    self.apply(cx, &r, &api, &body).await?
-                }
-                other => other?,
-            };
-            if let Some(svc) = written {
-                let allocated = svc.spec.and_then(|s| s.cluster_ips).unwrap_or_default();
-                self.vips.insert(r.clone(), allocated);
-            }
-            // Applied unchanged earlier in this run: its addresses are known.
-            ips = self.vips.get(&r).cloned().unwrap_or_default();
-        }
-        let sources: Vec<_> = clusters
-            .iter()
-            .flat_map(|c| cx.state.source_slices(c, key).into_iter().map(move |(name, s)| (c, name, s)))
-            .collect();
-        let names = desired::slice_names(
-            key,
-            naming,
-            &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
-        );
-        for ((cluster, _, source), name) in sources.iter().zip(names) {
-            let body =
-                desired::slice(key, &name, cluster, source, vip_name.as_deref(), cluster_ports.get(cluster));
-            let r = object(i, "EndpointSlice", key, name);
-            want.insert(r.clone());
-            let api: Api<EndpointSlice> = Api::namespaced(cx.members[i].client.clone(), ns);
-            self.apply(cx, &r, &api, &body).await?;
-        }
-        let ar = cx.apis[i].import.clone();
-        let api: Api<DynamicObject> = Api::namespaced_with(cx.members[i].client.clone(), ns, &ar);
-        let r = object(i, "ServiceImport", key, key.name.to_string());
-        want.insert(r.clone());
-        let down: Vec<crate::model::ClusterId> = unreachable.iter().map(|(c, _)| c.clone()).collect();
-        self.apply(cx, &r, &api, &desired::import(&ar.api_version, key, spec, &ips, &down)).await?;
-        let status = desired::import_status(&ar.api_version, key, clusters, unreachable);
-        let sr = ObjectRef { kind: "ServiceImport/status", ..r };
-        let digest = desired::digest_of(&status["status"]);
-        if self.applied.get(&sr) != Some(&digest) {
-            cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-            let obj = api
-                .patch_status(&sr.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&status))
-                .await?;
-            // The status write gives the import a new version too.
-            self.written.record(
-                ObjectRef { kind: "ServiceImport", ..sr.clone() },
-                obj.metadata.resource_version.as_deref(),
-            );
-            self.applied.insert(sr, digest);
-        }
-        Ok(())
-    }
-
-    /// Server-side applies `body` unless it equals the last body applied.
-    /// Returns the object when it was written.
-    async fn apply<K>(
-        &mut self,
-        cx: &Ctx<'_>,
-        r: &ObjectRef,
-        api: &Api<K>,
-        body: &Value,
-    ) -> Result<Option<K>, kube::Error>
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    {
-        let digest = desired::digest_of(body);
-        if self.applied.get(r) == Some(&digest) {
-            cx.stats.unchanged.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
-        }
-        let mut body = body.clone();
-        body["metadata"]["annotations"][desired::ANNOTATION_APPLIED] = Value::String(digest.clone());
-        cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-        let obj =
-            api.patch(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
-        self.written.record(r.clone(), obj.meta().resource_version.as_deref());
-        self.applied.insert(r.clone(), digest);
-        Ok(Some(obj))
-    }
-
-    async fn delete(&mut self, cx: &Ctx<'_>, r: &ObjectRef) -> Result<(), kube::Error> {
-        let client = cx.members[r.member].client.clone();
-        cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-        let dp = DeleteParams::default();
-        let result = match r.kind {
-            "Service" => {
-                Api::<Service>::namespaced(client, &r.namespace).delete(&r.name, &dp).await.map(|_| ())
-            }
-            "EndpointSlice" => {
-                Api::<EndpointSlice>::namespaced(client, &r.namespace).delete(&r.name, &dp).await.map(|_| ())
-            }
-            _ => Api::<DynamicObject>::namespaced_with(client, &r.namespace, &cx.apis[r.member].import)
-                .delete(&r.name, &dp)
-                .await
-                .map(|_| ()),
-        };
-        self.invalidate(r);
-        match result {
-            Ok(()) => {
-                info!(member = %cx.members[r.member].name, kind = r.kind, object = %format!("{}/{}", r.namespace, r.name), "deleted");
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Writes Valid, Ready and Conflict on every export of `key`.
-    async fn conditions(
-        &mut self,
-        cx: &Ctx<'_>,
-        key: &ServiceKey,
-        conditions: &[(crate::model::ClusterId, Vec<Condition>)],
-        ready: bool,
-        consumers: &Consumers,
-        not_reached: &[&str],
-    ) -> Result<(), kube::Error> {
-        let members: Vec<&crate::model::ClusterId> = cx.members.iter().map(|m| &m.cluster).collect();
-        let mut imported = consumers.describe(&members);
-        if !not_reached.is_empty() {
-            // "Imported into every member cluster …, except cluster-3: …"
-            if imported.ends_with('.') {
-                imported.pop();
-            }
-            imported.push_str(&format!(
-                ", except {}: unreachable; written when it answers again.",
-                not_reached.join(", ")
-            ));
-        }
-        // One member refusing a status write must not cost the others
-        // theirs: the first error is returned once every member had its turn.
-        let mut failed = None;
-        // Members sharing a cluster id share its entry: each gets it once.
-        let mut done: BTreeSet<usize> = BTreeSet::new();
-        let targets = conditions.iter().flat_map(|(cluster, conds)| {
-            (0..cx.members.len()).filter(move |i| &cx.members[*i].cluster == cluster).map(move |i| (i, conds))
-        });
-        for (i, conds) in targets {
-            if !cx.writable(i) || !done.insert(i) {
-                continue;
-            }
-            // Only members that export it (a shared cluster id's entry covers
-            // the others too).
-            let Some(export) = cx.state.export_of(i, key) else { continue };
-            // A deleted and re-created export is a new object: its conditions
-            // start afresh (times included) and must be written even when the
-            // body equals the one its predecessor got.
-            let uid = export.uid;
-            if self.export_uids.get(&i) != Some(&uid) {
-                self.transitions.retain(|(m, _), _| *m != i);
-                self.applied.remove(&object(i, "ServiceExport/status", key, key.name.to_string()));
-                self.export_uids.insert(i, uid);
-            }
-            let mut all = conds.clone();
-            let valid = conds.iter().any(|c| c.kind == condition::VALID && c.status == Status::True);
-            all.push(if valid && ready {
-                Condition {
-                    kind: condition::READY,
-                    status: Status::True,
-                    reason: "Exported".into(),
-                    message: imported.clone(),
-                }
-            } else {
-                let (reason, message) = match (valid, consumers) {
-                    (false, _) => ("Failed", "The export is not valid.".to_owned()),
-                    (true, Consumers::Invalid(_)) => ("InvalidConsumerClusters", imported.clone()),
-                    (true, _) => ("Pending", "Not yet written to every member cluster.".to_owned()),
-                };
-                Condition { kind: condition::READY, status: Status::False, reason: reason.into(), message }
-            });
-            let now = now_rfc3339();
-            let timed: Vec<(Condition, String)> = all
-                .into_iter()
-                .map(|c| {
-                    let slot = self.transitions.entry((i, c.kind)).or_insert((c.status, now.clone()));
-                    if slot.0 != c.status {
-                        *slot = (c.status, now.clone());
-                    }
-                    let t = slot.1.clone();
-                    (c, t)
-                })
-                .collect();
-            let ar = cx.apis[i].export.clone();
-            let body = desired::export_status(&ar.api_version, key, &timed);
-            let r = object(i, "ServiceExport/status", key, key.name.to_string());
-            let text = desired::digest_of(&body["status"]);
-            if self.applied.get(&r) == Some(&text) {
-                continue;
-            }
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(cx.members[i].client.clone(), key.namespace.as_str(), &ar);
-            cx.stats.writes.fetch_add(1, Ordering::Relaxed);
-            match api
-                .patch_status(&r.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
-                .await
-            {
-                Ok(_) => {
-                    self.applied.insert(r, text);
-                }
-                // The export went meanwhile.
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => {
-                    warn!(member = %cx.members[i].name, service = %key, "cannot write the export's conditions: {e}");
-                    failed = Some(e);
-                }
-            }
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
 /// Cluster ids more than one member has, each with a message naming them.
-fn duplicate_ids(members: &[Member]) -> HashMap<crate::model::ClusterId, String> {
-    let mut by_id: BTreeMap<&crate::model::ClusterId, Vec<&str>> = BTreeMap::new();
+fn duplicate_ids(members: &[Member]) -> HashMap<ClusterId, String> {
+    let mut by_id: std::collections::BTreeMap<&ClusterId, Vec<&str>> = std::collections::BTreeMap::new();
     for m in members {
         by_id.entry(&m.cluster).or_default().push(m.name.as_str());
     }
@@ -1251,16 +834,6 @@ fn duplicate_ids(members: &[Member]) -> HashMap<crate::model::ClusterId, String>
             (id.clone(), why)
         })
         .collect()
-}
-
-/// Whether a refused Service write was refused for its primary IP family:
-/// the existing ClusterIP is of another family than `ipFamilies[0]`.
-fn primary_family_refused(s: &kube::core::Status) -> bool {
-    s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "spec.clusterIPs[0]"))
-}
-
-fn object(member: usize, kind: &'static str, key: &ServiceKey, name: String) -> ObjectRef {
-    ObjectRef { member, kind, namespace: key.namespace.to_string(), name }
 }
 
 async fn discover(m: &Member) -> MemberApis {
@@ -1279,10 +852,6 @@ fn fallback_apis() -> MemberApis {
     }
 }
 
-fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1292,10 +861,10 @@ mod tests {
     fn only_an_object_written_before_a_list_began_can_be_gone() {
         let key =
             ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("web").unwrap() };
-        let import = object(1, "ServiceImport", &key, "web".into());
-        let slice = object(1, "EndpointSlice", &key, "web-abc".into());
+        let import = ObjectRef::new(1, Kind::ServiceImport, &key, "web".into());
+        let slice = ObjectRef::new(1, Kind::EndpointSlice, &key, "web-abc".into());
         // Wanted, but its write failed: owned, never written.
-        let vip = object(1, "Service", &key, "web-clusterset".into());
+        let vip = ObjectRef::new(1, Kind::Service, &key, "web-clusterset".into());
         let mut ks = KeyState::default();
         ks.owned.extend([import.clone(), slice.clone(), vip]);
         ks.written.record(import.clone(), Some("5"));
@@ -1304,65 +873,21 @@ mod tests {
         // The slice is written while the list is under way.
         std::thread::sleep(Duration::from_millis(2));
         ks.written.record(slice.clone(), Some("6"));
-        let keys = HashMap::from([(key.clone(), ks)]);
-        let seen = |r: &ObjectRef| Seen {
-            kind: r.kind,
-            namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            service: "web".into(),
-            version: "5".into(),
-        };
+        let none = BTreeSet::new();
         // Neither listed: the import, written before the list, is gone; the
         // slice may be newer than the list.
-        assert_eq!(
-            gone(&keys, 1, ("ServiceImport", None), &[], listed_at),
-            vec![(key.clone(), import.clone())]
-        );
-        assert_eq!(gone(&keys, 1, ("EndpointSlice", Some("shop")), &[], listed_at), vec![]);
+        assert_eq!(gone(&ks, 1, (Kind::ServiceImport, None), &none, listed_at), vec![import.clone()]);
+        assert_eq!(gone(&ks, 1, (Kind::EndpointSlice, Some("shop")), &none, listed_at), vec![]);
         // A later list without the slice: gone.
         std::thread::sleep(Duration::from_millis(2));
         let later = std::time::Instant::now();
-        assert_eq!(gone(&keys, 1, ("EndpointSlice", None), &[], later), vec![(key.clone(), slice)]);
+        assert_eq!(gone(&ks, 1, (Kind::EndpointSlice, None), &none, later), vec![slice]);
         // Never written, listed, of another member, or of another
         // namespace: not gone.
-        assert_eq!(gone(&keys, 1, ("Service", None), &[], later), vec![]);
-        assert_eq!(gone(&keys, 1, ("ServiceImport", None), &[seen(&import)], listed_at), vec![]);
-        assert_eq!(gone(&keys, 0, ("ServiceImport", None), &[], listed_at), vec![]);
-        assert_eq!(gone(&keys, 1, ("ServiceImport", Some("other")), &[], listed_at), vec![]);
-    }
-
-    #[test]
-    fn retries_back_off_exponentially_with_a_spread_and_a_cap() {
-        let key =
-            ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("web").unwrap() };
-        for (failures, base) in [(1, 1), (2, 2), (3, 4), (6, 32), (9, 256), (10, 300), (40, 300)] {
-            let wait = backoff(&key, failures);
-            let base = Duration::from_secs(base);
-            assert!(wait >= base && wait <= base + base / 5, "failure {failures}: {wait:?} for {base:?}");
-        }
-    }
-
-    #[test]
-    fn a_refused_primary_family_is_told_from_other_invalid_services() {
-        // As the API server sends it.
-        let refused = |field: &str| -> kube::core::Status {
-            serde_json::from_value(serde_json::json!({"status": "Failure", "code": 422, "reason": "Invalid",
-                "message": "Service is invalid", "details": {"name": "web", "kind": "Service",
-                "causes": [{"reason": "FieldValueInvalid", "message": "Invalid value", "field": field}]}}))
-            .unwrap()
-        };
-        assert!(primary_family_refused(&refused("spec.clusterIPs[0]")));
-        assert!(!primary_family_refused(&refused("spec.ports[0].port")));
-        assert!(!primary_family_refused(&kube::core::Status::failure("invalid", "Invalid").with_code(422)));
-    }
-
-    #[test]
-    fn errors_are_told_apart_by_what_the_api_server_said() {
-        let api =
-            |code| kube::Error::Api(kube::core::Status::failure("refused", "Test").with_code(code).boxed());
-        assert_eq!(ErrorReason::of(&api(429)), ErrorReason::Throttled);
-        assert_eq!(ErrorReason::of(&api(403)), ErrorReason::Forbidden);
-        assert_eq!(ErrorReason::of(&api(422)), ErrorReason::Invalid);
-        assert_eq!(ErrorReason::of(&api(503)), ErrorReason::Server);
+        assert_eq!(gone(&ks, 1, (Kind::Service, None), &none, later), vec![]);
+        let listed = BTreeSet::from([("shop".to_owned(), "web".to_owned())]);
+        assert_eq!(gone(&ks, 1, (Kind::ServiceImport, None), &listed, listed_at), vec![]);
+        assert_eq!(gone(&ks, 0, (Kind::ServiceImport, None), &none, listed_at), vec![]);
+        assert_eq!(gone(&ks, 1, (Kind::ServiceImport, Some("other")), &none, listed_at), vec![]);
     }
 }

@@ -46,15 +46,19 @@ pub struct Member {
     pub client: Client,
     /// Health of its watches (exports, services, slices; per scope).
     pub health: Vec<Arc<WatchHealth>>,
+    /// Health of a probe of its API server, for whoever runs one (`sync`):
+    /// a watch on a frozen or partitioned API server fails nothing, it
+    /// only stops hearing.
+    pub probe: Arc<WatchHealth>,
     /// What the client-side rate limit did to its requests (zero without one).
     pub throttle: Arc<ThrottleStats>,
 }
 
 impl Member {
     /// Seconds since the member's API last answered: the largest staleness
-    /// of its watches (0 while all are current).
+    /// of its watches and its probe (0 while all are current).
     pub fn stale_seconds(&self) -> f64 {
-        self.health.iter().map(|h| h.stale_seconds()).fold(0.0, f64::max)
+        self.health.iter().map(|h| h.stale_seconds()).fold(self.probe.stale_seconds(), f64::max)
     }
 }
 
@@ -119,7 +123,8 @@ pub async fn connect(
             health.push(Arc::new(WatchHealth::new(format!("{what}{within} of member {}", cfg.name))));
         }
     }
-    Ok(Member { name: cfg.name.clone(), cluster, client, health, throttle })
+    let probe = Arc::new(WatchHealth::new(format!("API probe of member {}", cfg.name)));
+    Ok(Member { name: cfg.name.clone(), cluster, client, health, probe, throttle })
 }
 
 /// A member's cluster id as its API says it now.

@@ -1,0 +1,1021 @@
+//! One service's reconcile: the merged exports → the import, VIP and
+//! slices in every member that imports it, what is no longer wanted
+//! deleted, the KEP's conditions on every export.
+//!
+//! A reconcile owns everything it reads ([`Input`], a snapshot of the fleet
+//! taken when it was started, and the service's [`KeyState`]), so many run
+//! at once while the event loop goes on. Each member's writes run in a
+//! lane of their own: a member whose API server hangs holds up its own
+//! lane until the call's deadline or until it is marked unreachable, never
+//! another member's writes.
+//!
+//! Every write is a server-side apply of a body computed from the input
+//! ([`super::desired`]): idempotent, so a crash at any point is repaired by
+//! the next run. A body equal to the last one applied is not sent again,
+//! unless the object as found live (at start, or at a resync) no longer
+//! holds it: drift.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::future::join_all;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::Value;
+use tracing::{debug, info, warn};
+
+use super::api::{ApiError, Kind, SharedApi, Stored};
+use super::desired::{self, Consumers};
+use super::fence::Fence;
+use super::own::Written;
+use super::stats::SyncStats;
+use crate::fleet::export::{ClusterExport, Exported};
+use crate::fleet::merge::{Condition, ImportSpec, Status, condition, merge};
+use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
+use crate::fleet::state::{ExportInfo, ServiceInfo};
+use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
+
+/// Which object of which member.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectRef {
+    /// The member's index.
+    pub member: usize,
+    /// Its kind (or the status part of one).
+    pub kind: Kind,
+    /// Its namespace (the service's).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// `kind`'s object `name` of `key` in member `member`.
+    pub fn new(member: usize, kind: Kind, key: &ServiceKey, name: String) -> Self {
+        Self { member, kind, namespace: key.namespace.to_string(), name }
+    }
+
+    /// `namespace/name`, for logs.
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A member as every reconcile sees it.
+pub struct MemberEnv {
+    /// The configured name.
+    pub name: String,
+    /// Its cluster id.
+    pub cluster: ClusterId,
+    /// Its API.
+    pub api: SharedApi,
+    /// The ServiceImport apiVersion it serves.
+    pub import_version: String,
+    /// The ServiceExport apiVersion it serves.
+    pub export_version: String,
+}
+
+/// What every reconcile shares and never changes: the members' APIs,
+/// settings and counters. Replaced whole when a member's API is
+/// discovered; reconciles under way finish with the one they started with.
+pub struct Env {
+    /// Every member, in configuration order.
+    pub members: Vec<MemberEnv>,
+    /// Services in namespaces starting with one of these are exported
+    /// automatically.
+    pub auto_export_prefixes: Vec<String>,
+    /// Counters.
+    pub stats: Arc<SyncStats>,
+    /// Writes are sent only while it is open (the Lease is ours).
+    pub fence: Arc<Fence>,
+}
+
+impl Env {
+    /// Applies `body` in member `m`, counted, if the fence is open.
+    async fn write(
+        &self,
+        m: usize,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        body: &Value,
+    ) -> Result<Stored, ApiError> {
+        if !self.fence.may_write() {
+            return Err(ApiError::Fenced);
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        self.members[m].api.apply(kind, namespace, name, body).await
+    }
+
+    /// Deletes in member `m`, counted, if the fence is open.
+    async fn remove(&self, m: usize, kind: Kind, namespace: &str, name: &str) -> Result<(), ApiError> {
+        if !self.fence.may_write() {
+            return Err(ApiError::Fenced);
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        self.members[m].api.delete(kind, namespace, name).await
+    }
+}
+
+/// One member as a reconcile of one service sees it.
+#[derive(Debug, Clone, Default)]
+pub struct MemberInput {
+    /// Reachable and its API versions known: written to.
+    pub writable: bool,
+    /// Lost past `--member-lost-after` with `--on-member-lost=remove`.
+    pub removed: bool,
+    /// Unreachable since (RFC 3339).
+    pub unreachable_since: Option<String>,
+    /// The member's Service of this name.
+    pub service: Option<ServiceInfo>,
+    /// The member's ServiceExport of this name.
+    pub export: Option<ExportInfo>,
+}
+
+/// The fleet as one service's reconcile needs it, taken when it starts.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// The service.
+    pub key: ServiceKey,
+    /// Its exports that count (removed members' left out, duplicate
+    /// cluster ids marked).
+    pub exports: Vec<ClusterExport>,
+    /// Per member.
+    pub members: Vec<MemberInput>,
+    /// The exporting clusters' own EndpointSlices of the service, by name.
+    pub sources: HashMap<ClusterId, BTreeMap<String, Arc<EndpointSlice>>>,
+    /// Every member (but removed ones) has listed: what is not wanted may
+    /// be deleted. Before, "not wanted" may mean "not known".
+    pub synced: bool,
+    /// Another exported service of the namespace shares this one's name
+    /// stem and is older ([`desired::Naming`]).
+    pub has_elder: bool,
+}
+
+/// The controller's memory of one service: disjoint from every other
+/// service's, so services are reconciled concurrently, each with its own;
+/// and split by member ([`KeyState::take_member`]) for the lanes.
+#[derive(Debug, Default)]
+pub struct KeyState {
+    /// The digest of the last body applied per object ([`desired::digest_of`]),
+    /// also written on the object itself ([`desired::ANNOTATION_APPLIED`]) so
+    /// a new leader knows it without writing.
+    pub applied: HashMap<ObjectRef, String>,
+    /// The ClusterIPs of each VIP Service written.
+    pub vips: HashMap<ObjectRef, Vec<String>>,
+    /// Objects of ours that exist, and those a reconcile wanted whose write
+    /// failed (retried with the service; `written` has no version of them).
+    pub owned: BTreeSet<ObjectRef>,
+    /// lastTransitionTime per (member, condition type), with its status.
+    pub transitions: HashMap<(usize, &'static str), (Status, String)>,
+    /// Counted in [`SyncStats::conflicts`].
+    pub conflicted: bool,
+    /// The uid of each member's export whose conditions `transitions` and
+    /// `applied` hold.
+    pub export_uids: HashMap<usize, Option<String>>,
+    /// The resourceVersions our writes gave our objects: a watch event with
+    /// another is someone else's change.
+    pub written: Written<ObjectRef>,
+    /// Objects as found live (at start or at a resync), pruned to what we
+    /// write: the next apply of each compares its body with it, so an edit
+    /// made while no controller ran is repaired.
+    pub live: HashMap<ObjectRef, Value>,
+}
+
+impl KeyState {
+    /// Forgets what was applied to `r` (and its status), so it is written again.
+    pub fn invalidate(&mut self, r: &ObjectRef) {
+        self.applied.remove(r);
+        if r.kind == Kind::ServiceImport {
+            self.applied.remove(&ObjectRef { kind: Kind::ImportStatus, ..r.clone() });
+        }
+        self.vips.remove(r);
+        self.live.remove(r);
+        self.written.forget(r);
+    }
+
+    /// True when nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.applied.is_empty()
+            && self.owned.is_empty()
+            && self.transitions.is_empty()
+            && !self.conflicted
+            && self.live.is_empty()
+    }
+
+    /// Moves out what concerns member `m`, for its lane.
+    pub fn take_member(&mut self, m: usize) -> Self {
+        fn split<V>(map: &mut HashMap<ObjectRef, V>, m: usize) -> HashMap<ObjectRef, V> {
+            let (out, keep) = std::mem::take(map).into_iter().partition(|(r, _)| r.member == m);
+            *map = keep;
+            out
+        }
+        let owned: BTreeSet<ObjectRef> = self.owned.iter().filter(|r| r.member == m).cloned().collect();
+        self.owned.retain(|r| r.member != m);
+        let (transitions, keep) =
+            std::mem::take(&mut self.transitions).into_iter().partition(|((i, _), _)| *i == m);
+        self.transitions = keep;
+        let export_uids = self.export_uids.remove(&m).map(|u| HashMap::from([(m, u)])).unwrap_or_default();
+        Self {
+            applied: split(&mut self.applied, m),
+            vips: split(&mut self.vips, m),
+            owned,
+            transitions,
+            conflicted: false,
+            export_uids,
+            written: self.written.take(|r| r.member == m),
+            live: split(&mut self.live, m),
+        }
+    }
+
+    /// Takes back what [`Self::take_member`] moved out (or what another
+    /// reconcile's adopt found meanwhile): entries already here win.
+    pub fn absorb(&mut self, other: Self) {
+        for (r, v) in other.applied {
+            self.applied.entry(r).or_insert(v);
+        }
+        for (r, v) in other.vips {
+            self.vips.entry(r).or_insert(v);
+        }
+        self.owned.extend(other.owned);
+        for (r, v) in other.transitions {
+            self.transitions.entry(r).or_insert(v);
+        }
+        for (r, v) in other.export_uids {
+            self.export_uids.entry(r).or_insert(v);
+        }
+        for (r, v) in other.live {
+            self.live.entry(r).or_insert(v);
+        }
+        self.written.absorb(other.written);
+    }
+
+    /// How this service's objects are named: as its VIP Service already
+    /// is (a name never moves while the service is exported, whatever is
+    /// exported beside it); otherwise short, unless an elder shares its
+    /// stem.
+    fn naming(&self, key: &ServiceKey, has_elder: bool) -> desired::Naming {
+        for naming in [desired::Naming::Long, desired::Naming::Short] {
+            let vip = desired::vip_name(key, naming);
+            if self.owned.iter().any(|r| r.kind == Kind::Service && r.name == vip) {
+                return naming;
+            }
+        }
+        if has_elder { desired::Naming::Long } else { desired::Naming::Short }
+    }
+}
+
+/// What the merged exports ask of every member, computed once per reconcile.
+struct Plan<'a> {
+    key: &'a ServiceKey,
+    spec: Option<&'a ImportSpec>,
+    clusters: &'a [ClusterId],
+    unreachable: &'a [(ClusterId, String)],
+    cluster_ports: HashMap<&'a ClusterId, desired::ClusterPorts>,
+    consumers: &'a Consumers,
+    naming: desired::Naming,
+    sources: &'a HashMap<ClusterId, BTreeMap<String, Arc<EndpointSlice>>>,
+}
+
+/// Brings every member in line with the exports of `input.key`; returns
+/// the service's state and the first error (every member had its turn).
+pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeyState, Result<(), ApiError>) {
+    let started = std::time::Instant::now();
+    env.stats.reconciles.fetch_add(1, Ordering::Relaxed);
+    let key = &input.key;
+    let merged = merge(&input.exports);
+    let consumers = merged.spec.as_ref().map_or(Consumers::All, |s| Consumers::of(&s.annotations));
+    if let Consumers::Invalid(e) = &consumers {
+        warn!(service = %key, "{e}: imported nowhere until the export's annotation is fixed");
+    }
+    let conflicted = merged
+        .conditions
+        .iter()
+        .any(|(_, conds)| conds.iter().any(|c| c.kind == condition::CONFLICT && c.status == Status::True));
+    if conflicted != ks.conflicted {
+        ks.conflicted = conflicted;
+        if conflicted {
+            env.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+        } else {
+            env.stats.conflicts.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let unreachable: Vec<(ClusterId, String)> = env
+        .members
+        .iter()
+        .zip(&input.members)
+        .filter_map(|(m, mi)| Some((m.cluster.clone(), mi.unreachable_since.clone()?)))
+        .filter(|(c, _)| merged.clusters.contains(c))
+        .collect();
+    // Members that should import but cannot be written now: Ready says so.
+    let not_reached: Vec<&str> = env
+        .members
+        .iter()
+        .zip(&input.members)
+        .filter(|(m, mi)| !mi.writable && !mi.removed && consumers.includes(&m.cluster))
+        .map(|(m, _)| m.name.as_str())
+        .collect();
+    // Which of each exporting cluster's ports it serves behind the VIP, and
+    // what its unnamed port is called there.
+    let vip_ports = merged.spec.as_ref().map(|s| desired::VipPorts::new(&s.ports));
+    let cluster_ports = input
+        .exports
+        .iter()
+        .filter_map(|e| match (&e.service, &vip_ports) {
+            (Exported::Service(s), Some(v)) => Some((&e.cluster, v.of_cluster(&s.ports))),
+            _ => None,
+        })
+        .collect();
+    let plan = Plan {
+        key,
+        spec: merged.spec.as_ref(),
+        clusters: &merged.clusters,
+        unreachable: &unreachable,
+        cluster_ports,
+        consumers: &consumers,
+        naming: ks.naming(key, input.has_elder),
+        sources: &input.sources,
+    };
+    // Each writable member's writes in a lane of its own; what we own in
+    // the others stays until they answer again.
+    let lanes = (0..env.members.len()).filter(|i| input.members[*i].writable).map(|i| {
+        let part = ks.take_member(i);
+        lane(part, i, &input, &env, &plan)
+    });
+    let mut failed: Option<ApiError> = None;
+    for (part, result) in join_all(lanes).await {
+        ks.absorb(part);
+        if let Err(e) = result {
+            failed = Some(e);
+        }
+    }
+    let ready = merged.spec.is_some() && failed.is_none() && !matches!(consumers, Consumers::Invalid(_));
+    let imported = imported_message(&env, &consumers, &not_reached);
+    // Members sharing a cluster id share its entry: each gets it once.
+    let mut targets: BTreeMap<usize, &Vec<Condition>> = BTreeMap::new();
+    for (cluster, conds) in &merged.conditions {
+        for (i, m) in env.members.iter().enumerate() {
+            if &m.cluster == cluster && input.members[i].writable && input.members[i].export.is_some() {
+                targets.entry(i).or_insert(conds);
+            }
+        }
+    }
+    let lanes = targets.into_iter().map(|(i, conds)| {
+        let mut part = ks.take_member(i);
+        let (env, input, imported, consumers) = (&env, &input, &imported, &consumers);
+        async move {
+            let r = part.conditions(env, input, i, conds, ready, (consumers, imported)).await;
+            (part, r)
+        }
+    });
+    for (part, result) in join_all(lanes).await {
+        ks.absorb(part);
+        if let Err(e) = result {
+            failed = Some(e);
+        }
+    }
+    env.stats.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+    (ks, failed.map_or(Ok(()), Err))
+}
+
+/// "Imported into every member cluster …, except cluster-3: …".
+fn imported_message(env: &Env, consumers: &Consumers, not_reached: &[&str]) -> String {
+    let members: Vec<&ClusterId> = env.members.iter().map(|m| &m.cluster).collect();
+    let mut imported = consumers.describe(&members);
+    if !not_reached.is_empty() {
+        if imported.ends_with('.') {
+            imported.pop();
+        }
+        imported.push_str(&format!(
+            ", except {}: unreachable; written when it answers again.",
+            not_reached.join(", ")
+        ));
+    }
+    imported
+}
+
+/// Member `i`'s writes for one service: its auto-export, its import, VIP
+/// and slices, and the deletion of what it no longer needs.
+async fn lane(
+    mut part: KeyState,
+    i: usize,
+    input: &Input,
+    env: &Env,
+    plan: &Plan<'_>,
+) -> (KeyState, Result<(), ApiError>) {
+    let m = &env.members[i];
+    let key = plan.key;
+    let mut failed = None;
+    if let Err(e) = auto_export(env, input, i).await {
+        warn!(member = %m.name, service = %key, error = %e, "cannot auto-export");
+        failed = Some(e);
+    }
+    let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
+    // Members outside the consumer clusters import nothing: what we own
+    // there is not wanted, so it is deleted below.
+    if let Some(spec) = plan.spec
+        && plan.consumers.includes(&m.cluster)
+    {
+        match part.member_objects(env, i, spec, plan, &mut want).await {
+            Ok(()) => {}
+            // No such namespace in this member: namespace sameness means the
+            // service is not imported there.
+            Err(e) if e.is_not_found() => {
+                debug!(member = %m.name, service = %key, "namespace absent; not imported");
+            }
+            Err(e) => {
+                warn!(member = %m.name, service = %key, error = %e, "cannot write");
+                failed = Some(e);
+            }
+        }
+    }
+    // Whatever we own for this service and no longer want goes, once every
+    // member has listed.
+    if !input.synced {
+        want.extend(part.owned.iter().cloned());
+    }
+    let owned = std::mem::take(&mut part.owned);
+    let mut kept = BTreeSet::new();
+    for r in owned.difference(&want) {
+        if let Err(e) = part.delete(env, r).await {
+            kept.insert(r.clone());
+            failed = Some(e);
+        }
+    }
+    kept.extend(want);
+    part.owned = kept;
+    (part, failed.map_or(Ok(()), Err))
+}
+
+/// Creates or removes the ServiceExport of the service in member `i` for
+/// Services that ask to be exported (annotation or namespace prefix). Only
+/// exports the controller created are ever removed.
+async fn auto_export(env: &Env, input: &Input, i: usize) -> Result<(), ApiError> {
+    let key = &input.key;
+    let m = &env.members[i];
+    let prefixed = env.auto_export_prefixes.iter().any(|p| key.namespace.as_str().starts_with(p.as_str()));
+    let service = input.members[i].service.as_ref();
+    let wants = service.is_some_and(|s| s.auto_export || prefixed);
+    let consumers = service.and_then(|s| s.consumers.as_deref());
+    let has = input.members[i].export.as_ref();
+    // An export of ours follows the Service's consumer clusters.
+    let stale = |e: &ExportInfo| {
+        e.ours && e.annotations.get(ANNOTATION_CONSUMER_CLUSTERS).map(String::as_str) != consumers
+    };
+    let apply = match (wants, has) {
+        (true, None) => Some("auto-exported"),
+        (true, Some(e)) if stale(e) => Some("auto-export: consumer clusters updated"),
+        _ => None,
+    };
+    let (ns, name) = (key.namespace.as_str(), key.name.as_str());
+    if let Some(done) = apply {
+        env.write(i, Kind::ServiceExport, ns, name, &desired::export(&m.export_version, key, consumers))
+            .await?;
+        info!(member = %m.name, service = %key, consumers = ?consumers, "{done}");
+        return Ok(());
+    }
+    if let (false, Some(e)) = (wants, has)
+        && e.ours
+    {
+        match env.remove(i, Kind::ServiceExport, ns, name).await {
+            Ok(()) => info!(member = %m.name, service = %key, "auto-export removed"),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl KeyState {
+    /// The import, VIP and slices of the service in member `i`.
+    async fn member_objects(
+        &mut self,
+        env: &Env,
+        i: usize,
+        spec: &ImportSpec,
+        plan: &Plan<'_>,
+        want: &mut BTreeSet<ObjectRef>,
+    ) -> Result<(), ApiError> {
+        let key = plan.key;
+        let m = &env.members[i];
+        let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, plan.naming));
+        let mut ips: Vec<String> = Vec::new();
+        if let Some(vip_name) = &vip_name {
+            let body = desired::vip_service(key, vip_name, spec);
+            let r = ObjectRef::new(i, Kind::Service, key, vip_name.clone());
+            want.insert(r.clone());
+            // A Service's primary IP family cannot change in place (the API
+            // server refuses it, 422, for ever): when the import's changes
+            // (another export became the oldest), the VIP is replaced. Known
+            // from the addresses it was given; if they are not known, from
+            // the refusal.
+            let had_v4 =
+                self.vips.get(&r).and_then(|ips| ips.first()?.parse::<IpAddr>().ok()).map(|a| a.is_ipv4());
+            let wants_v4 = spec.ip_families.first().map(|f| *f == AddressFamily::V4);
+            if let (Some(had), Some(wants)) = (had_v4, wants_v4)
+                && had != wants
+            {
+                info!(member = %m.name, service = %key, "the import's IP family changed: replacing its VIP Service");
+                self.delete(env, &r).await?;
+            }
+            let written = match self.apply(env, &r, &body).await {
+                Err(e) if e.primary_family_refused() => {
+                    info!(member = %m.name, service = %key, "VIP Service of another IP family: replacing it");
+                    self.delete(env, &r).await?;
+                    self.apply(env, &r, &body).await?
+                }
+                other => other?,
+            };
+            if let Some(stored) = written {
+                self.vips.insert(r.clone(), stored.cluster_ips);
+            }
+            // Applied unchanged earlier: its addresses are known.
+            ips = self.vips.get(&r).cloned().unwrap_or_default();
+        }
+        let empty = BTreeMap::new();
+        let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = plan
+            .clusters
+            .iter()
+            .flat_map(|c| input_sources(plan, c, &empty).iter().map(move |(name, s)| (c, name, s)))
+            .collect();
+        let names = desired::slice_names(
+            key,
+            plan.naming,
+            &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
+        );
+        for ((cluster, _, source), name) in sources.iter().zip(names) {
+            let body = desired::slice(
+                key,
+                &name,
+                cluster,
+                source,
+                vip_name.as_deref(),
+                plan.cluster_ports.get(cluster),
+            );
+            let r = ObjectRef::new(i, Kind::EndpointSlice, key, name);
+            want.insert(r.clone());
+            self.apply(env, &r, &body).await?;
+        }
+        let r = ObjectRef::new(i, Kind::ServiceImport, key, key.name.to_string());
+        want.insert(r.clone());
+        let down: Vec<ClusterId> = plan.unreachable.iter().map(|(c, _)| c.clone()).collect();
+        self.apply(env, &r, &desired::import(&m.import_version, key, spec, &ips, &down)).await?;
+        let status = desired::import_status(&m.import_version, key, plan.clusters, plan.unreachable);
+        let sr = ObjectRef { kind: Kind::ImportStatus, ..r };
+        let digest = desired::digest_of(&status["status"]);
+        if self.applied.get(&sr) != Some(&digest) {
+            let stored = env.write(i, Kind::ImportStatus, &sr.namespace, &sr.name, &status).await?;
+            // The status write gives the import a new version too.
+            self.written
+                .record(ObjectRef { kind: Kind::ServiceImport, ..sr.clone() }, stored.version.as_deref());
+            self.applied.insert(sr, digest);
+        }
+        Ok(())
+    }
+
+    /// Server-side applies `body` unless it equals the last body applied
+    /// and the object, if it was found live since, still holds it. Returns
+    /// what was stored when it was written.
+    async fn apply(&mut self, env: &Env, r: &ObjectRef, body: &Value) -> Result<Option<Stored>, ApiError> {
+        let m = &env.members[r.member];
+        let digest = desired::digest_of(body);
+        let live = self.live.remove(r);
+        if self.applied.get(r) == Some(&digest) {
+            match live.as_ref().and_then(|live| desired::object_difference(live, body)) {
+                Some(field) => {
+                    info!(member = %m.name, kind = %r.kind, object = %r.path(), field, "ours, changed while no controller ran: writing it again");
+                    env.stats.drift(r.kind);
+                }
+                _ => {
+                    env.stats.unchanged.fetch_add(1, Ordering::Relaxed);
+                    return Ok(None);
+                }
+            }
+        }
+        let mut body = body.clone();
+        body["metadata"]["annotations"][desired::ANNOTATION_APPLIED] = Value::String(digest.clone());
+        let stored = env.write(r.member, r.kind, &r.namespace, &r.name, &body).await?;
+        self.written.record(r.clone(), stored.version.as_deref());
+        self.applied.insert(r.clone(), digest);
+        Ok(Some(stored))
+    }
+
+    async fn delete(&mut self, env: &Env, r: &ObjectRef) -> Result<(), ApiError> {
+        let m = &env.members[r.member];
+        let result = env.remove(r.member, r.kind.object(), &r.namespace, &r.name).await;
+        self.invalidate(r);
+        match result {
+            Ok(()) => {
+                info!(member = %m.name, kind = %r.kind, object = %r.path(), "deleted");
+                Ok(())
+            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes Valid, Ready and Conflict on member `i`'s export.
+    async fn conditions(
+        &mut self,
+        env: &Env,
+        input: &Input,
+        i: usize,
+        conds: &[Condition],
+        ready: bool,
+        (consumers, imported): (&Consumers, &str),
+    ) -> Result<(), ApiError> {
+        let key = &input.key;
+        let m = &env.members[i];
+        let Some(export) = &input.members[i].export else { return Ok(()) };
+        // A deleted and re-created export is a new object: its conditions
+        // start afresh (times included) and must be written even when the
+        // body equals the one its predecessor got.
+        let uid = export.uid.clone();
+        if self.export_uids.get(&i) != Some(&uid) {
+            self.transitions.retain(|(m, _), _| *m != i);
+            self.applied.remove(&ObjectRef::new(i, Kind::ExportStatus, key, key.name.to_string()));
+            self.export_uids.insert(i, uid);
+        }
+        let mut all = conds.to_vec();
+        let valid = conds.iter().any(|c| c.kind == condition::VALID && c.status == Status::True);
+        all.push(if valid && ready {
+            Condition {
+                kind: condition::READY,
+                status: Status::True,
+                reason: "Exported".into(),
+                message: imported.into(),
+            }
+        } else {
+            let (reason, message) = match (valid, consumers) {
+                (false, _) => ("Failed", "The export is not valid.".to_owned()),
+                (true, Consumers::Invalid(_)) => ("InvalidConsumerClusters", imported.to_owned()),
+                (true, _) => ("Pending", "Not yet written to every member cluster.".to_owned()),
+            };
+            Condition { kind: condition::READY, status: Status::False, reason: reason.into(), message }
+        });
+        let now = now_rfc3339();
+        let timed: Vec<(Condition, String)> = all
+            .into_iter()
+            .map(|c| {
+                let slot = self.transitions.entry((i, c.kind)).or_insert((c.status, now.clone()));
+                if slot.0 != c.status {
+                    *slot = (c.status, now.clone());
+                }
+                let t = slot.1.clone();
+                (c, t)
+            })
+            .collect();
+        let body = desired::export_status(&m.export_version, key, &timed);
+        let r = ObjectRef::new(i, Kind::ExportStatus, key, key.name.to_string());
+        let text = desired::digest_of(&body["status"]);
+        if self.applied.get(&r) == Some(&text) {
+            return Ok(());
+        }
+        match env.write(i, Kind::ExportStatus, &r.namespace, &r.name, &body).await {
+            Ok(_) => {
+                self.applied.insert(r, text);
+                Ok(())
+            }
+            // The export went meanwhile.
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => {
+                warn!(member = %m.name, service = %key, error = %e, "cannot write the export's conditions");
+                Err(e)
+            }
+        }
+    }
+}
+
+fn input_sources<'a>(
+    plan: &Plan<'a>,
+    cluster: &ClusterId,
+    empty: &'a BTreeMap<String, Arc<EndpointSlice>>,
+) -> &'a BTreeMap<String, Arc<EndpointSlice>> {
+    plan.sources.get(cluster).unwrap_or(empty)
+}
+
+/// Now, as Kubernetes writes times.
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::discovery::v1::Endpoint;
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::adopt::adopt;
+    use crate::controller::api::fake::{FakeMember, Fault};
+    use crate::controller::api::{ErrorReason, MemberApi};
+    use crate::fleet::export::{ExportedService, ServicePortSpec};
+    use crate::model::{DnsLabel, Protocol};
+
+    const IMPORT_V: &str = "multicluster.x-k8s.io/v1alpha1";
+
+    /// Three members (cluster-1 exports `shop/web`) behind fakes.
+    struct Fleet {
+        fakes: Vec<Arc<FakeMember>>,
+        env: Arc<Env>,
+    }
+
+    fn key() -> ServiceKey {
+        ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("web").unwrap() }
+    }
+
+    fn cluster(i: usize) -> ClusterId {
+        ClusterId::parse(&format!("cluster-{}", i + 1)).unwrap()
+    }
+
+    fn fleet() -> Fleet {
+        let fakes: Vec<Arc<FakeMember>> = (0..3).map(|_| Arc::new(FakeMember::default())).collect();
+        // The user's export in cluster-1: its status is written on it.
+        fakes[0].put(
+            Kind::ServiceExport,
+            "shop",
+            "web",
+            json!({"metadata": {"namespace": "shop", "name": "web", "uid": "u1"}}),
+        );
+        let env = Arc::new(Env {
+            members: fakes
+                .iter()
+                .enumerate()
+                .map(|(i, f)| MemberEnv {
+                    name: format!("cluster-{}", i + 1),
+                    cluster: cluster(i),
+                    api: f.clone() as SharedApi,
+                    import_version: IMPORT_V.into(),
+                    export_version: IMPORT_V.into(),
+                })
+                .collect(),
+            auto_export_prefixes: vec![],
+            stats: Arc::new(SyncStats::new().unwrap()),
+            fence: Arc::new(Fence::open()),
+        });
+        Fleet { fakes, env }
+    }
+
+    fn input(address: &str) -> Input {
+        let service = ExportedService {
+            kind: ImportType::ClusterSetIp,
+            ports: vec![ServicePortSpec {
+                name: None,
+                protocol: Protocol::Tcp,
+                port: 80,
+                app_protocol: None,
+            }],
+            session_affinity: Default::default(),
+            affinity_timeout: None,
+            ip_families: vec![AddressFamily::V4],
+            cluster_ips: vec!["10.1.0.10".parse().unwrap()],
+            traffic_distribution: None,
+            internal_traffic_policy: Some("Cluster".into()),
+        };
+        let export = ClusterExport {
+            cluster: cluster(0),
+            exported_at: 1_700_000_000,
+            service: Exported::Service(service),
+            annotations: BTreeMap::new(),
+            metadata: Default::default(),
+        };
+        let slice = EndpointSlice {
+            metadata: kube::api::ObjectMeta { name: Some("web-x1".into()), ..Default::default() },
+            address_type: "IPv4".into(),
+            endpoints: vec![Endpoint { addresses: vec![address.into()], ..Default::default() }],
+            ports: None,
+        };
+        let info = ExportInfo {
+            exported_at: 1_700_000_000,
+            ours: false,
+            annotations: BTreeMap::new(),
+            metadata: Default::default(),
+            uid: Some("u1".into()),
+        };
+        Input {
+            key: key(),
+            exports: vec![export],
+            members: (0..3)
+                .map(|i| MemberInput {
+                    writable: true,
+                    export: (i == 0).then(|| info.clone()),
+                    ..Default::default()
+                })
+                .collect(),
+            sources: HashMap::from([(cluster(0), BTreeMap::from([("web-x1".to_owned(), Arc::new(slice))]))]),
+            synced: true,
+            has_elder: false,
+        }
+    }
+
+    async fn within(limit: Duration, f: impl Fn() -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < deadline {
+            if f() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        f()
+    }
+
+    fn kinds(fake: &FakeMember) -> BTreeSet<Kind> {
+        fake.objects.lock().unwrap().keys().map(|(k, _, _)| *k).collect()
+    }
+
+    fn vip_name(fake: &FakeMember) -> String {
+        fake.objects
+            .lock()
+            .unwrap()
+            .keys()
+            .find(|(k, _, _)| *k == Kind::Service)
+            .map(|(_, _, n)| n.clone())
+            .unwrap()
+    }
+
+    fn writes(f: &Fleet) -> usize {
+        f.fakes.iter().map(|m| m.writes().len()).sum()
+    }
+
+    /// The service's state as a new leader finds it: read whole from every member.
+    async fn as_found(f: &Fleet) -> KeyState {
+        let mut ks = KeyState::default();
+        for (i, fake) in f.fakes.iter().enumerate() {
+            let (found, failed) = adopt(fake.as_ref(), i, &cluster(i), &[None]).await;
+            assert!(failed.is_empty());
+            for (_, part) in found {
+                ks.adopt(part);
+            }
+        }
+        ks
+    }
+
+    fn address(fake: &FakeMember) -> Value {
+        let slices: Vec<Value> = fake
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((k, _, _), _)| *k == Kind::EndpointSlice)
+            .map(|(_, v)| v.clone())
+            .collect();
+        assert_eq!(slices.len(), 1, "{slices:?}");
+        slices[0]["endpoints"][0]["addresses"][0].clone()
+    }
+
+    #[tokio::test]
+    async fn a_new_export_is_written_to_every_member_once() {
+        let f = fleet();
+        let (ks, r) = reconcile(KeyState::default(), input("10.1.0.5"), f.env.clone()).await;
+        r.unwrap();
+        for fake in &f.fakes {
+            assert!(
+                [Kind::ServiceImport, Kind::Service, Kind::EndpointSlice]
+                    .iter()
+                    .all(|k| kinds(fake).contains(k)),
+                "{:?}",
+                kinds(fake)
+            );
+            assert_eq!(address(fake), "10.1.0.5");
+            let import = fake.get(Kind::ServiceImport, "shop", "web").unwrap();
+            assert_eq!(import["status"]["clusters"][0]["cluster"], "cluster-1");
+            // The VIP the member's API server gave is the import's.
+            let vip = fake.get(Kind::Service, "shop", &vip_name(fake)).unwrap();
+            assert_eq!(import["spec"]["ips"], vip["spec"]["clusterIPs"], "{import} {vip}");
+        }
+        let export = f.fakes[0].get(Kind::ServiceExport, "shop", "web").unwrap();
+        let ready =
+            export["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(ready["status"], "True", "{export}");
+        // Nothing changed: nothing written.
+        let before = writes(&f);
+        let (_, r) = reconcile(ks, input("10.1.0.5"), f.env.clone()).await;
+        r.unwrap();
+        assert_eq!(writes(&f), before);
+    }
+
+    #[tokio::test]
+    async fn a_member_that_hangs_delays_no_other_member() {
+        let f = fleet();
+        f.fakes[1].fail(None, Fault::Hang);
+        let env = f.env.clone();
+        let running = tokio::spawn(reconcile(KeyState::default(), input("10.1.0.5"), env));
+        // The healthy members get everything while the hung one's lane waits.
+        let done = within(Duration::from_secs(5), || {
+            [0, 2].iter().all(|i| f.fakes[*i].get(Kind::ServiceImport, "shop", "web").is_some())
+        })
+        .await;
+        assert!(done, "healthy members not written while one hangs");
+        assert!(f.fakes[1].get(Kind::ServiceImport, "shop", "web").is_none());
+        assert!(
+            !running.is_finished(),
+            "the hung lane ends only at its deadline (KubeMember) or when marked down"
+        );
+        running.abort();
+    }
+
+    #[tokio::test]
+    async fn one_member_refusing_costs_the_others_nothing_and_is_retried_alone() {
+        let f = fleet();
+        f.fakes[2].fail(None, Fault::Status(409));
+        let (ks, r) = reconcile(KeyState::default(), input("10.1.0.5"), f.env.clone()).await;
+        assert_eq!(r.unwrap_err().reason(), ErrorReason::Conflict);
+        assert!(f.fakes[1].get(Kind::ServiceImport, "shop", "web").is_some());
+        let export = f.fakes[0].get(Kind::ServiceExport, "shop", "web").unwrap();
+        let ready =
+            export["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(ready["reason"], "Pending", "not Ready until every member has it: {export}");
+        f.fakes[2].heal();
+        let before: Vec<usize> = f.fakes.iter().map(|m| m.writes().len()).collect();
+        let (_, r) = reconcile(ks, input("10.1.0.5"), f.env.clone()).await;
+        r.unwrap();
+        let after: Vec<usize> = f.fakes.iter().map(|m| m.writes().len()).collect();
+        assert_eq!(after[1], before[1], "member 2 was done");
+        assert_eq!(after[0], before[0] + 1, "member 1: only the export's Ready");
+        assert!(f.fakes[2].get(Kind::ServiceImport, "shop", "web").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_new_leader_repairs_drift_and_writes_nothing_else() {
+        let f = fleet();
+        let (_, r) = reconcile(KeyState::default(), input("10.1.0.5"), f.env.clone()).await;
+        r.unwrap();
+        // An idle failover: everything found as written, nothing written.
+        let before = writes(&f);
+        let ks = as_found(&f).await;
+        let (_, r) = reconcile(ks, input("10.1.0.5"), f.env.clone()).await;
+        r.unwrap();
+        assert_eq!(writes(&f), before, "{:?}", f.fakes[0].writes());
+        // While no controller ran: a slice's address edited in cluster-2, the
+        // import in cluster-3 edited into an invalid shape, the VIP in
+        // cluster-1 deleted, and the export's conditions removed.
+        let slice_name = f.fakes[1]
+            .objects
+            .lock()
+            .unwrap()
+            .keys()
+            .find(|(k, _, _)| *k == Kind::EndpointSlice)
+            .map(|(_, _, n)| n.clone())
+            .unwrap();
+        let mut slice = f.fakes[1].get(Kind::EndpointSlice, "shop", &slice_name).unwrap();
+        slice["endpoints"][0]["addresses"][0] = json!("10.66.6.6");
+        f.fakes[1].put(Kind::EndpointSlice, "shop", &slice_name, slice);
+        let mut import = f.fakes[2].get(Kind::ServiceImport, "shop", "web").unwrap();
+        import["spec"] = json!("garbage");
+        f.fakes[2].put(Kind::ServiceImport, "shop", "web", import);
+        let vip = vip_name(&f.fakes[0]);
+        f.fakes[0].delete(Kind::Service, "shop", &vip).await.unwrap();
+        let mut export = f.fakes[0].get(Kind::ServiceExport, "shop", "web").unwrap();
+        export.as_object_mut().unwrap().remove("status");
+        f.fakes[0].put(Kind::ServiceExport, "shop", "web", export);
+        let before: Vec<usize> = f.fakes.iter().map(|m| m.writes().len()).collect();
+        let ks = as_found(&f).await;
+        let (_, r) = reconcile(ks, input("10.1.0.5"), f.env.clone()).await;
+        r.unwrap();
+        assert_eq!(address(&f.fakes[1]), "10.1.0.5");
+        assert_eq!(
+            f.fakes[2].get(Kind::ServiceImport, "shop", "web").unwrap()["spec"]["type"],
+            "ClusterSetIP"
+        );
+        assert!(f.fakes[0].get(Kind::Service, "shop", &vip).is_some());
+        assert!(
+            f.fakes[0].get(Kind::ServiceExport, "shop", "web").unwrap()["status"]["conditions"].is_array()
+        );
+        assert_eq!(f.env.stats.drift_of(Kind::EndpointSlice), 1);
+        assert_eq!(f.env.stats.drift_of(Kind::ServiceImport), 1);
+        // Only what drifted was written: the slice in cluster-2; the import
+        // in cluster-3; the VIP in cluster-1, whose new address changes the
+        // import there, and the export's status.
+        let after: Vec<usize> = f.fakes.iter().map(|m| m.writes().len()).collect();
+        assert_eq!(after[1] - before[1], 1, "{:?}", f.fakes[1].writes());
+        assert_eq!(after[2] - before[2], 1, "{:?}", f.fakes[2].writes());
+        assert!(after[0] - before[0] <= 4, "{:?}", f.fakes[0].writes());
+    }
+
+    #[test]
+    fn a_service_state_splits_by_member_and_comes_back_whole() {
+        let mut ks = KeyState::default();
+        for m in 0..3 {
+            let r = ObjectRef::new(m, Kind::ServiceImport, &key(), "web".into());
+            ks.applied.insert(r.clone(), format!("d{m}"));
+            ks.owned.insert(r.clone());
+            ks.written.record(r.clone(), Some("1"));
+            ks.live.insert(r, json!({}));
+            ks.transitions.insert((m, condition::READY), (Status::True, "t".into()));
+            ks.export_uids.insert(m, None);
+        }
+        let part = ks.take_member(1);
+        assert!(part.owned.iter().all(|r| r.member == 1) && part.owned.len() == 1);
+        assert_eq!(part.applied.len(), 1);
+        assert_eq!(part.transitions.len(), 1);
+        assert!(ks.owned.iter().all(|r| r.member != 1) && ks.owned.len() == 2);
+        assert!(!ks.written.ours(&ObjectRef::new(1, Kind::ServiceImport, &key(), "web".into()), "1"));
+        ks.absorb(part);
+        assert_eq!(
+            (ks.owned.len(), ks.applied.len(), ks.live.len(), ks.transitions.len(), ks.export_uids.len()),
+            (3, 3, 3, 3, 3)
+        );
+        assert!(ks.written.ours(&ObjectRef::new(1, Kind::ServiceImport, &key(), "web".into()), "1"));
+    }
+}
