@@ -35,6 +35,7 @@ mod same_name;
 mod setup_dns;
 mod supervise;
 mod sync;
+mod sync_faults;
 mod sync_kep;
 mod sync_throttle;
 mod transfer;

@@ -442,6 +442,9 @@ fn a_leader_paused_past_its_lease_stops_every_task_once_it_knows() {
     // Paused past its lease: the standby takes over meanwhile.
     first.signal("STOP");
     let paused = Instant::now();
+    // A change the frozen leader's watches deliver when it runs again: it
+    // would write it before it learns it lost the Lease, were it not fenced.
+    export(5);
     eventually("second leads", || second.leading());
     let took_over = paused.elapsed();
     first.signal("CONT");
@@ -455,6 +458,9 @@ fn a_leader_paused_past_its_lease_stops_every_task_once_it_knows() {
     assert!(closed, "{open} watches open, {leading} with one leader: the old leader's still run");
     std::thread::sleep(Duration::from_secs(1));
     let at_loss = writes(&first);
+    // Fenced: once resumed, before it learnt it lost the Lease, it sent
+    // nothing (its fence had run out with the Lease).
+    assert_eq!(at_loss, before, "the old leader wrote after it was resumed:\n{}", first.log());
     eprintln!(
         "second led {took_over:?} after the pause; first noticed {noticed:?} after resuming, \
          with {} writes in between; watches: {quiet} without sync, {leading} with a leader",
@@ -462,7 +468,7 @@ fn a_leader_paused_past_its_lease_stops_every_task_once_it_knows() {
     );
     // Changes the old leader would act on if anything of it still ran: new
     // exports, an export gone, one of our slices deleted by hand.
-    for i in 5..8 {
+    for i in 6..8 {
         export(i);
     }
     rt.block_on(u[0].unexport("svc-0"));
