@@ -102,6 +102,19 @@ pub struct DebugAnswers {
     pub explain: Arc<dyn Explain>,
 }
 
+impl DebugAnswers {
+    /// Whether a client at `ip` may ask (`--allow-debug`). The one rule for
+    /// every debug door, DNS names here and HTTP `/debug/` in `ops::http`,
+    /// so that the flag means the same wherever it is asked. An IPv4 client
+    /// of a dual-stack socket (`::ffff:a.b.c.d`) is matched as the IPv4
+    /// address it is, or a loopback-only default would refuse 127.0.0.1
+    /// seen through `[::]`.
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.allow.iter().any(|c| c.contains(ip))
+    }
+}
+
 impl std::fmt::Debug for DebugAnswers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DebugAnswers").field("allow", &self.allow).finish_non_exhaustive()
@@ -136,7 +149,7 @@ fn debug_lines(
 ) -> Option<Vec<String>> {
     // No peer: asked in-process (`explain`), which is trusted.
     if let Some(ip) = peer
-        && !debug.allow.iter().any(|c| c.contains(ip))
+        && !debug.allows(ip)
     {
         return None;
     }
@@ -434,4 +447,40 @@ fn answer_as(
         debug: debug_records.as_ref().map(Option::is_some),
         transfer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report of no lines: these tests are about who may ask.
+    struct NoReport;
+
+    impl Explain for NoReport {
+        fn explain(&self, _: &Snapshot, _: &[u8], _: u16, _: Client, _: &str) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn debug_access_is_the_allowed_networks_for_ipv4_clients_of_dual_stack_sockets_too() {
+        let allow = ["127.0.0.0/8", "::1", "192.0.2.0/24"];
+        let allow = allow.iter().map(|c| rrl::Cidr::parse(c).expect("cidr")).collect();
+        let debug = DebugAnswers { allow, explain: Arc::new(NoReport) };
+        for (ip, allowed) in [
+            ("127.0.0.1", true),
+            ("127.0.0.2", true),
+            ("::1", true),
+            ("192.0.2.77", true),
+            ("::ffff:127.0.0.1", true),
+            ("::ffff:192.0.2.77", true),
+            ("10.0.0.1", false),
+            ("::ffff:10.0.0.1", false),
+            ("::2", false),
+            ("2001:db8::1", false),
+        ] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            assert_eq!(debug.allows(ip), allowed, "{ip}");
+        }
+    }
 }
