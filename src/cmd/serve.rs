@@ -214,11 +214,12 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         draining.clone(),
         failures.clone(),
         cfg.wire.faults.clone(),
+        cfg.wire.debug.clone(),
     );
     // /health is the liveness probe: if its server is gone, so is the
     // process's usefulness; fatal, and Kubernetes restarts the Pod.
     tasks.push(sup.fatal(Task::Http, http::serve(http_listener, ops)));
-    info!(addr = %http_addr, "HTTP /health /ready /metrics");
+    info!(addr = %http_addr, "HTTP /health /ready /metrics, /debug/ for --allow-debug");
 
     let mut addrs = Vec::new();
     let mut udp = Vec::new();

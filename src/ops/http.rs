@@ -1,25 +1,30 @@
 //! `/health` (alive: fails once a task that cannot be restarted died),
-//! `/ready` (every source synced: safe to send queries)
-//! and `/metrics` (Prometheus text), on one HTTP listener.
+//! `/ready` (every source synced: safe to send queries),
+//! `/metrics` (Prometheus text) and `/debug/explain`, on one HTTP listener.
+//! The first three answer everyone (probes, Prometheus); `/debug/` answers
+//! only the peers `--allow-debug` lets in, by the rule the DNS debug names
+//! follow ([`DebugAnswers::allows`]).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::panic::AssertUnwindSafe;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::FutureExt;
 use tokio::net::TcpListener;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::metrics::Metrics;
 use crate::fault::{Failures, Faults, Point, Task};
 use crate::store::Reader;
+use crate::wire::DebugAnswers;
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -29,36 +34,66 @@ pub struct Ops {
     draining: Arc<AtomicBool>,
     failures: Arc<Failures>,
     faults: Faults,
+    debug: Option<Arc<DebugAnswers>>,
 }
 
 impl Ops {
     /// The endpoints' view of a server. While `draining` is set (lameduck
     /// after SIGTERM) `/ready` fails; once `failures` holds a fatal
-    /// failure, `/health` fails.
+    /// failure, `/health` fails. `/debug/` answers the peers `debug`
+    /// allows (the DNS path's `--allow-debug`); with `None`, nobody.
     pub fn new(
         reader: Reader,
         metrics: Arc<Metrics>,
         draining: Arc<AtomicBool>,
         failures: Arc<Failures>,
         faults: Faults,
+        debug: Option<Arc<DebugAnswers>>,
     ) -> Self {
-        Self { reader, metrics, draining, failures, faults }
+        Self { reader, metrics, draining, failures, faults, debug }
     }
 }
 
 /// Serves the endpoints on `listener` until the task is dropped or the
 /// listener fails.
 pub async fn serve(listener: TcpListener, ops: Ops) {
+    // The check is a route layer of the debug routes themselves, not a
+    // test of the path: whatever spelling of a path the router takes to a
+    // debug handler, the check runs before it.
+    let debug = Router::new()
+        .route("/debug/explain", get(explain))
+        .route_layer(axum::middleware::from_fn_with_state(ops.clone(), debug_access));
     let app = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
-        .route("/debug/explain", get(explain))
+        .merge(debug)
         .layer(axum::middleware::from_fn_with_state(ops.clone(), catch_panics))
         .with_state(ops);
+    // The peer's address (`ConnectInfo`) is what `/debug/` is allowed by.
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     if let Err(e) = axum::serve(listener, app).await {
         warn!(error = %e, "HTTP endpoint stopped");
     }
+}
+
+/// `/debug/` answers only peers in `--allow-debug`, like the DNS debug
+/// names: the report tells how a name is answered and to whom, which is
+/// not for every client of a listener that probes and Prometheus reach.
+/// Others get 403 naming the flag; both are counted.
+async fn debug_access(State(ops): State<Ops>, request: Request, next: Next) -> Response {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(a)| a.ip());
+    // No peer (served without connection information) or no rule: refused,
+    // never answered by default.
+    let allowed = matches!((&ops.debug, peer), (Some(debug), Some(ip)) if debug.allows(ip));
+    ops.metrics.http_debug(allowed);
+    if allowed {
+        return next.run(request).await;
+    }
+    let peer = peer.map_or_else(|| "this client".to_owned(), |ip| ip.to_string());
+    debug!(%peer, path = request.uri().path(), "HTTP /debug/ refused: not in --allow-debug");
+    let body = format!("forbidden: /debug/ answers only clients in --allow-debug, and {peer} is not\n");
+    (StatusCode::FORBIDDEN, body).into_response()
 }
 
 /// A request whose handler panics gets 500 and is counted (task `http`);

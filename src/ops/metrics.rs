@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Bucket, Counter, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Encoder, Histogram, HistogramOpts, IntGauge, Registry, TextEncoder};
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 use crate::wire::stats::{
     self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES,
@@ -29,6 +29,7 @@ pub struct Metrics {
     serial: IntGauge,
     ready: IntGauge,
     publish_seconds: Histogram,
+    http_debug: IntCounterVec,
 }
 
 impl Metrics {
@@ -53,10 +54,24 @@ impl Metrics {
         registry.register(Box::new(serial.clone()))?;
         registry.register(Box::new(ready.clone()))?;
         registry.register(Box::new(publish_seconds.clone()))?;
+        // Its own family beside the DNS one (`clusterset_dns_debug_queries_total`,
+        // per DNS listener): a label added there would change the series
+        // that dashboards already read.
+        let http_debug = IntCounterVec::new(Opts::new(HTTP_DEBUG, HTTP_DEBUG_HELP), &["result"])?;
+        // Both results from 0, so that a rate() starts from a value.
+        for result in ["answered", "refused"] {
+            http_debug.with_label_values(&[result]);
+        }
+        registry.register(Box::new(http_debug.clone()))?;
         if !watches.is_empty() {
             registry.register(Box::new(watch_collector(watches)?))?;
         }
-        Ok(Self { registry: registry.clone(), services, serial, ready, publish_seconds })
+        Ok(Self { registry: registry.clone(), services, serial, ready, publish_seconds, http_debug })
+    }
+
+    /// Counts one HTTP `/debug/` request, answered or refused (`--allow-debug`).
+    pub fn http_debug(&self, answered: bool) {
+        self.http_debug.with_label_values(&[if answered { "answered" } else { "refused" }]).inc();
     }
 
     /// Exposes the query counters of each listener (`server` label, e.g.
@@ -258,6 +273,11 @@ const RRL_HELP: &str =
 /// Debug queries over DNS, answered or refused (`--allow-debug`).
 const DEBUG: &str = "clusterset_dns_debug_queries_total";
 const DEBUG_HELP: &str = "CHAOS TXT debug queries (explain a name, whoami): answered, or refused to clients outside --allow-debug.";
+
+/// HTTP requests under `/debug/`, answered or refused (`--allow-debug`).
+const HTTP_DEBUG: &str = "clusterset_dns_http_debug_requests_total";
+const HTTP_DEBUG_HELP: &str =
+    "HTTP requests under /debug/ (explain): answered, or refused with 403 to peers outside --allow-debug.";
 
 /// Zone transfer requests by what they got (`--allow-transfer`).
 const TRANSFERS: &str = "clusterset_dns_transfers_total";

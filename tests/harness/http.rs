@@ -2,7 +2,7 @@
 //! `/ready`, `/metrics`), and reading one value out of a metrics scrape.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 /// `GET path` over HTTP/1.0: (status code, body); panics when the endpoint
@@ -15,7 +15,25 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 /// connection is refused or not made within 1 s (status 0 when the answer
 /// does not parse).
 pub fn try_http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    exchange(s, path)
+}
+
+/// [`http_get`] from a connection bound to `source` (e.g. 127.0.0.2, one
+/// of loopback's other addresses), for what the server allows by the
+/// peer's address.
+pub fn http_get_from(source: IpAddr, addr: SocketAddr, path: &str) -> (u16, String) {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).expect("socket");
+    socket.bind(&SocketAddr::new(source, 0).into()).unwrap_or_else(|e| panic!("bind {source}: {e}"));
+    socket
+        .connect_timeout(&addr.into(), Duration::from_secs(1))
+        .unwrap_or_else(|e| panic!("connect HTTP {addr} from {source}: {e}"));
+    exchange(socket.into(), path).unwrap_or_else(|| panic!("HTTP {addr} from {source}: no answer"))
+}
+
+/// Sends `GET path` on `s` and reads the whole answer.
+fn exchange(mut s: TcpStream, path: &str) -> Option<(u16, String)> {
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
     let mut text = String::new();

@@ -4,8 +4,13 @@
 //! apart), how it would answer a name and why (`dig CH TXT <name>`), and
 //! what it knows of the asker (`dig CH TXT whoami.<zone>`).
 
+use std::net::IpAddr;
+use std::process::Command;
+
 use crate::fleet::metric;
+use crate::harness::http::{http_get_from, metric_value};
 use crate::harness::served::Served;
+use crate::harness::{BIN, served::dig};
 
 #[test]
 fn chaos_txt_names_give_the_server_id_and_version_over_udp_and_tcp() {
@@ -105,4 +110,55 @@ fn debug_queries_from_clients_not_allowed_are_refused_and_counted() {
     assert_eq!(metric(&s, &refused), Some(2.0));
     // Ordinary queries are untouched.
     assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.42.0.10");
+}
+
+/// `--allow-debug` is one rule for every debug door: HTTP `/debug/` is
+/// refused (403, naming the flag, counted) to the peers whose DNS debug
+/// names are refused, and answered to those allowed; `/metrics`, `/health`
+/// and `/ready` stay open to everyone.
+#[test]
+fn http_debug_follows_allow_debug_like_the_dns_names_and_the_rest_stays_open() {
+    let s = Served::start(&["--allow-debug", "127.0.0.2/32"]);
+    s.wait_ready(std::time::Duration::from_secs(20));
+    let (outside, inside): (IpAddr, IpAddr) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
+    let explain = "/debug/explain?name=web.shop.svc.clusterset.local";
+
+    let (status, body) = http_get_from(outside, s.http, explain);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("--allow-debug") && body.contains("127.0.0.1"), "{body}");
+    assert!(!body.contains("query:"), "the report leaked: {body}");
+    // The same peer over DNS: refused by the same rule.
+    let dns = dig(s.addr, &["-b", "127.0.0.1", "CH", "TXT", "whoami.clusterset.local"]);
+    assert!(dns.contains("status: REFUSED"), "{dns}");
+    // What a user of `clusterset-dns explain` from there reads.
+    let out = Command::new(BIN)
+        .args(["explain", "web.shop.svc.clusterset.local", "--server", &s.http.to_string()])
+        .output()
+        .expect("run clusterset-dns explain");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("403") && err.contains("--allow-debug"), "{err}");
+
+    let (status, body) = http_get_from(inside, s.http, explain);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("query: web.shop.svc.clusterset.local. A"), "{body}");
+    let dns = dig(s.addr, &["-b", "127.0.0.2", "CH", "TXT", "whoami.clusterset.local", "+short"]);
+    assert!(dns.contains("\"address 127.0.0.2\""), "{dns}");
+
+    for path in ["/metrics", "/health", "/ready"] {
+        let (status, body) = http_get_from(outside, s.http, path);
+        assert_eq!(status, 200, "{path} from {outside}: {body}");
+    }
+    let scrape = http_get_from(outside, s.http, "/metrics").1;
+    let series = |result: &str| format!("clusterset_dns_http_debug_requests_total{{result=\"{result}\"}}");
+    assert_eq!(metric_value(&scrape, &series("refused")), Some(2.0), "{scrape}");
+    assert_eq!(metric_value(&scrape, &series("answered")), Some(1.0), "{scrape}");
+    // And the DNS family counted its own (UDP workers add theirs about
+    // once a second).
+    let server = format!("dns://{}", s.addr);
+    let dns_refused = format!("clusterset_dns_debug_queries_total{{result=\"refused\",server=\"{server}\"}}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while metric(&s, &dns_refused) != Some(1.0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(metric(&s, &dns_refused), Some(1.0));
 }
