@@ -310,7 +310,7 @@ async fn write_loop(
             }
             was_ready = snap.is_ready();
             if let Some(Err(e)) = budget.as_ref().map(|b| b.check(snap.service_count())) {
-                error!("{e}; stopping before the kernel's OOM killer does");
+                error!(error = %e, "stopping before the kernel's OOM killer does");
                 return;
             }
         }

@@ -213,8 +213,8 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     drop(leader);
     match election.await {
         Ok(Ok(_)) => info!("released the Lease"),
-        Ok(Err(e)) => warn!("releasing the Lease: {e}"),
-        Err(e) => warn!("election task: {e}"),
+        Ok(Err(e)) => warn!(error = %e, "releasing the Lease failed"),
+        Err(e) => warn!(error = %e, "election task ended"),
     }
     failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)))
 }
@@ -292,7 +292,7 @@ async fn http(listener: tokio::net::TcpListener, registry: Registry, failures: A
         }),
     );
     if let Err(e) = axum::serve(listener, app).await {
-        warn!("HTTP server stopped: {e}");
+        warn!(error = %e, "HTTP server stopped");
     }
 }
 

@@ -191,7 +191,7 @@ impl FileSource {
             match parsed {
                 Ok(parsed) => {
                     for e in &parsed.skipped {
-                        warn!(file = %file.display(), "skipping object: {e}");
+                        warn!(file = %file.display(), error = %e, "skipping object");
                     }
                     if !parsed.ignored.is_empty() {
                         let kinds: Vec<String> =
@@ -202,7 +202,7 @@ impl FileSource {
                     updates.push(Update::Replace { source, objects: parsed.objects });
                 }
                 Err(e) if strict => return Err(e.into()),
-                Err(e) => error!("{e}; serving the file's last good state"),
+                Err(e) => error!(file = %file.display(), error = %e, "serving the file's last good state"),
             }
         }
         Ok(updates)

@@ -166,7 +166,7 @@ impl<K> ToStore<K> {
         match (self.object)(k, self.interop) {
             Ok(o) => o,
             Err(e) => {
-                warn!("skipping object: {e}");
+                warn!(error = %e, "skipping object");
                 None
             }
         }
@@ -193,7 +193,7 @@ impl<K> Translate<K> for ToStore<K> {
             Ok(None) => self.deleted(k),
             // An object that became invalid keeps its last good state.
             Err(e) => {
-                warn!("skipping object: {e}");
+                warn!(error = %e, "skipping object");
                 None
             }
         }
