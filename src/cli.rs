@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Authoritative DNS for Kubernetes Multi-Cluster Services (clusterset.local).
 #[derive(Debug, Parser)]
@@ -13,6 +13,27 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// How log lines (stderr) are written: text for people, json (one
+    /// object a line) for log pipelines. Every subcommand takes it.
+    #[arg(
+        long = "log-format",
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "CLUSTERSET_DNS_LOG_FORMAT",
+        global = true
+    )]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// `TIME LEVEL TARGET: message key=value…`.
+    Text,
+    /// One JSON object a line: `timestamp`, `level`, `target` and
+    /// `fields` (the message and every key-value, errors under `error`).
+    Json,
 }
 
 /// Subcommands.

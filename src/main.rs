@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use clusterset_dns::cli::{Cli, Command};
+use clusterset_dns::cli::{Cli, Command, LogFormat};
 use clusterset_dns::config::{DoctorConfig, RunConfig, ServeConfig, SetupDnsConfig, SyncConfig};
 use tracing_subscriber::EnvFilter;
 
@@ -24,26 +24,23 @@ const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let format = cli.log_format;
+    init_logs(format);
     // Panics are caught and counted where they happen; the hook only logs
     // them, rate limited (a repeated query of death must not flood logs).
     clusterset_dns::supervise::install_panic_hook();
     match cli.command {
         Command::Serve(args) => match ServeConfig::from_args(&args) {
-            Ok(cfg) => block_on(clusterset_dns::cmd::serve::run(cfg)),
-            Err(e) => usage(&e),
+            Ok(cfg) => block_on(format, clusterset_dns::cmd::serve::run(cfg)),
+            Err(e) => usage(format, &e),
         },
         Command::Sync(args) => match SyncConfig::from_args(&args) {
-            Ok(cfg) => block_on(clusterset_dns::cmd::sync::run(cfg)),
-            Err(e) => usage(&e),
+            Ok(cfg) => block_on(format, clusterset_dns::cmd::sync::run(cfg)),
+            Err(e) => usage(format, &e),
         },
         Command::Run(args) => match RunConfig::from_args(&args) {
-            Ok(cfg) => block_on(clusterset_dns::cmd::run::run(cfg)),
-            Err(e) => usage(&e),
+            Ok(cfg) => block_on(format, clusterset_dns::cmd::run::run(cfg)),
+            Err(e) => usage(format, &e),
         },
         Command::Explain(args) => match clusterset_dns::cmd::explain::run(&args) {
             Ok(report) => {
@@ -52,17 +49,17 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                failed(format, None, &e);
                 ExitCode::FAILURE
             }
         },
         Command::Doctor(args) => match DoctorConfig::from_args(&args) {
-            Ok(cfg) => doctor(cfg),
-            Err(e) => usage(&e),
+            Ok(cfg) => doctor(format, cfg),
+            Err(e) => usage(format, &e),
         },
         Command::SetupDns(args) => match SetupDnsConfig::from_args(&args) {
-            Ok(cfg) => setup_dns(cfg),
-            Err(e) => usage(&e),
+            Ok(cfg) => setup_dns(format, cfg),
+            Err(e) => usage(format, &e),
         },
         Command::Check(args) => {
             let (report, ok) = clusterset_dns::cmd::check::run(&args);
@@ -73,18 +70,43 @@ fn main() -> ExitCode {
     }
 }
 
-fn usage(e: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("error: invalid configuration: {e}");
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), as `format`
+/// says.
+fn init_logs(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // A pipeline parses the lines: no colour codes, whatever stderr is.
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
+}
+
+/// Says why the command failed, on stderr: `error: [CONTEXT: ]ERROR` for
+/// people, or (`--log-format json`) one log event with the error as its
+/// `error` field, so that every line a log pipeline reads is JSON.
+fn failed(format: LogFormat, context: Option<&str>, e: &dyn std::fmt::Display) {
+    match (format, context) {
+        (LogFormat::Text, Some(context)) => eprintln!("error: {context}: {e}"),
+        (LogFormat::Text, None) => eprintln!("error: {e}"),
+        (LogFormat::Json, context) => {
+            tracing::error!(error = %e, "{}", context.unwrap_or("the command failed"))
+        }
+    }
+}
+
+fn usage(format: LogFormat, e: &dyn std::fmt::Display) -> ExitCode {
+    failed(format, Some("invalid configuration"), e);
     ExitCode::from(EX_USAGE)
 }
 
 /// `doctor`: the report on stdout; exit 0 healthy, 1 problems, 2 when a
 /// member could not be read (the report says which) or not even connected.
-fn doctor(cfg: DoctorConfig) -> ExitCode {
+fn doctor(format: LogFormat, cfg: DoctorConfig) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            failed(format, Some("cannot start the async runtime"), &e);
             return ExitCode::from(clusterset_dns::diagnose::report::INCOMPLETE);
         }
     };
@@ -95,18 +117,18 @@ fn doctor(cfg: DoctorConfig) -> ExitCode {
             ExitCode::from(status)
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            failed(format, None, &e);
             ExitCode::from(clusterset_dns::diagnose::report::INCOMPLETE)
         }
     }
 }
 
 /// `setup-dns`: the report on stdout, the exit status it chose.
-fn setup_dns(cfg: SetupDnsConfig) -> ExitCode {
+fn setup_dns(format: LogFormat, cfg: SetupDnsConfig) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            failed(format, Some("cannot start the async runtime"), &e);
             return ExitCode::from(clusterset_dns::cmd::setup_dns::UNCHANGED);
         }
     };
@@ -118,18 +140,22 @@ fn setup_dns(cfg: SetupDnsConfig) -> ExitCode {
 
 /// Runs a command on a two-thread runtime (the answering threads are our
 /// own; the runtime only drives sources, TCP and HTTP).
-fn block_on<E: std::fmt::Display>(command: impl std::future::Future<Output = Result<(), E>>) -> ExitCode {
+fn block_on<E: std::fmt::Display>(
+    format: LogFormat,
+    command: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            failed(format, Some("cannot start the async runtime"), &e);
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // `#`: an anyhow error with its causes, `outer: inner`.
+            failed(format, None, &format_args!("{e:#}"));
             ExitCode::FAILURE
         }
     }

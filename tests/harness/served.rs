@@ -81,7 +81,9 @@ impl Served {
         let sink = log.clone();
         each_line(stderr, move |line| {
             let at = started.elapsed();
-            let addr = line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next());
+            // `addr=…` in text logs, `"addr":"…"` with `--log-format json`.
+            let addr = (line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next()))
+                .or_else(|| line.split("\"addr\":\"").nth(1).and_then(|a| a.split('"').next()));
             let addr = addr.and_then(|a| a.parse::<SocketAddr>().ok());
             if line.contains("HTTP /health") {
                 let _ = tx.send(("http", addr));

@@ -276,3 +276,95 @@ fn the_allocator_starts_with_the_options_the_binary_gives_it() {
     );
     assert!(err.contains(&format!("Set conf value: {options}")), "{err}");
 }
+
+/// Each stderr line of a `--log-format json` process as JSON, asserting
+/// that it is an object with a level and a message (`fields.message`, as
+/// tracing-subscriber writes events).
+fn json_lines(stderr: &str) -> Vec<serde_json::Value> {
+    assert!(!stderr.trim().is_empty(), "nothing logged");
+    stderr
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {line}\nin:\n{stderr}"));
+            assert!(v["level"].is_string(), "no level: {line}");
+            assert!(v["fields"]["message"].is_string(), "no fields.message: {line}");
+            v
+        })
+        .collect()
+}
+
+/// `--log-format json`: a server's start, answers and stop, and a failed
+/// start, are all one JSON object a line, the error a field of its own;
+/// before or after the subcommand, or from the environment. An unknown
+/// format is clap's usage error listing the known ones.
+#[test]
+fn log_format_json_writes_one_object_a_line_with_errors_as_fields() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("web.yaml");
+    write(&file, WEB);
+    let mut s = Served::start(&["--log-format", "json", "--objects", file.to_str().expect("path")]);
+    s.wait_ready(Duration::from_secs(20));
+    assert_eq!(s.dig(&["web.shop.svc.clusterset.local", "A", "+short"]).trim(), "10.0.0.1");
+    // A broken file: its error is logged, as a field.
+    write(&file, "kind: [broken");
+    assert!(s.wait_log("serving the file's last good state"), "{}", s.log());
+    s.stop();
+    assert!(s.wait_log("shutting down"), "{}", s.log());
+    let lines = json_lines(&s.log());
+    let broken = lines
+        .iter()
+        .find(|v| v["fields"]["message"] == "serving the file's last good state")
+        .expect("the broken file's line");
+    assert_eq!(broken["level"], "ERROR");
+    assert!(broken["fields"]["error"].as_str().is_some_and(|e| e.contains("document 1")), "{broken}");
+    // Values are fields too: the address a pipeline would alert on.
+    let listening = lines.iter().find(|v| v["fields"]["message"] == "listening on UDP and TCP");
+    assert_eq!(
+        listening.map(|v| v["fields"]["addr"].clone()),
+        Some(s.addr.to_string().into()),
+        "{}",
+        s.log()
+    );
+
+    let failing = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--objects",
+        "/nonexistent/x.yaml",
+    ];
+    let runs = [
+        (Command::new(BIN).args(["--log-format", "json"]).args(failing).output(), 1, "/nonexistent/x.yaml"),
+        (
+            Command::new(BIN).args(failing).env("CLUSTERSET_DNS_LOG_FORMAT", "json").output(),
+            1,
+            "/nonexistent/x.yaml",
+        ),
+        (
+            Command::new(BIN).args(["serve", "--zone", "bad..zone", "--log-format", "json"]).output(),
+            64,
+            "--zone",
+        ),
+    ];
+    for (out, code, named) in runs {
+        let out = out.expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{err}");
+        let lines = json_lines(&err);
+        let last = lines.last().expect("a line");
+        assert_eq!(last["level"], "ERROR", "{err}");
+        assert!(last["fields"]["error"].as_str().is_some_and(|e| e.contains(named)), "{err}");
+        assert!(!last["fields"]["message"].as_str().is_some_and(|m| m.contains(named)), "{err}");
+    }
+
+    let out = Command::new(BIN).args(["serve", "--log-format", "xml"]).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "clap's usage error: {err}");
+    assert!(err.contains("invalid value 'xml'") && err.contains("[possible values: text, json]"), "{err}");
+    let help = Command::new(BIN).args(["sync", "--help"]).output().expect("run");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--log-format <FORMAT>") && help.contains("json"), "{help}");
+}
