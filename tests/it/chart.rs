@@ -166,7 +166,7 @@ fn every_shape_renders_and_the_api_server_admits_it_under_restricted() {
         &["crds.install=true"],
         &["workload.enabled=false"],
         &["shape=sync"],
-        &["shape=sync", "serviceMonitor.enabled=true", "sync.onMemberLost=remove"],
+        &["shape=sync", "serviceMonitor.enabled=true", "sync.onMemberLost=remove", "logFormat=json"],
         &["shape=sync", "replicas=1", "sync.noLeaderElection=true", "rbac.member=false"],
         &["shape=sync", "workload.enabled=false"],
         &["shape=centralized"],
@@ -244,6 +244,7 @@ fn values_that_make_no_sense_fail_naming_the_value() {
         (&["serve.listen={53}"], &["/serve/listen/0"]),
         (&["serve.ttl=-1"], &["/serve/ttl"]),
         (&["serve.zoen=example.org"], &["zoen"]),
+        (&["logFormat=xml"], &["/logFormat"]),
     ];
     for (values, names) in cases {
         let Err(err) = template("dns", NS, values) else { panic!("{values:?} rendered") };
@@ -325,11 +326,21 @@ fn every_flag_is_a_documented_value() {
     let set_by_chart: BTreeMap<&str, &[&str]> = BTreeMap::from([
         // Shapes: --in-cluster (serve), --members (centralized), from the Secret
         // of members: (cookieSecret: for --cookie-secret, through its variable).
+        // --log-format: every shape's, the top-level logFormat (tested below).
         (
             "serve",
-            &["objects", "kubeconfig", "kube-context", "in-cluster", "cluster", "members", "cookie-secret"][..],
+            &[
+                "objects",
+                "kubeconfig",
+                "kube-context",
+                "in-cluster",
+                "cluster",
+                "members",
+                "cookie-secret",
+                "log-format",
+            ][..],
         ),
-        ("sync", &["cluster", "members", "identity"]),
+        ("sync", &["cluster", "members", "identity", "log-format"]),
     ]);
     for (subcommand, shape) in [("serve", "serve"), ("sync", "sync")] {
         let section =
@@ -371,6 +382,21 @@ fn every_flag_is_a_documented_value() {
                 || (arg.is_none() && args.last() == Some(&flag));
             assert!(found, "{subcommand}: {flag} {arg:?} not in the arguments {args:?}");
         }
+    }
+}
+
+/// `logFormat` is every shape's `--log-format`, a value `--help` lists;
+/// unset, the binary's default (text) is left alone.
+#[test]
+fn log_format_reaches_every_shape() {
+    for shape in ["serve", "sync", "centralized"] {
+        let shape_value = format!("shape={shape}");
+        let json = args(&objects(&template_ok("dns", NS, &[&shape_value, "logFormat=json"])));
+        assert!(json.windows(2).any(|w| w[0] == "--log-format" && w[1] == "json"), "{shape}: {json:?}");
+        let help = Command::new(BIN).args([&json[0], "--help"]).output().expect("run clusterset-dns --help");
+        assert!(String::from_utf8_lossy(&help.stdout).contains("- json"), "{shape}: json is not listed");
+        let unset = args(&objects(&template_ok("dns", NS, &[&shape_value])));
+        assert!(!unset.iter().any(|a| a == "--log-format"), "{shape}: {unset:?}");
     }
 }
 
