@@ -2,7 +2,9 @@
 //! release binary: `clusterset-dns sync` (leader election on) and a standby.
 //! On three clusters, with `serve` on the third cluster's own API: a
 //! ServiceExport created in the first → answer served by the third, 50
-//! times; then 1,000 exports across the three. On ten clusters: 100
+//! times, then 50 more with the second cluster's kube-apiserver frozen
+//! (SIGSTOP) and the time until it holds every import once thawed; then
+//! 1,000 exports across the three. On ten clusters: 100
 //! exports. For both: time until every member holds every import with a
 //! VIP, API writes per export, CPU and memory, writes when Services change
 //! in ways that do not matter (none expected), and writes after the leader
@@ -68,44 +70,48 @@ fn sync_bench(rt: &tokio::runtime::Runtime) -> Result<()> {
     let mut server = serve(&clusters.serve_kubeconfig(2));
     server.wait_ready(SERVER_READY_TIMEOUT);
     let mut dns = Dns::new(server.addr)?;
-    let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
-    let slices = slice_resource();
-    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
     // Propagation: the Service exists; the clock starts when the export's
     // create returns and stops when the third cluster's server answers.
-    let mut times = Vec::new();
-    for i in 0..SYNC_CHANGES {
-        let name = format!("p-{i}");
-        rt.block_on(create_all(
-            &clients[0],
-            &services,
-            vec![("sync-p".into(), service("sync-p", &name))],
-            "service",
-        ))?;
-        rt.block_on(create_all(
-            &clients[0],
-            &slices,
-            vec![("sync-p".into(), own_slice("sync-p", &name, 0, i))],
-            "slice",
-        ))?;
-        rt.block_on(create_all(
-            &clients[0],
-            &exports,
-            vec![("sync-p".into(), export("sync-p", &name))],
-            "export",
-        ))?;
-        let returned = Instant::now();
-        let fqdn = Name::from_ascii(format!("{name}.sync-p.svc.clusterset.local."))?;
-        match dns.poll_until(&fqdn, returned, Duration::from_secs(10), |a| !a.ips.is_empty()) {
-            Some(at) => times.push(at - returned),
-            None => bail!("{name} not answered in cluster C within 10 s; sync log:\n{}", sync.log()),
-        }
-    }
-    let slowest = times.iter().enumerate().max_by_key(|(_, d)| **d).map_or(0, |(i, _)| i);
+    // First with every member healthy, then with the second member's
+    // kube-apiserver frozen (SIGSTOP: connections accepted, nothing
+    // answered), from the instant it froze, in the same run.
     println!("\n| what | n | p50 | p90 | p99 | max | goal |\n|---|---|---|---|---|---|---|");
+    let mut times = propagation(rt, &clients[0], &mut dns, &sync, "p", SYNC_CHANGES)?;
+    let slowest = times.iter().enumerate().max_by_key(|(_, d)| **d).map_or(0, |(i, _)| i);
     row("ServiceExport in A → answer in C", &mut times, "p99 ≤ 1 s");
+    let frozen = Frozen::new(clusters.pids(1).0);
+    let mut during = propagation(rt, &clients[0], &mut dns, &sync, "f", SYNC_CHANGES)?;
+    row("… with B's kube-apiserver frozen", &mut during, "p99 within 2 s of the above");
+    let stale = metric(
+        &sync,
+        &format!("clusterset_dns_sync_member_stale_seconds{{member=\"{}\"}}", clusters.name(1)),
+    )?;
+    drop(frozen);
+    let thawed = Instant::now();
+    let imports = import_resource();
+    loop {
+        let api: Api<DynamicObject> = Api::namespaced_with(clients[1].clone(), "sync-p", &imports);
+        let have = rt.block_on(api.list(&ListParams::default())).map_or(0, |l| l.items.len());
+        if have >= 2 * SYNC_CHANGES {
+            break;
+        }
+        if thawed.elapsed() > SYNC_CONVERGE_TIMEOUT {
+            bail!(
+                "B holds {have} imports {} s after it thawed; sync log:\n{}",
+                thawed.elapsed().as_secs(),
+                sync.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "B marked unreachable (staleness {stale:.1} s when the last frozen-phase export was answered); every import in B {} after it thawed",
+        secs(thawed.elapsed())
+    );
     let retries = sync.log().matches("retrying in").count();
-    println!("slowest: export #{slowest} (0 is the first after start); reconcile retries so far: {retries}");
+    println!(
+        "slowest healthy: export #{slowest} (0 is the first after start); reconcile retries so far: {retries}"
+    );
 
     // Scale: 1,000 Services (a third per cluster), then all their exports;
     // then a failover to a standby that was waiting for the Lease.
@@ -294,6 +300,62 @@ fn scale(
     );
     standby.stop();
     Ok(())
+}
+
+/// `n` exports from cluster A (`a`), one at a time, each timed from its
+/// create's return to the first answer of the third cluster's server.
+fn propagation(
+    rt: &tokio::runtime::Runtime,
+    a: &kube::Client,
+    dns: &mut Dns,
+    sync: &Syncing,
+    prefix: &str,
+    n: usize,
+) -> Result<Vec<Duration>> {
+    let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
+    let slices = slice_resource();
+    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
+    let mut times = Vec::new();
+    for i in 0..n {
+        let name = format!("{prefix}-{i}");
+        rt.block_on(create_all(a, &services, vec![("sync-p".into(), service("sync-p", &name))], "service"))?;
+        rt.block_on(create_all(
+            a,
+            &slices,
+            vec![("sync-p".into(), own_slice("sync-p", &name, 0, i))],
+            "slice",
+        ))?;
+        rt.block_on(create_all(a, &exports, vec![("sync-p".into(), export("sync-p", &name))], "export"))?;
+        let returned = Instant::now();
+        let fqdn = Name::from_ascii(format!("{name}.sync-p.svc.clusterset.local."))?;
+        match dns.poll_until(&fqdn, returned, Duration::from_secs(10), |a| !a.ips.is_empty()) {
+            Some(at) => times.push(at - returned),
+            None => bail!("{name} not answered in cluster C within 10 s; sync log:\n{}", sync.log()),
+        }
+    }
+    Ok(times)
+}
+
+/// A process stopped with SIGSTOP, continued when dropped (also when the
+/// bench fails: a stopped API server would never see the supervisor's
+/// SIGTERM).
+struct Frozen(u32);
+
+impl Frozen {
+    fn new(pid: u32) -> Self {
+        signal(pid, "STOP");
+        Self(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill").args([format!("-{sig}"), pid.to_string()]).status();
 }
 
 /// Waits until `sync` has written nothing for 3 s (at most
