@@ -105,7 +105,7 @@ fn sync_bench(rt: &tokio::runtime::Runtime) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!(
-        "B marked unreachable (staleness {stale:.1} s when the last frozen-phase export was answered); every import in B {} after it thawed",
+        "B's staleness {stale:.1} s when the last frozen-phase export was answered; every import in B {:.1} s after it thawed",
         secs(thawed.elapsed())
     );
     let retries = sync.log().matches("retrying in").count();
