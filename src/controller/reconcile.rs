@@ -579,14 +579,16 @@ impl KeyState {
     async fn apply(&mut self, env: &Env, r: &ObjectRef, body: &Value) -> Result<Option<Stored>, ApiError> {
         let m = &env.members[r.member];
         let digest = desired::digest_of(body);
-        let live = self.live.remove(r);
+        // The live body stays until it is written over: a write that fails
+        // (fenced, unreachable, throttled) leaves the drift to the retry.
+        let drift = self.live.get(r).and_then(|live| desired::object_difference(live, body));
         if self.applied.get(r) == Some(&digest) {
-            match live.as_ref().and_then(|live| desired::object_difference(live, body)) {
+            match &drift {
                 Some(field) => {
                     info!(member = %m.name, kind = %r.kind, object = %r.path(), field, "ours, changed while no controller ran: writing it again");
-                    env.stats.drift(r.kind);
                 }
-                _ => {
+                None => {
+                    self.live.remove(r);
                     env.stats.unchanged.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
                 }
@@ -595,6 +597,9 @@ impl KeyState {
         let mut body = body.clone();
         body["metadata"]["annotations"][desired::ANNOTATION_APPLIED] = Value::String(digest.clone());
         let stored = env.write(r.member, r.kind, &r.namespace, &r.name, &body).await?;
+        if self.live.remove(r).is_some() && drift.is_some() && self.applied.get(r) == Some(&digest) {
+            env.stats.drift(r.kind);
+        }
         self.written.record(r.clone(), stored.version.as_deref());
         self.applied.insert(r.clone(), digest);
         Ok(Some(stored))
@@ -991,6 +996,65 @@ mod tests {
         assert_eq!(after[1] - before[1], 1, "{:?}", f.fakes[1].writes());
         assert_eq!(after[2] - before[2], 1, "{:?}", f.fakes[2].writes());
         assert!(after[0] - before[0] <= 4, "{:?}", f.fakes[0].writes());
+    }
+
+    #[tokio::test]
+    async fn drift_whose_repair_fails_is_repaired_by_the_retry() {
+        let f = fleet();
+        let (_, r) = reconcile(KeyState::default(), input("10.1.0.5"), f.env.clone()).await;
+        r.unwrap();
+        let name = f.fakes[1]
+            .objects
+            .lock()
+            .unwrap()
+            .keys()
+            .find(|(k, _, _)| *k == Kind::EndpointSlice)
+            .map(|(_, _, n)| n.clone())
+            .unwrap();
+        let mut slice = f.fakes[1].get(Kind::EndpointSlice, "shop", &name).unwrap();
+        slice["endpoints"][0]["addresses"][0] = json!("10.66.6.6");
+        f.fakes[1].put(Kind::EndpointSlice, "shop", &name, slice);
+        let ks = as_found(&f).await;
+        f.fakes[1].fail(Some(Kind::EndpointSlice), Fault::Status(503));
+        let (ks, r) = reconcile(ks, input("10.1.0.5"), f.env.clone()).await;
+        assert_eq!(r.unwrap_err().reason(), ErrorReason::Server);
+        assert_eq!(address(&f.fakes[1]), "10.66.6.6");
+        f.fakes[1].heal();
+        let (_, r) = reconcile(ks, input("10.1.0.5"), f.env.clone()).await;
+        r.unwrap();
+        assert_eq!(address(&f.fakes[1]), "10.1.0.5");
+        assert_eq!(f.env.stats.drift_of(Kind::EndpointSlice), 1);
+    }
+
+    #[tokio::test]
+    async fn behind_a_closed_fence_nothing_is_sent() {
+        let f = fleet();
+        let env = Arc::new(Env {
+            members: f
+                .env
+                .members
+                .iter()
+                .map(|m| MemberEnv {
+                    api: m.api.clone(),
+                    name: m.name.clone(),
+                    cluster: m.cluster.clone(),
+                    import_version: IMPORT_V.into(),
+                    export_version: IMPORT_V.into(),
+                })
+                .collect(),
+            auto_export_prefixes: vec![],
+            stats: f.env.stats.clone(),
+            fence: Arc::new(Fence::closed()),
+        });
+        let (ks, r) = reconcile(KeyState::default(), input("10.1.0.5"), env.clone()).await;
+        assert_eq!(r.unwrap_err().reason(), ErrorReason::Fenced);
+        assert_eq!(writes(&f), 0, "{:?}", f.fakes[0].writes());
+        assert_eq!(env.stats.writes.load(Ordering::Relaxed), 0, "fenced writes are not counted as sent");
+        // Nothing was recorded as applied: once the fence opens, all is written.
+        env.fence.held(std::time::SystemTime::now(), Duration::from_secs(15));
+        let (_, r) = reconcile(ks, input("10.1.0.5"), env).await;
+        r.unwrap();
+        assert!(f.fakes.iter().all(|m| m.get(Kind::ServiceImport, "shop", "web").is_some()));
     }
 
     #[test]
