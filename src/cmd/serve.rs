@@ -123,8 +123,9 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     } else {
         let mut sources = Vec::new();
         for (i, path) in cfg.objects.iter().enumerate() {
-            let mut source = FileSource::new(i as u32, path.clone()).with_interop(cfg.interop);
-            for update in source.load(true, false)? {
+            let source = FileSource::new(i as u32, path.clone()).with_interop(cfg.interop);
+            let (source, loaded) = files::load_blocking(source, true, false).await;
+            for update in loaded? {
                 writer.apply(update);
             }
             sources.push(source);
@@ -197,10 +198,16 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     // The writer holds every source's objects: nothing can rebuild them in
     // this process, so its death fails the server (Kubernetes restarts it).
     let budget = cfg.memory.clone();
-    tasks.push(sup.fatal(
-        Task::Writer,
-        write_loop(writer, rx, reader.clone(), metrics.clone(), cfg.wire.faults.clone(), budget),
-    ));
+    // On an OS thread of its own, not the two-thread runtime: a relist or
+    // reload at 100,000 services takes seconds of CPU to apply and build,
+    // which would stall TCP answers, /health and every watch meanwhile.
+    let (r, m, faults) = (reader.clone(), metrics.clone(), cfg.wire.faults.clone());
+    tasks.push(
+        sup.fatal(
+            Task::Writer,
+            on_own_thread("writer", move || write_loop(writer, rx, r, m, faults, budget)),
+        ),
+    );
 
     let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
@@ -283,10 +290,29 @@ fn server_label(addr: SocketAddr) -> String {
     if addr.ip().is_unspecified() { format!("dns://:{}", addr.port()) } else { format!("dns://{addr}") }
 }
 
-/// The writer task: applies updates in batches and publishes once per batch,
-/// so a burst of changes costs one snapshot. Ends (failing the server,
-/// which exits) when the store no longer fits `budget`.
-async fn write_loop(
+/// Runs `work` on a new OS thread named `name` and ends when it does; a
+/// panic there is a panic here, so the supervisor counts and reports it as
+/// the task's own.
+async fn on_own_thread(name: &str, work: impl FnOnce() + Send + 'static) {
+    let (done, ended) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        let _ = done.send(result);
+    });
+    if let Err(e) = spawned {
+        error!(thread = name, error = %e, "cannot start the thread");
+        return;
+    }
+    if let Ok(Err(panic)) = ended.await {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// The writer: applies updates in batches and publishes once per batch,
+/// so a burst of changes costs one snapshot. Blocks its thread. Ends
+/// (failing the server, which exits) when the store no longer fits
+/// `budget`.
+fn write_loop(
     mut writer: Writer,
     mut rx: mpsc::Receiver<Update>,
     reader: Reader,
@@ -295,7 +321,7 @@ async fn write_loop(
     budget: Option<crate::ops::memory::MemoryBudget>,
 ) {
     let mut was_ready = reader.load().is_ready();
-    while let Some(update) = rx.recv().await {
+    while let Some(update) = rx.blocking_recv() {
         faults.point(Point::Writer, &[]);
         let started = std::time::Instant::now();
         writer.apply(update);

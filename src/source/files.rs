@@ -266,6 +266,27 @@ fn digest_of_file(path: &Path) -> io::Result<u64> {
     }
 }
 
+/// [`FileSource::load`] on a blocking thread: reading and parsing a large
+/// file takes seconds of CPU that the runtime's two threads must not lose
+/// (they answer TCP, /health and watches). A panic there is a panic here.
+pub async fn load_blocking(
+    mut source: FileSource,
+    strict: bool,
+    force: bool,
+) -> (FileSource, Result<Vec<Update>, LoadError>) {
+    let loaded = tokio::task::spawn_blocking(move || {
+        let result = source.load(strict, force);
+        (source, result)
+    })
+    .await;
+    match loaded {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: the runtime is shutting down, nothing waits for this.
+        Err(_) => std::future::pending().await,
+    }
+}
+
 /// Keeps the sources' files watched and sends a `Replace` for each source
 /// after every change; `reload` (SIGHUP) forces a full re-read.
 pub async fn watch(mut sources: Vec<FileSource>, updates: mpsc::Sender<Update>, reload: Arc<Notify>) {
@@ -299,9 +320,11 @@ pub async fn watch(mut sources: Vec<FileSource>, updates: mpsc::Sender<Update>, 
         if force {
             info!("reloading every objects file");
         }
-        for s in &mut sources {
+        for s in std::mem::take(&mut sources) {
             // Not strict: errors were logged and the last good state stays.
-            for update in s.load(false, force).unwrap_or_default() {
+            let (s, loaded) = load_blocking(s, false, force).await;
+            sources.push(s);
+            for update in loaded.unwrap_or_default() {
                 if updates.send(update).await.is_err() {
                     return; // the store is gone: shutting down
                 }
