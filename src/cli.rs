@@ -26,6 +26,15 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
+/// `--on-memory-limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnMemoryLimit {
+    /// Refuse the update, keep serving the last good state.
+    KeepServing,
+    /// Stop the server.
+    Exit,
+}
+
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -307,11 +316,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     pub cluster_dead_after: u64,
     /// Memory the server may use: a size (512Mi, 2Gi, bytes), `auto` (the
-    /// container's limit: the cgroup's memory.max), or `none`. Past 90 % of
-    /// it, serve stops with a message naming the size reached (at start:
-    /// fails to start) rather than be OOM-killed mid-update.
+    /// container's limit: the cgroup's memory.max), or `none`. An update that
+    /// would take the server past 90 % of it is weighed before it is read
+    /// and refused (see --on-memory-limit); a first load that does not fit
+    /// fails the start, naming the size reached, rather than be OOM-killed.
     #[arg(long, value_name = "SIZE", default_value = "auto")]
     pub memory_limit: String,
+    /// What to do when an update would take the server past 90 % of
+    /// --memory-limit once it serves: refuse that update whole and keep
+    /// serving the last good state (`keep-serving`), or stop (`exit`). A
+    /// first load that does not fit always fails the start.
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnMemoryLimit::KeepServing)]
+    pub on_memory_limit: OnMemoryLimit,
     /// Probe every ready endpoint actively (TCP connect to its port) and
     /// leave endpoints that fail out of answers while others are healthy.
     #[arg(long)]

@@ -77,6 +77,8 @@ pub struct ServeConfig {
     pub probe: Option<ProbeConfig>,
     /// The memory limit kept to (`--memory-limit`), if any.
     pub memory: Option<MemoryBudget>,
+    /// What to do when an update would not fit it (`--on-memory-limit`).
+    pub on_memory_limit: crate::ops::memory::OnMemoryLimit,
     /// Which fleet managers' shapes are read (`--interop`).
     pub interop: Interop,
 }
@@ -207,6 +209,10 @@ impl ServeConfig {
             cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
             probe,
             memory,
+            on_memory_limit: match a.on_memory_limit {
+                crate::cli::OnMemoryLimit::KeepServing => crate::ops::memory::OnMemoryLimit::KeepServing,
+                crate::cli::OnMemoryLimit::Exit => crate::ops::memory::OnMemoryLimit::Exit,
+            },
         })
     }
 }

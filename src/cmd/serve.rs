@@ -15,6 +15,7 @@ use crate::config::ServeConfig;
 use crate::fault::{Failures, Faults, Point, Task};
 use crate::fleet::member;
 use crate::k8s;
+use crate::ops::memory::{Guard, OBJECT_BYTES, OnMemoryLimit, PARSE_BYTES_PER_FILE_BYTE};
 use crate::ops::{http, metrics::Metrics};
 use crate::source::files::{self, FileSlots, FileSource, LoadError};
 use crate::source::objects::ParseError;
@@ -111,6 +112,17 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     let sup = Supervisor::new(failures.clone());
     let mut tasks = Vec::new();
 
+    let guard = cfg.memory.clone().map(|b| Arc::new(Guard::new(b, cfg.on_memory_limit)));
+    // A changed objects file is weighed by its size before it is read.
+    let admit: Option<files::Admit> =
+        guard.clone().filter(|g| g.on_limit == OnMemoryLimit::KeepServing).map(|g| {
+            Arc::new(move |file: &std::path::Path, bytes: u64| {
+                let needs = bytes.saturating_mul(PARSE_BYTES_PER_FILE_BYTE);
+                let key = file.display().to_string();
+                g.admit(&key, || format!("objects file {key} ({} MiB)", bytes.div_ceil(1 << 20)), needs)
+                    .map_err(|e| e.to_string())
+            }) as files::Admit
+        });
     let mut healths = Vec::new();
     let mut liveness = None;
     if cfg.objects.is_empty() && cfg.kube.is_none() && cfg.members.is_empty() {
@@ -123,7 +135,10 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     } else {
         let mut sources = Vec::new();
         for (i, path) in cfg.objects.iter().enumerate() {
-            let source = FileSource::new(i as u32, path.clone()).with_interop(cfg.interop);
+            let mut source = FileSource::new(i as u32, path.clone()).with_interop(cfg.interop);
+            if let Some(admit) = &admit {
+                source = source.with_admit(admit.clone());
+            }
             let (source, loaded) = files::load_blocking(source, true, false).await;
             for update in loaded? {
                 writer.apply(update);
@@ -140,7 +155,12 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
                 let restarted = paths.iter().enumerate();
                 restarted
                     .map(|(i, (p, slots))| {
-                        FileSource::with_slots(i as u32, p.clone(), slots.clone()).with_interop(interop)
+                        let s =
+                            FileSource::with_slots(i as u32, p.clone(), slots.clone()).with_interop(interop);
+                        match &admit {
+                            Some(admit) => s.with_admit(admit.clone()),
+                            None => s,
+                        }
                     })
                     .collect()
             });
@@ -188,6 +208,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     }
     let metrics = Arc::new(Metrics::new(&process.registry, healths)?);
     metrics.register_health(reader.clone(), liveness)?;
+    metrics.register_memory(guard.clone())?;
     let started = std::time::Instant::now();
     writer.publish();
     metrics.published(&reader.load(), started.elapsed());
@@ -197,16 +218,12 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     }
     // The writer holds every source's objects: nothing can rebuild them in
     // this process, so its death fails the server (Kubernetes restarts it).
-    let budget = cfg.memory.clone();
     // On an OS thread of its own, not the two-thread runtime: a relist or
     // reload at 100,000 services takes seconds of CPU to apply and build,
     // which would stall TCP answers, /health and every watch meanwhile.
     let (r, m, faults) = (reader.clone(), metrics.clone(), cfg.wire.faults.clone());
     tasks.push(
-        sup.fatal(
-            Task::Writer,
-            on_own_thread("writer", move || write_loop(writer, rx, r, m, faults, budget)),
-        ),
+        sup.fatal(Task::Writer, on_own_thread("writer", move || write_loop(writer, rx, r, m, faults, guard))),
     );
 
     let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
@@ -309,24 +326,41 @@ async fn on_own_thread(name: &str, work: impl FnOnce() + Send + 'static) {
 }
 
 /// The writer: applies updates in batches and publishes once per batch,
-/// so a burst of changes costs one snapshot. Blocks its thread. Ends
-/// (failing the server, which exits) when the store no longer fits
-/// `budget`.
+/// so a burst of changes costs one snapshot. Blocks its thread.
+///
+/// With a memory budget, once the store is ready an update that would add
+/// more objects than fit is refused whole before it is applied (the last
+/// good state keeps being served); with `--on-memory-limit exit`, or
+/// before the store was first ready, a store over the budget ends the
+/// writer instead (failing the server, which exits).
 fn write_loop(
     mut writer: Writer,
     mut rx: mpsc::Receiver<Update>,
     reader: Reader,
     metrics: Arc<Metrics>,
     faults: Faults,
-    budget: Option<crate::ops::memory::MemoryBudget>,
+    guard: Option<Arc<Guard>>,
 ) {
     let mut was_ready = reader.load().is_ready();
+    let keep_serving = guard.as_ref().is_some_and(|g| g.on_limit == OnMemoryLimit::KeepServing);
     while let Some(update) = rx.blocking_recv() {
         faults.point(Point::Writer, &[]);
         let started = std::time::Instant::now();
-        writer.apply(update);
-        while let Ok(more) = rx.try_recv() {
-            writer.apply(more);
+        let mut next = Some(update);
+        while let Some(update) = next.take().or_else(|| rx.try_recv().ok()) {
+            if let Some(g) = guard.as_ref().filter(|_| keep_serving && writer.is_ready()) {
+                let added = writer.growth(&update);
+                let key = update_source(&update);
+                let what = || format!("{added} objects more from {key}");
+                if added > 0
+                    && let Err(e) = g.admit(&key, what, added as u64 * OBJECT_BYTES)
+                {
+                    error!(error = %e, "update refused");
+                    continue;
+                }
+                g.set(&key, false);
+            }
+            writer.apply(update);
         }
         if writer.publish() > 0 || writer.is_ready() != was_ready {
             let snap = reader.load();
@@ -334,12 +368,35 @@ fn write_loop(
             if snap.is_ready() && !was_ready {
                 info!(services = snap.service_count(), "every source synced: ready");
             }
+            let first = !was_ready;
             was_ready = snap.is_ready();
-            if let Some(Err(e)) = budget.as_ref().map(|b| b.check(snap.service_count())) {
-                error!(error = %e, "stopping before the kernel's OOM killer does");
-                return;
+            match guard.as_ref().map(|g| (g, g.budget.check(snap.service_count()))) {
+                Some((_, Err(e))) if first || !keep_serving => {
+                    error!(error = %e, "stopping before the kernel's OOM killer does");
+                    return;
+                }
+                Some((g, Err(e))) => {
+                    error!(error = %e, "over the memory budget: updates that add objects are refused until it fits");
+                    g.set(RESIDENT, true);
+                }
+                Some((g, Ok(()))) => g.set(RESIDENT, false),
+                None => {}
             }
         }
+    }
+}
+
+/// The key of the memory guard for "resident over the budget after a publish".
+const RESIDENT: &str = "resident size";
+
+/// The source an update came from, for messages.
+fn update_source(update: &Update) -> String {
+    match update {
+        Update::Register(s)
+        | Update::Replace { source: s, .. }
+        | Update::Upsert { source: s, .. }
+        | Update::Remove { source: s, .. } => s.to_string(),
+        _ => "a health update".into(),
     }
 }
 

@@ -1,17 +1,118 @@
-//! The memory budget (`--memory-limit`): a workload that does not fit
-//! stops the server with a message naming the size it reached, instead of
-//! the kernel's OOM killer ending it mid-update with no word.
+//! The memory budget (`--memory-limit`). A first load that does not fit
+//! fails the start with a message naming the size it reached. Once
+//! serving, an update that would not fit is refused whole and the last
+//! good state keeps being served (`--on-memory-limit keep-serving`, the
+//! default): every replica of every cluster gets the same update at once,
+//! and exiting on it would take DNS away from the whole fleet, where Knot
+//! and NSD keep serving the last good zone when a reload fails.
 //!
 //! The limit is the flag's value, else the memory limit of the process's
 //! own cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`: a container's
-//! `resources.limits.memory`). The writer compares the resident size with
-//! [`HEADROOM`] of it after every publish; the next build needs room too
-//! (it holds the old and the new snapshot of what changed at once).
+//! `resources.limits.memory`). An update is weighed before the memory is
+//! spent: an objects file by its size ([`PARSE_BYTES_PER_FILE_BYTE`]), a
+//! batch of objects by their number ([`OBJECT_BYTES`]), against
+//! [`HEADROOM`] of the limit less what is resident now. The writer also
+//! compares the resident size with it after every publish.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// The share of the limit the resident size may reach.
 pub const HEADROOM: f64 = 0.9;
+
+/// Resident bytes one more object (an import or a slice) may take, built
+/// into a snapshot while the previous one is still served. The footprint
+/// bench counts 2,325 heap bytes per service at 1,000 services (an import
+/// and its slices) and `serve` holds 100,000 services (400,000 objects) in
+/// 229 MB resident; 4 KiB an object is above both, so a refused update is
+/// refused early rather than late.
+pub const OBJECT_BYTES: u64 = 4 << 10;
+
+/// Bytes held at the peak of reading and parsing an objects file, per byte
+/// of the file: its text and the objects parsed from it live at once (a
+/// 232 MB file peaked 172 MB above the 279 MB it left resident; the
+/// objects it becomes are weighed again by the writer).
+pub const PARSE_BYTES_PER_FILE_BYTE: u64 = 2;
+
+/// What the server does when an update would not fit (`--on-memory-limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMemoryLimit {
+    /// Refuse the update, keep serving the last good state, say so in the
+    /// log and in `clusterset_dns_memory_over_budget`.
+    KeepServing,
+    /// Stop the server (before the kernel's OOM killer does).
+    Exit,
+}
+
+/// The budget as the running server keeps it: the limit, what to do past
+/// it, and what is refused now (by a key per source or file).
+#[derive(Debug)]
+pub struct Guard {
+    /// The limit.
+    pub budget: MemoryBudget,
+    /// What to do past it.
+    pub on_limit: OnMemoryLimit,
+    refused: Mutex<BTreeSet<String>>,
+}
+
+/// An update that would take the process past the budget.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "memory: {what} needs about {needs_mib} MiB more and {resident_mib} MiB are resident, over {pct} % of the {limit_mib} MiB limit ({source}); refused whole, the last good state is served: raise the limit or split the fleet across servers",
+    needs_mib = needs.div_ceil(1 << 20),
+    resident_mib = resident / (1 << 20),
+    limit_mib = budget.limit / (1 << 20),
+    pct = (HEADROOM * 100.0) as u32,
+    source = budget.source_name(),
+)]
+pub struct WouldNotFit {
+    /// What was weighed (a file, a source's objects).
+    pub what: String,
+    /// Bytes it would take.
+    pub needs: u64,
+    /// Bytes resident then.
+    pub resident: u64,
+    /// The budget.
+    pub budget: MemoryBudget,
+}
+
+impl Guard {
+    /// The running server's budget.
+    pub fn new(budget: MemoryBudget, on_limit: OnMemoryLimit) -> Self {
+        Self { budget, on_limit, refused: Mutex::new(BTreeSet::new()) }
+    }
+
+    /// `Err` when `needs` more bytes for `key` (a source, a file) would
+    /// take the process past [`HEADROOM`] of the limit (`what` names it in
+    /// the message); `key` then counts as refused until it is admitted or
+    /// cleared.
+    pub fn admit(&self, key: &str, what: impl FnOnce() -> String, needs: u64) -> Result<(), WouldNotFit> {
+        let resident = resident_bytes().unwrap_or(0);
+        if (resident + needs) as f64 > self.budget.limit as f64 * HEADROOM {
+            self.set(key, true);
+            return Err(WouldNotFit { what: what(), needs, resident, budget: self.budget.clone() });
+        }
+        self.set(key, false);
+        Ok(())
+    }
+
+    /// `key` is refused (`true`) or no longer (`false`: admitted, gone).
+    pub fn set(&self, key: &str, refused: bool) {
+        // A poisoned lock means a panic in one of these lines; the set is whole.
+        let mut set = self.refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = if refused { set.insert(key.to_owned()) } else { set.remove(key) };
+        if changed && !refused && set.is_empty() {
+            tracing::info!("every update fits the memory budget again");
+        }
+    }
+
+    /// True while an update is refused for want of memory
+    /// (`clusterset_dns_memory_over_budget`).
+    pub fn is_over(&self) -> bool {
+        !self.refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+    }
+}
 
 /// The allocator's options (jemalloc's `malloc_conf`, NUL-terminated), which
 /// the binary exports for jemalloc to read as it starts; `_RJEM_MALLOC_CONF`
@@ -48,10 +149,7 @@ pub struct MemoryBudget {
     resident_mib = resident / (1 << 20),
     limit_mib = budget.limit / (1 << 20),
     pct = (HEADROOM * 100.0) as u32,
-    source = match &budget.source {
-        LimitSource::Flag => "--memory-limit".to_owned(),
-        LimitSource::Cgroup(p) => format!("cgroup {}", p.display()),
-    }
+    source = budget.source_name(),
 )]
 pub struct OverBudget {
     /// Bytes resident.
@@ -63,6 +161,14 @@ pub struct OverBudget {
 }
 
 impl MemoryBudget {
+    /// Where the limit came from, for messages.
+    pub fn source_name(&self) -> String {
+        match &self.source {
+            LimitSource::Flag => "--memory-limit".to_owned(),
+            LimitSource::Cgroup(p) => format!("cgroup {}", p.display()),
+        }
+    }
+
     /// `Err` when the process's resident size is over [`HEADROOM`] of the
     /// limit; `Ok` also when it cannot be read (no /proc).
     pub fn check(&self, services: usize) -> Result<(), OverBudget> {
@@ -169,6 +275,25 @@ mod tests {
             assert!(["dirty_decay_ms", "muzzy_decay_ms", "narenas"].contains(&key), "{key}");
             value.parse::<i64>().expect("a number");
         }
+    }
+
+    #[test]
+    fn an_update_is_weighed_against_what_is_resident_before_it_is_spent() {
+        let resident = resident_bytes().expect("/proc/self/status");
+        let limit = (resident + (64 << 20)) * 10 / 9;
+        let g = Guard::new(MemoryBudget { limit, source: LimitSource::Flag }, OnMemoryLimit::KeepServing);
+        assert!(g.admit("a", || "small".into(), 1 << 20).is_ok());
+        assert!(!g.is_over());
+        let e = g.admit("big", || "objects file big.yaml".into(), 256 << 20).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("objects file big.yaml needs about 256 MiB more"), "{text}");
+        assert!(text.contains("--memory-limit") && text.contains("refused whole"), "{text}");
+        assert!(g.is_over());
+        // Another key admitted: the refused one still counts.
+        assert!(g.admit("a", || "small".into(), 1 << 20).is_ok());
+        assert!(g.is_over());
+        g.set("big", false);
+        assert!(!g.is_over());
     }
 
     #[test]

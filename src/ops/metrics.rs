@@ -101,6 +101,18 @@ impl Metrics {
         self.registry.register(Box::new(collector))
     }
 
+    /// Exposes `clusterset_dns_memory_over_budget` from `guard` (0 without one).
+    pub fn register_memory(
+        &self,
+        guard: Option<Arc<crate::ops::memory::Guard>>,
+    ) -> Result<(), prometheus::Error> {
+        let collector = ScrapeCollector::new(MEMORY_OVER_BUDGET, move || {
+            let over = guard.as_ref().is_some_and(|g| g.is_over());
+            vec![vec![gauge(&[], f64::from(u8::from(over)))]]
+        })?;
+        self.registry.register(Box::new(collector))
+    }
+
     /// Exposes the health overlay, read from the current snapshot at scrape
     /// time: `clusterset_dns_endpoints{service,cluster,state}` and, with
     /// members, `clusterset_dns_cluster_alive{cluster}`. Never per address.
@@ -191,6 +203,13 @@ const UDP_WORKERS: &[FamilyDecl] = &[(
     "UDP worker threads running per listener (--udp-workers when healthy; 0: no UDP answers there).",
     MetricType::GAUGE,
     &["server"],
+)];
+
+const MEMORY_OVER_BUDGET: &[FamilyDecl] = &[(
+    "clusterset_dns_memory_over_budget",
+    "1 while an update is refused because it would take the server past 90 % of --memory-limit (the last good state is served); 0 once an update fits again, and without a limit.",
+    MetricType::GAUGE,
+    &[],
 )];
 
 const PANICS: &[FamilyDecl] = &[(

@@ -8,7 +8,7 @@
 //! second copy of every object would double the memory), and a file whose
 //! bytes did not change is neither parsed nor sent again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -68,7 +68,17 @@ pub struct FileSource {
     slots: FileSlots,
     /// Which fleet managers' shapes are read (`--interop`).
     interop: Interop,
+    /// Weighs a changed file by its size before it is read (the memory
+    /// budget); `Err` says why it is not loaded.
+    admit: Option<Admit>,
+    /// Files `admit` refused, not read since.
+    refused: BTreeSet<PathBuf>,
 }
+
+/// A file's size in bytes → whether it may be read now, and why not. A
+/// file refused and then removed is admitted with size 0, so whoever
+/// counts refusals forgets it.
+pub type Admit = std::sync::Arc<dyn Fn(&Path, u64) -> Result<(), String> + Send + Sync>;
 
 impl FileSource {
     /// A source for the `index`th `--objects` path (nothing is read yet).
@@ -76,10 +86,26 @@ impl FileSource {
         Self::with_slots(index, path, FileSlots::default())
     }
 
+    /// Files changed after the first load are weighed by `admit` before
+    /// they are read: one that would not fit the memory budget is not read
+    /// (its last good objects stay) until it changes again.
+    pub fn with_admit(mut self, admit: Admit) -> Self {
+        self.admit = Some(admit);
+        self
+    }
+
     /// The same, for a restarted watch: the files keep the sources `slots`
     /// gave them (every file is read again).
     pub fn with_slots(index: u32, path: PathBuf, slots: FileSlots) -> Self {
-        Self { index, path, digests: BTreeMap::new(), slots, interop: Interop::NONE }
+        Self {
+            index,
+            path,
+            digests: BTreeMap::new(),
+            slots,
+            interop: Interop::NONE,
+            admit: None,
+            refused: BTreeSet::new(),
+        }
     }
 
     /// The sources its files have, for [`FileSource::with_slots`].
@@ -144,6 +170,12 @@ impl FileSource {
         // itself is still whole.
         let slots = self.slots.0.clone();
         let mut slots = slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(admit) = &self.admit {
+            for path in self.refused.iter().filter(|p| !listed.contains(*p)) {
+                let _ = admit(path, 0);
+            }
+        }
+        self.refused.retain(|p| listed.contains(p));
         let gone: Vec<PathBuf> = slots.of.keys().filter(|p| !listed.contains(p)).cloned().collect();
         for path in gone {
             self.digests.remove(&path);
@@ -161,6 +193,16 @@ impl FileSource {
             if !force && known.is_some() && digest_of_file(&file).ok() == known {
                 continue;
             }
+            if !strict
+                && let Some(admit) = &self.admit
+                && let Ok(meta) = std::fs::metadata(&file)
+                && let Err(why) = admit(&file, meta.len())
+            {
+                error!(file = %file.display(), bytes = meta.len(), error = %why, "objects file not loaded");
+                self.refused.insert(file);
+                continue;
+            }
+            self.refused.remove(&file);
             let text = match std::fs::read_to_string(&file) {
                 Ok(t) => t,
                 Err(e) if strict => return Err(io_err(&file)(e)),

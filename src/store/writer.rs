@@ -137,6 +137,19 @@ impl Writer {
         }
     }
 
+    /// How many objects `update` adds, net of those of its source it
+    /// replaces: what a memory budget weighs before it is applied.
+    pub fn growth(&self, update: &Update) -> usize {
+        match update {
+            Update::Replace { source, objects } => {
+                let held: usize = self.services.iter().map(|(key, s)| s.ids_of(key, *source).count()).sum();
+                objects.len().saturating_sub(held)
+            }
+            Update::Upsert { .. } => 1,
+            _ => 0,
+        }
+    }
+
     /// Applies one update to the model. Nothing is visible to readers until
     /// [`Writer::publish`]; apply a batch, then publish once.
     pub fn apply(&mut self, update: Update) {

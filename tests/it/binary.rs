@@ -219,13 +219,17 @@ fn ipv4_and_ipv6_wildcards_bind_the_same_port() {
     drop(s);
 }
 
-/// A workload that does not fit `--memory-limit` stops the server with a
-/// message naming the size it reached: at start it does not start; after
-/// start (a file of 50,000 services added) it exits instead of growing
-/// until the OOM killer ends it. The limit is set from this machine's own
-/// figure for the small start, so the test does not depend on the build.
+/// A workload that does not fit `--memory-limit`: at start the server does
+/// not start, naming the size it reached. Once serving, an update that
+/// would not fit is refused whole and the last good state is served
+/// (`/health` and `/ready` stay 200, `clusterset_dns_memory_over_budget` is
+/// 1 until an update fits again): a file weighed by its size before it is
+/// read, a source's objects by their number before they are applied. With
+/// `--on-memory-limit exit` the server exits instead. The limit is set from
+/// this machine's own figure for the small start, so the test does not
+/// depend on the build.
 #[test]
-fn a_workload_over_the_memory_limit_stops_the_server_naming_the_size() {
+fn a_workload_over_the_memory_limit_is_refused_and_the_last_good_state_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     write(&dir.path().join("web.yaml"), WEB);
     let objects = dir.path().to_str().expect("path");
@@ -245,11 +249,45 @@ fn a_workload_over_the_memory_limit_stops_the_server_naming_the_size() {
     idle.wait_ready(Duration::from_secs(20));
     let start_kib = idle.status_kib("VmRSS");
     idle.stop();
-    // Room for the start and 16 MiB more; 50,000 services need more than that.
+    // Room for the start and 16 MiB more.
     let limit = format!("{}Ki", (start_kib + 16 * 1024) * 10 / 9);
     let mut s = Served::start(&["--memory-limit", &limit, "--objects", objects]);
     s.wait_ready(Duration::from_secs(20));
-    write(&dir.path().join("bulk.yaml"), &crate::support::many_services(50_000));
+    let over = |s: &Served| {
+        let (code, body) = s.get("/metrics");
+        assert_eq!(code, 200);
+        body.lines().find_map(|l| l.strip_prefix("clusterset_dns_memory_over_budget ")).map(str::to_owned)
+    };
+    assert_eq!(over(&s).as_deref(), Some("0"));
+    let answered = |s: &Served, name: &str| !s.dig(&[name, "A", "+short"]).trim().is_empty();
+    // 20,000 services: a 4 MB file passes the file's weighing, but its
+    // objects do not fit (the writer's weighing).
+    write(&dir.path().join("bulk.yaml"), &crate::support::many_services(20_000));
+    eventually("the bulk refused", || s.log().contains("update refused"));
+    assert!(s.log().contains("20000 objects more from"), "{}", s.log());
+    assert_eq!(over(&s).as_deref(), Some("1"));
+    assert_eq!(s.get("/health").0, 200);
+    assert_eq!(s.get("/ready").0, 200);
+    assert!(answered(&s, "web.shop.svc.clusterset.local"), "the last good state is served");
+    assert!(!answered(&s, "svc-0.ns-0.svc.clusterset.local"), "the refused file is not");
+    std::fs::remove_file(dir.path().join("bulk.yaml")).expect("rm");
+    eventually("fits again once the file is gone", || over(&s).as_deref() == Some("0"));
+    // 100,000 services: a 19 MB file is not even read.
+    let huge = dir.path().join("huge.yaml");
+    write(&huge, &crate::support::many_services(100_000));
+    eventually("the huge file refused before it is read", || s.log().contains("objects file not loaded"));
+    assert!(s.log().contains(&format!("objects file {}", huge.display())), "{}", s.log());
+    assert_eq!(over(&s).as_deref(), Some("1"));
+    assert!(answered(&s, "web.shop.svc.clusterset.local"));
+    std::fs::remove_file(&huge).expect("rm");
+    eventually("fits again once the huge file is gone", || over(&s).as_deref() == Some("0"));
+    assert!(s.wait_exit(Duration::from_millis(100)).is_none(), "exited:\n{}", s.log());
+    s.stop();
+
+    // The exit, for those who want it.
+    let mut s = Served::start(&["--memory-limit", &limit, "--on-memory-limit", "exit", "--objects", objects]);
+    s.wait_ready(Duration::from_secs(20));
+    write(&dir.path().join("bulk.yaml"), &crate::support::many_services(20_000));
     let status = s.wait_exit(Duration::from_secs(120));
     assert!(status.is_some_and(|st| !st.success()), "still running (or exit 0) over the limit:\n{}", s.log());
     assert!(s.log().contains("services, over 90 % of the"), "the size is named:\n{}", s.log());
