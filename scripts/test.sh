@@ -179,4 +179,15 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     echo "fuzzing: $target: no crash in ${fuzz_seconds}s, $execs runs, $rate/s"
   done
 fi
+# A test run must leave the checkout as it found it: a stale lock file that
+# a build rewrote, or a test writing into the tree, shows here.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  changed="$(git status --porcelain)"
+  if [ -n "$changed" ]; then
+    echo "the test run changed the checkout:" >&2
+    echo "$changed" >&2
+    git diff --stat >&2
+    exit 1
+  fi
+fi
 say "all tests passed"
