@@ -25,27 +25,32 @@ use crate::supervise::Supervisor;
 use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
 
-/// Why the server could not start.
+/// Why the server could not start. Each message names what failed (the
+/// flag, where there is one) and leaves the cause to the error's source,
+/// which the command prints after it (`--objects: /x: No such file…`),
+/// so that a cause is said once.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// An objects path could not be read at start.
-    #[error("--objects {0}")]
+    #[error("--objects")]
     Objects(#[from] LoadError),
     /// The embedded example does not parse (a build defect).
-    #[error("embedded example: {0}")]
+    #[error("embedded example")]
     Embedded(#[from] ParseError),
     /// No client for the Kubernetes API server could be made.
-    #[error("{0}")]
+    #[error(transparent)]
     Kube(#[from] k8s::client::ClientError),
     /// The metrics could not be registered (a build defect).
-    #[error("metrics: {0}")]
+    #[error("metrics")]
     Metrics(#[from] prometheus::Error),
     /// The first load does not fit the memory limit.
     #[error(transparent)]
     Memory(#[from] crate::ops::memory::OverBudget),
     /// A listen address could not be bound.
-    #[error("--listen {addr}: {source}")]
+    #[error("{flag} {addr}")]
     Bind {
+        /// The flag that named it.
+        flag: &'static str,
         /// The address.
         addr: SocketAddr,
         /// The error.
@@ -110,7 +115,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     let reload = Arc::new(Notify::new());
     let failures = process.failures.clone();
     let sup = Supervisor::new(failures.clone());
-    let mut tasks = Vec::new();
+    let mut tasks = Started(Vec::new());
 
     let guard = cfg.memory.clone().map(|b| Arc::new(Guard::new(b, cfg.on_memory_limit)));
     // A changed objects file is weighed by its size before it is read.
@@ -228,9 +233,12 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
 
     let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
-        .map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
-    let http_addr =
-        http_listener.local_addr().map_err(|source| StartError::Bind { addr: cfg.http_listen, source })?;
+        .map_err(|source| StartError::Bind { flag: "--http-listen", addr: cfg.http_listen, source })?;
+    let http_addr = http_listener.local_addr().map_err(|source| StartError::Bind {
+        flag: "--http-listen",
+        addr: cfg.http_listen,
+        source,
+    })?;
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ops = http::Ops::new(
         reader.clone(),
@@ -264,7 +272,41 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     }
     metrics.register_queries(cfg.zone.origin.to_string(), servers)?;
     metrics.register_udp_workers(workers_alive)?;
-    Ok(Running { addrs, http_addr, reader, draining, failures, _updates: tx, reload, udp, tasks })
+    Ok(Running {
+        addrs,
+        http_addr,
+        reader,
+        draining,
+        failures,
+        _updates: tx,
+        reload,
+        udp,
+        tasks: tasks.keep(),
+    })
+}
+
+/// The tasks a start has spawned so far. If the start fails midway they
+/// are aborted, so that none reports its own end (a writer whose updates
+/// stopped) as the failure, after the error that really stopped it.
+struct Started(Vec<JoinHandle<()>>);
+
+impl Started {
+    fn push(&mut self, task: JoinHandle<()>) {
+        self.0.push(task);
+    }
+
+    /// The start succeeded: the tasks are the running server's.
+    fn keep(mut self) -> Vec<JoinHandle<()>> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }
 
 /// Binds UDP workers and a TCP listener on the same address. With port 0,
@@ -277,7 +319,7 @@ async fn bind_pair(
     stats: &Arc<QueryStats>,
     failures: &Arc<Failures>,
 ) -> Result<(udp::UdpWorkers, tokio::net::TcpListener), StartError> {
-    let fail = |source| StartError::Bind { addr, source };
+    let fail = |source| StartError::Bind { flag: "--listen", addr, source };
     let mut attempts = if addr.port() == 0 { PORT_ATTEMPTS } else { 1 };
     loop {
         let workers = udp::start(

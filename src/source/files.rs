@@ -29,8 +29,9 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// Why a source could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    /// The path or a file in it could not be read.
-    #[error("{path}: {source}")]
+    /// The path or a file in it could not be read (the cause is the
+    /// source: printed after this by whoever prints the chain).
+    #[error("{path}")]
     Io {
         /// The path.
         path: PathBuf,
@@ -436,8 +437,11 @@ mod tests {
     #[test]
     fn a_missing_path_fails_the_first_load_with_its_name() {
         let mut src = FileSource::new(0, PathBuf::from("/nonexistent/objects.yaml"));
-        let e = src.load(true, false).unwrap_err().to_string();
-        assert!(e.starts_with("/nonexistent/objects.yaml: "), "{e}");
+        let e = src.load(true, false).unwrap_err();
+        // The path here, the cause once, as the error's source.
+        assert_eq!(e.to_string(), "/nonexistent/objects.yaml");
+        let cause = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+        assert!(cause.contains("No such file"), "{cause}");
     }
 
     #[test]

@@ -138,7 +138,23 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.yaml"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    // The flag and the path, the cause once.
+    assert!(err.contains("error: --objects: /nonexistent/x.yaml: No such file"), "{err}");
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    // An address taken: the flag that named it, the cause once, and no
+    // task reporting its own end as the failure.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", &addr])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("error: --http-listen {addr}: Address already in use")), "{err}");
+    assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
+    assert!(!err.contains("ERROR"), "a task blamed for the failed start:\n{err}");
 }
 
 #[test]
