@@ -213,8 +213,9 @@ pub struct ServeArgs {
     /// Seconds a TCP connection may stay idle before it is closed.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub tcp_idle_timeout: u64,
-    /// TCP connections served at once; when all are taken, idle ones are
-    /// closed to make room.
+    /// TCP connections served at once; past it, each new connection closes
+    /// one open connection to make room (one waiting for its client, from
+    /// the address holding the most, the longest waiting).
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub tcp_max_connections: usize,
     /// TCP connections open at once from one client address; more are

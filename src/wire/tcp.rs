@@ -6,10 +6,17 @@
 //!   message once its first byte came and for writing the response, so a
 //!   client sending a byte at a time or never reading holds a connection
 //!   for at most that long;
-//! - a cap on connections open at once, and a smaller one per client
-//!   address, beyond which new connections are closed at once;
-//! - under pressure (every connection slot taken), idle connections are
-//!   closed so waiting clients get their slots (RFC 7766 §6.2.3).
+//! - a cap per client address, beyond which new connections are closed at
+//!   once;
+//! - a cap on connections open at once. The accept loop never waits for a
+//!   slot: a slow client would then hold a fresh one back for up to a
+//!   timeout, and the kernel drops new clients' SYNs once its accept queue
+//!   behind the loop fills. Past the cap, each new connection is taken and
+//!   one open connection is closed to make room (RFC 7766 §6.2.3): one
+//!   waiting for its client (idle, or in the middle of a message) before
+//!   one being answered, from the address holding the most connections,
+//!   the longest waiting. A fresh client, one connection that has just
+//!   arrived, is the last such choice.
 //!
 //! A panic while serving one connection closes that connection only; it is
 //! counted (task `tcp`).
@@ -18,13 +25,14 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use super::stats::{Arrival, LocalStats, QueryStats, TransferAsk};
@@ -41,12 +49,21 @@ pub struct TcpConfig {
     /// Once a message's first byte arrived, the rest must arrive within
     /// this long; a response must be written within it too.
     pub io_timeout: Duration,
-    /// Connections open at once; more wait in the accept queue while idle
-    /// connections are closed to make room.
+    /// Connections open at once; past it, each new connection closes an
+    /// open one (the module's documentation says which).
     pub max_connections: usize,
     /// Connections open at once from one client address; more are closed.
     pub max_per_client: usize,
 }
+
+/// Connections asked to close that may still be open (their tasks not yet
+/// run) before new connections are refused rather than taken: bounds the
+/// file descriptors beyond `max_connections` if closing ever lags behind
+/// accepting.
+const CLOSING_SLACK: usize = 64;
+
+/// How often, at most, shedding is logged.
+const SHED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// What every connection of one listener shares. Outlives a restart of the
 /// accept loop, so the limits still count the connections already open.
@@ -56,10 +73,12 @@ pub struct TcpServer {
     cfg: TcpConfig,
     stats: Arc<QueryStats>,
     failures: Arc<Failures>,
-    permits: Arc<Semaphore>,
-    per_client: Mutex<HashMap<IpAddr, usize>>,
-    /// Notified when every slot is taken: idle connections close.
-    pressure: Notify,
+    /// Held for a map update or, when every slot is taken, one pass over
+    /// the open connections; twice per connection, never per message and
+    /// never across an await.
+    conns: Mutex<Conns>,
+    /// The origin of [`Conn::state`]'s milliseconds.
+    epoch: Instant,
 }
 
 impl TcpServer {
@@ -77,41 +96,196 @@ impl TcpServer {
             cfg,
             stats,
             failures,
-            permits: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
-            per_client: Mutex::new(HashMap::new()),
-            pressure: Notify::new(),
+            conns: Mutex::new(Conns::default()),
+            epoch: Instant::now(),
         })
     }
 
-    /// Counts a connection from `ip`, or `None` when that address has its
-    /// maximum open already.
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientSlot> {
-        // Held for a map update only, never across an await.
-        let mut open = self.per_client.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = open.entry(ip).or_insert(0);
-        if *n >= self.cfg.max_per_client.max(1) {
-            return None;
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(BUSY - 1)
+    }
+
+    /// Counts a connection from `ip`, asking another to close when every
+    /// slot is taken, or says why it is refused.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ClientSlot, Refused> {
+        let limits =
+            Limits { max: self.cfg.max_connections.max(1), per_client: self.cfg.max_per_client.max(1) };
+        let now = self.now_ms();
+        let (conn, victim, shed_since_log) = {
+            let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+            let (conn, victim) = conns.admit(ip, now, limits)?;
+            let shed_since_log = if victim.is_some() { conns.shed_log(Instant::now()) } else { None };
+            (conn, victim, shed_since_log)
+        };
+        if let Some(victim) = victim {
+            // A permit is stored if its task is not waiting right now.
+            victim.shed.notify_one();
         }
-        *n += 1;
-        Some(ClientSlot { server: self.clone(), ip })
+        if let Some(shed) = shed_since_log {
+            warn!(
+                max = limits.max,
+                shed,
+                "every TCP connection slot is taken (--tcp-max-connections): closing the longest \
+                 waiting connection of the address holding the most for each new one"
+            );
+        }
+        Ok(ClientSlot { server: self.clone(), conn, ip })
     }
 }
 
-/// One connection counted against its client address until dropped.
+/// Why a new connection is closed at once.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+enum Refused {
+    #[error("too many from this address (--tcp-max-per-client)")]
+    PerClient,
+    #[error("too many connections still closing")]
+    Closing,
+}
+
+/// The caps, each at least 1.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max: usize,
+    per_client: usize,
+}
+
+/// [`Conn::state`] while a message is being answered.
+const BUSY: u64 = u64::MAX;
+
+/// What the accept loop reads of one open connection, and how it asks the
+/// connection to close.
+struct Conn {
+    /// [`BUSY`], or the millisecond (since [`TcpServer::epoch`]) at which
+    /// the connection began waiting for its next message: at connect and
+    /// after each response. A first byte does not reset it, so a client
+    /// trickling bytes grows as old as an idle one. Relaxed: only a
+    /// heuristic reads it.
+    state: AtomicU64,
+    /// Notified when the connection is chosen to make room; its task then
+    /// drops it, whatever it was doing.
+    shed: Notify,
+}
+
+impl Conn {
+    fn waiting_since(&self, now_ms: u64) {
+        self.state.store(now_ms, Ordering::Relaxed);
+    }
+
+    fn busy(&self) {
+        self.state.store(BUSY, Ordering::Relaxed);
+    }
+}
+
+/// The open connections of one address.
+#[derive(Default)]
+struct Held {
+    /// Open, including those asked to close: what `max_per_client` caps.
+    open: usize,
+    /// Those not asked to close: the candidates to make room.
+    live: Vec<Arc<Conn>>,
+}
+
+/// Every open connection, by client address.
+#[derive(Default)]
+struct Conns {
+    by_ip: HashMap<IpAddr, Held>,
+    /// Open and not asked to close: what `max_connections` caps.
+    live: usize,
+    /// Open, including those asked to close.
+    open: usize,
+    /// Connections asked to close since shedding was last logged.
+    shed_unlogged: u64,
+    last_log: Option<Instant>,
+}
+
+impl Conns {
+    /// Counts a new connection from `ip`; past `limits.max` also returns
+    /// the open connection it displaces, already uncounted.
+    fn admit(
+        &mut self,
+        ip: IpAddr,
+        now_ms: u64,
+        limits: Limits,
+    ) -> Result<(Arc<Conn>, Option<Arc<Conn>>), Refused> {
+        if self.by_ip.get(&ip).is_some_and(|h| h.open >= limits.per_client) {
+            return Err(Refused::PerClient);
+        }
+        let mut victim = None;
+        if self.live >= limits.max {
+            if self.open >= limits.max + CLOSING_SLACK {
+                return Err(Refused::Closing);
+            }
+            victim = self.take_victim(now_ms);
+        }
+        let conn = Arc::new(Conn { state: AtomicU64::new(now_ms), shed: Notify::new() });
+        let held = self.by_ip.entry(ip).or_default();
+        held.open += 1;
+        held.live.push(conn.clone());
+        self.live += 1;
+        self.open += 1;
+        Ok((conn, victim))
+    }
+
+    /// The connection to close to make room, uncounted from `live`: one
+    /// waiting for its client before one being answered (a client that is
+    /// sent nothing loses nothing it asked for), then from the address
+    /// holding the most (a client behind one connection, such as a fresh
+    /// one, is the last to lose it; a flood from a few addresses pays
+    /// first), then the one waiting longest. One pass over the open
+    /// connections: this runs only while every slot is taken.
+    fn take_victim(&mut self, now_ms: u64) -> Option<Arc<Conn>> {
+        let mut best: Option<((bool, usize, u64), IpAddr, usize)> = None;
+        for (ip, held) in &self.by_ip {
+            for (i, conn) in held.live.iter().enumerate() {
+                let state = conn.state.load(Ordering::Relaxed);
+                let key = (state != BUSY, held.live.len(), now_ms.saturating_sub(state));
+                if best.as_ref().is_none_or(|(k, _, _)| key > *k) {
+                    best = Some((key, *ip, i));
+                }
+            }
+        }
+        let (_, ip, i) = best?;
+        let conn = self.by_ip.get_mut(&ip)?.live.swap_remove(i);
+        self.live -= 1;
+        self.shed_unlogged += 1;
+        Some(conn)
+    }
+
+    /// Forgets a closed connection from `ip`.
+    fn close(&mut self, ip: IpAddr, conn: &Arc<Conn>) {
+        let Some(held) = self.by_ip.get_mut(&ip) else { return };
+        if let Some(i) = held.live.iter().position(|c| Arc::ptr_eq(c, conn)) {
+            held.live.swap_remove(i);
+            self.live -= 1;
+        }
+        held.open = held.open.saturating_sub(1);
+        self.open = self.open.saturating_sub(1);
+        if held.open == 0 {
+            self.by_ip.remove(&ip);
+        }
+    }
+
+    /// The connections shed since the last log line, when one is due.
+    fn shed_log(&mut self, now: Instant) -> Option<u64> {
+        if self.last_log.is_some_and(|t| now.duration_since(t) < SHED_LOG_EVERY) {
+            return None;
+        }
+        self.last_log = Some(now);
+        Some(std::mem::take(&mut self.shed_unlogged))
+    }
+}
+
+/// One connection counted against the caps until dropped.
 struct ClientSlot {
     server: Arc<TcpServer>,
+    conn: Arc<Conn>,
     ip: IpAddr,
 }
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
-        let mut open = self.server.per_client.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
+        let mut conns = self.server.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        conns.close(self.ip, &self.conn);
     }
 }
 
@@ -133,21 +307,11 @@ pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Accepts connections from `listener` and serves each on its own task,
 /// until the task is dropped. The listener is shared so that a supervisor
-/// can run this again on the same socket.
+/// can run this again on the same socket. Never waits for anything but the
+/// next connection: the caps close connections, they do not hold the loop.
 pub async fn serve(listener: Arc<TcpListener>, server: Arc<TcpServer>) {
     loop {
         server.wire.faults.point(Point::TcpAccept, &[]);
-        let permit = match server.permits.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                // Every slot taken: idle connections make room.
-                server.pressure.notify_waiters();
-                match server.permits.clone().acquire_owned().await {
-                    Ok(p) => p,
-                    Err(_) => return,
-                }
-            }
-        };
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
@@ -156,23 +320,30 @@ pub async fn serve(listener: Arc<TcpListener>, server: Arc<TcpServer>) {
                 continue;
             }
         };
-        let Some(slot) = server.admit(peer.ip()) else {
-            debug!(%peer, "TCP connection refused: too many from this address");
-            continue;
+        let slot = match server.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(why) => {
+                debug!(%peer, %why, "TCP connection refused");
+                continue;
+            }
         };
         let server = server.clone();
         tokio::spawn(async move {
             let arrival = Arrival { proto: 1, family: usize::from(peer.is_ipv6()) };
-            match AssertUnwindSafe(connection(stream, peer, &server, arrival)).catch_unwind().await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => debug!(error = %e, %peer, "TCP connection ended"),
-                Err(_) => {
-                    // Logged by the panic hook; this connection is closed.
-                    server.failures.panicked(Task::Tcp);
-                }
+            let conn = &slot.conn;
+            tokio::select! {
+                r = AssertUnwindSafe(connection(stream, peer, &server, arrival, conn)).catch_unwind() => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => debug!(error = %e, %peer, "TCP connection ended"),
+                    Err(_) => {
+                        // Logged by the panic hook; this connection is closed.
+                        server.failures.panicked(Task::Tcp);
+                    }
+                },
+                // Dropping the connection's future closes its socket.
+                () = conn.shed.notified() => debug!(%peer, "TCP connection closed to make room"),
             }
             drop(slot);
-            drop(permit);
         });
     }
 }
@@ -182,6 +353,7 @@ async fn connection(
     peer: SocketAddr,
     server: &TcpServer,
     arrival: Arrival,
+    conn: &Conn,
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
@@ -191,14 +363,11 @@ async fn connection(
     let mut scratch = Scratch::default();
     let mut local = LocalStats::default();
     loop {
-        // Idle until the next message starts; under pressure, closed.
-        let first = tokio::select! {
-            r = tokio::time::timeout(server.cfg.idle_timeout, rd.read_u8()) => match r {
-                Err(_) => return Ok(()), // idle
-                Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Ok(r) => r?,
-            },
-            _ = server.pressure.notified() => return Ok(()),
+        // Idle until the next message starts.
+        let first = match tokio::time::timeout(server.cfg.idle_timeout, rd.read_u8()).await {
+            Err(_) => return Ok(()), // idle
+            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(r) => r?,
         };
         let len = tokio::time::timeout(server.cfg.io_timeout, async {
             let second = rd.read_u8().await?;
@@ -208,6 +377,7 @@ async fn connection(
         })
         .await
         .map_err(|_| timed_out("query"))??;
+        conn.busy();
         let started = std::time::Instant::now();
         let (outcome, snap) = {
             let snap = server.reader.load();
@@ -238,6 +408,7 @@ async fn connection(
             local.record_duration(outcome.in_zone, 1, started.elapsed());
             local.flush(&server.stats);
         }
+        conn.waiting_since(server.now_ms());
     }
 }
 
@@ -294,4 +465,93 @@ async fn write_message(
     })
     .await
     .map_err(|_| timed_out(what))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    const LIMITS: Limits = Limits { max: 4, per_client: 3 };
+
+    #[test]
+    fn past_the_address_cap_a_connection_is_refused() {
+        let mut conns = Conns::default();
+        for _ in 0..3 {
+            assert!(conns.admit(ip(1), 0, LIMITS).is_ok());
+        }
+        assert_eq!(conns.admit(ip(1), 0, LIMITS).err(), Some(Refused::PerClient));
+        assert!(conns.admit(ip(2), 0, LIMITS).is_ok(), "another address still gets in");
+    }
+
+    #[test]
+    fn past_the_cap_the_longest_waiting_of_the_busiest_address_makes_room() {
+        let mut conns = Conns::default();
+        let (a_old, _) = conns.admit(ip(1), 0, LIMITS).unwrap();
+        let (a_young, _) = conns.admit(ip(1), 50, LIMITS).unwrap();
+        let (b_oldest, _) = conns.admit(ip(2), 0, LIMITS).unwrap();
+        b_oldest.waiting_since(0);
+        let (c, none) = conns.admit(ip(3), 60, LIMITS).unwrap();
+        assert!(none.is_none(), "room left below the cap");
+        // Full: the new connection takes the place of address 1's oldest,
+        // though address 2's connection has waited as long.
+        let (fresh, victim) = conns.admit(ip(4), 100, LIMITS).unwrap();
+        assert!(victim.is_some_and(|v| Arc::ptr_eq(&v, &a_old)));
+        assert_eq!((conns.live, conns.open), (4, 5), "the victim is open until its task closes it");
+        // Every address holds one now: the longest waiting goes.
+        let (_, victim) = conns.admit(ip(5), 110, LIMITS).unwrap();
+        assert!(victim.is_some_and(|v| Arc::ptr_eq(&v, &b_oldest)));
+        // One being answered goes after every waiting one, however old.
+        a_young.busy();
+        c.busy();
+        let (_, victim) = conns.admit(ip(6), 120, LIMITS).unwrap();
+        assert!(victim.is_some_and(|v| Arc::ptr_eq(&v, &fresh)), "the oldest waiting, not a busy one");
+        // The victims close: their slots were already given away.
+        conns.close(ip(1), &a_old);
+        conns.close(ip(2), &b_oldest);
+        assert_eq!((conns.live, conns.open), (4, 5));
+        assert!(!conns.by_ip.contains_key(&ip(2)));
+    }
+
+    #[test]
+    fn a_fresh_connection_is_not_chosen_while_older_ones_wait() {
+        let limits = Limits { max: 100, per_client: 100 };
+        let mut conns = Conns::default();
+        // 100 slow clients, 10 per address, then one fresh client from
+        // its own address, then 50 more slow ones.
+        for i in 0..100u64 {
+            conns.admit(ip(10 + (i % 10) as u8), i, limits).unwrap();
+        }
+        let (fresh, _) = conns.admit(ip(1), 200, limits).unwrap();
+        for i in 0..50u64 {
+            let (_, victim) = conns.admit(ip(10 + (i % 10) as u8), 300 + i, limits).unwrap();
+            assert!(!victim.is_some_and(|v| Arc::ptr_eq(&v, &fresh)), "fresh client shed at {i}");
+        }
+        assert_eq!(conns.live, 100);
+    }
+
+    #[test]
+    fn new_connections_are_refused_while_too_many_are_still_closing() {
+        let limits = Limits { max: 1, per_client: 1000 };
+        let mut conns = Conns::default();
+        conns.admit(ip(1), 0, limits).unwrap();
+        for _ in 0..CLOSING_SLACK {
+            assert!(conns.admit(ip(1), 0, limits).unwrap().1.is_some());
+        }
+        assert_eq!(conns.admit(ip(1), 0, limits).err(), Some(Refused::Closing));
+    }
+
+    #[test]
+    fn shedding_is_logged_at_most_every_ten_seconds_with_the_count() {
+        let mut conns = Conns::default();
+        let t0 = Instant::now();
+        conns.shed_unlogged = 3;
+        assert_eq!(conns.shed_log(t0), Some(3));
+        conns.shed_unlogged = 5;
+        assert_eq!(conns.shed_log(t0 + Duration::from_secs(9)), None);
+        assert_eq!(conns.shed_log(t0 + SHED_LOG_EVERY), Some(5));
+    }
 }
