@@ -14,7 +14,7 @@ use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
 
 use crate::fleet::metric;
 use crate::harness::served::Served;
-use crate::support::{decode, q, udp_raw};
+use crate::support::{decode, q, read_frame, udp_raw};
 
 /// Every one of `n` good queries, each from its own UDP source port, and
 /// `n` over TCP, is answered.
@@ -295,4 +295,88 @@ fn byte_at_a_time_and_never_reading_clients_are_cut_off() {
     let burst: Vec<u8> = frame.iter().copied().cycle().take(frame.len() * 20_000).collect();
     let _ = greedy.write_all(&burst); // may stop early once the server closes
     all_answered(s.addr, 10, "a client that never reads");
+}
+
+/// Raises this process's soft limit on open files to `want` (the servers
+/// it starts inherit it) with util-linux's `prlimit`; fails when the hard
+/// limit is lower.
+fn raise_nofile(want: u64) {
+    let limits = std::fs::read_to_string("/proc/self/limits").expect("/proc/self/limits");
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("Max open files");
+    let mut fields = line.split_whitespace().skip(3);
+    let (soft, hard) = (fields.next().expect("soft limit"), fields.next().expect("hard limit"));
+    let soft: u64 = soft.parse().unwrap_or(u64::MAX); // "unlimited"
+    let hard: u64 = hard.parse().unwrap_or(u64::MAX);
+    if soft >= want {
+        return;
+    }
+    assert!(hard >= want, "this test needs {want} open files; the hard limit is {hard}");
+    let ok = std::process::Command::new("prlimit")
+        .args(["--pid", &std::process::id().to_string(), &format!("--nofile={want}:")])
+        .status()
+        .expect("prlimit (util-linux)");
+    assert!(ok.success(), "prlimit --nofile={want}:");
+}
+
+/// Open sockets of process `pid`.
+fn sockets_of(pid: u32) -> usize {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("/proc/PID/fd of the server");
+    fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+#[test]
+fn a_fresh_tcp_client_is_answered_within_a_second_behind_thousands_of_half_open_connections() {
+    // 2,049 connections: with the default cap (1,024) and listen backlog
+    // (1,024), a server that stops accepting at the cap holds 1,024 and
+    // has 1,025 more queued, so the kernel drops a new client's SYN.
+    const HOLD: u32 = 2049;
+    const ADDRESSES: u32 = 250; // at most 255: the last byte of 127.30.0.x
+    raise_nofile(u64::from(HOLD) + 2048);
+    // The defaults: --tcp-max-connections 1024, --tcp-max-per-client 64,
+    // --tcp-io-timeout 2, --tcp-idle-timeout 10.
+    let s = Served::start(&[]);
+    let baseline = sockets_of(s.pid());
+    // Each from its own 127.30.0.x address (a client socket bound to it
+    // before connecting), sending the first byte of a length prefix, then
+    // nothing. Bounded in count and in time.
+    let opening = Instant::now();
+    let mut held = Vec::new();
+    for i in 0..HOLD {
+        if opening.elapsed() > Duration::from_secs(30) {
+            break;
+        }
+        let source = Ipv4Addr::new(127, 30, 0, (i % ADDRESSES) as u8 + 1);
+        if let Some(mut c) = connect_from(source, s.addr) {
+            let _ = c.write_all(&[0]); // may find it closed already
+            held.push(c);
+        }
+    }
+    assert!(held.len() >= 2000, "{} of {HOLD} connections made in {:?}", held.len(), opening.elapsed());
+    std::thread::sleep(Duration::from_millis(200));
+    // The cap still holds: connections are closed to make room, not kept.
+    let open = sockets_of(s.pid()) - baseline;
+    assert!(open <= 1024 + 64, "{open} TCP connections open in the server");
+    // A fresh client from another address: connected, asked and answered
+    // within a second (each step bounded by a socket timeout).
+    let started = Instant::now();
+    let query = q("web.shop.svc.clusterset.local.", "A").bytes();
+    let mut fresh = TcpStream::connect_timeout(&s.addr, Duration::from_secs(3))
+        .unwrap_or_else(|e| panic!("fresh connect: {e} after {:?}", started.elapsed()));
+    let connected = started.elapsed();
+    fresh.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");
+    fresh.set_write_timeout(Some(Duration::from_secs(3))).expect("timeout");
+    let mut framed = (query.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&query);
+    fresh.write_all(&framed).expect("fresh write");
+    let answer = read_frame(&mut fresh).map(|r| decode(&r));
+    let answered = started.elapsed();
+    let answer =
+        answer.unwrap_or_else(|| panic!("no answer after {answered:?} (connected after {connected:?})"));
+    assert!(!answer.answers.is_empty(), "{answer:?}");
+    assert!(answered < Duration::from_secs(1), "connected after {connected:?}, answered after {answered:?}");
+    drop(fresh);
+    drop(held);
+    all_answered(s.addr, 5, "2,049 half-open TCP connections");
 }
