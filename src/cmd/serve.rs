@@ -253,6 +253,16 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     tasks.push(sup.fatal(Task::Http, http::serve(http_listener, ops)));
     info!(addr = %http_addr, "HTTP /health /ready /metrics, /debug/ for --allow-debug");
 
+    let (tcp_cfg, open_files) = tcp::fit_open_files(cfg.tcp, cfg.listen.len());
+    if let Some(limit) = open_files {
+        warn!(
+            open_files = limit,
+            tcp_max_connections = tcp_cfg.max_connections,
+            "the open files limit leaves room for fewer TCP connections than --tcp-max-connections: \
+             serving at most tcp_max_connections at once on each --listen address; raise the \
+             limit (ulimit -n, LimitNOFILE=) to serve more"
+        );
+    }
     let mut addrs = Vec::new();
     let mut udp = Vec::new();
     let mut servers = Vec::new();
@@ -264,7 +274,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         servers.push((server_label(bound), stats.clone()));
         workers_alive.push((server_label(bound), workers.alive.clone()));
         let listener = Arc::new(listener);
-        let server = tcp::TcpServer::new(reader.clone(), cfg.wire.clone(), cfg.tcp, stats, failures.clone());
+        let server = tcp::TcpServer::new(reader.clone(), cfg.wire.clone(), tcp_cfg, stats, failures.clone());
         tasks.push(sup.restartable(Task::TcpAccept, move || tcp::serve(listener.clone(), server.clone())));
         udp.push(workers);
         addrs.push(bound);

@@ -55,6 +55,14 @@ impl Served {
         Self::spawn(tied(BIN), "serve", args, &[])
     }
 
+    /// [`Served::start`] with a limit of `n` open files (soft and hard), set
+    /// by util-linux's `prlimit`, which then runs the server in its place.
+    pub fn start_open_files(n: u64, args: &[&str]) -> Self {
+        let mut prlimit = Command::new("prlimit");
+        prlimit.args([&format!("--nofile={n}:{n}"), "--", BIN]);
+        Self::spawn(prlimit, "serve", args, &[])
+    }
+
     fn spawn(mut program: Command, command: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut argv = vec![command, "--http-listen", "127.0.0.1:0"];
         if !args.contains(&"--udp-workers") {
