@@ -7,7 +7,7 @@ Usage (from the repository root, after a release build):
     cargo build --release --locked
     python3 benches/tcp_hold.py --binary target/release/clusterset-dns \\
         [--connections 2049] [--addresses 250] [--servers knot,knot-cpus,nsd,ours] \\
-        [--baseline OTHER_BUILD] [--rounds 1] [--workdir DIR]
+        [--baseline OTHER_BUILD] [--ours-nofile N] [--rounds 1] [--workdir DIR]
 
 For each server: open CONNECTIONS TCP connections from ADDRESSES loopback
 addresses (127.20.x.y, never 127.0.0.1; each client socket bound to its
@@ -38,7 +38,8 @@ Every server runs with its defaults for TCP and one UDP worker, as
 worker, as there; "knot-cpus" with Knot's default worker counts (one TCP
 worker per CPU: our TCP connections run on a two-thread runtime whatever
 --udp-workers says). --baseline runs another build of ours as server
-"ours-before", with the same flags. Each listens on 127.0.0.1, on a port of its own, and
+"ours-before", with the same flags; --ours-nofile N runs both under a
+limit of N open files (util-linux's prlimit). Each listens on 127.0.0.1, on a port of its own, and
 is killed by this script (also on error or Ctrl-C). The zone is
 ../shared/bench/gen_workload.py's (Knot and NSD serve its zone file, ours
 its objects.yaml). Every hold socket is closed before the next server
@@ -189,7 +190,7 @@ class Server:
             s.stop()
 
 
-def start(kind, binary, baseline, work, wl, port):
+def start(kind, binary, baseline, nofile, work, wl, port):
     d = os.path.join(work, f"{kind}-{port}")
     os.makedirs(d, exist_ok=True)
     if kind in ("knot", "knot-cpus"):
@@ -220,6 +221,8 @@ def start(kind, binary, baseline, work, wl, port):
         argv = [binary, "serve", "--objects", os.path.join(wl, "objects.yaml"),
                 "--listen", f"127.0.0.1:{port}", "--http-listen", "127.0.0.1:0",
                 "--udp-workers", "1", "--lameduck", "0"]
+        if nofile:
+            argv = ["prlimit", f"--nofile={nofile}:{nofile}", "--"] + argv
     return Server(kind, argv, port, os.path.join(d, "log"))
 
 
@@ -321,7 +324,7 @@ def fresh(port, seconds, qid):
 
 
 def run_one(kind, a, work, wl, port, round_):
-    srv = start(kind, a.binary, a.baseline, work, wl, port)
+    srv = start(kind, a.binary, a.baseline, a.ours_nofile, work, wl, port)
     socks = []
     try:
         before = established_on(port)
@@ -356,6 +359,8 @@ def main():
     p.add_argument("--addresses", type=int, default=250)
     p.add_argument("--servers", default="knot,knot-cpus,nsd,ours")
     p.add_argument("--baseline", help="another build of ours, run as server ours-before")
+    p.add_argument("--ours-nofile", type=int,
+                   help="run ours (both builds) under this limit of open files (prlimit)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--hold-seconds", type=float, default=5.0,
                    help="the hold phase ends after this, connected or not")
