@@ -215,7 +215,8 @@ pub struct ServeArgs {
     pub tcp_idle_timeout: u64,
     /// TCP connections served at once; past it, each new connection closes
     /// one open connection to make room (one waiting for its client, from
-    /// the address holding the most, the longest waiting).
+    /// the address holding the most, the longest waiting). Lowered at start
+    /// when the open files limit cannot hold it.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub tcp_max_connections: usize,
     /// TCP connections open at once from one client address; more are

@@ -16,7 +16,9 @@
 //!   waiting for its client (idle, or in the middle of a message) before
 //!   one being answered, from the address holding the most connections,
 //!   the longest waiting. A fresh client, one connection that has just
-//!   arrived, is the last such choice.
+//!   arrived, is the last such choice. The cap is fitted to the open files
+//!   limit at start ([`fit_open_files`]), so that accept() does not fail
+//!   below it.
 //!
 //! A panic while serving one connection closes that connection only; it is
 //! counted (task `tcp`).
