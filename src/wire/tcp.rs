@@ -64,6 +64,10 @@ pub struct TcpConfig {
 /// accepting.
 const CLOSING_SLACK: usize = 64;
 
+/// Times the accept loop lets connections asked to close run before it
+/// refuses a new connection for [`CLOSING_SLACK`].
+const CLOSING_YIELDS: usize = 64;
+
 /// How often, at most, shedding is logged.
 const SHED_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -108,8 +112,8 @@ impl TcpServer {
     }
 
     /// Counts a connection from `ip`, asking another to close when every
-    /// slot is taken, or says why it is refused.
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ClientSlot, Refused> {
+    /// slot is taken (then also `true`), or says why it is refused.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<(ClientSlot, bool), Refused> {
         let limits =
             Limits { max: self.cfg.max_connections.max(1), per_client: self.cfg.max_per_client.max(1) };
         let now = self.now_ms();
@@ -119,6 +123,7 @@ impl TcpServer {
             let shed_since_log = if victim.is_some() { conns.shed_log(Instant::now()) } else { None };
             (conn, victim, shed_since_log)
         };
+        let shed = victim.is_some();
         if let Some(victim) = victim {
             // A permit is stored if its task is not waiting right now.
             victim.shed.notify_one();
@@ -131,7 +136,7 @@ impl TcpServer {
                  waiting connection of the address holding the most for each new one"
             );
         }
-        Ok(ClientSlot { server: self.clone(), conn, ip })
+        Ok((ClientSlot { server: self.clone(), conn, ip }, shed))
     }
 }
 
@@ -359,8 +364,20 @@ pub async fn serve(listener: Arc<TcpListener>, server: Arc<TcpServer>) {
                 continue;
             }
         };
-        let slot = match server.admit(peer.ip()) {
-            Ok(slot) => slot,
+        let mut yields = 0;
+        let admitted = loop {
+            match server.admit(peer.ip()) {
+                // Connections asked to close are closed by their tasks:
+                // let them run rather than turn a client away.
+                Err(Refused::Closing) if yields < CLOSING_YIELDS => {
+                    yields += 1;
+                    tokio::task::yield_now().await;
+                }
+                other => break other,
+            }
+        };
+        let (slot, shed) = match admitted {
+            Ok(admitted) => admitted,
             Err(why) => {
                 debug!(%peer, %why, "TCP connection refused");
                 continue;
@@ -384,6 +401,15 @@ pub async fn serve(listener: Arc<TcpListener>, server: Arc<TcpServer>) {
             }
             drop(slot);
         });
+        if shed {
+            // The connection chosen to make room closes when its task
+            // runs. With connections queued, accept() stays ready and the
+            // loop would run on for its whole scheduling budget (128
+            // accepts) first, the closing ones piling up past
+            // CLOSING_SLACK and new clients refused: seen as a fresh
+            // query refused behind 2,000 idle connections.
+            tokio::task::yield_now().await;
+        }
     }
 }
 
