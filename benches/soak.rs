@@ -126,11 +126,12 @@ fn soak(rt: &tokio::runtime::Runtime, f: &ServedFleet) -> Result<()> {
                 let patch = json!({"endpoints": endpoints});
                 let name = Fleet::slice_name(i, 0);
                 let ns = fleet.namespace(n);
+                let api = api_of(&ns);
                 let ok = rt
-                    .block_on(tokio::time::timeout(
-                        Duration::from_secs(2),
-                        api_of(&ns).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-                    ))
+                    .block_on(async {
+                        let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
+                        tokio::time::timeout(Duration::from_secs(2), api.patch(&name, &pp, &merge)).await
+                    })
                     .is_ok_and(|r| r.is_ok());
                 let now = Instant::now();
                 record(&windows, now, &|w| if ok { w.patches += 1 } else { w.patch_errors += 1 });
@@ -201,7 +202,7 @@ fn soak(rt: &tokio::runtime::Runtime, f: &ServedFleet) -> Result<()> {
             std::thread::sleep(Duration::from_millis(100));
         }
         stop.store(true, Ordering::Relaxed);
-        let _ = churn.join();
+        churn.join().map_err(|_| anyhow!("the churn thread panicked"))?;
         queries.join().map_err(|_| anyhow!("the query thread panicked"))??;
         samples.push((f.server.status_kib("VmRSS"), open_fds(f.server.pid())));
         let windows = windows.lock().expect("windows");
