@@ -85,6 +85,11 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
     // The probe's health counts as the watches' do: a frozen API server
     // shows in the member's staleness.
+    // Every member's write-latency series exists from the start (zero
+    // counts), not from its first write.
+    for m in &members {
+        stats.write_seconds.with_label_values(&[m.name.as_str()]);
+    }
     let healths: MemberHealth = members
         .iter()
         .map(|m| {

@@ -306,6 +306,7 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
         (_, "ADDR:PORT") => text("0.0.0.0:8053"),
         (_, "POLICY") => text("weighted"),
         (_, "keep|remove") => text("remove"),
+        ("on-memory-limit", _) => text("exit"),
         (_, "auto|stream|paged") => text("stream"),
         (_, "CIDR=NAME[/ZONE]") => ("{10.1.0.0/16=east}".to_owned(), Some("10.1.0.0/16=east".to_owned())),
         (_, "CLUSTER=REGION") => ("{east=eu}".to_owned(), Some("east=eu".to_owned())),
