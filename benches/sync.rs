@@ -34,6 +34,7 @@ use common::objects::{create_all, import_resource, slice_resource, timed_call};
 use common::report::{row, secs};
 use common::{SERVER_READY_TIMEOUT, main_of, serve, start_clusters};
 use harness::clusters::TestClusters;
+use harness::process::Frozen;
 use harness::procfs::{cpu_seconds, loadavg};
 use harness::syncing::Syncing;
 
@@ -334,28 +335,6 @@ fn propagation(
         }
     }
     Ok(times)
-}
-
-/// A process stopped with SIGSTOP, continued when dropped (also when the
-/// bench fails: a stopped API server would never see the supervisor's
-/// SIGTERM).
-struct Frozen(u32);
-
-impl Frozen {
-    fn new(pid: u32) -> Self {
-        signal(pid, "STOP");
-        Self(pid)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        signal(self.0, "CONT");
-    }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let _ = std::process::Command::new("kill").args([format!("-{sig}"), pid.to_string()]).status();
 }
 
 /// Waits until `sync` has written nothing for 3 s (at most

@@ -829,14 +829,21 @@ mod tests {
         fake.objects.lock().unwrap().keys().map(|(k, _, _)| *k).collect()
     }
 
+    /// The name of the one object of `kind` the member holds.
+    fn name_of(fake: &FakeMember, kind: Kind) -> String {
+        fake.objects.lock().unwrap().keys().find(|(k, _, _)| *k == kind).map(|(_, _, n)| n.clone()).unwrap()
+    }
+
     fn vip_name(fake: &FakeMember) -> String {
-        fake.objects
-            .lock()
-            .unwrap()
-            .keys()
-            .find(|(k, _, _)| *k == Kind::Service)
-            .map(|(_, _, n)| n.clone())
-            .unwrap()
+        name_of(fake, Kind::Service)
+    }
+
+    /// Someone else sets the first address of the member's one slice.
+    fn edit_address(fake: &FakeMember, address: &str) {
+        let name = name_of(fake, Kind::EndpointSlice);
+        let mut slice = fake.get(Kind::EndpointSlice, "shop", &name).unwrap();
+        slice["endpoints"][0]["addresses"][0] = json!(address);
+        fake.put(Kind::EndpointSlice, "shop", &name, slice);
     }
 
     fn writes(f: &Fleet) -> usize {
@@ -955,17 +962,7 @@ mod tests {
         // While no controller ran: a slice's address edited in cluster-2, the
         // import in cluster-3 edited into an invalid shape, the VIP in
         // cluster-1 deleted, and the export's conditions removed.
-        let slice_name = f.fakes[1]
-            .objects
-            .lock()
-            .unwrap()
-            .keys()
-            .find(|(k, _, _)| *k == Kind::EndpointSlice)
-            .map(|(_, _, n)| n.clone())
-            .unwrap();
-        let mut slice = f.fakes[1].get(Kind::EndpointSlice, "shop", &slice_name).unwrap();
-        slice["endpoints"][0]["addresses"][0] = json!("10.66.6.6");
-        f.fakes[1].put(Kind::EndpointSlice, "shop", &slice_name, slice);
+        edit_address(&f.fakes[1], "10.66.6.6");
         let mut import = f.fakes[2].get(Kind::ServiceImport, "shop", "web").unwrap();
         import["spec"] = json!("garbage");
         f.fakes[2].put(Kind::ServiceImport, "shop", "web", import);
@@ -1003,17 +1000,7 @@ mod tests {
         let f = fleet();
         let (_, r) = reconcile(KeyState::default(), input("10.1.0.5"), f.env.clone()).await;
         r.unwrap();
-        let name = f.fakes[1]
-            .objects
-            .lock()
-            .unwrap()
-            .keys()
-            .find(|(k, _, _)| *k == Kind::EndpointSlice)
-            .map(|(_, _, n)| n.clone())
-            .unwrap();
-        let mut slice = f.fakes[1].get(Kind::EndpointSlice, "shop", &name).unwrap();
-        slice["endpoints"][0]["addresses"][0] = json!("10.66.6.6");
-        f.fakes[1].put(Kind::EndpointSlice, "shop", &name, slice);
+        edit_address(&f.fakes[1], "10.66.6.6");
         let ks = as_found(&f).await;
         f.fakes[1].fail(Some(Kind::EndpointSlice), Fault::Status(503));
         let (ks, r) = reconcile(ks, input("10.1.0.5"), f.env.clone()).await;

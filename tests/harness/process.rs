@@ -94,3 +94,31 @@ impl Drop for Owned {
         }
     }
 }
+
+/// A process stopped with SIGSTOP (a frozen API server: the kernel still
+/// accepts its connections, nothing answers), continued when dropped, also
+/// when a test or bench fails: a stopped process would never see the
+/// supervisor's SIGTERM.
+pub struct Frozen(u32);
+
+impl Frozen {
+    pub fn new(pid: u32) -> Self {
+        signal(pid, "STOP");
+        Self(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+/// `kill -SIG pid`; panics when it fails.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid}");
+}

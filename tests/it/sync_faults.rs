@@ -5,7 +5,6 @@
 //! objects of ours edited or deleted while no controller ran are repaired
 //! when one starts, and an idle restart writes nothing.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
@@ -16,35 +15,12 @@ use serde_json::json;
 use crate::fleet::export_resource;
 use crate::harness::clusters::{TestClusters, shared};
 use crate::harness::eventually;
+use crate::harness::process::Frozen;
 use crate::harness::syncing::Syncing;
 use crate::sync::users;
 use crate::watch::{import_resource, runtime};
 
 const OURS: &str = "app.kubernetes.io/managed-by=clusterset-dns-sync";
-
-/// A process stopped with SIGSTOP, continued when this is dropped (also
-/// when the test fails: a stopped API server would never see the
-/// supervisor's SIGTERM).
-struct Frozen(u32);
-
-impl Frozen {
-    fn new(pid: u32) -> Self {
-        signal(pid, "STOP");
-        Self(pid)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        signal(self.0, "CONT");
-    }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok =
-        Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().is_ok_and(|s| s.success());
-    assert!(ok, "kill -{sig} {pid}");
-}
 
 fn import(
     rt: &tokio::runtime::Runtime,
