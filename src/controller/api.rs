@@ -283,11 +283,6 @@ impl KubeMember {
         Self { name, client, import, export, deadline, down, latency }
     }
 
-    /// The ServiceImport and ServiceExport versions it writes.
-    pub fn versions(&self) -> (&str, &str) {
-        (&self.import.api_version, &self.export.api_version)
-    }
-
     fn resource(&self, kind: Kind) -> ApiResource {
         match kind.object() {
             Kind::Service => ApiResource::erase::<Service>(&()),

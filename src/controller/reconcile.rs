@@ -532,11 +532,10 @@ impl KeyState {
             // Applied unchanged earlier: its addresses are known.
             ips = self.vips.get(&r).cloned().unwrap_or_default();
         }
-        let empty = BTreeMap::new();
         let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = plan
             .clusters
             .iter()
-            .flat_map(|c| input_sources(plan, c, &empty).iter().map(move |(name, s)| (c, name, s)))
+            .flat_map(|c| plan.sources.get(c).into_iter().flatten().map(move |(name, s)| (c, name, s)))
             .collect();
         let names = desired::slice_names(
             key,
@@ -689,14 +688,6 @@ impl KeyState {
             }
         }
     }
-}
-
-fn input_sources<'a>(
-    plan: &Plan<'a>,
-    cluster: &ClusterId,
-    empty: &'a BTreeMap<String, Arc<EndpointSlice>>,
-) -> &'a BTreeMap<String, Arc<EndpointSlice>> {
-    plan.sources.get(cluster).unwrap_or(empty)
 }
 
 /// Now, as Kubernetes writes times.
