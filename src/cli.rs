@@ -473,6 +473,12 @@ pub struct SyncOptions {
     /// Run without leader election (one replica only).
     #[arg(long)]
     pub no_leader_election: bool,
+    /// Split the services into this many shards, each led by one replica
+    /// on a Lease of its own (`<lease-name>-i`; 1: the single Lease
+    /// `<lease-name>`); replicas share the shards out evenly. Every replica
+    /// of a fleet must have the same value.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub shards: u32,
     /// What happens to the endpoints of a member whose API stays
     /// unreachable: `keep` them everywhere, marked on the imports (a
     /// partition does not take working endpoints away), or `remove` them

@@ -344,6 +344,8 @@ pub struct LeaseConfig {
     pub identity: String,
     /// Lease duration.
     pub duration: Duration,
+    /// How many shards the services are split into (`--shards`).
+    pub shards: u32,
 }
 
 impl SyncConfig {
@@ -587,7 +589,17 @@ pub fn kube_limits(o: &SyncOptions) -> Result<Option<Limits>, ConfigError> {
 
 /// The leader-election settings of `sync` options.
 pub fn lease(o: &SyncOptions, members: &[MemberConfig]) -> Result<Option<LeaseConfig>, ConfigError> {
+    let most = crate::controller::shard::MAX_SHARDS;
+    if !(1..=most).contains(&o.shards) {
+        return Err(bad("--shards", format!("{} is outside 1-{most}", o.shards)));
+    }
     if o.no_leader_election {
+        if o.shards > 1 {
+            return Err(bad(
+                "--shards",
+                "needs leader election (not --no-leader-election): shards are led on Leases",
+            ));
+        }
         return Ok(None);
     }
     DnsLabel::parse(&o.lease_namespace)
@@ -620,6 +632,7 @@ pub fn lease(o: &SyncOptions, members: &[MemberConfig]) -> Result<Option<LeaseCo
         name: o.lease_name.clone(),
         identity,
         duration: Duration::from_secs(o.lease_duration),
+        shards: o.shards,
     }))
 }
 
@@ -831,6 +844,19 @@ mod tests {
             assert_eq!(sync_config(&[bad]).unwrap_err().flag, "--kube-qps", "{bad:?}");
         }
         assert_eq!(sync_config(&["--kube-burst", "0"]).unwrap_err().flag, "--kube-burst");
+    }
+
+    #[test]
+    fn shards_need_leader_election_and_a_sane_count() {
+        let shards = |args: &[&str]| sync_config(args).unwrap().lease.map(|l| l.shards);
+        assert_eq!(shards(&[]), Some(1));
+        assert_eq!(shards(&["--shards", "4"]), Some(4));
+        let e = sync_config(&["--shards", "4", "--no-leader-election"]).unwrap_err();
+        assert_eq!(e.flag, "--shards");
+        assert!(sync_config(&["--shards", "1", "--no-leader-election"]).is_ok());
+        for n in ["0", "65"] {
+            assert_eq!(sync_config(&["--shards", n]).unwrap_err().flag, "--shards", "{n}");
+        }
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - `api`: every member write behind one trait, with deadlines.
 //! - `adopt`: our objects read whole from a member, to repair drift.
 //! - `fence`: writes only while the Lease is surely ours.
+//! - `shard`: services split between replicas by a stable hash.
+//! - `election`: which replica leads which shard, on Leases.
 //! - `own`: watches of our own objects, so what someone else deletes or
 //!   edits is written again.
 //! - `queue`: which service is reconciled next, and retries.
@@ -18,9 +20,11 @@
 pub mod adopt;
 pub mod api;
 pub mod desired;
+pub mod election;
 pub mod fence;
 pub mod own;
 pub mod queue;
 pub mod reconcile;
+pub mod shard;
 pub mod stats;
 pub mod sync;

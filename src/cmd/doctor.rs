@@ -33,7 +33,7 @@ pub enum DoctorError {
 /// Diagnoses the service: the report and the exit status it means.
 pub async fn run(cfg: DoctorConfig) -> Result<(String, u8), DoctorError> {
     let namespaces = [cfg.key.namespace.to_string()];
-    let members = member::connect_all(&cfg.members, &namespaces, None).await?;
+    let members = member::connect_all(&cfg.members, "doctor", &namespaces, None).await?;
     let fqdn = Name::from_ascii(format!("{}.{}.svc.{}", cfg.key.name, cfg.key.namespace, cfg.zone))
         .map_err(|e| DoctorError::Name { zone: cfg.zone.to_string(), problem: e.to_string() })?;
     // Named in messages by its usual name; found by either.

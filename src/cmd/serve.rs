@@ -173,7 +173,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         }));
     }
     if let Some(src) = &cfg.kube {
-        let client = k8s::client::connect(&src.connection).await?;
+        let client = k8s::client::connect(&src.connection, "serve").await?;
         let first = SourceId::after_files(cfg.objects.len() as u32);
         for watch in kube::plan(src, first) {
             // Registered before the first publish: not ready until it lists.
@@ -186,7 +186,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         }
     }
     if !cfg.members.is_empty() {
-        let members = member::connect_all(&cfg.members, &[], None).await?;
+        let members = member::connect_all(&cfg.members, "serve", &[], None).await?;
         let source = SourceId(u32::MAX - 1);
         writer.apply(Update::Register(source));
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));

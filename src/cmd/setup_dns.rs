@@ -34,7 +34,7 @@ pub async fn run(cfg: SetupDnsConfig) -> (String, u8) {
 }
 
 async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, Box<dyn std::error::Error>> {
-    let client = client::connect(&cfg.connection).await?;
+    let client = client::connect(&cfg.connection, "setup-dns").await?;
     let server = match cfg.server {
         Some(s) => s,
         None => {

@@ -1,22 +1,20 @@
-//! The `sync` command's composition root: connects the members, takes part
-//! in leader election, runs the controller only while leading, and serves
-//! `/health`, `/ready` and `/metrics`.
+//! The `sync` command's composition root: connects the members, runs the
+//! controller, takes part in the election of who writes which shard, and
+//! serves `/health`, `/ready` and `/metrics`.
 //!
-//! A replica that loses the Lease stops its controller at once (the task is
-//! aborted: every write is idempotent, so stopping anywhere is safe) and the
-//! new leader starts from complete lists.
+//! Every replica runs the controller (its watches, its view of the fleet)
+//! from the start; it writes only the services of the shards it leads, and
+//! only while each shard's Lease is surely its own (controller::election).
+//! A shard taken over is read from the members first, so a move with
+//! nothing changed writes nothing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::routing::get;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use prometheus::Registry;
 use prometheus::proto::MetricType;
@@ -24,7 +22,8 @@ use prometheus::proto::MetricType;
 use super::Process;
 use crate::config::SyncConfig;
 use crate::controller::api::{ErrorReason, Kind};
-use crate::controller::fence::Fence;
+use crate::controller::election::{ElectionConfig, ElectionError, ElectionStatus, Elector, KubeLeases};
+use crate::controller::shard::Shards;
 use crate::controller::stats::SyncStats;
 use crate::controller::sync::Syncer;
 use crate::fault::{Failures, Point, Task};
@@ -41,9 +40,9 @@ pub enum SyncError {
     /// A member or the Lease's cluster could not be reached.
     #[error("{0}")]
     Client(#[from] ClientError),
-    /// Leader election failed to start.
+    /// This replica cannot take part in the election (another `--shards`).
     #[error("leader election: {0}")]
-    Lease(#[from] LeaseManagerError),
+    Election(#[from] ElectionError),
     /// The HTTP address could not be bound.
     #[error("--http-listen: {0}")]
     Bind(std::io::Error),
@@ -67,7 +66,12 @@ pub async fn run(cfg: SyncConfig) -> Result<(), SyncError> {
 pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> {
     let mut term = signal(SignalKind::terminate()).map_err(SyncError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(SyncError::Signal)?;
-    let mut members = member::connect_all(&cfg.members, &cfg.behaviour.namespaces, cfg.kube_limits).await?;
+    let agent = match &cfg.lease {
+        Some(lease) => format!("sync/{}", lease.identity),
+        None => "sync".to_owned(),
+    };
+    let mut members =
+        member::connect_all(&cfg.members, &agent, &cfg.behaviour.namespaces, cfg.kube_limits).await?;
     // Members' cluster ids follow their ClusterProperties. Polled by this
     // function, not a task of its own: it never ends, and a panic in it ends
     // `run_in`, so it cannot die unseen.
@@ -80,16 +84,15 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     ] {
         process.registry.register(h).map_err(SyncError::Metrics)?;
     }
-    let leading = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
-    // The probe's health counts as the watches' do: a frozen API server
-    // shows in the member's staleness.
     // Every member's write-latency series exists from the start (zero
     // counts), not from its first write.
     for m in &members {
         stats.write_seconds.with_label_values(&[m.name.as_str()]);
     }
+    // The probe's health counts as the watches' do: a frozen API server
+    // shows in the member's staleness.
     let healths: MemberHealth = members
         .iter()
         .map(|m| {
@@ -98,165 +101,103 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
             (m.name.clone(), health, m.throttle.clone())
         })
         .collect();
+    let (shards, mut elector) = match &cfg.lease {
+        None => {
+            info!("no leader election: syncing every service");
+            (Shards::alone(), None)
+        }
+        Some(lease) => {
+            let shards = Shards::elected(lease.shards);
+            let status = Arc::new(ElectionStatus::default());
+            let api = Arc::new(KubeLeases::new(
+                client::connect(&lease.connection, &agent).await?,
+                &lease.namespace,
+            ));
+            let election = ElectionConfig {
+                namespace: lease.namespace.clone(),
+                name: lease.name.clone(),
+                identity: lease.identity.clone(),
+                shards: lease.shards,
+                duration: lease.duration,
+            };
+            info!(lease = %format!("{}/{}", lease.namespace, lease.name), shards = lease.shards, identity = %lease.identity, "standing by for the shards' Leases");
+            (shards.clone(), Some((Elector::new(election, api, shards, status.clone()), status)))
+        }
+    };
     let failures = process.failures.clone();
     let sup = Supervisor::new(failures.clone());
     process
         .registry
         .register(Box::new(
-            sync_collector(stats.clone(), leading.clone(), healths).map_err(SyncError::Metrics)?,
+            sync_collector(stats.clone(), shards.clone(), healths).map_err(SyncError::Metrics)?,
         ))
         .map_err(SyncError::Metrics)?;
+    let election_status = elector.as_ref().map(|(_, s)| s.clone());
     // /health is the liveness probe: its server's death is fatal.
-    let _http = sup.fatal(Task::Http, http(listener, process.registry.clone(), failures.clone()));
-    // The controller never returns while leading; if it panics or returns,
-    // the process exits and the standby (or the restarted Pod) takes over.
-    let start_controller = |syncer: SyncerFuture| {
+    let _http =
+        sup.fatal(Task::Http, http(listener, process.registry.clone(), failures.clone(), election_status));
+    // The controller never returns; if it panics or returns, the process
+    // exits and the other replicas (or the restarted Pod) take its shards.
+    let start_controller = |members: &[member::Member]| {
         let faults = cfg.faults.clone();
+        let syncer = Syncer::new(members.to_vec(), cfg.behaviour.clone(), stats.clone(), shards.clone());
         sup.fatal(Task::Controller, async move {
             let syncer = syncer.await;
             faults.point(Point::Controller, &[]);
             syncer.run().await;
         })
     };
-
-    let Some(lease) = cfg.lease else {
-        info!("no leader election: syncing");
-        leading.store(true, Ordering::Relaxed);
-        let syncer = |members: &[member::Member]| {
-            Box::pin(Syncer::new(
-                members.to_vec(),
-                cfg.behaviour.clone(),
-                stats.clone(),
-                Arc::new(Fence::open()),
-            )) as SyncerFuture
-        };
-        let mut controller = start_controller(syncer(&members));
-        let failed = loop {
+    let mut controller = start_controller(&members);
+    let mut led = shards.led();
+    let mut leading = false;
+    let mut failed = None;
+    {
+        // The election is polled by this function, as `follow` is: it
+        // cannot die unseen. Without one, it never ends.
+        let mut electing = std::pin::pin!(async {
+            match elector.as_mut() {
+                Some((e, _)) => e.run().await,
+                None => std::future::pending().await,
+            }
+        });
+        loop {
             tokio::select! {
-                _ = term.recv() => break None,
-                _ = int.recv() => break None,
-                reason = failures.wait_fatal() => break Some(reason.to_owned()),
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                reason = failures.wait_fatal() => {
+                    failed = Some(SyncError::Failed(reason.to_owned()));
+                    break;
+                }
+                e = &mut electing => {
+                    failed = Some(SyncError::Election(e));
+                    break;
+                }
                 () = &mut follow => {}
+                Ok(()) = led.changed() => {
+                    let n = led.borrow_and_update().iter().filter(|l| **l).count();
+                    match (n > 0, leading) {
+                        (true, false) => info!(shards = n, of = shards.count(), "leading: syncing"),
+                        (false, true) => warn!("lost the Lease: stopped writing"),
+                        _ => {}
+                    }
+                    leading = n > 0;
+                }
                 Ok(()) = ids.changed() => {
                     rekey(&mut members, &ids.borrow_and_update());
+                    // Started again from complete lists, with the new ids.
                     controller.abort();
-                    controller = start_controller(syncer(&members));
+                    controller = start_controller(&members);
                 }
-            }
-        };
-        controller.abort();
-        return failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)));
-    };
-    let client = client::connect(&lease.connection).await?;
-    // Writes only while the Lease is surely ours: a replica frozen past it
-    // sends nothing once it runs again (controller::fence). Polled by this
-    // function, as `follow` is, so it cannot die unseen.
-    let fence = Arc::new(Fence::closed());
-    let mut fencing = Box::pin(fence_on_lease(
-        client.clone(),
-        lease.namespace.clone(),
-        lease.name.clone(),
-        lease.identity.clone(),
-        fence.clone(),
-    ));
-    let secs = lease.duration.as_secs();
-    let manager = LeaseManagerBuilder::new(client, &lease.name)
-        .with_namespace(&lease.namespace)
-        .with_identity(&lease.identity)
-        .with_duration(secs)
-        // Renew a third of the duration before it runs out.
-        .with_grace((secs / 3).max(1))
-        .with_field_manager(crate::controller::desired::FIELD_MANAGER)
-        .build()
-        .await?;
-    info!(lease = %format!("{}/{}", lease.namespace, lease.name), identity = %lease.identity, "standing by for the Lease");
-    let (mut leader, election) = manager.watch().await;
-    let mut controller: Option<JoinHandle<()>> = None;
-    let mut failed = None;
-    loop {
-        let is_leader = *leader.borrow_and_update();
-        leading.store(is_leader, Ordering::Relaxed);
-        match (is_leader, controller.is_some()) {
-            (true, false) => {
-                info!(identity = %lease.identity, "leading: syncing");
-                let syncer =
-                    Syncer::new(members.clone(), cfg.behaviour.clone(), stats.clone(), fence.clone());
-                controller = Some(start_controller(Box::pin(syncer)));
-            }
-            (false, true) => {
-                warn!(identity = %lease.identity, "lost the Lease: stopped writing");
-                if let Some(c) = controller.take() {
-                    c.abort();
-                }
-            }
-            _ => {}
-        }
-        tokio::select! {
-            changed = leader.changed() => if changed.is_err() { break },
-            () = &mut follow => {}
-            () = &mut fencing => {}
-            Ok(()) = ids.changed() => {
-                rekey(&mut members, &ids.borrow_and_update());
-                // Started again at the top of the loop, with the new ids.
-                if let Some(c) = controller.take() {
-                    c.abort();
-                }
-            }
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            reason = failures.wait_fatal() => {
-                failed = Some(reason.to_owned());
-                break;
             }
         }
     }
-    if let Some(c) = controller.take() {
-        c.abort();
+    controller.abort();
+    // Emptying the shards' Leases lets the other replicas take them at
+    // once instead of after the lease duration.
+    if let Some((e, _)) = elector.as_mut() {
+        e.release().await;
     }
-    // Dropping the receiver makes the election task release the Lease, so a
-    // standby takes over at once instead of after the lease duration.
-    drop(leader);
-    match election.await {
-        Ok(Ok(_)) => info!("released the Lease"),
-        Ok(Err(e)) => warn!(error = %e, "releasing the Lease failed"),
-        Err(e) => warn!(error = %e, "election task ended"),
-    }
-    failed.map_or(Ok(()), |r| Err(SyncError::Failed(r)))
-}
-
-/// How often the Lease is read for the fence: well inside the renewal
-/// margin (a third of the lease duration), so a renewal opens the fence
-/// again before it closes.
-const FENCE_READ: Duration = Duration::from_millis(500);
-
-/// Keeps `fence` open until the Lease's expiry while `identity` holds it,
-/// closed while another replica (or none) does; a read that is not answered
-/// changes nothing, and the fence runs out by itself. Never returns.
-async fn fence_on_lease(
-    client: kube::Client,
-    namespace: String,
-    name: String,
-    identity: String,
-    fence: Arc<Fence>,
-) {
-    let api: kube::Api<Lease> = kube::Api::namespaced(client, &namespace);
-    loop {
-        match tokio::time::timeout(FENCE_READ * 4, api.get_opt(&name)).await {
-            Ok(Ok(Some(lease))) => {
-                let spec = lease.spec.unwrap_or_default();
-                match (spec.holder_identity, spec.renew_time, spec.lease_duration_seconds) {
-                    (Some(holder), Some(renewed), Some(secs)) if holder == identity => {
-                        fence.held(renewed.0.into(), Duration::from_secs(u64::try_from(secs).unwrap_or(0)));
-                    }
-                    _ => fence.close(),
-                }
-            }
-            Ok(Ok(None)) => fence.close(),
-            Ok(Err(e)) => debug!(error = %e, "cannot read the Lease for the fence"),
-            Err(_) => debug!("the Lease read for the fence was not answered"),
-        }
-        tokio::time::sleep(FENCE_READ).await;
-    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// Gives members their new cluster ids. The controller is then started
@@ -273,13 +214,17 @@ fn rekey(members: &mut [member::Member], ids: &[crate::model::ClusterId]) {
     }
 }
 
-/// A controller being made (its first lists), started once made.
-type SyncerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Syncer> + Send>>;
-
 /// Per member: its name, its watches' health, its client's rate limit.
 type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>, Arc<ThrottleStats>)>;
 
-async fn http(listener: tokio::net::TcpListener, registry: Registry, failures: Arc<Failures>) {
+/// `/ready` fails, saying why, while the Leases' cluster cannot be read:
+/// such a replica leads nothing.
+async fn http(
+    listener: tokio::net::TcpListener,
+    registry: Registry,
+    failures: Arc<Failures>,
+    election: Option<Arc<ElectionStatus>>,
+) {
     let health = move || {
         let failures = failures.clone();
         async move {
@@ -289,7 +234,19 @@ async fn http(listener: tokio::net::TcpListener, registry: Registry, failures: A
             }
         }
     };
-    let app = Router::new().route("/health", get(health)).route("/ready", get(|| async { "OK" })).route(
+    let ready = move || {
+        let why = election.as_ref().and_then(|e| e.unreachable());
+        async move {
+            match why {
+                None => (axum::http::StatusCode::OK, "OK".to_owned()),
+                Some(why) => (
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot read the Leases, leading nothing: {why}\n"),
+                ),
+            }
+        }
+    };
+    let app = Router::new().route("/health", get(health)).route("/ready", get(ready)).route(
         "/metrics",
         get(move || {
             let registry = registry.clone();
@@ -304,9 +261,15 @@ async fn http(listener: tokio::net::TcpListener, registry: Registry, failures: A
 const SYNC_FAMILIES: &[FamilyDecl] = &[
     (
         "clusterset_dns_sync_leader",
-        "1 while this replica holds the Lease and writes.",
+        "1 while this replica leads a shard (with --shards 1: holds the Lease) and writes.",
         MetricType::GAUGE,
         &[],
+    ),
+    (
+        "clusterset_dns_sync_shard_leader",
+        "1 for each shard (of --shards) this replica leads.",
+        MetricType::GAUGE,
+        &["shard"],
     ),
     (
         "clusterset_dns_sync_writes_total",
@@ -369,13 +332,16 @@ const SYNC_FAMILIES: &[FamilyDecl] = &[
 /// The controller's metrics, read from its counters at every scrape.
 fn sync_collector(
     s: Arc<SyncStats>,
-    leading: Arc<AtomicBool>,
+    shards: Arc<Shards>,
     members: MemberHealth,
 ) -> Result<ScrapeCollector, prometheus::Error> {
     ScrapeCollector::new(SYNC_FAMILIES, move || {
         let count = |c: &std::sync::atomic::AtomicU64| vec![metrics::counter(&[], c.load(Ordering::Relaxed))];
         vec![
-            vec![metrics::gauge(&[], f64::from(u8::from(leading.load(Ordering::Relaxed))))],
+            vec![metrics::gauge(&[], f64::from(u8::from(shards.led_count() > 0)))],
+            (0..shards.count() as usize)
+                .map(|i| metrics::gauge(&[("shard", &i.to_string())], f64::from(u8::from(shards.leads(i)))))
+                .collect(),
             count(&s.writes),
             count(&s.reads),
             count(&s.unchanged),

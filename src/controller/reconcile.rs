@@ -79,14 +79,15 @@ pub struct MemberEnv {
 /// settings and counters. Replaced whole when a member's API is
 /// discovered; reconciles under way finish with the one they started with.
 pub struct Env {
-    /// Every member, in configuration order.
-    pub members: Vec<MemberEnv>,
+    /// Every member, in configuration order (one list shared by the
+    /// shards' environments).
+    pub members: Arc<[MemberEnv]>,
     /// Services in namespaces starting with one of these are exported
     /// automatically.
     pub auto_export_prefixes: Vec<String>,
     /// Counters.
     pub stats: Arc<SyncStats>,
-    /// Writes are sent only while it is open (the Lease is ours).
+    /// Writes are sent only while it is open (the shard's Lease is ours).
     pub fence: Arc<Fence>,
 }
 

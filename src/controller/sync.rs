@@ -11,13 +11,17 @@
 //! API server stops answering a probe (a partition, a frozen process) is
 //! marked unreachable after [`UNREACHABLE_AFTER`]; its writes under way end
 //! at once and no more are sent until it answers again.
+//!
+//! Every replica runs the watches; it reconciles only the services of the
+//! shards it leads ([`Shards`]), and a shard it takes is first read whole
+//! from every member, so taking it over changes nothing that is as wanted.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::future::{BoxFuture, join_all};
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -27,10 +31,10 @@ use tracing::{info, warn};
 use super::adopt::adopt;
 use super::api::{ApiError, CALL_DEADLINE, Kind, KubeMember, SharedApi};
 use super::desired;
-use super::fence::Fence;
 use super::own::{self, OwnChange, OwnEvent, Seen};
 use super::queue::WorkQueue;
 use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, ObjectRef, now_rfc3339, reconcile};
+use super::shard::Shards;
 use super::stats::SyncStats;
 use crate::fleet::member::{self, Member};
 use crate::fleet::state::FleetState;
@@ -117,21 +121,41 @@ enum Done {
     Reconciled(ServiceKey, Box<KeyState>, Result<(), ApiError>),
     /// A member's objects read whole ([`adopt`]) at `began`; with `all`,
     /// every service is reconciled afterwards (a member just discovered).
+    /// `gained`: the shards just taken that the read was for.
     Adopted {
         member: usize,
         found: HashMap<ServiceKey, KeyState>,
         listed: Vec<Kind>,
         began: std::time::Instant,
         all: bool,
+        gained: Vec<usize>,
     },
+}
+
+/// Whether this replica writes a shard's services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lead {
+    /// Another replica does (or none).
+    No,
+    /// Just taken: its objects are being read from this many members;
+    /// nothing of it is written until they are (so a shard that moves with
+    /// nothing changed costs no write).
+    Adopting(usize),
+    /// Led: its services are reconciled.
+    Yes,
 }
 
 /// The controller.
 pub struct Syncer {
     members: Vec<Member>,
     apis: Vec<MemberApis>,
-    /// What reconciles share; replaced when a member is discovered.
-    env: Arc<Env>,
+    /// What reconciles share, per shard (its fence); replaced when a
+    /// member is discovered.
+    envs: Vec<Arc<Env>>,
+    /// The shards, and which this replica leads.
+    shards: Arc<Shards>,
+    led: watch::Receiver<Vec<bool>>,
+    lead: Vec<Lead>,
     /// Per member: true while it is marked unreachable (ends its calls).
     down: Vec<watch::Sender<bool>>,
     state: FleetState,
@@ -158,13 +182,14 @@ pub struct Syncer {
 }
 
 impl Syncer {
-    /// A controller for these members (API versions discovered now).
-    /// Writes go out only while `fence` is open.
+    /// A controller for these members (API versions discovered now). It
+    /// reconciles the services of the shards it leads, and writes each only
+    /// while its shard's fence is open.
     pub async fn new(
         members: Vec<Member>,
         behaviour: SyncBehaviour,
         stats: Arc<SyncStats>,
-        fence: Arc<Fence>,
+        shards: Arc<Shards>,
     ) -> Self {
         // Until a member's API versions are known it is not written to; a
         // member down at start must not hold the others up.
@@ -183,11 +208,15 @@ impl Syncer {
         let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), scopes);
         let n = members.len();
         let down: Vec<watch::Sender<bool>> = (0..n).map(|_| watch::channel(false).0).collect();
-        let env = build_env(&members, &apis, &down, &behaviour, &stats, &fence);
+        let envs = build_env(&members, &apis, &down, &behaviour, &stats, &shards);
+        let lead = vec![Lead::No; shards.count() as usize];
         Self {
             members,
             apis,
-            env,
+            envs,
+            led: shards.led(),
+            shards,
+            lead,
             down,
             state,
             keys: HashMap::new(),
@@ -259,20 +288,13 @@ impl Syncer {
             self.queue.backlog(key);
         }
         let mut complete = self.state.synced_except(&self.removed);
-        // What is there now, read whole from every member at once (a member
-        // that does not answer holds the others up for one call deadline at
-        // most), before anything is written.
         let scopes = scopes(&self.behaviour.namespaces);
-        let reads = (0..self.members.len()).filter(|i| self.discovered[*i]).map(|i| {
-            let (api, cluster, scopes) =
-                (self.env.members[i].api.clone(), self.members[i].cluster.clone(), &scopes);
-            async move { (i, adopt(api.as_ref(), i, &cluster, scopes).await) }
-        });
-        for (i, (found, failed)) in join_all(reads).await {
-            self.adopted(i, found, &failed, false);
-        }
-        info!(services = self.queue.depth(), "sync: members listed; reconciling");
         let mut running: FuturesUnordered<BoxFuture<'static, Done>> = FuturesUnordered::new();
+        // What is there now in the shards led, read whole from every member
+        // at once (a member that does not answer holds the others up for one
+        // call deadline at most), before anything of them is written.
+        self.follow_shards(&mut running, &scopes);
+        info!(services = self.queue.depth(), "sync: members listed; reconciling the shards led");
         let mut next_tick = Instant::now() + TICK;
         let mut next_resync = Instant::now() + self.behaviour.resync;
         loop {
@@ -292,6 +314,7 @@ impl Syncer {
                 },
                 Some(e) = own_rx.recv() => self.own_event(e),
                 Some(done) = running.next(), if !running.is_empty() => self.finished(done),
+                Ok(()) = self.led.changed() => self.follow_shards(&mut running, &scopes),
                 () = tokio::time::sleep_until(wake) => {}
             }
             let now = Instant::now();
@@ -307,9 +330,70 @@ impl Syncer {
             }
             if now >= next_resync {
                 info!("resync: reading every member's objects of ours again");
-                self.read_members(&mut running, &scopes, None);
+                self.read_members(&mut running, &scopes, None, &[]);
                 next_resync = now + self.behaviour.resync;
             }
+        }
+    }
+
+    /// True when this replica reconciles `key` now: it leads its shard,
+    /// and has read what the members hold of it.
+    fn leads(&self, key: &ServiceKey) -> bool {
+        self.lead[self.shards.of(key)] == Lead::Yes
+    }
+
+    /// Takes in a change of the shards led: a shard lost is forgotten (its
+    /// fence is closed already), a shard gained is read from every member
+    /// before its services are reconciled.
+    fn follow_shards(
+        &mut self,
+        running: &mut FuturesUnordered<BoxFuture<'static, Done>>,
+        scopes: &[Option<String>],
+    ) {
+        let led = self.led.borrow_and_update().clone();
+        let mut gained = Vec::new();
+        for (i, now) in led.into_iter().enumerate() {
+            match (now, self.lead[i]) {
+                (true, Lead::No) => gained.push(i),
+                (false, Lead::Adopting(_) | Lead::Yes) => {
+                    info!(shard = i, "shard lost: its services are left to whichever replica leads it");
+                    self.lead[i] = Lead::No;
+                    let shards = self.shards.clone();
+                    let mine = |k: &ServiceKey| shards.of(k) != i;
+                    self.keys.retain(|k, _| mine(k));
+                    self.adopted.retain(|k, _| mine(k));
+                    self.deferred.retain(|k, _| mine(k));
+                }
+                _ => {}
+            }
+        }
+        if gained.is_empty() {
+            return;
+        }
+        let reads = self.read_members(running, scopes, None, &gained);
+        info!(shards = ?gained, members = reads, "shards taken: reading what the members hold of them");
+        for &i in &gained {
+            self.lead[i] = Lead::Adopting(reads);
+            if reads == 0 {
+                self.shard_ready(i);
+            }
+        }
+    }
+
+    /// Shard `i`'s objects have been read from every member: its services
+    /// are reconciled from now on.
+    fn shard_ready(&mut self, i: usize) {
+        self.lead[i] = Lead::Yes;
+        let keys: Vec<ServiceKey> = self
+            .state
+            .keys()
+            .into_iter()
+            .chain(self.keys.keys().cloned())
+            .filter(|k| self.shards.of(k) == i)
+            .collect();
+        info!(shard = i, services = keys.len(), "leading the shard: reconciling its services");
+        for key in keys {
+            self.queue.backlog(key);
         }
     }
 
@@ -321,9 +405,14 @@ impl Syncer {
         let stems = Stems::of(&self.state);
         while running.len() < CONCURRENCY {
             let Some(key) = self.queue.pop() else { break };
+            if !self.leads(&key) {
+                // Another replica's, or being read: queued again if taken.
+                self.queue.done(&key);
+                continue;
+            }
             let ks = self.keys.remove(&key).unwrap_or_default();
             let input = self.input(&key, &stems);
-            let env = self.env.clone();
+            let env = self.envs[self.shards.of(&key)].clone();
             running.push(Box::pin(async move {
                 let (ks, result) = reconcile(ks, input, env).await;
                 Done::Reconciled(key, Box::new(ks), result)
@@ -382,6 +471,12 @@ impl Syncer {
                         warn!(service = %key, reason = reason.as_str(), failures = n, error = %e, "sync failed, retrying in {wait:?}");
                     }
                 }
+                if self.lead[self.shards.of(&key)] == Lead::No {
+                    // Its shard was lost meanwhile: another replica's now.
+                    self.adopted.remove(&key);
+                    self.deferred.remove(&key);
+                    return;
+                }
                 if let Some(found) = self.adopted.remove(&key) {
                     ks.adopt(found);
                     self.queue.backlog(key.clone());
@@ -403,10 +498,19 @@ impl Syncer {
                     self.keys.insert(key, ks);
                 }
             }
-            Done::Adopted { member, found, listed, began, all } => {
+            Done::Adopted { member, found, listed, began, all, gained } => {
                 let seen: BTreeSet<ObjectRef> =
                     found.values().flat_map(|ks| ks.owned.iter().cloned()).collect();
-                self.adopted(member, found, &[], all);
+                self.adopted(found, all);
+                for i in gained {
+                    if let Lead::Adopting(n) = self.lead[i] {
+                        if n <= 1 {
+                            self.shard_ready(i);
+                        } else {
+                            self.lead[i] = Lead::Adopting(n - 1);
+                        }
+                    }
+                }
                 // Ours, not found by a list that began after our last write:
                 // deleted while no event said so.
                 let listed: BTreeSet<Kind> = listed.into_iter().collect();
@@ -438,19 +542,13 @@ impl Syncer {
     }
 
     /// Takes in what [`adopt`] found in member `m`.
-    fn adopted(
-        &mut self,
-        m: usize,
-        found: HashMap<ServiceKey, KeyState>,
-        failed: &[(Kind, ApiError)],
-        all: bool,
-    ) {
-        for (kind, e) in failed {
-            warn!(member = %self.members[m].name, kind = %kind, error = %e, "cannot list our objects: not adopted, written again if wanted");
-        }
+    fn adopted(&mut self, found: HashMap<ServiceKey, KeyState>, all: bool) {
         let lists = 4 * scopes(&self.behaviour.namespaces).len();
         self.stats.reads.fetch_add(lists as u64, Ordering::Relaxed);
         for (key, found) in found {
+            if self.lead[self.shards.of(&key)] == Lead::No {
+                continue;
+            }
             if self.queue.is_running(&key) {
                 self.adopted.entry(key.clone()).or_default().adopt(found);
             } else {
@@ -464,34 +562,41 @@ impl Syncer {
     }
 
     /// Reads every writable member's objects of ours again (`only`: one
-    /// member), in the running set: a member that does not answer holds up
-    /// nothing.
+    /// member; `gained`: for shards just taken), in the running set: a
+    /// member that does not answer holds up nothing. Returns how many reads
+    /// were started.
     fn read_members(
         &mut self,
         running: &mut FuturesUnordered<BoxFuture<'static, Done>>,
         scopes: &[Option<String>],
         only: Option<usize>,
-    ) {
+        gained: &[usize],
+    ) -> usize {
+        let mut started = 0;
         for i in 0..self.members.len() {
             if only.is_some_and(|o| o != i) || !self.discovered[i] || self.unreachable[i].is_some() {
                 continue;
             }
             let (api, cluster, scopes) =
-                (self.env.members[i].api.clone(), self.members[i].cluster.clone(), scopes.to_vec());
+                (self.envs[0].members[i].api.clone(), self.members[i].cluster.clone(), scopes.to_vec());
+            let name = self.members[i].name.clone();
             let all = only.is_some();
+            let gained = gained.to_vec();
+            started += 1;
             running.push(Box::pin(async move {
                 let began = std::time::Instant::now();
                 let (found, failed) = adopt(api.as_ref(), i, &cluster, &scopes).await;
                 for (kind, e) in &failed {
-                    warn!(member = i, kind = %kind, error = %e, "cannot list our objects: not adopted, written again if wanted");
+                    warn!(member = %name, kind = %kind, error = %e, "cannot list our objects: not adopted, written again if wanted");
                 }
                 let listed = [Kind::ServiceImport, Kind::Service, Kind::EndpointSlice]
                     .into_iter()
                     .filter(|k| !failed.iter().any(|(f, _)| f == k))
                     .collect();
-                Done::Adopted { member: i, found, listed, began, all }
+                Done::Adopted { member: i, found, listed, began, all, gained }
             }));
         }
+        started
     }
 
     /// Someone else's change to one of our objects: what we recorded as
@@ -640,15 +745,15 @@ impl Syncer {
                 info!(member = %self.members[i].name, "API discovered: reconciling everything");
                 self.apis[i] = apis;
                 self.discovered[i] = true;
-                self.env = build_env(
+                self.envs = build_env(
                     &self.members,
                     &self.apis,
                     &self.down,
                     &self.behaviour,
                     &self.stats,
-                    &self.env.fence.clone(),
+                    &self.shards,
                 );
-                self.read_members(running, scopes, Some(i));
+                self.read_members(running, scopes, Some(i), &[]);
             }
         }
         for i in 0..self.members.len() {
@@ -747,35 +852,40 @@ fn build_env(
     down: &[watch::Sender<bool>],
     behaviour: &SyncBehaviour,
     stats: &Arc<SyncStats>,
-    fence: &Arc<Fence>,
-) -> Arc<Env> {
-    Arc::new(Env {
-        members: members
-            .iter()
-            .zip(apis)
-            .zip(down)
-            .map(|((m, a), down)| {
-                let api: SharedApi = Arc::new(KubeMember::new(
-                    m.name.clone(),
-                    m.client.clone(),
-                    (a.import.clone(), a.export.clone()),
-                    CALL_DEADLINE,
-                    down.subscribe(),
-                    Some(stats.write_seconds.with_label_values(&[m.name.as_str()])),
-                ));
-                MemberEnv {
-                    name: m.name.clone(),
-                    cluster: m.cluster.clone(),
-                    api,
-                    import_version: a.import.api_version.clone(),
-                    export_version: a.export.api_version.clone(),
-                }
+    shards: &Shards,
+) -> Vec<Arc<Env>> {
+    let members: Arc<[MemberEnv]> = members
+        .iter()
+        .zip(apis)
+        .zip(down)
+        .map(|((m, a), down)| {
+            let api: SharedApi = Arc::new(KubeMember::new(
+                m.name.clone(),
+                m.client.clone(),
+                (a.import.clone(), a.export.clone()),
+                CALL_DEADLINE,
+                down.subscribe(),
+                Some(stats.write_seconds.with_label_values(&[m.name.as_str()])),
+            ));
+            MemberEnv {
+                name: m.name.clone(),
+                cluster: m.cluster.clone(),
+                api,
+                import_version: a.import.api_version.clone(),
+                export_version: a.export.api_version.clone(),
+            }
+        })
+        .collect();
+    (0..shards.count() as usize)
+        .map(|i| {
+            Arc::new(Env {
+                members: members.clone(),
+                auto_export_prefixes: behaviour.auto_export_prefixes.clone(),
+                stats: stats.clone(),
+                fence: shards.fence(i).clone(),
             })
-            .collect(),
-        auto_export_prefixes: behaviour.auto_export_prefixes.clone(),
-        stats: stats.clone(),
-        fence: fence.clone(),
-    })
+        })
+        .collect()
 }
 
 /// The exported services whose names are longer than their objects' names

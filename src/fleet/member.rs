@@ -70,12 +70,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// its own rate limit.
 pub async fn connect_all(
     members: &[MemberConfig],
+    agent: &str,
     namespaces: &[String],
     limits: Option<Limits>,
 ) -> Result<Vec<Member>, ClientError> {
     let mut connected = Vec::with_capacity(members.len());
     for m in members {
-        connected.push(connect(m, CONNECT_TIMEOUT, namespaces, limits).await?);
+        connected.push(connect(m, agent, CONNECT_TIMEOUT, namespaces, limits).await?);
     }
     Ok(connected)
 }
@@ -87,6 +88,7 @@ pub async fn connect_all(
 /// the id again with [`follow_ids`]).
 pub async fn connect(
     cfg: &MemberConfig,
+    agent: &str,
     timeout: Duration,
     namespaces: &[String],
     limits: Option<Limits>,
@@ -94,10 +96,10 @@ pub async fn connect(
     let throttle = Arc::new(ThrottleStats::default());
     let client = match limits {
         Some(l) => {
-            client::connect_limited(&cfg.connection, l, &format!("member {}", cfg.name), throttle.clone())
-                .await?
+            let name = format!("member {}", cfg.name);
+            client::connect_limited(&cfg.connection, agent, l, &name, throttle.clone()).await?
         }
-        None => client::connect(&cfg.connection).await?,
+        None => client::connect(&cfg.connection, agent).await?,
     };
     let named = ClusterId::parse(&cfg.name).map_err(|e| ClientError::Kubeconfig {
         path: format!("--cluster {}", cfg.name).into(),

@@ -53,8 +53,9 @@ pub enum ClientError {
 /// Builds a client for the connection (no request is made yet). Requests
 /// refused with 429, 503 or 504 are retried as [`connect_limited`]'s are,
 /// never with kube's default policy (minutes for one request; see there).
-pub async fn connect(connection: &Connection) -> Result<Client, ClientError> {
-    let mut config = config(connection).await?;
+/// `agent` names the caller in the User-Agent ([`user_agent`]).
+pub async fn connect(connection: &Connection, agent: &str) -> Result<Client, ClientError> {
+    let mut config = config(connection, agent).await?;
     config.default_retry = false;
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&BufferLayer::new(1024))
@@ -78,11 +79,12 @@ pub async fn connect(connection: &Connection) -> Result<Client, ClientError> {
 /// limit bounds what the API server sees, retries included.
 pub async fn connect_limited(
     connection: &Connection,
+    agent: &str,
     limits: Limits,
     name: &str,
     stats: Arc<ThrottleStats>,
 ) -> Result<Client, ClientError> {
-    let mut config = config(connection).await?;
+    let mut config = config(connection, agent).await?;
     config.default_retry = false;
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&ThrottleLayer::new(limits, name, stats))
@@ -104,8 +106,21 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 /// Retries of one request before it fails.
 const RETRIES: u32 = 10;
 
-async fn config(connection: &Connection) -> Result<Config, ClientError> {
-    let config = match connection {
+/// The User-Agent of every request: `clusterset-dns/VERSION (OS/ARCH) AGENT`,
+/// the shape client-go gives its binaries, so an API server's audit log and
+/// request metrics tell our commands, and `sync` replicas (`sync/IDENTITY`),
+/// apart.
+pub fn user_agent(agent: &str) -> String {
+    format!(
+        "clusterset-dns/{} ({}/{}) {agent}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+async fn config(connection: &Connection, agent: &str) -> Result<Config, ClientError> {
+    let mut config = match connection {
         Connection::InCluster => Config::incluster()?,
         Connection::Kubeconfig { path, context } => {
             let fail = |e: Box<dyn std::error::Error + Send + Sync>| ClientError::Kubeconfig {
@@ -117,5 +132,11 @@ async fn config(connection: &Connection) -> Result<Config, ClientError> {
             Config::from_custom_kubeconfig(file, &options).await.map_err(|e| fail(e.into()))?
         }
     };
+    // Only characters a header value may hold: an identity is the user's.
+    let agent: String =
+        user_agent(agent).chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '_' }).collect();
+    if let Ok(value) = agent.parse() {
+        config.headers.push((http::header::USER_AGENT, value));
+    }
     Ok(config)
 }

@@ -222,6 +222,12 @@ impl TestClusters {
         self.clusters.get(i).unwrap_or_else(|| panic!("no cluster {i}: there are {}", self.clusters.len()))
     }
 
+    /// Cluster `i`'s kube-apiserver log (its standard output and error,
+    /// so also an audit log written to `-`).
+    pub fn apiserver_log(&self, i: usize) -> PathBuf {
+        self.cluster_dir(i).join("apiserver.log")
+    }
+
     fn cluster_dir(&self, i: usize) -> PathBuf {
         self.dir.join(&self.cluster(i).name)
     }

@@ -240,6 +240,11 @@ fn values_that_make_no_sense_fail_naming_the_value() {
         (&["shape=sync", "sync.onMemberLost=forget"], &["/sync/onMemberLost"]),
         (&["shape=sync", "autoscaling.enabled=true"], &["autoscaling.enabled"]),
         (&["shape=sync", "sync.noLeaderElection=true"], &["sync.noLeaderElection", "replicas: 2"]),
+        (
+            &["shape=sync", "replicas=1", "sync.noLeaderElection=true", "sync.shards=4"],
+            &["sync.shards: 4", "noLeaderElection"],
+        ),
+        (&["shape=sync", "sync.shards=65"], &["/sync/shards"]),
         (&["serve.lameduck=30"], &["serve.lameduck: 30", "terminationGracePeriodSeconds: 30"]),
         (&["serve.listen={53}"], &["/serve/listen/0"]),
         (&["serve.ttl=-1"], &["/serve/ttl"]),
@@ -253,7 +258,11 @@ fn values_that_make_no_sense_fail_naming_the_value() {
         }
     }
     // And the sensible neighbours of those render.
-    for values in [&["replicas=0", "podDisruptionBudget.enabled=false"][..], &["shape=sync", "replicas=1"]] {
+    for values in [
+        &["replicas=0", "podDisruptionBudget.enabled=false"][..],
+        &["shape=sync", "replicas=1"],
+        &["shape=sync", "replicas=3", "sync.shards=4"],
+    ] {
         template_ok("dns", NS, values);
     }
 }
@@ -297,6 +306,8 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
     match (flag, placeholder) {
         (_, "") => ("true".to_owned(), None),
         ("max-udp-payload", _) => text("1400"),
+        // With the sample --no-leader-election, more shards are refused.
+        ("shards", _) => text("1"),
         ("listen", _) => ("{0.0.0.0:8053}".to_owned(), Some("0.0.0.0:8053".to_owned())),
         (_, "SECONDS" | "N" | "BYTES" | "PER_SECOND" | "BITS" | "K" | "M" | "QPS") => text("24"),
         (_, "BOOL") => text("false"),

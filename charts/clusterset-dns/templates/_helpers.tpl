@@ -96,6 +96,9 @@ switches (no argument) appear when true. Sorted by key.
 {{- if and .Values.autoscaling.enabled (eq $shape "sync") -}}
 {{- fail "autoscaling.enabled: sync has one leader at a time; more replicas add standbys, not capacity" -}}
 {{- end -}}
+{{- if and (eq $shape "sync") .Values.sync.noLeaderElection (gt (int (.Values.sync.shards | default 1)) 1) -}}
+{{- fail (printf "sync.shards: %v with sync.noLeaderElection: true: shards are led on Leases" .Values.sync.shards) -}}
+{{- end -}}
 {{- if and (eq $shape "sync") .Values.sync.noLeaderElection (gt (int .Values.replicas) 1) -}}
 {{- fail (printf "sync.noLeaderElection: true with replicas: %v: without leader election only one replica may run" .Values.replicas) -}}
 {{- end -}}
