@@ -10,6 +10,19 @@
 //! in ways that do not matter (none expected), and writes after the leader
 //! hands over to the standby with nothing changed (none expected).
 //!
+//! With `SYNC_FLEET=EXPORTS` (e.g. 1000), only the fleet at scale: that many
+//! exports on ten clusters, once with one replica (and a standby, for the
+//! failover) and once with two replicas sharing four shards (`--shards 4`):
+//! time to converge, writes, each replica's CPU and peak RSS, the API
+//! servers' CPU, and the time until one replica leads every shard after
+//! the other is killed, with the writes that costs (none expected).
+//!
+//! With `SYNC_CHURN=N`, only change → answer across a fleet of ten: `serve`
+//! in every member on its own API; while background changes run at
+//! [`CHURN_PER_SECOND`], N exports created, N endpoints added and N removed
+//! in one member, each timed from its write's return until `serve` in every
+//! other member answers it.
+//!
 //! `cargo bench --bench sync`; see `common` for how bench targets run.
 
 #![allow(clippy::print_stdout)]
@@ -29,7 +42,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use common::dns::Dns;
+use common::dns::{Answer, Dns};
 use common::objects::{create_all, import_resource, slice_resource, timed_call};
 use common::report::{row, secs};
 use common::{SERVER_READY_TIMEOUT, main_of, serve, start_clusters};
@@ -55,6 +68,14 @@ const FLEET_SCALE: usize = 100;
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn sync_bench(rt: &tokio::runtime::Runtime) -> Result<()> {
+    if let Ok(n) = std::env::var("SYNC_CHURN") {
+        let n: usize = n.parse().context("SYNC_CHURN: a number of changes of each kind")?;
+        return churn(rt, n);
+    }
+    if let Ok(n) = std::env::var("SYNC_FLEET") {
+        let n: usize = n.parse().context("SYNC_FLEET: a number of exports")?;
+        return fleet(rt, n);
+    }
     println!("\n## sync controller on 3 clusters");
     let clusters = start_clusters(3);
     let mut clients = Vec::new();
@@ -141,6 +162,355 @@ fn sync_bench(rt: &tokio::runtime::Runtime) -> Result<()> {
     standby.http();
     scale(rt, &clusters, &clients, &mut sync, standby, FLEET_SCALE, 30)?;
     Ok(())
+}
+
+/// `n` exports on [`FLEET_CLUSTERS`] clusters, with one replica and then
+/// with two sharing four shards.
+fn fleet(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
+    println!("\n## {n} exports on {FLEET_CLUSTERS} clusters, one replica");
+    let clusters = start_clusters(FLEET_CLUSTERS);
+    let clients: Vec<kube::Client> = (0..FLEET_CLUSTERS).map(|i| rt.block_on(clusters.client(i))).collect();
+    let mut sync = Syncing::start_tied(&clusters, &["--identity", "leader"]);
+    wait_leading(&sync)?;
+    let standby = Syncing::start_tied(&clusters, &["--identity", "standby"]);
+    standby.http();
+    scale(rt, &clusters, &clients, &mut sync, standby, n, 30)?;
+    drop(clusters);
+
+    println!("\n## {n} exports on {FLEET_CLUSTERS} clusters, two replicas, --shards 4");
+    let clusters = start_clusters(FLEET_CLUSTERS);
+    let clients: Vec<kube::Client> = (0..FLEET_CLUSTERS).map(|i| rt.block_on(clusters.client(i))).collect();
+    let sharded = ["--shards", "4", "--lease-duration", "15"];
+    let mut a = Syncing::start_tied(&clusters, &[&sharded[..], &["--identity", "a"]].concat());
+    let mut b = Syncing::start_tied(&clusters, &[&sharded[..], &["--identity", "b"]].concat());
+    let since = Instant::now();
+    while !(led(&a)? == 2 && led(&b)? == 2) {
+        if since.elapsed() > FAILOVER_TIMEOUT {
+            bail!("the shards did not split 2/2:\n{}\n{}", a.log(), b.log());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("the shards split 2/2 {:.1} s after start", secs(since.elapsed()));
+    let started = create_exports(rt, &clients, n)?;
+    let control_plane = clusters.control_plane_pids();
+    let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_seconds(*p).unwrap_or(0.0)).sum::<f64>();
+    let (plane0, a0, b0) = (cpu(&control_plane), a.cpu_seconds(), b.cpu_seconds());
+    let converged = converge(rt, &clients, n, started)?;
+    let (plane, a_cpu, b_cpu) = (cpu(&control_plane) - plane0, a.cpu_seconds() - a0, b.cpu_seconds() - b0);
+    let (wa, wb) = (quiet(&a)?, quiet(&b)?);
+    println!(
+        "every member holds {n} imports with a VIP {:.1} s after the exports were created; writes: a {wa}, b {wb} ({:.1} per export)",
+        secs(converged),
+        (wa + wb) / n as f64
+    );
+    println!(
+        "CPU meanwhile: a {a_cpu:.1} s, b {b_cpu:.1} s, {FLEET_CLUSTERS} API servers + etcd {plane:.1} s; peak RSS a {} MiB, b {} MiB (load average {})",
+        a.peak_rss_kib() / 1024,
+        b.peak_rss_kib() / 1024,
+        loadavg()
+    );
+    // One replica killed (its Leases not given up): the other takes its
+    // shards once they have been unchanged for the lease duration.
+    let before = metric(&b, "clusterset_dns_sync_writes_total")?;
+    a.kill();
+    let killed = Instant::now();
+    while led(&b)? < 4 {
+        if killed.elapsed() > FAILOVER_TIMEOUT {
+            bail!("b did not take every shard:\n{}", b.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = killed.elapsed();
+    let after = quiet(&b)?;
+    println!(
+        "a killed: b led all 4 shards {:.1} s later (lease 15 s); writes since {}",
+        secs(took),
+        after - before
+    );
+    b.stop();
+    Ok(())
+}
+
+/// Background changes per second while `churn` measures.
+const CHURN_PER_SECOND: u32 = 10;
+/// Headless services the background changes are made to.
+const CHURN_SERVICES: usize = 100;
+
+/// Change → answer at ten members under [`CHURN_PER_SECOND`].
+fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    println!("\n## change → answer on {FLEET_CLUSTERS} clusters, {CHURN_PER_SECOND} background changes/s");
+    let clusters = start_clusters(FLEET_CLUSTERS);
+    let clients: Vec<kube::Client> = (0..FLEET_CLUSTERS).map(|i| rt.block_on(clusters.client(i))).collect();
+    let ns = "churn";
+    for c in &clients {
+        let api: Api<Namespace> = Api::all(c.clone());
+        let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        rt.block_on(timed_call(api.patch(ns, &PatchParams::apply("bench"), &Patch::Apply(&body))))?;
+    }
+    let sync = Syncing::start_tied(&clusters, &["--identity", "leader", "--namespace", ns]);
+    wait_leading(&sync)?;
+    let mut servers = Vec::new();
+    for i in 0..FLEET_CLUSTERS {
+        let kubeconfig = clusters.serve_kubeconfig(i);
+        let s = common::serve_with(&kubeconfig, &["--namespace", ns]);
+        s.wait_ready(SERVER_READY_TIMEOUT);
+        servers.push(s);
+    }
+    let mut dns: Vec<Dns> = servers.iter().map(|s| Dns::new(s.addr)).collect::<Result<_>>()?;
+    let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
+    let slices = slice_resource();
+    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
+    // The background: headless services, one per member in turn, exported.
+    for (c, client) in clients.iter().enumerate() {
+        let mine: Vec<usize> = (0..CHURN_SERVICES).filter(|i| i % FLEET_CLUSTERS == c).collect();
+        let svc = mine.iter().map(|i| (ns.into(), headless(ns, &format!("bg-{i}")))).collect();
+        let sl = mine
+            .iter()
+            .map(|i| (ns.into(), slice_of(ns, &format!("bg-{i}"), &[address(c, *i, 0)])))
+            .collect();
+        let ex = mine.iter().map(|i| (ns.into(), export(ns, &format!("bg-{i}")))).collect();
+        rt.block_on(create_all(client, &services, svc, "services"))?;
+        rt.block_on(create_all(client, &slices, sl, "slices"))?;
+        rt.block_on(create_all(client, &exports, ex, "exports"))?;
+    }
+    let last = Name::from_ascii(format!("bg-{}.{ns}.svc.clusterset.local.", CHURN_SERVICES - 1))?;
+    for d in &mut dns {
+        if d.poll_until(&last, Instant::now(), SYNC_CONVERGE_TIMEOUT, |a| !a.ips.is_empty()).is_none() {
+            bail!("the background services were not answered everywhere:\n{}", sync.log());
+        }
+    }
+    let stop = AtomicBool::new(false);
+    let made = AtomicUsize::new(0);
+    let cpu0 = sync.cpu_seconds();
+    let began = Instant::now();
+    let measured = std::thread::scope(|scope| -> Result<[Vec<Duration>; 3]> {
+        // Each background change replaces one service's endpoint in its own
+        // member; bounded by count and by `stop`.
+        let churner = scope.spawn(|| -> Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let every = Duration::from_secs(1) / CHURN_PER_SECOND;
+            let mut next = Instant::now();
+            for k in 0..100_000usize {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let i = k % CHURN_SERVICES;
+                let c = i % FLEET_CLUSTERS;
+                let body = slice_of(ns, &format!("bg-{i}"), &[address(c, i, 1 + k / CHURN_SERVICES % 2)]);
+                let api: Api<DynamicObject> = Api::namespaced_with(clients[c].clone(), ns, &slices);
+                let name = format!("bg-{i}-own");
+                rt.block_on(timed_call(api.patch(
+                    &name,
+                    &PatchParams::apply("bench").force(),
+                    &Patch::Apply(&body),
+                )))?;
+                made.fetch_add(1, Ordering::Relaxed);
+                next += every;
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            Ok(())
+        });
+        let result = measure_changes(rt, &clients[0], &mut dns, &sync, n);
+        stop.store(true, Ordering::Relaxed);
+        churner.join().map_err(|_| anyhow!("the churner panicked"))??;
+        result
+    })?;
+    let [mut created, mut added, mut removed] = measured;
+    let rate = made.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
+    println!(
+        "\nbackground: {rate:.1} changes/s achieved; sync CPU {:.1} s over {:.0} s (load average {})",
+        sync.cpu_seconds() - cpu0,
+        began.elapsed().as_secs_f64(),
+        loadavg()
+    );
+    println!(
+        "\n| change in member 1, until serve in all {} others answers it | n | p50 | p90 | p99 | max | goal |\n|---|---|---|---|---|---|---|",
+        FLEET_CLUSTERS - 1
+    );
+    row("ServiceExport created (headless)", &mut created, "p99 ≤ 1 s");
+    row("endpoint added", &mut added, "p99 ≤ 1 s");
+    row("endpoint removed", &mut removed, "p99 ≤ 1 s");
+    for s in &mut servers {
+        s.stop();
+    }
+    Ok(())
+}
+
+/// `n` changes of each kind in member 1 (`a`), each timed until every other
+/// member's server answers it.
+fn measure_changes(
+    rt: &tokio::runtime::Runtime,
+    a: &kube::Client,
+    dns: &mut [Dns],
+    sync: &Syncing,
+    n: usize,
+) -> Result<[Vec<Duration>; 3]> {
+    let ns = "churn";
+    let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
+    let slices = slice_resource();
+    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
+    let slice_api: Api<DynamicObject> = Api::namespaced_with(a.clone(), ns, &slices);
+    let mut out: [Vec<Duration>; 3] = Default::default();
+    let others = dns.len() - 1;
+    let everywhere =
+        |dns: &mut [Dns], name: &Name, from: Instant, done: &dyn Fn(&Answer) -> bool| -> Option<Duration> {
+            let mut last = from;
+            for d in dns.iter_mut().skip(1) {
+                last = last.max(d.poll_until(name, from, Duration::from_secs(20), done)?);
+            }
+            Some(last - from)
+        };
+    for j in 0..n {
+        let name = format!("m-{j}");
+        let fqdn = Name::from_ascii(format!("{name}.{ns}.svc.clusterset.local."))?;
+        let (first, second) = (address(0, 200 + j, 0), address(0, 200 + j, 1));
+        rt.block_on(create_all(a, &services, vec![(ns.into(), headless(ns, &name))], "service"))?;
+        rt.block_on(create_all(a, &slices, vec![(ns.into(), slice_of(ns, &name, &[first]))], "slice"))?;
+        rt.block_on(create_all(a, &exports, vec![(ns.into(), export(ns, &name))], "export"))?;
+        let t = Instant::now();
+        let took = everywhere(dns, &fqdn, t, &|x: &Answer| x.ips.contains(&first)).with_context(|| {
+            format!("{name} not answered by all {others} others within 20 s:\n{}", sync.log())
+        })?;
+        out[0].push(took);
+        let patch = |addrs: &[Ipv4Addr]| -> Result<Instant> {
+            let body = slice_of(ns, &name, addrs);
+            rt.block_on(timed_call(slice_api.patch(
+                &format!("{name}-own"),
+                &PatchParams::apply("bench").force(),
+                &Patch::Apply(&body),
+            )))?;
+            Ok(Instant::now())
+        };
+        let t = patch(&[first, second])?;
+        out[1].push(
+            everywhere(dns, &fqdn, t, &|x: &Answer| x.ips.contains(&second))
+                .with_context(|| format!("{name}'s added endpoint not answered everywhere"))?,
+        );
+        let t = patch(&[second])?;
+        out[2].push(
+            everywhere(dns, &fqdn, t, &|x: &Answer| !x.ips.contains(&first) && x.ips.contains(&second))
+                .with_context(|| format!("{name}'s removed endpoint still answered"))?,
+        );
+    }
+    Ok(out)
+}
+
+/// A headless Service.
+fn headless(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+           "spec": {"clusterIP": "None", "ports": [{"name": "http", "protocol": "TCP", "port": 80}]}})
+}
+
+/// Address `v` (0, 1, 2) of service `i` in member `c`.
+fn address(c: usize, i: usize, v: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 100 + c as u8, (i % 250) as u8, 1 + v as u8)
+}
+
+/// The Service's own EndpointSlice with these endpoints.
+fn slice_of(ns: &str, name: &str, addrs: &[Ipv4Addr]) -> Value {
+    let endpoints: Vec<Value> = addrs.iter().map(|a| json!({"addresses": [a.to_string()]})).collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": format!("{name}-own"), "namespace": ns,
+                        "labels": {"kubernetes.io/service-name": name}},
+           "addressType": "IPv4", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+           "endpoints": endpoints})
+}
+
+/// How many shards a replica leads.
+fn led(s: &Syncing) -> Result<usize> {
+    let scrape = s.get("/metrics");
+    Ok(scrape
+        .lines()
+        .filter(|l| l.starts_with("clusterset_dns_sync_shard_leader{") && l.ends_with(" 1"))
+        .count())
+}
+
+fn wait_leading(sync: &Syncing) -> Result<()> {
+    let since = Instant::now();
+    while !sync.leading() {
+        if since.elapsed() > FAILOVER_TIMEOUT {
+            bail!("sync did not lead within {} s:\n{}", FAILOVER_TIMEOUT.as_secs(), sync.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// `n` Services with a slice each, spread over the clusters, then their
+/// exports, in namespace `sync-s` of every member; returns when the
+/// exports' creation began.
+fn create_exports(rt: &tokio::runtime::Runtime, clients: &[kube::Client], n: usize) -> Result<Instant> {
+    let c_n = clients.len();
+    let ns = "sync-s";
+    for c in clients {
+        let api: Api<Namespace> = Api::all(c.clone());
+        let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        rt.block_on(timed_call(api.patch(ns, &PatchParams::apply("bench"), &Patch::Apply(&body))))?;
+    }
+    let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
+    let slices = slice_resource();
+    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
+    for (c, client) in clients.iter().enumerate() {
+        let mine: Vec<usize> = (0..n).filter(|i| i % c_n == c).collect();
+        let svc: Vec<(String, Value)> =
+            mine.iter().map(|i| (ns.into(), service(ns, &format!("s-{i}")))).collect();
+        let sl: Vec<(String, Value)> =
+            mine.iter().map(|i| (ns.into(), own_slice(ns, &format!("s-{i}"), c, *i))).collect();
+        rt.block_on(create_all(client, &services, svc, "services"))?;
+        rt.block_on(create_all(client, &slices, sl, "slices"))?;
+    }
+    let started = Instant::now();
+    std::thread::scope(|scope| -> Result<()> {
+        let handles: Vec<_> = (0..c_n)
+            .map(|c| {
+                let client = clients[c].clone();
+                let exports = exports.clone();
+                let objects: Vec<(String, Value)> = (0..n)
+                    .filter(|i| i % c_n == c)
+                    .map(|i| (ns.into(), export(ns, &format!("s-{i}"))))
+                    .collect();
+                scope.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                    rt.block_on(create_all(&client, &exports, objects, "exports"))
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| anyhow!("export creator panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(started)
+}
+
+/// Waits until every member holds `n` imports with a VIP; the time since
+/// `started`.
+fn converge(
+    rt: &tokio::runtime::Runtime,
+    clients: &[kube::Client],
+    n: usize,
+    started: Instant,
+) -> Result<Duration> {
+    let imports = import_resource();
+    loop {
+        let mut done = true;
+        for c in clients {
+            let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), "sync-s", &imports);
+            let list = rt.block_on(timed_call(api.list(&ListParams::default())))?;
+            let with_vip = list.items.iter().filter(|o| o.data.pointer("/spec/ips/0").is_some()).count();
+            done &= with_vip == n;
+        }
+        if done {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > SYNC_CONVERGE_TIMEOUT {
+            bail!("{n} exports not converged within {} s", SYNC_CONVERGE_TIMEOUT.as_secs());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 /// `n` exports created at once, spread over the clusters (each service
