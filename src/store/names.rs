@@ -395,6 +395,7 @@ fn balanced(
         o.max_answers.unwrap_or(cfg.max_answers),
         o.local_min_healthy.unwrap_or(cfg.local_min_healthy),
         cfg.fail_open,
+        o.boundary.unwrap_or(cfg.fallback_boundary),
     );
     let b = Balance::new(
         policy,
