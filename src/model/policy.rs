@@ -171,6 +171,12 @@ pub struct AnswerOverrides {
     pub probe_port: Option<u16>,
     /// `clusterset-dns.io/fallback-boundary`.
     pub boundary: Option<Boundary>,
+    /// Centralized mode only: the oldest export's
+    /// `clusterset-dns.io/consumer-clusters`, sorted; the service's names
+    /// exist only for clients of these clusters (an empty list: for no
+    /// one). Not read from a ServiceImport: in a member, the import exists
+    /// only where the service is consumed.
+    pub consumers: Option<Vec<ClusterId>>,
     /// `clusterset-dns.io/unreachable-clusters`, sorted: health, not
     /// records, so a change of it re-encodes nothing.
     pub unreachable: Vec<ClusterId>,
@@ -198,6 +204,7 @@ static NO_OVERRIDES: AnswerOverrides = AnswerOverrides {
     prefer_close: false,
     probe_port: None,
     boundary: None,
+    consumers: None,
     unreachable: Vec::new(),
     disconnected: Vec::new(),
 };

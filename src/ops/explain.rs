@@ -50,8 +50,28 @@ pub fn report_for(
 ) -> Result<String, String> {
     let mut out = String::new();
     let service = service_of(snap, qname).filter(|(_, is_service_name)| *is_service_name).map(|(s, _)| s);
-    let balance = service.and_then(|s| s.balance().map(|b| (s, b)));
     let _ = writeln!(out, "query: {qname} {rtype} from {who}");
+    // Debug clients are operators (--allow-debug): they are told why a
+    // restricted service is not found, which a plain query never says.
+    let all = service_of(snap, qname).map(|(s, _)| s);
+    if let Some(consumers) = all.and_then(|s| s.hosts().consumers()) {
+        let l = &snap.zone().localities;
+        let names: Vec<&str> =
+            consumers.iter().filter_map(|&c| l.cluster_name(c)).map(|c| c.as_str()).collect();
+        let seen = all.is_some_and(|s| s.hosts().visible_to(client.cluster));
+        let _ = writeln!(
+            out,
+            "consumers: {} ({})",
+            if names.is_empty() { "none of the client clusters".to_owned() } else { names.join(", ") },
+            if seen {
+                "the client is one"
+            } else {
+                "the client is not one: the service does not exist for it"
+            }
+        );
+    }
+    let service = service.filter(|s| s.hosts().visible_to(client.cluster));
+    let balance = service.and_then(|s| s.balance().map(|b| (s, b)));
     let family = match rtype {
         RecordType::A => Some(0),
         RecordType::AAAA => Some(1),
