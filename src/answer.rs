@@ -127,8 +127,9 @@ pub struct Answer<'s> {
 pub enum Synth<'s> {
     /// The A or AAAA records of an endpoint name: these addresses, in order.
     Addresses(&'s [std::net::IpAddr]),
-    /// The PTR records of the reverse name of this address.
-    Ptr(std::net::IpAddr, &'s Ptrs),
+    /// The PTR records of the reverse name of this address: those of
+    /// services a client of this cluster may see.
+    Ptr(std::net::IpAddr, &'s Ptrs, Option<u16>),
     /// A headless service's SRV records, and their targets' addresses as
     /// additional records.
     Srv {
@@ -192,12 +193,15 @@ fn chaos<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
 /// service names it (a clusterset VIP, a headless endpoint), NODATA for
 /// other types of such a name (no SOA: the reverse zone is not ours), and
 /// REFUSED for every other address, whose reverse names belong to the
-/// cluster's own DNS or to no one.
-fn reverse(snap: &Snapshot, ip: std::net::IpAddr, qtype: u16) -> Answer<'_> {
-    match (snap.reverse(ip), qtype) {
+/// cluster's own DNS or to no one. An address only services the client
+/// may not see name (consumer clusters) is such another address: its
+/// reverse name would tell the restricted name.
+fn reverse<'s>(snap: &'s Snapshot, ip: std::net::IpAddr, qtype: u16, client: &Client) -> Answer<'s> {
+    let seen = snap.reverse(ip).filter(|p| p.targets().any(|t| t.visible_to(client.cluster)));
+    match (seen, qtype) {
         (None, _) => Answer::bare(Rcode::Refused, false),
         (Some(ptrs), rtype::PTR | rtype::ANY) => {
-            Answer { synth: Some(Synth::Ptr(ip, ptrs)), ..Answer::bare(Rcode::NoError, true) }
+            Answer { synth: Some(Synth::Ptr(ip, ptrs, client.cluster)), ..Answer::bare(Rcode::NoError, true) }
         }
         (Some(_), _) => Answer::bare(Rcode::NoError, true),
     }
@@ -296,7 +300,7 @@ pub fn lookup_for<'s>(
             Some((k, apex)) if k > 0 && label(k - 1) == b"\x03svc" => (k, apex, true),
             _ => {
                 return match reverse_address(name, &starts[..n]) {
-                    Some(ip) => reverse(snap, ip, q.qtype),
+                    Some(ip) => reverse(snap, ip, q.qtype, client),
                     None => Answer::bare(Rcode::Refused, false),
                 };
             }
@@ -313,7 +317,11 @@ pub fn lookup_for<'s>(
         // <prefix>.<svc>.<ns>.svc.<zone>
         let svc = starts[k - 3] as usize;
         svc_at = svc as u16; // names are at most 255 bytes
-        let service = snap.service(&name[svc..starts[k - 1] as usize]);
+        // A service restricted to consumer clusters does not exist for
+        // other clients, with every name under it: NXDOMAIN, as in a member
+        // that has no import.
+        let service =
+            snap.service(&name[svc..starts[k - 1] as usize]).filter(|s| s.hosts().visible_to(client.cluster));
         if svc == 0 {
             balance = service.and_then(|s| s.balance());
         }
@@ -455,5 +463,139 @@ mod tests {
         ] {
             assert_eq!(parse(not), None, "{not}");
         }
+    }
+}
+
+#[cfg(test)]
+mod consumer_tests {
+    use hickory_proto::rr::Name;
+
+    use super::*;
+    use crate::model::{
+        AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, Port,
+        Protocol, ServiceImport, ServiceKey, SliceKey, SliceOrigin,
+    };
+    use crate::store::{self, AnswerConfig, ClientNet, Object, Reader, SourceId, Update, Writer, ZoneConfig};
+
+    fn wire(name: &str) -> Vec<u8> {
+        let mut w = Vec::new();
+        for label in name.trim_end_matches('.').split('.') {
+            w.push(label.len() as u8);
+            w.extend_from_slice(label.as_bytes());
+        }
+        w.push(0);
+        w
+    }
+
+    /// `hl.ns` (restricted to `consumers`) and `pub.ns`, headless, each with
+    /// one endpoint of cluster c1 with a named port; clients 10.<n>.0.0/16
+    /// are in c<n>.
+    fn fleet(consumers: Option<&[&str]>) -> (Reader, Writer) {
+        let mut a = AnswerConfig::standard();
+        a.clients = (1..=2)
+            .map(|n| ClientNet {
+                addr: format!("10.{n}.0.0").parse().unwrap(),
+                prefix: 16,
+                cluster: ClusterId::parse(&format!("c{n}")).unwrap(),
+                zone: None,
+            })
+            .collect();
+        let (reader, mut w) =
+            store::new(ZoneConfig::with_defaults(Name::from_ascii("clusterset.local.").unwrap(), a));
+        let key = |n: &str| ServiceKey {
+            namespace: DnsLabel::parse("ns").unwrap(),
+            name: DnsLabel::parse(n).unwrap(),
+        };
+        let port = Port { name: DnsLabel::parse("http").ok(), protocol: Protocol::Tcp, port: 80 };
+        let mut objects = Vec::new();
+        for (name, ip, restricted) in [("hl", "10.1.1.1", true), ("pub", "10.1.1.2", false)] {
+            let consumers = consumers
+                .filter(|_| restricted)
+                .map(|c| c.iter().map(|c| ClusterId::parse(c).unwrap()).collect());
+            objects.push(Object::Import(ServiceImport {
+                key: key(name),
+                kind: ImportType::Headless,
+                ips: Default::default(),
+                ports: vec![port.clone()].into(),
+                answers: AnswerOverrides { consumers, ..Default::default() }.into(),
+            }));
+            let host = DnsLabel::parse("h0").unwrap();
+            objects.push(Object::Slice(EndpointSet {
+                slice: SliceKey { namespace: "ns".into(), name: format!("{name}-c1") },
+                service: key(name),
+                cluster: ClusterId::parse("c1").unwrap(),
+                family: AddressFamily::V4,
+                ports: vec![port.clone()],
+                endpoints: vec![Endpoint::new(vec![ip.parse().unwrap()].into(), true).with_names(
+                    Some(&host),
+                    None,
+                    None,
+                )],
+                origin: SliceOrigin::Mcs,
+            }));
+        }
+        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.publish();
+        (reader, w)
+    }
+
+    fn rcode(reader: &Reader, name: &str, qtype: u16, from: Option<&str>) -> (Rcode, bool) {
+        let snap = reader.load();
+        let client =
+            from.map_or_else(Client::default, |ip| snap.zone().localities.client_at(ip.parse().unwrap()));
+        let name = wire(name);
+        let a =
+            lookup_for(&snap, &Question { name: &name, qtype, qclass: 1 }, &client, &mut Picks::default());
+        (a.rcode, a.answer.is_some() || a.synth.is_some())
+    }
+
+    #[test]
+    fn a_restricted_service_exists_only_for_its_consumers_clients() {
+        let (reader, _w) = fleet(Some(&["c2"]));
+        let names = [
+            ("hl.ns.svc.clusterset.local", rtype::A),
+            ("hl.ns.svc.clusterset.local", 33), // SRV
+            ("_http._tcp.hl.ns.svc.clusterset.local", 33),
+            ("h0.c1.hl.ns.svc.clusterset.local", rtype::A),
+            ("c1.hl.ns.svc.clusterset.local", rtype::A), // an empty non-terminal
+        ];
+        for (name, qtype) in names {
+            assert_eq!(rcode(&reader, name, qtype, Some("10.2.0.9")).0, Rcode::NoError, "{name} from c2");
+            // Not a consumer (the exporting cluster itself), or unknown: as if it did not exist.
+            for from in [Some("10.1.0.9"), None] {
+                assert_eq!(
+                    rcode(&reader, name, qtype, from),
+                    (Rcode::NxDomain, false),
+                    "{name} from {from:?}"
+                );
+            }
+        }
+        // The unrestricted service is everyone's.
+        assert_eq!(rcode(&reader, "pub.ns.svc.clusterset.local", rtype::A, None), (Rcode::NoError, true));
+        // Reverse names do not tell the restricted name either.
+        let ptr = "1.1.1.10.in-addr.arpa";
+        assert_eq!(rcode(&reader, ptr, rtype::PTR, Some("10.2.0.9")), (Rcode::NoError, true));
+        assert_eq!(rcode(&reader, ptr, rtype::PTR, Some("10.1.0.9")), (Rcode::Refused, false));
+        assert_eq!(rcode(&reader, "2.1.1.10.in-addr.arpa", rtype::PTR, Some("10.1.0.9")).0, Rcode::NoError);
+        // A transfer lists what the client's queries find.
+        let listed = |cluster: Option<&str>| {
+            let snap = reader.load_full();
+            let id = cluster.and_then(|c| snap.zone().localities.cluster_id(c));
+            let mut walk = store::ZoneWalk::new(snap, id);
+            let mut out = Vec::new();
+            while walk.next_group(&mut out) {}
+            out.iter().any(|r| r.name.to_string().contains("hl.ns."))
+        };
+        assert!(listed(Some("c2")));
+        assert!(!listed(Some("c1")) && !listed(None));
+        // An empty list (one that did not parse) is no one's.
+        let (reader, _w) = fleet(Some(&[]));
+        assert_eq!(
+            rcode(&reader, "hl.ns.svc.clusterset.local", rtype::A, Some("10.2.0.9")).0,
+            Rcode::NxDomain
+        );
+        // No list: everyone's.
+        let (reader, _w) = fleet(None);
+        assert_eq!(rcode(&reader, "hl.ns.svc.clusterset.local", rtype::A, None), (Rcode::NoError, true));
     }
 }

@@ -309,7 +309,15 @@ pub struct ServeArgs {
     /// cluster NAME, optionally in ZONE. Repeatable; the longest prefix wins.
     #[arg(long = "client-cluster", value_name = "CIDR=NAME[/ZONE]")]
     pub client_clusters: Vec<String>,
-    /// The region of a cluster, for the topology policy. Repeatable.
+    /// How far from the asking client the topology and local-first policies
+    /// may answer: zone, cluster, region or none. Inside it, unhealthy
+    /// endpoints are answered when none is healthy (with --fail-open);
+    /// outside it never. The annotation clusterset-dns.io/fallback-boundary
+    /// overrides it per service.
+    #[arg(long, value_name = "SCOPE", default_value = "none")]
+    pub fallback_boundary: String,
+    /// The region of a cluster, for the topology policy and the region
+    /// boundary. Repeatable.
     #[arg(long = "cluster-region", value_name = "CLUSTER=REGION")]
     pub cluster_regions: Vec<String>,
     /// Seconds a member cluster (--cluster) may fail to answer (its watches

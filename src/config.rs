@@ -714,6 +714,7 @@ fn answer_config(a: &ServeArgs, default_cluster: Option<ClusterId>) -> Result<An
             Ok((cluster, region.to_owned()))
         })
         .collect::<Result<_, _>>()?;
+    let fallback_boundary = a.fallback_boundary.parse().map_err(|e: String| bad("--fallback-boundary", e))?;
     if a.local_min_healthy == 0 {
         return Err(bad("--local-min-healthy", "must be at least 1"));
     }
@@ -723,6 +724,7 @@ fn answer_config(a: &ServeArgs, default_cluster: Option<ClusterId>) -> Result<An
         local_min_healthy: a.local_min_healthy,
         fail_open: a.fail_open,
         endpoint_answers: a.endpoint_answers,
+        fallback_boundary,
         clients,
         regions,
         default_cluster,
@@ -890,6 +892,7 @@ mod tests {
             "--client-cluster"
         );
         assert_eq!(config(&["--cluster-region", "a"]).unwrap_err().flag, "--cluster-region");
+        assert_eq!(config(&["--fallback-boundary", "planet"]).unwrap_err().flag, "--fallback-boundary");
         assert_eq!(config(&["--local-min-healthy", "0"]).unwrap_err().flag, "--local-min-healthy");
     }
 
@@ -922,6 +925,9 @@ mod tests {
         assert_eq!(nets[1].addr, "fd00::".parse::<IpAddr>().unwrap());
         assert_eq!(c.zone.answers.policy, PolicyKind::Rotation);
         assert!(c.zone.answers.fail_open);
+        assert_eq!(c.zone.answers.fallback_boundary, crate::model::Boundary::None);
+        let c = config(&["--fallback-boundary", "region"]).unwrap();
+        assert_eq!(c.zone.answers.fallback_boundary, crate::model::Boundary::Region);
     }
 
     fn doctor(args: &[&str]) -> Result<DoctorConfig, ConfigError> {

@@ -14,9 +14,10 @@ mod service;
 pub use fleets::{BackingKind, BackingService, Interop, KOSMOS_ROOT_CLUSTER, SliceOrigin};
 pub use label::{ClusterId, DnsLabel, LabelError};
 pub use policy::{
-    ANNOTATION_ENDPOINT_ANSWERS, ANNOTATION_LOCAL_MIN_HEALTHY, ANNOTATION_MAX_ANSWERS, ANNOTATION_POLICY,
-    ANNOTATION_PROBE_PORT, ANNOTATION_UNREACHABLE_CLUSTERS, ANNOTATION_WEIGHTS, AnnotationError,
-    AnswerOverrides, ClusterWeight, Overrides, PolicyKind, parse_clusters, parse_weights,
+    ANNOTATION_ENDPOINT_ANSWERS, ANNOTATION_FALLBACK_BOUNDARY, ANNOTATION_LOCAL_MIN_HEALTHY,
+    ANNOTATION_MAX_ANSWERS, ANNOTATION_POLICY, ANNOTATION_PROBE_PORT, ANNOTATION_UNREACHABLE_CLUSTERS,
+    ANNOTATION_WEIGHTS, AnnotationError, AnswerOverrides, Boundary, ClusterWeight, Overrides, PolicyKind,
+    parse_clusters, parse_weights,
 };
 pub use service::{
     AddressFamily, Addresses, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport, ServiceKey,

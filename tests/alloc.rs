@@ -8,7 +8,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use clusterset_dns::model::{ClusterId, PolicyKind};
+use clusterset_dns::model::{Boundary, ClusterId, PolicyKind};
 use clusterset_dns::source::embedded;
 use clusterset_dns::store::{self, SourceId, Update, ZoneConfig};
 use clusterset_dns::wire::{Scratch, Transport, WireConfig, respond_from};
@@ -138,11 +138,14 @@ fn answering_with_every_policy_allocates_nothing() {
         query("api.shop.svc.clusterset.local.", RecordType::A, true),
         ecs.to_vec().unwrap(),
     ];
+    // The boundaries (issue 31) add a pass over the endpoints, not a buffer.
+    let shapes = [0, 2].into_iter().flat_map(|m| Boundary::ALL.map(|b| (m, b)));
     for policy in PolicyKind::ALL {
-        for max_answers in [0, 2] {
+        for (max_answers, boundary) in shapes.clone() {
             let mut answers = store::AnswerConfig::standard();
             answers.policy = policy;
             answers.max_answers = max_answers;
+            answers.fallback_boundary = boundary;
             answers.endpoint_answers = true;
             for (net, cluster) in [("127.0.0.0", "cluster-a"), ("10.2.0.0", "cluster-b")] {
                 answers.clients.push(store::ClientNet {
@@ -163,7 +166,7 @@ fn answering_with_every_policy_allocates_nothing() {
                     assert_eq!(
                         allocated,
                         0,
-                        "{policy} {max_answers} {transport:?} {:?}",
+                        "{policy} {max_answers} {boundary} {transport:?} {:?}",
                         Message::from_vec(q).unwrap().queries
                     );
                 }

@@ -20,6 +20,10 @@ use hickory_proto::rr::Name;
 /// default.
 pub const MAX_UDP_PAYLOAD: u16 = 1232;
 
+/// The peer of a transfer: loopback, which `serve` allows to transfer by
+/// default (the transfer lists what its queries would find).
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
 /// The zone as `serve` configures it by default (TTL 5).
 pub fn zone() -> ZoneConfig {
     ZoneConfig {
@@ -73,7 +77,7 @@ pub fn answer_both(packet: &[u8]) -> [Answered; 2] {
             }
             // A zone transfer: the TCP connection streams it from here.
             // Every message is checked; the first stands for the response.
-            let mut xfr = Transfer::new(Arc::clone(&*snap), packet, MAX_UDP_PAYLOAD)
+            let mut xfr = Transfer::new(Arc::clone(&*snap), packet, MAX_UDP_PAYLOAD, LOOPBACK)
                 .expect("an accepted transfer starts");
             let mut first = Vec::new();
             assert!(xfr.next_message(&mut first).expect("first message"), "a transfer has a message");

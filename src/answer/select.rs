@@ -2,9 +2,11 @@
 //! endpoints answer one query, in which order.
 //!
 //! Every policy is the same three steps over the service's [`Balance`]:
-//! 1. each eligible endpoint (records of the queried family; healthy, or
-//!    every one when none is and fail-open is on) gets a *tier*: 0 is most
-//!    preferred (the client's cluster, its zone, the weighted draw's cluster);
+//! 1. each eligible endpoint (records of the queried family; inside the
+//!    service's boundary from the client, when local-first or topology has
+//!    one; healthy, or every one of those when none is and fail-open is on)
+//!    gets a *tier*: 0 is most preferred (the client's cluster, its zone,
+//!    the weighted draw's cluster);
 //! 2. the policy decides how many tiers answer: one, or (local-first,
 //!    topology) as many as it takes to reach `min_healthy` endpoints
 //!    (spill-over), or (weighted) all of them, preferred first;
@@ -16,7 +18,7 @@
 //! sequence number is per service and family, so the n-th A and the n-th
 //! AAAA query choose the same endpoints and each family rotates evenly.
 
-use crate::model::PolicyKind;
+use crate::model::{Boundary, PolicyKind};
 use crate::store::{Balance, Client};
 
 /// Most records a chosen answer lists. Larger answers than this are only
@@ -68,8 +70,13 @@ pub struct Decision {
     pub answered_tiers: u8,
     /// Index into `Balance::clusters` of the weighted draw.
     pub drawn: Option<u16>,
-    /// No endpoint was healthy and every one was answered (fail-open).
+    /// No endpoint was healthy and every one was answered (fail-open);
+    /// with a boundary, every one inside it.
     pub failed_open: bool,
+    /// The boundary the answer kept (none when the policy has none).
+    pub boundary: Boundary,
+    /// Endpoints with records of the family that the boundary left out.
+    pub outside: u32,
     /// Endpoints answered.
     pub endpoints: u32,
 }
@@ -96,16 +103,34 @@ pub fn choose(
     records: usize,
     picks: &mut Picks,
 ) -> Option<(Pick, Decision)> {
-    let mut d = Decision { seq, answered_tiers: 1, ..Decision::default() };
-    let healthy = b.healthy_count[fam];
-    if healthy == 0 && !b.fail_open {
+    let boundary = b.applied_boundary();
+    let mut d = Decision { seq, answered_tiers: 1, boundary, ..Decision::default() };
+    let has = |i: usize| b.endpoints[i].records[fam].1 > 0;
+    // Fail-open is decided inside the boundary: an unhealthy endpoint
+    // inside is answered before a healthy one outside would be (never).
+    let (present, healthy) = if boundary == Boundary::None {
+        (b.present[fam], b.healthy_count[fam])
+    } else {
+        let (mut present, mut healthy) = (0, 0);
+        for i in (0..b.endpoints.len()).filter(|&i| has(i)) {
+            if inside(b, i, client) {
+                present += 1;
+                healthy += u32::from(b.healthy[i]);
+            }
+        }
+        d.outside = b.present[fam] - present;
+        (present, healthy)
+    };
+    if present == 0 || (healthy == 0 && !b.fail_open) {
         return None;
     }
     d.failed_open = healthy == 0;
     let open = d.failed_open;
-    let every = healthy == b.present[fam] || d.failed_open;
+    let every = healthy == present || d.failed_open;
     let cap = if b.max_answers == 0 { u32::MAX } else { u32::from(b.max_answers) };
-    if every && cap >= b.present[fam] && records > 0 {
+    // Only policies that ignore the client take this path: they have no
+    // boundary, so `present` is every endpoint of the family.
+    if every && cap >= present && records > 0 {
         // The common case needs no list: the whole RRset, maybe rotated.
         match b.policy {
             PolicyKind::All => {
@@ -126,9 +151,10 @@ pub fn choose(
     // place; each answer then keeps those with records of its family.
     let candidate = |i: usize| {
         let r = &b.endpoints[i].records;
-        (r[0].1 > 0 || r[1].1 > 0) && (open || b.healthy[i])
+        (r[0].1 > 0 || r[1].1 > 0)
+            && (open || b.healthy[i])
+            && (boundary == Boundary::None || inside(b, i, client))
     };
-    let has = |i: usize| b.endpoints[i].records[fam].1 > 0;
     if b.policy == PolicyKind::Weighted {
         d.drawn = draw(b, mix(seq ^ b.salt));
     }
@@ -246,6 +272,25 @@ fn draw(b: &Balance, r: u32) -> Option<u16> {
         x -= u64::from(c.weight);
     }
     None
+}
+
+/// True when endpoint `i` is within the service's boundary from `client`.
+/// What is not known is outside: an endpoint without a zone, or a client
+/// without one, is in no client's zone; a cluster without a region is in
+/// no client's region, and a client's own cluster is always in its region
+/// (a cluster does not span regions), so a client whose cluster has no
+/// region is bounded by that cluster. A client of no known cluster has
+/// nothing inside any boundary: answers never leave a scope nobody knows.
+pub fn inside(b: &Balance, i: usize, client: &Client) -> bool {
+    let e = &b.endpoints[i];
+    let cluster = &b.clusters[usize::from(e.cluster)];
+    let own_cluster = client.cluster == Some(cluster.id);
+    match b.applied_boundary() {
+        Boundary::None => true,
+        Boundary::Zone => client.zone.is_some() && e.zone == client.zone,
+        Boundary::Cluster => own_cluster,
+        Boundary::Region => own_cluster || (client.region.is_some() && cluster.region == client.region),
+    }
 }
 
 /// Endpoint `i`'s tier under the service's policy for this client.
@@ -542,6 +587,133 @@ mod tests {
         down(&mut w, "10.2.1.1");
         down(&mut w, "10.2.1.2");
         assert!(ask(&reader, 1, Some("10.1.0.1")).iter().all(|ip| cluster_of(ip) == 3));
+    }
+
+    /// Regions eu (c1, c2) and us (c3); clients of c4 (10.4.0.0/16, zone
+    /// z4, no endpoints) are in eu too, and those of c5 (10.5.0.0/16, no
+    /// zone) in no region.
+    fn bounded(policy: PolicyKind, boundary: Option<crate::model::Boundary>) -> AnswerConfig {
+        let mut a = answers(policy);
+        for (n, zone) in [(4, Some("z4".to_owned())), (5, None)] {
+            a.clients.push(ClientNet {
+                addr: format!("10.{n}.0.0").parse().unwrap(),
+                prefix: 16,
+                cluster: ClusterId::parse(&format!("c{n}")).unwrap(),
+                zone,
+            });
+        }
+        a.regions = [("c1", "eu"), ("c2", "eu"), ("c3", "us"), ("c4", "eu")]
+            .iter()
+            .map(|(c, r)| (ClusterId::parse(c).unwrap(), (*r).to_owned()))
+            .collect();
+        if let Some(b) = boundary {
+            a.fallback_boundary = b;
+        }
+        a
+    }
+
+    fn clusters_of(got: &[IpAddr]) -> std::collections::BTreeSet<u8> {
+        got.iter().map(cluster_of).collect()
+    }
+
+    #[test]
+    fn a_region_boundary_fails_open_inside_and_never_answers_outside() {
+        use crate::model::Boundary;
+        let (reader, mut w) =
+            service(bounded(PolicyKind::Topology, Some(Boundary::Region)), 2, Default::default());
+        assert_eq!(clusters_of(&ask(&reader, 1, Some("10.1.0.1"))), [1].into());
+        for ip in ["10.1.1.1", "10.1.1.2"] {
+            down(&mut w, ip);
+        }
+        assert_eq!(clusters_of(&ask(&reader, 1, Some("10.1.0.1"))), [2].into(), "same region next");
+        for ip in ["10.2.1.1", "10.2.1.2"] {
+            down(&mut w, ip);
+        }
+        // Every endpoint of eu is down, us's are healthy: eu's are answered,
+        // the ladder still first (the client's zone is c1's).
+        for _ in 0..20 {
+            let got = ask(&reader, 1, Some("10.1.0.1"));
+            assert_eq!(got.len(), 2, "{got:?}");
+            assert_eq!(clusters_of(&got), [1].into(), "failed open inside eu: {got:?}");
+        }
+        // A client of us is answered us's, eu's never.
+        assert_eq!(clusters_of(&ask(&reader, 1, Some("10.3.0.1"))), [3].into());
+        // The same service without the boundary leaves eu (the ladder's last tier).
+        let (reader, mut w) = service(bounded(PolicyKind::Topology, None), 2, Default::default());
+        for ip in ["10.1.1.1", "10.1.1.2", "10.2.1.1", "10.2.1.2"] {
+            down(&mut w, ip);
+        }
+        assert_eq!(clusters_of(&ask(&reader, 1, Some("10.1.0.1"))), [3].into());
+    }
+
+    #[test]
+    fn a_cluster_boundary_keeps_local_first_in_the_clients_cluster_when_it_is_down() {
+        use crate::model::Boundary;
+        let o = AnswerOverrides { boundary: Some(Boundary::Cluster), ..Default::default() };
+        // The annotation wins over the flag (none here).
+        let (reader, mut w) = service(bounded(PolicyKind::LocalFirst, None), 2, o);
+        for ip in ["10.2.1.1", "10.2.1.2"] {
+            down(&mut w, ip);
+        }
+        for _ in 0..20 {
+            assert_eq!(clusters_of(&ask(&reader, 1, Some("10.2.0.1"))), [2].into());
+        }
+        // Fail-open off: nothing unhealthy is answered, and nothing outside either.
+        let mut a = bounded(PolicyKind::LocalFirst, Some(Boundary::Cluster));
+        a.fail_open = false;
+        let (reader, mut w) = service(a, 2, Default::default());
+        for ip in ["10.2.1.1", "10.2.1.2"] {
+            down(&mut w, ip);
+        }
+        assert!(ask(&reader, 1, Some("10.2.0.1")).is_empty());
+        assert_eq!(clusters_of(&ask(&reader, 1, Some("10.1.0.1"))), [1].into());
+    }
+
+    #[test]
+    fn no_ready_endpoint_inside_the_boundary_is_nodata() {
+        use crate::model::Boundary;
+        for boundary in [Boundary::Zone, Boundary::Cluster] {
+            let (reader, _w) = service(bounded(PolicyKind::Topology, Some(boundary)), 2, Default::default());
+            // c4 has no endpoint; its zone z4 none either.
+            assert!(ask(&reader, 1, Some("10.4.0.1")).is_empty(), "{boundary}");
+            let snap = reader.load();
+            let client = snap.zone().localities.client_at("10.4.0.1".parse().unwrap());
+            let mut picks = Picks::default();
+            let a = lookup_for(&snap, &Question { name: NAME, qtype: 1, qclass: 1 }, &client, &mut picks);
+            assert_eq!(a.rcode, crate::answer::Rcode::NoError);
+            assert!(a.answer.is_none() && a.soa_owner.is_some(), "NODATA with the SOA: {a:?}");
+        }
+        // c4 is in eu: the region boundary reaches c1 and c2.
+        let (reader, _w) =
+            service(bounded(PolicyKind::Topology, Some(Boundary::Region)), 2, Default::default());
+        assert_eq!(clusters_of(&ask(&reader, 1, Some("10.4.0.1"))), [1, 2].into());
+    }
+
+    #[test]
+    fn what_is_not_known_is_outside_the_boundary() {
+        use crate::model::Boundary;
+        let answer = |boundary: Boundary, from: &str| {
+            let (reader, _w) = service(bounded(PolicyKind::Topology, Some(boundary)), 2, Default::default());
+            clusters_of(&ask(&reader, 1, Some(from)))
+        };
+        for boundary in [Boundary::Zone, Boundary::Cluster, Boundary::Region] {
+            // An unknown client: no cluster, no zone, no region.
+            assert_eq!(answer(boundary, "192.0.2.1"), [].into(), "{boundary}");
+        }
+        // c5's clients have no zone: nothing is in their zone. Their cluster
+        // has no region: the region boundary is their cluster (no endpoint).
+        assert_eq!(answer(Boundary::Zone, "10.5.0.1"), [].into());
+        assert_eq!(answer(Boundary::Region, "10.5.0.1"), [].into());
+        assert_eq!(answer(Boundary::Zone, "10.1.0.1"), [1].into());
+    }
+
+    #[test]
+    fn policies_that_ignore_the_client_ignore_the_boundary() {
+        use crate::model::Boundary;
+        let (reader, _w) =
+            service(bounded(PolicyKind::Rotation, Some(Boundary::Cluster)), 2, Default::default());
+        assert_eq!(ask(&reader, 1, Some("10.4.0.1")).len(), 6);
+        assert_eq!(ask(&reader, 1, None).len(), 6);
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub const ANNOTATION_PROBE_PORT: &str = "clusterset-dns.io/probe-port";
 /// API is unreachable (`cluster-2,cluster-3`); their endpoints are demoted
 /// in this service's answers. Absent while every cluster is reachable.
 pub const ANNOTATION_UNREACHABLE_CLUSTERS: &str = "clusterset-dns.io/unreachable-clusters";
+/// Annotation: how far from the asking client the `topology` and
+/// `local-first` policies may send it (`zone`, `cluster`, `region`, or
+/// `none` to lift `--fallback-boundary` for this service).
+pub const ANNOTATION_FALLBACK_BOUNDARY: &str = "clusterset-dns.io/fallback-boundary";
 
 /// How a service's endpoints are chosen and ordered for one query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,6 +88,58 @@ impl FromStr for PolicyKind {
     }
 }
 
+/// How far from the asking client the `topology` and `local-first`
+/// policies may answer endpoints (issue 31): spill-over stops at this
+/// scope, and inside it unhealthy endpoints are answered before any
+/// outside it would be (never). Policies that do not look at the client
+/// ignore it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Boundary {
+    /// No boundary: spill over to any cluster (the default).
+    #[default]
+    None,
+    /// The client's zone (`--client-cluster CIDR=NAME/ZONE`, the
+    /// endpoints' `zone`).
+    Zone,
+    /// The client's cluster.
+    Cluster,
+    /// The client's region (its cluster's `--cluster-region`); a client
+    /// whose cluster has no region is bounded by its cluster.
+    Region,
+}
+
+impl Boundary {
+    /// Every value, for tests and documentation.
+    pub const ALL: [Self; 4] = [Self::None, Self::Zone, Self::Cluster, Self::Region];
+
+    /// The name used by the flag and the annotation.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Zone => "zone",
+            Self::Cluster => "cluster",
+            Self::Region => "region",
+        }
+    }
+}
+
+impl fmt::Display for Boundary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Boundary {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|b| b.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not one of zone, cluster, region, none"))
+    }
+}
+
 /// A cluster's weight for [`PolicyKind::Weighted`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterWeight {
@@ -113,6 +169,14 @@ pub struct AnswerOverrides {
     pub prefer_close: bool,
     /// `clusterset-dns.io/probe-port`.
     pub probe_port: Option<u16>,
+    /// `clusterset-dns.io/fallback-boundary`.
+    pub boundary: Option<Boundary>,
+    /// Centralized mode only: the oldest export's
+    /// `clusterset-dns.io/consumer-clusters`, sorted; the service's names
+    /// exist only for clients of these clusters (an empty list: for no
+    /// one). Not read from a ServiceImport: in a member, the import exists
+    /// only where the service is consumed.
+    pub consumers: Option<Vec<ClusterId>>,
     /// `clusterset-dns.io/unreachable-clusters`, sorted: health, not
     /// records, so a change of it re-encodes nothing.
     pub unreachable: Vec<ClusterId>,
@@ -139,6 +203,8 @@ static NO_OVERRIDES: AnswerOverrides = AnswerOverrides {
     max_answers: None,
     prefer_close: false,
     probe_port: None,
+    boundary: None,
+    consumers: None,
     unreachable: Vec::new(),
     disconnected: Vec::new(),
 };
@@ -228,6 +294,13 @@ impl AnswerOverrides {
                     }
                     _ => Err((ANNOTATION_PROBE_PORT, format!("{value:?} is not a port from 1 to 65535"))),
                 },
+                // A value not understood is left out like every bad
+                // annotation: the service keeps the boundary it has
+                // without the annotation (`--fallback-boundary`), so a typo
+                // never widens a boundary the operator set for everyone.
+                ANNOTATION_FALLBACK_BOUNDARY => {
+                    value.parse().map(|b| o.boundary = Some(b)).map_err(|e| (ANNOTATION_FALLBACK_BOUNDARY, e))
+                }
                 ANNOTATION_UNREACHABLE_CLUSTERS => parse_clusters(value)
                     .map(|c| o.unreachable = c)
                     .map_err(|e| (ANNOTATION_UNREACHABLE_CLUSTERS, e)),
@@ -331,6 +404,22 @@ mod tests {
             (ANNOTATION_UNREACHABLE_CLUSTERS, "Bad_Name"),
         ]);
         assert_eq!(errors.len(), 2);
+    }
+
+    #[test]
+    fn a_boundary_is_read_and_an_unknown_one_is_reported_and_left_out() {
+        for b in Boundary::ALL {
+            assert_eq!(b.as_str().parse::<Boundary>(), Ok(b));
+            let (o, errors) = AnswerOverrides::from_annotations([(ANNOTATION_FALLBACK_BOUNDARY, b.as_str())]);
+            assert!(errors.is_empty(), "{errors:?}");
+            assert_eq!(o.boundary, Some(b));
+        }
+        let (o, errors) = AnswerOverrides::from_annotations([(ANNOTATION_FALLBACK_BOUNDARY, "continent")]);
+        assert_eq!(o.boundary, None, "left out: the default applies");
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].annotation, ANNOTATION_FALLBACK_BOUNDARY);
+        assert!(errors[0].problem.contains("continent"), "{}", errors[0]);
+        assert!(!o.same_records(&AnswerOverrides { boundary: Some(Boundary::Zone), ..Default::default() }));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use hickory_proto::op::{Edns, Message, Query};
 use hickory_proto::rr::{Name, RecordType};
 
 use crate::answer::select::{self, Picks};
+use crate::model::Boundary;
 use crate::store::{Balance, Client, ServiceNames, Snapshot};
 use crate::wire::{Explain, Scratch, Transport, WireConfig, respond_as};
 
@@ -49,8 +50,28 @@ pub fn report_for(
 ) -> Result<String, String> {
     let mut out = String::new();
     let service = service_of(snap, qname).filter(|(_, is_service_name)| *is_service_name).map(|(s, _)| s);
-    let balance = service.and_then(|s| s.balance().map(|b| (s, b)));
     let _ = writeln!(out, "query: {qname} {rtype} from {who}");
+    // Debug clients are operators (--allow-debug): they are told why a
+    // restricted service is not found, which a plain query never says.
+    let all = service_of(snap, qname).map(|(s, _)| s);
+    if let Some(consumers) = all.and_then(|s| s.hosts().consumers()) {
+        let l = &snap.zone().localities;
+        let names: Vec<&str> =
+            consumers.iter().filter_map(|&c| l.cluster_name(c)).map(|c| c.as_str()).collect();
+        let seen = all.is_some_and(|s| s.hosts().visible_to(client.cluster));
+        let _ = writeln!(
+            out,
+            "consumers: {} ({})",
+            if names.is_empty() { "none of the client clusters".to_owned() } else { names.join(", ") },
+            if seen {
+                "the client is one"
+            } else {
+                "the client is not one: the service does not exist for it"
+            }
+        );
+    }
+    let service = service.filter(|s| s.hosts().visible_to(client.cluster));
+    let balance = service.and_then(|s| s.balance().map(|b| (s, b)));
     let family = match rtype {
         RecordType::A => Some(0),
         RecordType::AAAA => Some(1),
@@ -108,6 +129,36 @@ impl Explain for Report {
     }
 }
 
+/// The service's boundary and where it puts this client: which zone,
+/// cluster or region is inside, or why nothing is.
+fn boundary_line(snap: &Snapshot, b: &Balance, client: &Client) -> String {
+    let l = &snap.zone().localities;
+    let cluster = client.cluster.and_then(|c| l.cluster_name(c)).map(|c| c.as_str());
+    let scope = match b.applied_boundary() {
+        Boundary::None if b.boundary != Boundary::None => {
+            return format!(
+                "boundary: {} (not applied: the {} policy does not look at the client)",
+                b.boundary, b.policy
+            );
+        }
+        Boundary::None => return "boundary: none".to_owned(),
+        Boundary::Zone => {
+            client.zone.and_then(|z| l.zone_name(z)).map(|z| format!("zone {z}")).unwrap_or_else(|| {
+                "nothing: the client's zone is unknown (--client-cluster CIDR=NAME/ZONE)".into()
+            })
+        }
+        Boundary::Cluster => cluster
+            .map(|c| format!("cluster {c}"))
+            .unwrap_or_else(|| "nothing: the client's cluster is unknown".into()),
+        Boundary::Region => match (client.region.and_then(|r| l.region_name(r)), cluster) {
+            (Some(r), _) => format!("region {r}"),
+            (None, Some(c)) => format!("cluster {c} (its region is unknown: --cluster-region)"),
+            (None, None) => "nothing: the client's cluster is unknown".into(),
+        },
+    };
+    format!("boundary: {} (inside: {scope}; never answered outside it)", b.boundary)
+}
+
 /// The service a name belongs to, and whether it is the service name itself.
 fn service_of<'s>(snap: &'s Snapshot, name: &Name) -> Option<(&'s ServiceNames, bool)> {
     let origin = &snap.zone().config.origin;
@@ -143,6 +194,8 @@ fn explain_balance(
         b.min_healthy,
         b.fail_open
     );
+    let bounded = b.applied_boundary() != Boundary::None;
+    let _ = writeln!(out, "{}", boundary_line(snap, b, client));
     let drawn = decision.as_ref().and_then(|(_, d)| d.drawn);
     let _ = writeln!(out, "candidates ({}):", b.endpoints.len());
     for (i, e) in b.endpoints.iter().enumerate() {
@@ -150,17 +203,34 @@ fn explain_balance(
         let addrs: Vec<String> = names.endpoint_addresses(e).map(|a| a.to_string()).collect();
         let _ = writeln!(
             out,
-            "  {:<28} cluster {:<12} zone {:<12} {:<9} tier {} weight {} [{}]",
+            "  {:<28} cluster {:<12} zone {:<12} {:<9} tier {:<7} weight {} [{}]",
             names.endpoint_label(e),
             c.name.as_str(),
             e.zone.and_then(|z| snap.topology_zone(z)).unwrap_or("-"),
             if b.healthy[i] { "healthy" } else { "UNHEALTHY" },
-            select::tier(b, i, client, drawn),
+            if bounded && !select::inside(b, i, client) {
+                "outside".to_owned()
+            } else {
+                select::tier(b, i, client, drawn).to_string()
+            },
             c.weight,
             addrs.join(" ")
         );
     }
     match decision {
+        None if bounded
+            && !(0..b.endpoints.len())
+                .any(|i| b.endpoints[i].records[fam].1 > 0 && select::inside(b, i, client)) =>
+        {
+            let _ = writeln!(
+                out,
+                "decision: no ready endpoint inside the {} boundary: NODATA",
+                b.applied_boundary()
+            );
+        }
+        None if bounded => {
+            let _ = writeln!(out, "decision: nothing healthy inside the boundary and fail-open off: NODATA");
+        }
         None => {
             let _ = writeln!(out, "decision: nothing healthy and fail-open off: NODATA");
         }
@@ -175,7 +245,11 @@ fn explain_balance(
                 drawn
                     .map(|c| format!("; weighted draw: {}", b.clusters[usize::from(c)].name))
                     .unwrap_or_default(),
-                if d.failed_open { "; none healthy: fail-open answers all" } else { "" },
+                match (d.failed_open, bounded) {
+                    (true, true) => "; none healthy inside the boundary: fail-open answers those inside",
+                    (true, false) => "; none healthy: fail-open answers all",
+                    _ => "",
+                },
                 pick
             );
         }

@@ -200,11 +200,32 @@ fn service_objects(state: &FleetState, key: &ServiceKey) -> Vec<Object> {
     }
     answers.prefer_close |=
         matches!(spec.traffic_distribution.as_deref(), Some("PreferClose" | "PreferSameZone"));
+    answers.consumers = consumers(key, &spec.annotations);
     let import =
         ServiceImport { key: key.clone(), kind: spec.kind, ips: ips.into(), ports, answers: answers.into() };
     let mut objects = vec![Object::Import(import)];
     objects.extend(state.endpoint_sets(key, &merged.clusters).into_iter().map(Object::Slice));
     objects
+}
+
+/// The consumer clusters of the oldest export (`None`: every client sees
+/// the service). Centralized serve answers every cluster from one place,
+/// so the list the sync controller uses to choose where it imports
+/// decides here who the service exists for. A list that does not parse
+/// counts as naming no cluster, failing closed like sync does.
+fn consumers(
+    key: &ServiceKey,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Option<Vec<ClusterId>> {
+    let value = annotations.get(crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS)?;
+    match crate::model::parse_clusters(value) {
+        Ok(list) => Some(list),
+        Err(e) => {
+            warn!(service = %key, "ServiceExport {key}: annotation {}: {e}; answered to no client until fixed",
+                  crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS);
+            Some(Vec::new())
+        }
+    }
 }
 
 /// How often each member's liveness is looked at (and its API asked).

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use crate::model::{ClusterId, PolicyKind};
+use crate::model::{Boundary, ClusterId, PolicyKind};
 
 /// A client network: queries from (or with an EDNS Client Subnet inside)
 /// `addr/prefix` come from `cluster`.
@@ -36,6 +36,9 @@ pub struct AnswerConfig {
     pub fail_open: bool,
     /// Answer every ClusterSetIP service with its endpoints, not its VIP.
     pub endpoint_answers: bool,
+    /// How far from the client `topology` and `local-first` answers may
+    /// reach (`--fallback-boundary`).
+    pub fallback_boundary: Boundary,
     /// Client networks, the most specific match wins.
     pub clients: Vec<ClientNet>,
     /// Region of each cluster, for the topology ladder.
@@ -54,6 +57,7 @@ impl AnswerConfig {
             local_min_healthy: 1,
             fail_open: true,
             endpoint_answers: false,
+            fallback_boundary: Boundary::None,
             clients: Vec::new(),
             regions: Vec::new(),
             default_cluster: None,

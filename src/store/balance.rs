@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::model::{ClusterId, ClusterWeight, PolicyKind, ServiceKey};
+use crate::model::{Boundary, ClusterId, ClusterWeight, PolicyKind, ServiceKey};
 
 /// One cluster of a balanced service.
 #[derive(Debug, Clone)]
@@ -61,6 +61,9 @@ pub struct Balance {
     pub min_healthy: u16,
     /// Answer every endpoint when none is healthy.
     pub fail_open: bool,
+    /// How far from the client answers may reach, as configured; see
+    /// [`Balance::applied_boundary`] for whether the policy uses it.
+    pub boundary: Boundary,
     /// The service's clusters.
     pub clusters: Box<[BalanceCluster]>,
     /// The endpoints, in the order of their records.
@@ -85,7 +88,7 @@ pub struct Balance {
 impl Balance {
     pub(crate) fn new(
         policy: PolicyKind,
-        (max_answers, min_healthy, fail_open): (u16, u16, bool),
+        (max_answers, min_healthy, fail_open, boundary): (u16, u16, bool, Boundary),
         clusters: Box<[BalanceCluster]>,
         endpoints: Box<[EndpointMeta]>,
         healthy: Box<[bool]>,
@@ -97,6 +100,7 @@ impl Balance {
             max_answers,
             min_healthy: min_healthy.max(1),
             fail_open,
+            boundary,
             clusters,
             endpoints,
             healthy,
@@ -139,13 +143,20 @@ impl Balance {
         set_weights(&mut clusters, &self.endpoints, &healthy, weights);
         Self::new(
             self.policy,
-            (self.max_answers, self.min_healthy, self.fail_open),
+            (self.max_answers, self.min_healthy, self.fail_open, self.boundary),
             clusters,
             self.endpoints.clone(),
             healthy,
             self.salt,
             (self.service.clone(), self.probe_port),
         )
+    }
+
+    /// The boundary the answers keep: the configured one under the
+    /// policies that look at the client (`local-first`, `topology`), none
+    /// under the others, whose answers are the same for every client.
+    pub fn applied_boundary(&self) -> Boundary {
+        if self.policy.depends_on_client() { self.boundary } else { Boundary::None }
     }
 
     /// Takes the next sequence number of a family (0 = A, 1 = AAAA).

@@ -47,6 +47,11 @@ pub struct Hosts {
     vips: Addresses,
     /// Its endpoint names (a headless service's); `None` when it has none.
     names: Option<Box<Names>>,
+    /// The clusters whose clients see the service (centralized mode's
+    /// consumer clusters, as `Localities` ids); `None`: everyone. Here
+    /// rather than in `ServiceNames` because reverse answers reach a
+    /// service only through its `Hosts`.
+    consumers: Option<Box<Box<[u16]>>>,
 }
 
 /// The endpoint names of a [`Hosts`] and the SRV RRsets that target them.
@@ -126,7 +131,30 @@ impl Hosts {
                 srv: Box::default(),
             })
         });
-        Self { service: service.into(), vips: vips.into(), names }
+        Self { service: service.into(), vips: vips.into(), names, consumers: None }
+    }
+
+    /// The same names, seen only by clients of `consumers` (`Localities`
+    /// ids; `None`: everyone).
+    pub(crate) fn with_consumers(mut self, consumers: Option<Vec<u16>>) -> Self {
+        self.consumers = consumers.map(|c| Box::new(c.into_boxed_slice()));
+        self
+    }
+
+    /// True when a client of `cluster` (its `Localities` id; `None`: a
+    /// client of no known cluster) may see the service: no consumer list,
+    /// or its cluster is on it. An unknown client sees no restricted
+    /// service: it cannot be shown to be a consumer.
+    pub fn visible_to(&self, cluster: Option<u16>) -> bool {
+        match &self.consumers {
+            None => true,
+            Some(list) => cluster.is_some_and(|c| list.contains(&c)),
+        }
+    }
+
+    /// The consumer clusters (`Localities` ids) when the service has a list.
+    pub fn consumers(&self) -> Option<&[u16]> {
+        self.consumers.as_deref().map(|c| &c[..])
     }
 
     /// The same names with SRV RRsets: per owner (its prefix key), the
@@ -477,6 +505,13 @@ pub struct PtrTargetRef<'a> {
     index: u32,
 }
 
+impl PtrTargetRef<'_> {
+    /// True when a client of `cluster` may see the service naming it.
+    pub fn visible_to(&self, cluster: Option<u16>) -> bool {
+        self.hosts.visible_to(cluster)
+    }
+}
+
 /// Appends the A or AAAA record of `ip` with TTL `ttl`, owned by the
 /// question's name.
 pub fn write_address(out: &mut Vec<u8>, ip: IpAddr, ttl: u32) {
@@ -790,9 +825,9 @@ mod tests {
 
     #[test]
     fn a_service_without_endpoint_names_keeps_one_vip_and_no_names_inline() {
-        // Service key, one inline VIP, no names: a ClusterSetIP service's
-        // 48 bytes (a 64-byte `Arc` block, no other).
-        assert_eq!(std::mem::size_of::<Hosts>(), 48);
+        // Service key, one inline VIP, no names, no consumer list: a
+        // ClusterSetIP service's 56 bytes (a 72-byte `Arc` block, no other).
+        assert_eq!(std::mem::size_of::<Hosts>(), 56);
         let vip = ip("10.0.0.9");
         let h = Arc::new(Hosts::new(&prefix_key(&["web", "shop"]), &[vip, vip], []));
         assert!(h.names.is_none() && h.is_empty() && h.srv(b"").is_none());

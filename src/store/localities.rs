@@ -116,6 +116,11 @@ impl Localities {
         self.zones.get(usize::from(id)).map(String::as_str)
     }
 
+    /// The name of an interned region.
+    pub fn region_name(&self, id: u16) -> Option<&str> {
+        self.region_names.get(usize::from(id)).map(String::as_str)
+    }
+
     pub(crate) fn region_of(&self, cluster: u16) -> Option<u16> {
         self.regions.iter().find(|(c, _)| *c == cluster).map(|(_, r)| *r)
     }

@@ -252,7 +252,12 @@ pub(crate) fn service_names(
             dedup_in_order(&mut srv);
             (&key[..], srv)
         });
-    let hosts = Hosts::new(&service_key, vips, hosts).with_srv(srv_sets);
+    // A consumer cluster no client network names can have no client here.
+    let consumers =
+        import.answers.consumers.as_ref().map(|list| {
+            list.iter().filter_map(|c| zone.localities.cluster_id(c.as_str())).collect::<Vec<u16>>()
+        });
+    let hosts = Hosts::new(&service_key, vips, hosts).with_srv(srv_sets).with_consumers(consumers);
     share_additional(&mut names);
     let names = NameTable::new(names.into_iter().collect());
     Some(ServiceNames { names, balance, hosts: Arc::new(hosts) })
@@ -395,6 +400,7 @@ fn balanced(
         o.max_answers.unwrap_or(cfg.max_answers),
         o.local_min_healthy.unwrap_or(cfg.local_min_healthy),
         cfg.fail_open,
+        o.boundary.unwrap_or(cfg.fallback_boundary),
     );
     let b = Balance::new(
         policy,

@@ -58,11 +58,6 @@ impl<K: Hash + Eq + Clone, V: Clone> Shards<K, V> {
         self.shards.iter().flat_map(|s| s.iter())
     }
 
-    /// Every key.
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> {
-        self.iter().map(|(k, _)| k)
-    }
-
     /// Every value.
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.iter().map(|(_, v)| v)

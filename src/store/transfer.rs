@@ -37,13 +37,17 @@ pub struct ZoneWalk {
 }
 
 impl ZoneWalk {
-    /// Starts a walk of `snap`; the snapshot is held until the walk is dropped,
-    /// so every message of a transfer comes from it.
-    pub fn new(snap: Arc<Snapshot>) -> Self {
+    /// Starts a walk of `snap` for a client of `cluster` (a `Localities`
+    /// id; `None`: unknown): services restricted to consumer clusters it is
+    /// not one of are left out, as its queries would not find them. The
+    /// snapshot is held until the walk is dropped, so every message of a
+    /// transfer comes from it.
+    pub fn new(snap: Arc<Snapshot>, cluster: Option<u16>) -> Self {
         let mut keyed: Vec<(Name, WireKey)> = snap
             .services
-            .keys()
-            .map(|k| (name_of(&[k, b"\0".as_slice()]).unwrap_or_default(), k.clone()))
+            .iter()
+            .filter(|(_, s)| s.hosts.visible_to(cluster))
+            .map(|(k, _)| (name_of(&[k, b"\0".as_slice()]).unwrap_or_default(), k.clone()))
             .collect();
         keyed.sort_by(|a, b| a.0.cmp(&b.0));
         Self { snap, services: keyed.into_iter().map(|(_, k)| k).collect(), next: None }

@@ -151,13 +151,15 @@ fn synthesize(out: &mut Vec<u8>, synth: Synth<'_>, snap: &Snapshot, budget: usiz
             }
             (addrs.len() as u16, true)
         }
-        Synth::Ptr(ip, ptrs) => {
-            for (j, target) in ptrs.targets().enumerate() {
+        Synth::Ptr(ip, ptrs, cluster) => {
+            let mut written = 0;
+            for target in ptrs.targets().filter(|t| t.visible_to(cluster)) {
                 if !store::write_ptr(out, ip, target, &zone.wire, ttl, budget) {
-                    return (j as u16, false);
+                    return (written, false);
                 }
+                written += 1;
             }
-            (ptrs.len() as u16, true)
+            (written, true)
         }
         Synth::Srv { hosts, srv, zone, .. } => srv.write_answer(hosts, zone, ttl, out, budget),
     }

@@ -493,7 +493,7 @@ async fn transfer(
     wr: &mut tokio::net::tcp::OwnedWriteHalf,
     out: &mut Vec<u8>,
 ) -> io::Result<usize> {
-    let Some(mut xfr) = Transfer::new(snap, query, server.wire.max_udp_payload) else {
+    let Some(mut xfr) = Transfer::new(snap, query, server.wire.max_udp_payload, peer.ip()) else {
         warn!(%peer, "zone transfer could not start: query unreadable or zone without SOA");
         return Err(io::Error::other("zone transfer could not start"));
     };

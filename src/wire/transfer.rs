@@ -56,7 +56,9 @@ impl Transfer {
     /// query had one (RFC 6891 §7). `None` when the query cannot be read
     /// back or the zone has no SOA, neither of which a query that got this
     /// far should cause.
-    pub fn new(snap: Arc<Snapshot>, query: &[u8], payload: u16) -> Option<Self> {
+    /// The transfer lists what `peer`'s queries would find: services
+    /// restricted to consumer clusters only to their clients.
+    pub fn new(snap: Arc<Snapshot>, query: &[u8], payload: u16, peer: std::net::IpAddr) -> Option<Self> {
         let msg = Message::from_vec(query).ok()?;
         let edns = msg.edns.as_ref().map(|_| {
             let mut e = Edns::new();
@@ -64,7 +66,8 @@ impl Transfer {
             e
         });
         let question = msg.queries.first()?.clone();
-        let walk = ZoneWalk::new(snap);
+        let cluster = snap.zone().localities.client_at(peer).cluster;
+        let walk = ZoneWalk::new(snap, cluster);
         let soa = walk.soa()?;
         Some(Self {
             walk,

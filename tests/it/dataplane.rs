@@ -499,6 +499,107 @@ fn answer_policies_decide_where_connections_land() {
     }
 }
 
+/// Issue 31: a client in one region never lands in another, even with
+/// every backend of its region dead. Headless `fenced` is exported by
+/// cluster-2 (eu, the client's) and cluster-3 (us), topology with
+/// `clusterset-dns.io/fallback-boundary: region` on the ServiceExports
+/// (sync carries it to the import), `serve --probe`. Asserted: before the
+/// kill every connection reaches cluster-2; once the probes have marked
+/// cluster-2's backends down (explain says the answer failed open inside
+/// the boundary), every answer is still cluster-2's Pods and no connection
+/// reaches cluster-3. The control: the annotation removed, connections do
+/// move to cluster-3, so the first half could have failed.
+#[test]
+fn a_region_boundary_keeps_clients_in_their_region_with_every_local_backend_dead() {
+    let (fleet, _turn) = fleet();
+    let mut args = vec!["--probe", "--probe-interval", "1", "--probe-timeout", "0.5", "--probe-fall", "2"];
+    for r in ["cluster-1=eu", "cluster-2=eu", "cluster-3=us"] {
+        args.extend(["--cluster-region", r]);
+    }
+    let s = Scenario::new(fleet, "dp-boundary", &args);
+    let dp = fleet.dataplane();
+    let mut local = Vec::new();
+    let mut remote = Vec::new();
+    for i in [B, 2] {
+        for pod in dp.servers(i) {
+            let server = PodServer::start(dp, i, pod, 9000);
+            if i == B { local.push(server) } else { remote.push(server) }
+        }
+    }
+    let ports = json!([{"name": "app", "port": 9000, "targetPort": 9000, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "app", "port": 9000, "protocol": "TCP"}]);
+    let headless = json!({"clusterIP": "None", "ports": ports});
+    let export = |boundary: Option<&str>| {
+        let mut a = json!({"clusterset-dns.io/answer-policy": "topology"});
+        if let Some(b) = boundary {
+            a["clusterset-dns.io/fallback-boundary"] = json!(b);
+        }
+        for i in [B, 2] {
+            s.backend_annotated(i, "fenced", headless.clone(), &slice_ports, false, a.clone());
+        }
+    };
+    export(Some("region"));
+    let name = s.name("fenced");
+    let pods = |i: usize| -> BTreeSet<String> { dp.servers(i).iter().map(|p| p.ip.to_string()).collect() };
+    let (eu, us) = (pods(B), pods(2));
+    let explain = || {
+        let path = format!("/debug/explain?name={name}&type=A&cluster=cluster-2");
+        s.serve.get(&path).1
+    };
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let got: BTreeSet<String> = s.dig(&name).into_iter().collect();
+        if s.serve_endpoints("fenced") >= 4 && got == eu && explain().contains("boundary: region") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: answered {got:?}, want {eu:?}\n{}\n{}",
+            explain(),
+            s.debug()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for a in s.connect(&name, 9000, "tcp", 10, 0.0) {
+        let r = a.reply.as_ref().unwrap_or_else(|| panic!("before the kill: {}\n{}", a.line, s.debug()));
+        assert_eq!(r.cluster, "cluster-2", "{}", a.line);
+    }
+    for server in &mut local {
+        server.kill();
+    }
+    // The probes mark them down (fall 2 at 1 s): the answer fails open inside eu.
+    let deadline = Instant::now() + CONVERGE;
+    while !explain().contains("none healthy inside the boundary") {
+        assert!(Instant::now() < deadline, "cluster-2's backends never marked down:\n{}", explain());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // CoreDNS's cache (5 s) holds nothing older than the verdict after this.
+    std::thread::sleep(Duration::from_secs(6));
+    for _ in 0..5 {
+        let got: BTreeSet<String> = s.dig(&name).into_iter().collect();
+        assert_eq!(got, eu, "every eu backend dead: still eu's Pods, never us's\n{}", explain());
+    }
+    let attempts = s.connect(&name, 9000, "tcp", 20, 0.1);
+    for a in &attempts {
+        assert!(!us.contains(&a.addr), "sent to us: {}", a.line);
+        assert!(a.reply.as_ref().is_none_or(|r| r.cluster != "cluster-3"), "reached us: {}", a.line);
+    }
+    eprintln!("boundary: 20 connections with every eu backend dead, none to us");
+    // The control: without the boundary the same answer leaves eu.
+    export(None);
+    let deadline = Instant::now() + CONVERGE;
+    while s.connect(&name, 9000, "tcp", 1, 0.0)[0].reply.as_ref().is_none_or(|r| r.cluster != "cluster-3") {
+        assert!(
+            Instant::now() < deadline,
+            "without the boundary, never sent to us\n{}\n{}",
+            explain(),
+            s.debug()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(remote);
+}
+
 /// A member's API server stops: how long until cluster-2's client gets no
 /// more answers with that member's Pods (headless `lost`, exported by
 /// cluster-1 and -3). Measured, not asserted in time; asserted: they do

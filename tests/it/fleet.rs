@@ -198,6 +198,87 @@ fn centralized_serve_answers_for_the_fleet_from_exports_alone() {
     assert!(s.log().contains("cluster=cluster-1"), "members are logged with their ids:\n{}", s.log());
 }
 
+/// Issue 31: centralized answers per asking cluster. `db` (headless, in
+/// cluster-1) is exported for `clusterset-dns.io/consumer-clusters:
+/// cluster-2`; `open` (in cluster-1) for everyone. Two client clusters by
+/// EDNS Client Subnet: cluster-1's (198.51.100.0/24) and cluster-2's
+/// (203.0.113.0/24); loopback belongs to none.
+#[test]
+fn centralized_answers_a_restricted_service_only_to_its_consumer_clusters() {
+    let clusters = shared();
+    let rt = runtime();
+    let ns = "consumers";
+    let a = rt.block_on(async {
+        for i in 1..3 {
+            User::new(clusters, i, ns).await;
+        }
+        User::new(clusters, 0, ns).await
+    });
+    let only = |list: &str| json!({"clusterset-dns.io/consumer-clusters": list});
+    rt.block_on(async {
+        for svc in ["db", "open"] {
+            a.service(svc, json!({"clusterIP": "None"})).await;
+            let ip = if svc == "db" { "10.1.0.1" } else { "10.1.0.2" };
+            a.endpoints(&format!("{svc}-x"), svc, json!([{"addresses": [ip], "hostname": "db-0"}])).await;
+        }
+        a.annotated_export("db", only(clusters.name(1))).await;
+        a.export("open").await;
+    });
+    let mut args = Vec::new();
+    let members: Vec<String> = (0..3)
+        .map(|i| format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "centralized").display()))
+        .collect();
+    for m in &members {
+        args.extend(["--cluster", m.as_str()]);
+    }
+    let nets =
+        [format!("198.51.100.0/24={}", clusters.name(0)), format!("203.0.113.0/24={}", clusters.name(1))];
+    for n in &nets {
+        args.extend(["--client-cluster", n.as_str()]);
+    }
+    let s = Served::start(&args);
+    eventually("ready", || s.get("/ready").0 == 200);
+    let (one, two) = ("+subnet=198.51.100.0/24", "+subnet=203.0.113.0/24");
+    let status = |name: &str, t: &str, from: &[&str]| {
+        let mut a = vec![name, t];
+        a.extend_from_slice(from);
+        let out = s.dig(&a);
+        out.split("status: ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("no answer").to_owned()
+    };
+    let answer = |name: &str, t: &str, from: &[&str]| {
+        let mut a = vec![name, t, "+short"];
+        a.extend_from_slice(from);
+        s.dig(&a).lines().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let db = format!("db.{ns}.svc.clusterset.local");
+    eventually("db for cluster-2", || answer(&db, "A", &[two]) == ["10.1.0.1"]);
+    let names = [
+        (db.clone(), "A"),
+        (format!("_http._tcp.{db}"), "SRV"),
+        (format!("db-0.{}.{db}", clusters.name(0)), "A"),
+    ];
+    for (name, t) in &names {
+        assert!(!answer(name, t, &[two]).is_empty(), "{name} {t} for cluster-2");
+        // cluster-1 (the exporter, not listed) and an unknown client: as a
+        // member without the import.
+        assert_eq!(status(name, t, &[one]), "NXDOMAIN", "{name} {t} for cluster-1");
+        assert_eq!(status(name, t, &[]), "NXDOMAIN", "{name} {t} for an unknown client");
+    }
+    assert_eq!(answer(&format!("open.{ns}.svc.clusterset.local"), "A", &[one]), ["10.1.0.2"]);
+    // Its reverse name is not told to others; a transfer (loopback: an
+    // unknown client) leaves it out, the open service in.
+    assert_eq!(status("1.0.1.10.in-addr.arpa", "PTR", &[one]), "REFUSED");
+    let axfr = s.dig(&["clusterset.local", "AXFR"]);
+    assert!(!axfr.contains(&db) && axfr.contains(&format!("open.{ns}.svc")), "{axfr}");
+    // The list changed: cluster-1 is a consumer too.
+    rt.block_on(a.annotated_export("db", only(&format!("{},{}", clusters.name(0), clusters.name(1)))));
+    eventually("db for cluster-1", || answer(&db, "A", &[one]) == ["10.1.0.1"]);
+    assert_eq!(status(&db, "A", &[]), "NXDOMAIN", "still not for an unknown client");
+    // explain tells an operator why.
+    let out = s.dig(&["CH", "TXT", &db, "+short", "+tcp"]);
+    assert!(out.contains("consumers: cluster-1, cluster-2 (the client is not one"), "{out}");
+}
+
 #[test]
 fn a_members_cluster_property_names_it() {
     // Its own cluster: a ClusterProperty is cluster-wide.

@@ -262,3 +262,111 @@ fn explain_shows_candidates_decision_and_the_exact_answer() {
         .is_err()
     );
 }
+
+/// Issue 31: `hl` has one endpoint in `east` (region eu) and one in `west`
+/// (us); `open` lifts the flag's boundary, `typo` misspells it. Clients:
+/// loopback in `east`, 203.0.113.0/24 in `north` (region ap, no endpoint).
+const BOUNDED: &str = "
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {name: hl, namespace: fence}
+spec: {type: Headless}
+---
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata:
+  name: open
+  namespace: fence
+  annotations: {clusterset-dns.io/fallback-boundary: none}
+spec: {type: Headless}
+---
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata:
+  name: typo
+  namespace: fence
+  annotations: {clusterset-dns.io/fallback-boundary: regoin}
+spec: {type: Headless}
+";
+
+fn bounded_slices(svc: &str) -> String {
+    ["east", "west"]
+        .iter()
+        .zip(["10.1.0.1", "10.2.0.1"])
+        .map(|(cluster, ip)| {
+            format!(
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {svc}-{cluster}\n  \
+                 namespace: fence\n  labels: {{multicluster.kubernetes.io/service-name: {svc}, \
+                 multicluster.kubernetes.io/source-cluster: {cluster}}}\naddressType: IPv4\nendpoints:\n\
+                 - addresses: [{ip}]\n"
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_fallback_boundary_never_answers_outside_it_and_explain_shows_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bounded.yaml");
+    let text =
+        format!("{BOUNDED}{}{}{}", bounded_slices("hl"), bounded_slices("open"), bounded_slices("typo"));
+    std::fs::write(&path, text).expect("write");
+    let s = crate::harness::served::Served::start(&[
+        "--objects",
+        path.to_str().expect("path"),
+        "--answer-policy",
+        "topology",
+        "--fallback-boundary",
+        "region",
+        "--negative-ttl",
+        "30",
+        "--client-cluster",
+        "127.0.0.0/8=east",
+        "--client-cluster",
+        "203.0.113.0/24=north",
+        "--cluster-region",
+        "east=eu",
+        "--cluster-region",
+        "west=us",
+        "--cluster-region",
+        "north=ap",
+    ]);
+    s.wait_ready(std::time::Duration::from_secs(10));
+    let short = |name: &str, more: &[&str]| {
+        let mut args = vec![name, "A", "+short"];
+        args.extend_from_slice(more);
+        s.dig(&args).lines().map(str::to_owned).collect::<Vec<_>>()
+    };
+    // East's client: east's endpoint, never west's (other region).
+    assert_eq!(short("hl.fence.svc.clusterset.local", &[]), ["10.1.0.1"]);
+    // North's client has nothing inside ap: NOERROR, no address, the SOA
+    // with the zone's negative TTL.
+    let north = ["+subnet=203.0.113.0/24"];
+    let full = s.dig(&["hl.fence.svc.clusterset.local", "A", north[0], "+noall", "+comments", "+authority"]);
+    assert!(full.contains("status: NOERROR"), "{full}");
+    assert!(full.contains("ANSWER: 0,"), "{full}");
+    let soa = full.lines().find(|l| l.contains("\tSOA\t")).unwrap_or_else(|| panic!("no SOA: {full}"));
+    assert_eq!(soa.split_whitespace().nth(1), Some("30"), "the negative TTL: {soa}");
+    // `none` lifts the flag's boundary for one service.
+    let mut open = short("open.fence.svc.clusterset.local", &north);
+    open.sort();
+    assert_eq!(open, ["10.1.0.1", "10.2.0.1"]);
+    // A value not understood is logged, naming the object and the
+    // annotation, and leaves the flag's boundary in place.
+    assert!(short("typo.fence.svc.clusterset.local", &north).is_empty());
+    let log = s.log();
+    assert!(
+        log.lines().any(|l| l.contains("ServiceImport fence/typo")
+            && l.contains("clusterset-dns.io/fallback-boundary")
+            && l.contains("regoin")),
+        "{log}"
+    );
+    // `dig CH TXT` shows the boundary, what is inside, and who is outside.
+    let out = s.dig(&["CH", "TXT", "hl.fence.svc.clusterset.local", "+short", "+tcp"]);
+    let lines: Vec<&str> = out.lines().map(|l| l.trim_matches('"')).collect();
+    assert!(lines.contains(&"boundary: region (inside: region eu; never answered outside it)"), "{out}");
+    let west = lines.iter().find(|l| l.contains("10.2.0.1") && l.contains("cluster west")).expect("west");
+    assert!(west.contains("tier outside"), "{out}");
+    let out = s.dig(&["CH", "TXT", "hl.fence.svc.clusterset.local", "+short", "+tcp", north[0]]);
+    assert!(out.contains("decision: no ready endpoint inside the region boundary: NODATA"), "{out}");
+}
