@@ -316,6 +316,7 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
         (_, "IP") => ("{10.1.0.1}".to_owned(), Some("10.1.0.1".to_owned())),
         (_, "ADDR:PORT") => text("0.0.0.0:8053"),
         (_, "POLICY") => text("weighted"),
+        (_, "SCOPE") => text("region"),
         (_, "keep|remove") => text("remove"),
         ("on-memory-limit", _) => text("exit"),
         (_, "auto|stream|paged") => text("stream"),
