@@ -630,6 +630,15 @@ pub mod fake {
     #[derive(Default)]
     pub struct FakeLeases {
         stored: Mutex<(u64, HashMap<String, Lease>)>,
+        /// Leases whose writes are refused (as by an admission webhook, or
+        /// RBAC on one name).
+        pub refused: Mutex<Vec<String>>,
+    }
+
+    impl FakeLeases {
+        fn refuses(&self, lease: &Lease) -> bool {
+            self.refused.lock().unwrap().iter().any(|r| r == name(lease))
+        }
     }
 
     impl FakeLeases {
@@ -674,6 +683,9 @@ pub mod fake {
         }
 
         fn replace<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<Lease, CallError>> {
+            if self.refuses(lease) {
+                return Box::pin(async { Err(CallError::Api("refused".into())) });
+            }
             let mut s = self.stored.lock().unwrap();
             let r = match s.1.get(name(lease)) {
                 Some(old) if old.metadata.resource_version == lease.metadata.resource_version => {
@@ -800,6 +812,28 @@ mod tests {
         a.check(t0 + Duration::from_secs(1)).await.unwrap();
         assert_eq!(led(&a), Vec::<usize>::new());
         assert!(!a.shards.fence(0).may_write());
+    }
+
+    #[tokio::test]
+    async fn a_shard_lease_that_cannot_be_renewed_stops_that_shard_only() {
+        let api = Arc::new(FakeLeases::default());
+        let mut a = elector(&api, "a", 3);
+        // A short lease (fences open 2.5 s after a renewal, renewals due
+        // after 1 s), so that one runs out within the test.
+        a.cfg.duration = Duration::from_secs(3);
+        a.check(Instant::now()).await.unwrap();
+        assert_eq!(led(&a), vec![0, 1, 2]);
+        api.refused.lock().unwrap().push("sync-1".into());
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // Shards 0 and 2 renewed; 1 refused, its fence still open.
+        a.check(Instant::now()).await.unwrap();
+        assert_eq!(led(&a), vec![0, 1, 2]);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Past shard 1's Lease: it stops; the others write on.
+        assert!(!a.shards.fence(1).may_write(), "shard 1 kept writing past its Lease");
+        a.check(Instant::now()).await.unwrap();
+        assert_eq!(led(&a), vec![0, 2], "only the shard that could not be renewed is given up");
+        assert!(a.shards.fence(0).may_write() && a.shards.fence(2).may_write());
     }
 
     #[tokio::test]
