@@ -885,6 +885,68 @@ mod tests {
     }
 
     #[test]
+    fn cluster_profiles_alone_are_members_enough_and_bad_files_name_their_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = dir.path().join("hub");
+        std::fs::write(&hub, "apiVersion: v1").unwrap();
+        let good = dir.path().join("providers.json");
+        std::fs::write(
+            &good,
+            r#"{"providers": [{"name": "t", "execConfig": {"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/t"}}]}"#,
+        )
+        .unwrap();
+        let broken = dir.path().join("broken.json");
+        std::fs::write(&broken, r#"{"providers": [{"name": "t"}]}"#).unwrap();
+        let (hub, good, broken) = (hub.to_str().unwrap(), good.to_str().unwrap(), broken.to_str().unwrap());
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["clusterset-dns", "sync"], args].concat()).unwrap();
+            let Command::Sync(a) = cli.command else { unreachable!() };
+            SyncConfig::from_args(&a)
+        };
+        let c = parse(&[
+            "--cluster-profiles",
+            "fleet",
+            "--cluster-profile-providers",
+            good,
+            "--hub-kubeconfig",
+            hub,
+        ])
+        .unwrap();
+        let p = c.profiles.expect("profiles");
+        assert_eq!((p.namespace.as_str(), p.providers.names()), ("fleet", vec!["t"]));
+        // Without a --cluster member the Lease is in the hub.
+        let lease = c.lease.expect("lease").connection;
+        assert!(matches!(lease, Connection::Kubeconfig { path, .. } if path.to_str() == Some(hub)));
+        let flag = |args: &[&str]| parse(args).unwrap_err().flag;
+        assert_eq!(flag(&[]), "--cluster", "neither members nor profiles");
+        assert_eq!(
+            flag(&["--cluster-profiles", "fleet", "--cluster-profile-providers", broken]),
+            "--cluster-profile-providers"
+        );
+        assert_eq!(
+            flag(&["--cluster-profiles", "fleet", "--cluster-profile-providers", "/no/such"]),
+            "--cluster-profile-providers"
+        );
+        assert_eq!(
+            flag(&["--cluster-profiles", "Fleet!", "--cluster-profile-providers", good]),
+            "--cluster-profiles"
+        );
+        assert_eq!(
+            flag(&[
+                "--cluster-profiles",
+                "fleet",
+                "--cluster-profile-providers",
+                good,
+                "--hub-kubeconfig",
+                "/no/such"
+            ]),
+            "--hub-kubeconfig"
+        );
+        // clap: the namespace needs the provider file.
+        assert!(Cli::try_parse_from(["clusterset-dns", "sync", "--cluster-profiles", "fleet"]).is_err());
+    }
+
+    #[test]
     fn shards_need_leader_election_and_a_sane_count() {
         let shards = |args: &[&str]| sync_config(args).unwrap().lease.map(|l| l.shards);
         assert_eq!(shards(&[]), Some(1));
