@@ -437,9 +437,35 @@ pub struct SyncArgs {
     /// Namespace to sync (repeatable); all namespaces when none is given.
     #[arg(long = "namespace", value_name = "NS")]
     pub namespaces: Vec<String>,
+    /// Members from a cluster inventory, beside --cluster.
+    #[command(flatten)]
+    pub profiles: ProfilesArgs,
     /// Leader election and the rest of the controller's behaviour.
     #[command(flatten)]
     pub options: SyncOptions,
+}
+
+/// Members from the ClusterProfiles of a hub cluster (sigs.k8s.io
+/// cluster-inventory-api, KEP-4322), reached through the access providers
+/// of KEP-5339.
+#[derive(Debug, Args, Clone, Default)]
+pub struct ProfilesArgs {
+    /// Take members from the ClusterProfiles in this namespace of the hub
+    /// (the namespace a fleet manager labels multicluster.x-k8s.io/clusterset),
+    /// followed live: a profile created, deleted or whose ControlPlaneHealthy
+    /// turns False adds, removes or marks unreachable that member. The
+    /// member's name is the profile's.
+    #[arg(long, value_name = "NS", requires = "cluster_profile_providers")]
+    pub cluster_profiles: Option<String>,
+    /// The access providers (KEP-5339's provider file, JSON: `{"providers":
+    /// [{"name", "execConfig": {exec plugin}}]}`): the first one a profile
+    /// offers gives its credentials, from its exec plugin.
+    #[arg(long, value_name = "FILE", requires = "cluster_profiles")]
+    pub cluster_profile_providers: Option<PathBuf>,
+    /// Kubeconfig of the hub holding the ClusterProfiles (default: the
+    /// cluster this Pod runs in, its service account).
+    #[arg(long, value_name = "PATH", requires = "cluster_profiles")]
+    pub hub_kubeconfig: Option<PathBuf>,
 }
 
 /// `run` options: `serve`'s, with `--cluster`/`--members` and `--namespace`
@@ -461,7 +487,7 @@ pub struct RunArgs {
 #[derive(Debug, Args, Clone)]
 pub struct SyncOptions {
     /// Kubeconfig of the cluster holding the leader-election Lease (default:
-    /// the first member's).
+    /// the first --cluster member's, else the hub's of --cluster-profiles).
     #[arg(long, value_name = "PATH")]
     pub lease_kubeconfig: Option<PathBuf>,
     /// Namespace of the Lease.

@@ -8,13 +8,17 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::{DoctorArgs, MembersArgs, RunArgs, ServeArgs, SetupDnsArgs, SyncArgs, SyncOptions};
+use crate::cli::{
+    DoctorArgs, MembersArgs, ProfilesArgs, RunArgs, ServeArgs, SetupDnsArgs, SyncArgs, SyncOptions,
+};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::diagnose::report::Format;
 use crate::fault::Faults;
+use crate::fleet::inventory::InventoryConfig;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
+use crate::k8s::inventory::Providers;
 use crate::k8s::throttle::Limits;
 use crate::k8s::watch::{ListMode, Lists};
 use crate::model::{ClusterId, DnsLabel, Interop, PolicyKind, ServiceKey};
@@ -319,6 +323,8 @@ fn probe_config(a: &ServeArgs) -> Result<Option<ProbeConfig>, ConfigError> {
 pub struct SyncConfig {
     /// The members.
     pub members: Vec<MemberConfig>,
+    /// Members from the ClusterProfiles of a hub, beside `members`.
+    pub profiles: Option<InventoryConfig>,
     /// Address of the HTTP endpoints.
     pub http_listen: SocketAddr,
     /// Leader election, unless disabled.
@@ -352,11 +358,17 @@ impl SyncConfig {
     /// Validates command-line values.
     pub fn from_args(a: &SyncArgs) -> Result<Self, ConfigError> {
         let members = members(&a.members)?;
-        if members.is_empty() {
-            return Err(bad("--cluster", "sync needs at least one member (--cluster or --members)"));
+        let profiles = profiles(&a.profiles)?;
+        if members.is_empty() && profiles.is_none() {
+            return Err(bad(
+                "--cluster",
+                "sync needs at least one member (--cluster or --members) or --cluster-profiles",
+            ));
         }
+        let first = members.first().map(|m| &m.connection).or(profiles.as_ref().map(|p| &p.hub));
         Ok(Self {
-            lease: lease(&a.options, &members)?,
+            lease: lease(&a.options, first)?,
+            profiles,
             behaviour: behaviour(&a.options, &a.namespaces)?,
             kube_limits: kube_limits(&a.options)?,
             members,
@@ -390,7 +402,8 @@ impl RunConfig {
             ));
         }
         let sync = SyncConfig {
-            lease: lease(&a.sync, &members)?,
+            lease: lease(&a.sync, members.first().map(|m| &m.connection))?,
+            profiles: None,
             behaviour: behaviour(&a.sync, &a.serve.namespaces)?,
             kube_limits: kube_limits(&a.sync)?,
             members,
@@ -588,7 +601,9 @@ pub fn kube_limits(o: &SyncOptions) -> Result<Option<Limits>, ConfigError> {
 }
 
 /// The leader-election settings of `sync` options.
-pub fn lease(o: &SyncOptions, members: &[MemberConfig]) -> Result<Option<LeaseConfig>, ConfigError> {
+/// `first`: where the Lease is without --lease-kubeconfig (the first
+/// member, else the hub of the ClusterProfiles).
+pub fn lease(o: &SyncOptions, first: Option<&Connection>) -> Result<Option<LeaseConfig>, ConfigError> {
     let most = crate::controller::shard::MAX_SHARDS;
     if !(1..=most).contains(&o.shards) {
         return Err(bad("--shards", format!("{} is outside 1-{most}", o.shards)));
@@ -608,14 +623,14 @@ pub fn lease(o: &SyncOptions, members: &[MemberConfig]) -> Result<Option<LeaseCo
     if !(5..=3600).contains(&o.lease_duration) {
         return Err(bad("--lease-duration", format!("{} is outside 5-3600 seconds", o.lease_duration)));
     }
-    let connection = match (&o.lease_kubeconfig, members.first()) {
+    let connection = match (&o.lease_kubeconfig, first) {
         (Some(path), _) => {
             if !path.is_file() {
                 return Err(bad("--lease-kubeconfig", format!("{} is not a readable file", path.display())));
             }
             Connection::Kubeconfig { path: path.clone(), context: None }
         }
-        (None, Some(first)) => first.connection.clone(),
+        (None, Some(first)) => first.clone(),
         (None, None) => return Err(bad("--lease-kubeconfig", "needed when there are no members")),
     };
     let identity = match &o.identity {
@@ -665,6 +680,29 @@ pub fn members(a: &MembersArgs) -> Result<Vec<MemberConfig>, ConfigError> {
         }
     }
     Ok(members)
+}
+
+/// `--cluster-profiles`: the namespace, the hub, the provider file (read
+/// and checked now: a provider that cannot run a plugin fails the start).
+fn profiles(a: &ProfilesArgs) -> Result<Option<InventoryConfig>, ConfigError> {
+    let Some(namespace) = &a.cluster_profiles else { return Ok(None) };
+    DnsLabel::parse(namespace).map_err(|e| bad("--cluster-profiles", format!("{namespace:?} {e}")))?;
+    // clap requires it with --cluster-profiles.
+    let Some(file) = &a.cluster_profile_providers else {
+        return Err(bad("--cluster-profile-providers", "needed with --cluster-profiles"));
+    };
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| bad("--cluster-profile-providers", format!("{}: {e}", file.display())))?;
+    let providers = Providers::parse(&text)
+        .map_err(|e| bad("--cluster-profile-providers", format!("{}: {e}", file.display())))?;
+    let hub = match &a.hub_kubeconfig {
+        Some(path) if !path.is_file() => {
+            return Err(bad("--hub-kubeconfig", format!("{} is not a readable file", path.display())));
+        }
+        Some(path) => Connection::Kubeconfig { path: path.clone(), context: None },
+        None => Connection::InCluster,
+    };
+    Ok(Some(InventoryConfig { hub, namespace: namespace.clone(), providers }))
 }
 
 #[derive(serde::Deserialize)]
@@ -846,6 +884,68 @@ mod tests {
             assert_eq!(sync_config(&[bad]).unwrap_err().flag, "--kube-qps", "{bad:?}");
         }
         assert_eq!(sync_config(&["--kube-burst", "0"]).unwrap_err().flag, "--kube-burst");
+    }
+
+    #[test]
+    fn cluster_profiles_alone_are_members_enough_and_bad_files_name_their_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = dir.path().join("hub");
+        std::fs::write(&hub, "apiVersion: v1").unwrap();
+        let good = dir.path().join("providers.json");
+        std::fs::write(
+            &good,
+            r#"{"providers": [{"name": "t", "execConfig": {"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/t"}}]}"#,
+        )
+        .unwrap();
+        let broken = dir.path().join("broken.json");
+        std::fs::write(&broken, r#"{"providers": [{"name": "t"}]}"#).unwrap();
+        let (hub, good, broken) = (hub.to_str().unwrap(), good.to_str().unwrap(), broken.to_str().unwrap());
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["clusterset-dns", "sync"], args].concat()).unwrap();
+            let Command::Sync(a) = cli.command else { unreachable!() };
+            SyncConfig::from_args(&a)
+        };
+        let c = parse(&[
+            "--cluster-profiles",
+            "fleet",
+            "--cluster-profile-providers",
+            good,
+            "--hub-kubeconfig",
+            hub,
+        ])
+        .unwrap();
+        let p = c.profiles.expect("profiles");
+        assert_eq!((p.namespace.as_str(), p.providers.names()), ("fleet", vec!["t"]));
+        // Without a --cluster member the Lease is in the hub.
+        let lease = c.lease.expect("lease").connection;
+        assert!(matches!(lease, Connection::Kubeconfig { path, .. } if path.to_str() == Some(hub)));
+        let flag = |args: &[&str]| parse(args).unwrap_err().flag;
+        assert_eq!(flag(&[]), "--cluster", "neither members nor profiles");
+        assert_eq!(
+            flag(&["--cluster-profiles", "fleet", "--cluster-profile-providers", broken]),
+            "--cluster-profile-providers"
+        );
+        assert_eq!(
+            flag(&["--cluster-profiles", "fleet", "--cluster-profile-providers", "/no/such"]),
+            "--cluster-profile-providers"
+        );
+        assert_eq!(
+            flag(&["--cluster-profiles", "Fleet!", "--cluster-profile-providers", good]),
+            "--cluster-profiles"
+        );
+        assert_eq!(
+            flag(&[
+                "--cluster-profiles",
+                "fleet",
+                "--cluster-profile-providers",
+                good,
+                "--hub-kubeconfig",
+                "/no/such"
+            ]),
+            "--hub-kubeconfig"
+        );
+        // clap: the namespace needs the provider file.
+        assert!(Cli::try_parse_from(["clusterset-dns", "sync", "--cluster-profiles", "fleet"]).is_err());
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //!
 //! - `export`: one cluster's export of a service (ServiceExport + Service).
 //! - `merge`: conflict resolution and the ServiceExport conditions.
+//! - `inventory`: members from ClusterProfiles (`sync --cluster-profiles`).
 //! - `objects`: a member's Service, ServiceExport and EndpointSlices → the above.
 
 pub mod export;
+pub mod inventory;
 pub mod member;
 pub mod merge;
 pub mod objects;

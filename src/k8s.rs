@@ -9,12 +9,14 @@
 //! - `mcs`: the MCS API group, its labels, ClusterProperty, version discovery.
 //! - `crd`: the ServiceImport object, reduced to the fields DNS uses.
 //! - `convert`: API object → model value, or an error naming object and field.
+//! - `inventory`: ClusterProfiles (KEP-4322) and their access providers (KEP-5339).
 //! - `interop`: the same for Karmada's and Kosmos's shapes (`--interop`).
 
 pub mod client;
 pub mod convert;
 pub mod crd;
 pub mod interop;
+pub mod inventory;
 pub mod mcs;
 pub mod throttle;
 pub mod watch;

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use arc_swap::ArcSwap;
 use axum::Router;
 use axum::routing::get;
 use tokio::signal::unix::{SignalKind, signal};
@@ -27,7 +28,7 @@ use crate::controller::shard::Shards;
 use crate::controller::stats::SyncStats;
 use crate::controller::sync::Syncer;
 use crate::fault::{Failures, Point, Task};
-use crate::fleet::member;
+use crate::fleet::{inventory, member};
 use crate::k8s::client::{self, ClientError};
 use crate::k8s::throttle::ThrottleStats;
 use crate::k8s::watch::WatchHealth;
@@ -70,8 +71,38 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
         Some(lease) => format!("sync/{}", lease.identity),
         None => "sync".to_owned(),
     };
-    let mut members =
+    let statics =
         member::connect_all(&cfg.members, &agent, &cfg.behaviour.namespaces, cfg.kube_limits).await?;
+    let static_names: Vec<String> = statics.iter().map(|m| m.name.clone()).collect();
+    // Members of the ClusterProfiles (--cluster-profiles), followed by this
+    // function as `follow` is. The controller starts after their first list,
+    // so it does not start once without them.
+    let (profiles_tx, mut profiles) = tokio::sync::watch::channel(None);
+    let mut joined = inventory::Joined::default();
+    let mut inventory_follow: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &cfg
+        .profiles
+    {
+        None => Box::pin(std::future::pending()),
+        Some(p) => {
+            let hub = client::connect(&p.hub, &agent).await?;
+            let health = Arc::new(WatchHealth::new(format!("ClusterProfiles in {} of the hub", p.namespace)));
+            info!(namespace = %p.namespace, providers = ?p.providers.names(), "members from ClusterProfiles");
+            Box::pin(inventory::follow(p.clone(), hub, health, profiles_tx))
+        }
+    };
+    if cfg.profiles.is_some() {
+        loop {
+            tokio::select! {
+                _ = term.recv() => return Ok(()),
+                _ = int.recv() => return Ok(()),
+                () = &mut inventory_follow => {}
+                Ok(()) = profiles.changed() => if profiles.borrow_and_update().is_some() { break },
+            }
+        }
+        let now = profiles.borrow().clone().unwrap_or_default();
+        joined.update(&now, &static_names, &agent, &cfg.behaviour.namespaces, cfg.kube_limits).await;
+    }
+    let mut members: Vec<member::Member> = statics.iter().cloned().chain(joined.members().cloned()).collect();
     // Members' cluster ids follow their ClusterProperties. Polled by this
     // function, not a task of its own: it never ends, and a panic in it ends
     // `run_in`, so it cannot die unseen.
@@ -91,16 +122,7 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     for m in &members {
         stats.write_seconds.with_label_values(&[m.name.as_str()]);
     }
-    // The probe's health counts as the watches' do: a frozen API server
-    // shows in the member's staleness.
-    let healths: MemberHealth = members
-        .iter()
-        .map(|m| {
-            let mut health = m.health.clone();
-            health.push(m.probe.clone());
-            (m.name.clone(), health, m.throttle.clone())
-        })
-        .collect();
+    let healths = Arc::new(ArcSwap::from_pointee(member_health(&members)));
     let (shards, mut elector) = match &cfg.lease {
         None => {
             info!("no leader election: syncing every service");
@@ -129,7 +151,7 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     process
         .registry
         .register(Box::new(
-            sync_collector(stats.clone(), shards.clone(), healths).map_err(SyncError::Metrics)?,
+            sync_collector(stats.clone(), shards.clone(), healths.clone()).map_err(SyncError::Metrics)?,
         ))
         .map_err(SyncError::Metrics)?;
     let election_status = elector.as_ref().map(|(_, s)| s.clone());
@@ -173,6 +195,36 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
                     break;
                 }
                 () = &mut follow => {}
+                () = &mut inventory_follow => {}
+                Ok(()) = profiles.changed() => {
+                    let now = profiles.borrow_and_update().clone().unwrap_or_default();
+                    let ns = &cfg.behaviour.namespaces;
+                    if !joined.update(&now, &static_names, &agent, ns, cfg.kube_limits).await {
+                        continue;
+                    }
+                    // A member joined or left (or is reached another way):
+                    // the controller starts again over the new members, as
+                    // after a cluster id change. A restart lists every member
+                    // again and writes nothing that is unchanged, and it is
+                    // the one path that already starts every member's
+                    // watches, probes and lanes together; a fleet's
+                    // membership changes weekly, not per second.
+                    let gone: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
+                    members = statics.iter().cloned().chain(joined.members().cloned()).collect();
+                    for name in gone.iter().filter(|n| !members.iter().any(|m| &m.name == *n)) {
+                        let _ = stats.write_seconds.remove_label_values(&[name.as_str()]);
+                    }
+                    for m in &members {
+                        stats.write_seconds.with_label_values(&[m.name.as_str()]);
+                    }
+                    healths.store(Arc::new(member_health(&members)));
+                    info!(members = ?members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), "members changed: restarting the controller");
+                    let (ids_tx, ids_rx) = tokio::sync::watch::channel(Vec::new());
+                    ids = ids_rx;
+                    follow = Box::pin(member::follow_ids(members.clone(), ids_tx));
+                    controller.abort();
+                    controller = start_controller(&members);
+                }
                 Ok(()) = led.changed() => {
                     let n = led.borrow_and_update().iter().filter(|l| **l).count();
                     match (n > 0, leading) {
@@ -216,6 +268,20 @@ fn rekey(members: &mut [member::Member], ids: &[crate::model::ClusterId]) {
 
 /// Per member: its name, its watches' health, its client's rate limit.
 type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>, Arc<ThrottleStats>)>;
+
+/// The probe's health counts as the watches' do (a frozen API server shows
+/// in the member's staleness), and so does its ClusterProfile's mark.
+fn member_health(members: &[member::Member]) -> MemberHealth {
+    members
+        .iter()
+        .map(|m| {
+            let mut health = m.health.clone();
+            health.push(m.probe.clone());
+            health.push(m.inventory.clone());
+            (m.name.clone(), health, m.throttle.clone())
+        })
+        .collect()
+}
 
 /// `/ready` fails, saying why, while the Leases' cluster cannot be read:
 /// such a replica leads nothing.
@@ -333,9 +399,10 @@ const SYNC_FAMILIES: &[FamilyDecl] = &[
 fn sync_collector(
     s: Arc<SyncStats>,
     shards: Arc<Shards>,
-    members: MemberHealth,
+    members: Arc<ArcSwap<MemberHealth>>,
 ) -> Result<ScrapeCollector, prometheus::Error> {
     ScrapeCollector::new(SYNC_FAMILIES, move || {
+        let members = members.load();
         let count = |c: &std::sync::atomic::AtomicU64| vec![metrics::counter(&[], c.load(Ordering::Relaxed))];
         vec![
             vec![metrics::gauge(&[], f64::from(u8::from(shards.led_count() > 0)))],

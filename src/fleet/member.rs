@@ -52,18 +52,25 @@ pub struct Member {
     pub probe: Arc<WatchHealth>,
     /// What the client-side rate limit did to its requests (zero without one).
     pub throttle: Arc<ThrottleStats>,
+    /// The fleet manager's word on its control plane: failing while its
+    /// ClusterProfile says `ControlPlaneHealthy` False (always healthy for
+    /// a `--cluster` member). Counted in [`Member::stale_seconds`] like a
+    /// failed probe, so such a member is unreachable to the controller
+    /// without a restart, whatever our own probe hears.
+    pub inventory: Arc<WatchHealth>,
 }
 
 impl Member {
     /// Seconds since the member's API last answered: the largest staleness
     /// of its watches and its probe (0 while all are current).
     pub fn stale_seconds(&self) -> f64 {
-        self.health.iter().map(|h| h.stale_seconds()).fold(self.probe.stale_seconds(), f64::max)
+        let own = self.probe.stale_seconds().max(self.inventory.stale_seconds());
+        self.health.iter().map(|h| h.stale_seconds()).fold(own, f64::max)
     }
 }
 
 /// How long to wait for a member's ClusterProperty at start.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to every member (learning cluster ids), for watches in
 /// `namespaces` (all when empty); with `limits`, each member's client has
@@ -126,7 +133,9 @@ pub async fn connect(
         }
     }
     let probe = Arc::new(WatchHealth::new(format!("API probe of member {}", cfg.name)));
-    Ok(Member { name: cfg.name.clone(), cluster, client, health, probe, throttle })
+    let inventory =
+        Arc::new(WatchHealth::new(format!("ClusterProfile ControlPlaneHealthy of member {}", cfg.name)));
+    Ok(Member { name: cfg.name.clone(), cluster, client, health, probe, throttle, inventory })
 }
 
 /// A member's cluster id as its API says it now.

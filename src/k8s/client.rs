@@ -1,6 +1,8 @@
 //! Where an API server is ([`Connection`]) and a client for it: a kubeconfig
-//! file (with an optional context) or the Pod's service account. Every
-//! command connects through here, so every one reads kubeconfigs the same way.
+//! file (with an optional context), one built in memory (a ClusterProfile's
+//! member, `k8s::inventory`) or the Pod's service account. Every command
+//! connects through here, so every one reads kubeconfigs the same way and
+//! every client gets the same User-Agent, retries and rate limit.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,6 +28,14 @@ pub enum Connection {
     },
     /// The Pod's service account.
     InCluster,
+    /// A kubeconfig built in memory, its current context used; `origin`
+    /// says where it came from (in errors), e.g. `ClusterProfile ns/name`.
+    Inline {
+        /// Where it came from.
+        origin: String,
+        /// The kubeconfig.
+        kubeconfig: Box<kube::config::Kubeconfig>,
+    },
 }
 
 /// Why the API server could not be reached at all.
@@ -36,6 +46,14 @@ pub enum ClientError {
     Kubeconfig {
         /// The file.
         path: PathBuf,
+        /// The error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A kubeconfig built in memory could not be used.
+    #[error("{origin}: {source}")]
+    Inline {
+        /// Where it came from.
+        origin: String,
         /// The error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -130,6 +148,11 @@ async fn config(connection: &Connection, agent: &str) -> Result<Config, ClientEr
             let file = kube::config::Kubeconfig::read_from(path).map_err(|e| fail(e.into()))?;
             let options = kube::config::KubeConfigOptions { context: context.clone(), ..Default::default() };
             Config::from_custom_kubeconfig(file, &options).await.map_err(|e| fail(e.into()))?
+        }
+        Connection::Inline { origin, kubeconfig } => {
+            Config::from_custom_kubeconfig((**kubeconfig).clone(), &Default::default())
+                .await
+                .map_err(|e| ClientError::Inline { origin: origin.clone(), source: e.into() })?
         }
     };
     // Only characters a header value may hold: an identity is the user's.

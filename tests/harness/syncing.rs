@@ -34,12 +34,24 @@ impl Syncing {
         Self::spawn(tied(BIN), clusters, extra, &[])
     }
 
-    fn spawn(mut program: Command, clusters: &TestClusters, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut args: Vec<String> = vec!["sync".into(), "--http-listen".into(), "127.0.0.1:0".into()];
+    /// `clusterset-dns sync --http-listen 127.0.0.1:0` followed by `extra`
+    /// only: no `--cluster` (e.g. members from `--cluster-profiles`).
+    pub fn start_without_members(extra: &[&str]) -> Self {
+        Self::run(Command::new(BIN), &[], extra, &[])
+    }
+
+    fn spawn(program: Command, clusters: &TestClusters, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut members: Vec<String> = Vec::new();
         for i in 0..clusters.len() {
-            args.push("--cluster".into());
-            args.push(format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "sync").display()));
+            members.push("--cluster".into());
+            members.push(format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "sync").display()));
         }
+        Self::run(program, &members, extra, env)
+    }
+
+    fn run(mut program: Command, members: &[String], extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut args: Vec<String> = vec!["sync".into(), "--http-listen".into(), "127.0.0.1:0".into()];
+        args.extend(members.iter().cloned());
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut child = program
             .args(&args)

@@ -37,6 +37,7 @@ mod supervise;
 mod sync;
 mod sync_faults;
 mod sync_kep;
+mod sync_profiles;
 mod sync_shards;
 mod sync_throttle;
 mod transfer;

@@ -46,7 +46,7 @@ impl Reader {
         Self { client: clusters.client(i).await, ns: ns.into() }
     }
 
-    async fn import(&self, name: &str) -> Option<serde_json::Value> {
+    pub(crate) async fn import(&self, name: &str) -> Option<serde_json::Value> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &self.ns, &import_resource("v1beta1"));
         api.get_opt(name).await.expect("get ServiceImport").map(|o| serde_json::to_value(o).expect("json"))
