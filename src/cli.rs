@@ -187,7 +187,7 @@ pub struct ServeArgs {
     /// Also answer every multi-cluster service under this zone, e.g.
     /// `cluster.local`: `<svc>.<ns>.svc.cluster.local` and the names below
     /// it, as in --zone, for a cluster DNS that falls through to this server
-    /// for names it does not have (README: "The same name in every
+    /// for names it does not have (docs/interop.md: "The same name in every
     /// cluster"). Other names there: NXDOMAIN below `svc`, else REFUSED.
     #[arg(long, value_name = "ZONE")]
     pub also_zone: Option<String>,
