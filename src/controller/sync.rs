@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use super::adopt::adopt;
 use super::api::{ApiError, CALL_DEADLINE, Kind, KubeMember, SharedApi};
-use super::desired;
+use super::desired::Stems;
 use super::own::{self, OwnChange, OwnEvent, Seen};
 use super::queue::WorkQueue;
 use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, ObjectRef, now_rfc3339, reconcile};
@@ -203,7 +203,7 @@ impl Syncer {
                 fallback_apis()
             }));
         }
-        let duplicates = duplicate_ids(&members);
+        let duplicates = member::duplicate_ids(&members);
         let scopes = scopes(&behaviour.namespaces).len();
         let state = FleetState::new(members.iter().map(|m| m.cluster.clone()).collect(), scopes);
         let n = members.len();
@@ -721,7 +721,7 @@ impl Syncer {
         listed: &BTreeSet<(String, String)>,
         began: std::time::Instant,
     ) -> bool {
-        let gone: Vec<ObjectRef> = gone(ks, m, (kind, scope), listed, began);
+        let gone: Vec<ObjectRef> = ks.gone(m, (kind, scope), listed, began);
         for r in &gone {
             info!(member = %self.members[m].name, kind = %r.kind, object = %r.path(), "ours, and gone: writing it again");
             self.stats.drift(r.kind);
@@ -810,28 +810,6 @@ impl Syncer {
     }
 }
 
-/// Our objects of `kind` in member `m` and `scope` that `listed` (asked for
-/// at `began`) does not hold, though written before it began.
-fn gone(
-    ks: &KeyState,
-    m: usize,
-    (kind, scope): (Kind, Option<&str>),
-    listed: &BTreeSet<(String, String)>,
-    began: std::time::Instant,
-) -> Vec<ObjectRef> {
-    ks.owned
-        .iter()
-        .filter(|r| {
-            r.member == m
-                && r.kind == kind
-                && scope.is_none_or(|ns| ns == r.namespace)
-                && !listed.contains(&(r.namespace.clone(), r.name.clone()))
-                && ks.written.before(r, began)
-        })
-        .cloned()
-        .collect()
-}
-
 /// Probes a member's API server every [`TICK`]: a watch on a frozen or
 /// partitioned API server fails no request, it only stops hearing; the probe
 /// does, within [`PROBE_DEADLINE`].
@@ -888,64 +866,6 @@ fn build_env(
         .collect()
 }
 
-/// The exported services whose names are longer than their objects' names
-/// can hold ([`desired::stem`]), by namespace and stem, each with its
-/// oldest export's time: what decides a service's [`desired::Naming`].
-/// Built before each round of reconciles, from the fleet's exports.
-struct Stems(HashMap<(String, String), Vec<(ServiceKey, i64)>>);
-
-impl Stems {
-    fn of(state: &FleetState) -> Self {
-        let mut stems: HashMap<(String, String), Vec<(ServiceKey, i64)>> = HashMap::new();
-        for (key, at) in state.exported_longer_than(desired::STEM_LEN) {
-            let stem = desired::stem(key.name.as_str()).to_owned();
-            stems.entry((key.namespace.to_string(), stem)).or_default().push((key, at));
-        }
-        Self(stems)
-    }
-
-    /// True when another exported service of `key`'s namespace has its
-    /// stem and an older export (the service name breaking ties): `key`'s
-    /// objects then take long names, since that service may have the short
-    /// ones.
-    fn has_elder(&self, state: &FleetState, key: &ServiceKey) -> bool {
-        let stem = desired::stem(key.name.as_str());
-        let Some(long) = self.0.get(&(key.namespace.to_string(), stem.to_owned())) else {
-            return false;
-        };
-        // The service whose name is the stem itself shares it too.
-        let named_stem = crate::model::DnsLabel::parse(stem)
-            .ok()
-            .map(|name| ServiceKey { namespace: key.namespace.clone(), name })
-            .and_then(|k| Some((state.oldest_export(&k)?, k)));
-        let mine = (state.oldest_export(key).unwrap_or(i64::MAX), key.name.as_str());
-        long.iter()
-            .map(|(k, at)| (*at, k))
-            .chain(named_stem.as_ref().map(|(at, k)| (*at, k)))
-            .any(|(at, k)| k != key && (at, k.name.as_str()) < mine)
-    }
-}
-
-/// Cluster ids more than one member has, each with a message naming them.
-fn duplicate_ids(members: &[Member]) -> HashMap<ClusterId, String> {
-    let mut by_id: std::collections::BTreeMap<&ClusterId, Vec<&str>> = std::collections::BTreeMap::new();
-    for m in members {
-        by_id.entry(&m.cluster).or_default().push(m.name.as_str());
-    }
-    by_id
-        .into_iter()
-        .filter(|(_, names)| names.len() > 1)
-        .map(|(id, names)| {
-            let why = format!(
-                "Members {} all have cluster id {id} (ClusterProperty cluster.clusterset.k8s.io, or the member name): their endpoints cannot be told apart, so none of their exports count. Give each a unique id.",
-                names.join(", ")
-            );
-            tracing::error!("{why}");
-            (id.clone(), why)
-        })
-        .collect()
-}
-
 async fn discover(m: &Member) -> MemberApis {
     let health = Arc::new(WatchHealth::new(format!("API discovery of member {}", m.name)));
     let mut reporter = Reporter::new(health);
@@ -959,45 +879,5 @@ fn fallback_apis() -> MemberApis {
     MemberApis {
         import: mcs_resource("v1beta1", "ServiceImport", "serviceimports"),
         export: mcs_resource("v1beta1", "ServiceExport", "serviceexports"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::DnsLabel;
-
-    #[test]
-    fn only_an_object_written_before_a_list_began_can_be_gone() {
-        let key =
-            ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("web").unwrap() };
-        let import = ObjectRef::new(1, Kind::ServiceImport, &key, "web".into());
-        let slice = ObjectRef::new(1, Kind::EndpointSlice, &key, "web-abc".into());
-        // Wanted, but its write failed: owned, never written.
-        let vip = ObjectRef::new(1, Kind::Service, &key, "web-clusterset".into());
-        let mut ks = KeyState::default();
-        ks.owned.extend([import.clone(), slice.clone(), vip]);
-        ks.written.record(import.clone(), Some("5"));
-        std::thread::sleep(Duration::from_millis(2));
-        let listed_at = std::time::Instant::now();
-        // The slice is written while the list is under way.
-        std::thread::sleep(Duration::from_millis(2));
-        ks.written.record(slice.clone(), Some("6"));
-        let none = BTreeSet::new();
-        // Neither listed: the import, written before the list, is gone; the
-        // slice may be newer than the list.
-        assert_eq!(gone(&ks, 1, (Kind::ServiceImport, None), &none, listed_at), vec![import.clone()]);
-        assert_eq!(gone(&ks, 1, (Kind::EndpointSlice, Some("shop")), &none, listed_at), vec![]);
-        // A later list without the slice: gone.
-        std::thread::sleep(Duration::from_millis(2));
-        let later = std::time::Instant::now();
-        assert_eq!(gone(&ks, 1, (Kind::EndpointSlice, None), &none, later), vec![slice]);
-        // Never written, listed, of another member, or of another
-        // namespace: not gone.
-        assert_eq!(gone(&ks, 1, (Kind::Service, None), &none, later), vec![]);
-        let listed = BTreeSet::from([("shop".to_owned(), "web".to_owned())]);
-        assert_eq!(gone(&ks, 1, (Kind::ServiceImport, None), &listed, listed_at), vec![]);
-        assert_eq!(gone(&ks, 0, (Kind::ServiceImport, None), &none, listed_at), vec![]);
-        assert_eq!(gone(&ks, 1, (Kind::ServiceImport, Some("other")), &none, listed_at), vec![]);
     }
 }

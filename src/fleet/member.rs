@@ -349,3 +349,23 @@ impl<K, V> ToFleet<K, V> {
         MemberEvent { member: self.index, change: (self.wrap)(delta) }
     }
 }
+
+/// Cluster ids more than one member has, each with a message naming them.
+pub fn duplicate_ids(members: &[Member]) -> std::collections::HashMap<ClusterId, String> {
+    let mut by_id: std::collections::BTreeMap<&ClusterId, Vec<&str>> = std::collections::BTreeMap::new();
+    for m in members {
+        by_id.entry(&m.cluster).or_default().push(m.name.as_str());
+    }
+    by_id
+        .into_iter()
+        .filter(|(_, names)| names.len() > 1)
+        .map(|(id, names)| {
+            let why = format!(
+                "Members {} all have cluster id {id} (ClusterProperty cluster.clusterset.k8s.io, or the member name): their endpoints cannot be told apart, so none of their exports count. Give each a unique id.",
+                names.join(", ")
+            );
+            tracing::error!("{why}");
+            (id.clone(), why)
+        })
+        .collect()
+}
