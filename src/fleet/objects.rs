@@ -322,12 +322,12 @@ mod tests {
     }
 
     fn service(yaml: &str) -> Exported {
-        exported(&cluster(), &serde_yaml::from_str(yaml).unwrap())
+        exported(&cluster(), &serde_yaml_ng::from_str(yaml).unwrap())
     }
 
     #[test]
     fn exported_labels_and_annotations_drop_only_what_the_api_would_refuse() {
-        let export: kube::api::DynamicObject = serde_yaml::from_str(
+        let export: kube::api::DynamicObject = serde_yaml_ng::from_str(
             "apiVersion: multicluster.x-k8s.io/v1alpha1
 kind: ServiceExport
 metadata: {name: web, namespace: shop}
@@ -341,7 +341,7 @@ spec:
         assert_eq!(keys(&m.labels), ["empty", "example.com/tier", "team"]);
         assert_eq!(keys(&m.annotations), ["note"]);
         assert_eq!(m.annotations["note"], "any text: at all");
-        let none: kube::api::DynamicObject = serde_yaml::from_str(
+        let none: kube::api::DynamicObject = serde_yaml_ng::from_str(
             "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: web, namespace: shop}",
         )
         .unwrap();
@@ -394,14 +394,14 @@ endpoints:
 - addresses: [10.1.0.1]
   zone: z1
 ";
-        let slice: EndpointSlice = serde_yaml::from_str(yaml).unwrap();
+        let slice: EndpointSlice = serde_yaml_ng::from_str(yaml).unwrap();
         let key = slice_service(&slice).unwrap();
         assert_eq!(key.to_string(), "shop/web");
         let set = endpoint_set(&cluster(), &key, &slice).unwrap().unwrap();
         assert_eq!(set.cluster, cluster());
         assert_eq!(set.slice.name, "cluster-a/web-abcde");
         assert_eq!(set.endpoints[0].zone(), Some("z1"));
-        let ours: EndpointSlice = serde_yaml::from_str(
+        let ours: EndpointSlice = serde_yaml_ng::from_str(
             &yaml.replace("{kubernetes.io/service-name: web}", "{kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: sync.clusterset-dns.io}"),
         )
         .unwrap();

@@ -264,11 +264,11 @@ mod tests {
     use super::*;
 
     fn import(yaml: &str) -> Result<ServiceImport, ConvertError> {
-        service_import(&serde_yaml::from_str(yaml).unwrap())
+        service_import(&serde_yaml_ng::from_str(yaml).unwrap())
     }
 
     fn slice(yaml: &str) -> Result<SliceOutcome, ConvertError> {
-        endpoint_slice(&serde_yaml::from_str(yaml).unwrap())
+        endpoint_slice(&serde_yaml_ng::from_str(yaml).unwrap())
     }
 
     const SLICE: &str = "

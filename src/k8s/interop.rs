@@ -243,10 +243,10 @@ mod tests {
 
     /// The fixture's documents of `kind`, by name.
     fn doc<T: serde::de::DeserializeOwned>(text: &str, kind: &str, name: &str) -> T {
-        for d in serde_yaml::Deserializer::from_str(text) {
-            let v = serde_yaml::Value::deserialize(d).unwrap();
+        for d in serde_yaml_ng::Deserializer::from_str(text) {
+            let v = serde_yaml_ng::Value::deserialize(d).unwrap();
             if v["kind"].as_str() == Some(kind) && v["metadata"]["name"].as_str() == Some(name) {
-                return serde_yaml::from_value(v).unwrap();
+                return serde_yaml_ng::from_value(v).unwrap();
             }
         }
         panic!("no {kind} {name}");

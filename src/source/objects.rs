@@ -136,7 +136,7 @@ fn parse_json(docs: &[&str], interop: Interop) -> Option<Parsed> {
 /// Every document of `text`, read as YAML.
 fn parse_yaml(text: &str, origin: &str, interop: Interop) -> Result<Parsed, ParseError> {
     let mut parsed = Parsed::default();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
         let fail = |field: Option<String>, message: String| ParseError {
             origin: origin.to_owned(),
@@ -144,7 +144,7 @@ fn parse_yaml(text: &str, origin: &str, interop: Interop) -> Result<Parsed, Pars
             field,
             message,
         };
-        let value = serde_yaml::Value::deserialize(doc).map_err(|e| fail(None, e.to_string()))?;
+        let value = serde_yaml_ng::Value::deserialize(doc).map_err(|e| fail(None, e.to_string()))?;
         if value.is_null() {
             continue; // an empty document, e.g. a trailing `---`
         }
@@ -157,7 +157,7 @@ fn parse_yaml(text: &str, origin: &str, interop: Interop) -> Result<Parsed, Pars
 /// One object's text: a YAML value, or a JSON document read straight into
 /// its type.
 enum Doc<'a> {
-    Yaml(serde_yaml::Value),
+    Yaml(serde_yaml_ng::Value),
     Json(&'a str),
 }
 
@@ -169,10 +169,10 @@ impl Doc<'_> {
         }
     }
 
-    fn into_value(self) -> Result<serde_yaml::Value, String> {
+    fn into_value(self) -> Result<serde_yaml_ng::Value, String> {
         match self {
             Self::Yaml(value) => Ok(value),
-            Self::Json(text) => serde_yaml::from_str(text).map_err(|e| e.to_string()),
+            Self::Json(text) => serde_yaml_ng::from_str(text).map_err(|e| e.to_string()),
         }
     }
 }
@@ -194,13 +194,13 @@ fn add_object(
     let (group, version) = meta.api_version.rsplit_once('/').unwrap_or(("", &meta.api_version));
     match (group, version, meta.kind.as_str()) {
         (_, _, "List") | (_, _, "ServiceImportList") | (_, _, "EndpointSliceList") => {
-            let serde_yaml::Value::Mapping(mut map) = doc.into_value().map_err(|e| (None, e))? else {
+            let serde_yaml_ng::Value::Mapping(mut map) = doc.into_value().map_err(|e| (None, e))? else {
                 return Err((None, "a List must be a mapping".into()));
             };
-            let items = map.remove("items").unwrap_or(serde_yaml::Value::Null);
+            let items = map.remove("items").unwrap_or(serde_yaml_ng::Value::Null);
             let items = match items {
-                serde_yaml::Value::Sequence(items) => items,
-                serde_yaml::Value::Null => Vec::new(),
+                serde_yaml_ng::Value::Sequence(items) => items,
+                serde_yaml_ng::Value::Null => Vec::new(),
                 _ => {
                     return Err((Some(at("items")), "a List's items must be a sequence".into()));
                 }

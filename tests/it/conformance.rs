@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RData;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 use crate::support::{TestServer, q};
 
@@ -29,7 +29,7 @@ fn fixtures() -> Fixtures {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "yaml") {
             let text = std::fs::read_to_string(&path).expect("read");
-            for doc in serde_yaml::Deserializer::from_str(&text) {
+            for doc in serde_yaml_ng::Deserializer::from_str(&text) {
                 docs.push(Value::deserialize(doc).expect("yaml"));
             }
             files.push((path.file_name().expect("name").to_string_lossy().into_owned(), text));

@@ -91,7 +91,7 @@ pub fn render(kubeconfig: &Path, dir: &Path) -> String {
 
 /// The documents of a multi-document YAML text.
 pub fn objects(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
+    serde_yaml_ng::Deserializer::from_str(yaml)
         .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{yaml}")))
         .filter(|v| !v.is_null())
         .collect()

@@ -170,7 +170,7 @@ fn dashboard_exprs() -> Vec<String> {
 
 fn rules() -> Vec<Rule> {
     let text = std::fs::read_to_string(monitoring_dir().join("alerts.yaml")).expect("read alerts.yaml");
-    let rules: Rules = serde_yaml::from_str(&text).expect("alerts.yaml: groups of rules");
+    let rules: Rules = serde_yaml_ng::from_str(&text).expect("alerts.yaml: groups of rules");
     assert!(rules.groups.iter().all(|g| !g.name.is_empty()));
     rules.groups.into_iter().flat_map(|g| g.rules).collect()
 }

@@ -69,7 +69,7 @@ fn hub(clusters: &TestClusters, profiles_ns: &str) {
 /// The sync identity's kubeconfig of cluster `i`, as YAML.
 fn sync_kubeconfig(clusters: &TestClusters, i: usize) -> Value {
     let text = std::fs::read_to_string(clusters.role_kubeconfig(i, "sync")).expect("sync kubeconfig");
-    serde_yaml::from_str(&text).expect("kubeconfig YAML")
+    serde_yaml_ng::from_str(&text).expect("kubeconfig YAML")
 }
 
 /// The plugin, the credential of every cluster beside it, and the provider

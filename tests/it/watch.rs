@@ -382,7 +382,7 @@ async fn apply_fixture(
         "multiclusterservice.karmada.io/namespace: shop",
         &format!("multiclusterservice.karmada.io/namespace: {ns}"),
     );
-    for doc in serde_yaml::Deserializer::from_str(&text) {
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
         let mut v: Value = Value::deserialize(doc).expect("fixture document");
         v["metadata"]["namespace"] = json!(ns);
         let name = v["metadata"]["name"].as_str().expect("name").to_owned();

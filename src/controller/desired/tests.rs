@@ -134,7 +134,7 @@ fn vip_services_name_unnamed_ports_and_mirrored_slices_follow() {
     assert_eq!(vip.unnamed_in(&[port(None, Tcp, 8080)]), Some("tcp-8080"));
     assert_eq!(vip.unnamed_in(&[port(Some("tcp-80"), Udp, 53)]), None);
 
-    let source: EndpointSlice = serde_yaml::from_str(
+    let source: EndpointSlice = serde_yaml_ng::from_str(
         "metadata: {name: web-abc, namespace: shop}
 addressType: IPv4
 ports: [{port: 8443, protocol: TCP}]
@@ -171,7 +171,7 @@ fn a_port_whose_number_lost_the_conflict_is_not_mirrored() {
     let b = vip.of_cluster(&[port(Some("tcp"), Tcp, 4242), port(Some("dns"), Udp, 53)]);
     assert_eq!(a.served, ["tcp"]);
     assert_eq!(b.served, ["dns"], "b's tcp is 4242, not the import's 42");
-    let source: EndpointSlice = serde_yaml::from_str(
+    let source: EndpointSlice = serde_yaml_ng::from_str(
         "metadata: {name: hello-xyz, namespace: shop}
 addressType: IPv4
 ports: [{name: tcp, port: 42, protocol: TCP}, {name: dns, port: 53, protocol: UDP}]
