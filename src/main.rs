@@ -8,7 +8,8 @@ use clusterset_dns::cli::{Cli, Command, LogFormat};
 use clusterset_dns::config::{DoctorConfig, RunConfig, ServeConfig, SetupDnsConfig, SyncConfig};
 use tracing_subscriber::EnvFilter;
 
-/// See Cargo.toml and BENCHMARKS.md ("Fleet scale") for why this allocator.
+/// See Cargo.toml and docs/benchmarks-history.md ("jemalloc, headless SRV per
+/// query, and model trims") for why this allocator.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -121,7 +121,8 @@ pub enum AddressFamily {
 /// the first, and an import has at most one VIP per family, most only one.
 /// One is kept inline, so the 400,000 endpoints and 100,000 imports of a
 /// 100,000-service fleet cost no allocation each (a `Vec` of one address is
-/// a 32-byte heap block beside its 24 bytes; see BENCHMARKS.md "Fleet scale").
+/// a 32-byte heap block beside its 24 bytes; see docs/benchmarks-history.md,
+/// "Where the bytes go, by structure").
 #[derive(Clone, PartialEq, Eq)]
 pub struct Addresses(Repr);
 
@@ -187,7 +188,8 @@ impl std::fmt::Debug for Addresses {
 /// lengths), not three: a fleet holds hundreds of thousands of endpoints,
 /// most with none of the three or with a zone and a targetRef only, and
 /// three `Option<Box<str>>` were 48 bytes each and a heap block per value
-/// present (BENCHMARKS.md "Fleet scale"). Read them with
+/// present (docs/benchmarks-history.md, "Packed endpoints, addresses read
+/// from records, a slimmer index and reverse map"). Read them with
 /// [`Endpoint::hostname`], [`Endpoint::zone`] and [`Endpoint::target`].
 #[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -351,7 +353,8 @@ mod tests {
         // 88 bytes: the two labels 32, the inline VIP 24, the port list 16, the
         // overrides 8, the kind 1 and padding. With a `Vec` each for the VIPs
         // and the ports it was 96 and two heap blocks more per import; a
-        // fleet holds 100,000 imports (BENCHMARKS.md "Fleet scale").
+        // fleet holds 100,000 imports (docs/benchmarks-history.md, "Slices
+        // filed under their service, one port list for all").
         let size = std::mem::size_of::<ServiceImport>();
         assert!(size <= 88, "ServiceImport grew to {size} bytes");
     }

@@ -121,7 +121,8 @@ impl Guard {
 /// first snapshot frees its temporaries while later services are still being
 /// built, so the peak at 100,000 services is ~20 MB lower, and the resident
 /// size the budget reads is what is in use. One published change costs the
-/// same (with 0 ms it cost 40 % more). BENCHMARKS.md, "Fleet scale".
+/// same (with 0 ms it cost 40 % more). docs/benchmarks-history.md, "jemalloc,
+/// headless SRV per query, and model trims".
 pub const ALLOCATOR_OPTIONS: &[u8; 19] = b"dirty_decay_ms:100\0";
 
 /// Where the limit came from, for the message.

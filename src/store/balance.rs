@@ -46,7 +46,8 @@ pub struct EndpointMeta {
     pub name: Option<Box<str>>,
     // Its addresses are not kept here: they are in its records
     // (`ServiceNames::endpoint_addresses`), and a copy was 24 of 64 bytes
-    // per endpoint at fleet scale (BENCHMARKS.md "Fleet scale").
+    // per endpoint at fleet scale (docs/benchmarks-history.md, "Packed
+    // endpoints, addresses read from records, a slimmer index and reverse map").
 }
 
 /// A service's answer policy and the metadata of its endpoints; see the

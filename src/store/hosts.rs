@@ -6,7 +6,8 @@
 //! Encoded ahead, each endpoint name was a node of the service's map with an
 //! RRset of its own, and each address a PTR record in two maps: about 300 B
 //! per endpoint, two thirds of a headless service at fleet scale
-//! (BENCHMARKS.md, "Fleet scale"). These records are few bytes with nothing
+//! (docs/benchmarks-history.md, "Endpoint names and PTR records written per
+//! query"). These records are few bytes with nothing
 //! to compress but the PTR target, so a [`Hosts`] keeps only the names'
 //! prefixes and addresses, packed and sorted, and the answer path writes the
 //! records itself, the same bytes `encode` would have produced:
@@ -38,7 +39,8 @@ const QNAME_AT: u16 = 12;
 /// 48 bytes: a ClusterSetIP service (nine in ten of a fleet) has no
 /// endpoint name and one VIP, so the endpoint names are one optional box
 /// and one VIP is kept inline. As six boxed slices it was 96 bytes and a
-/// heap block for the VIP (BENCHMARKS.md, "Fleet scale").
+/// heap block for the VIP (docs/benchmarks-history.md, "Packed endpoints,
+/// addresses read from records, a slimmer index and reverse map").
 #[derive(Debug, Default)]
 pub struct Hosts {
     /// `<svc>.<ns>` in lower-case wire form (the service's key).

@@ -6,7 +6,8 @@
 //! beside its service, and the service's own maps, which hold the object
 //! and so its id, confirm a match. At 100,000 slices an index holding
 //! every id (two strings) beside its service was ~16 MB of the writer's
-//! model; this one is ~7 MB (BENCHMARKS.md "Fleet scale").
+//! model; this one is ~7 MB (docs/benchmarks-history.md, "Packed endpoints,
+//! addresses read from records, a slimmer index and reverse map").
 
 use std::hash::BuildHasher;
 

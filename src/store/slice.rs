@@ -7,7 +7,8 @@
 //! service's key, the service it is filed under), its service's name
 //! twice, and a port list equal to every other slice's: ~160 bytes in the
 //! vector of its service and five small heap blocks beside its endpoints
-//! (BENCHMARKS.md "Fleet scale"). A [`Slice`] keeps what the service's
+//! (docs/benchmarks-history.md, "Slices filed under their service, one port
+//! list for all"). A [`Slice`] keeps what the service's
 //! answers and the writer's bookkeeping read, once.
 
 use std::collections::HashSet;

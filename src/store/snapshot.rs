@@ -245,9 +245,9 @@ fn address_of(record: &[u8]) -> Option<IpAddr> {
 ///
 /// A service has a handful of names (two for a ClusterSetIP service with a
 /// named port, a dozen for a headless one in ten clusters), where a hash
-/// table cost about 210 bytes in two heap blocks for the two (BENCHMARKS.md
-/// "Fleet scale"); a binary search over so few keys is no slower than
-/// hashing the prefix.
+/// table cost about 210 bytes in two heap blocks for the two
+/// (docs/benchmarks-history.md, "Where the bytes go, by structure"); a
+/// binary search over so few keys is no slower than hashing the prefix.
 #[derive(Debug, Clone, Default)]
 pub struct NameTable(Option<Arc<[NameEntry]>>);
 
