@@ -668,8 +668,9 @@ pub fn members(a: &MembersArgs) -> Result<Vec<MemberConfig>, ConfigError> {
     if let Some(file) = &a.members_file {
         let text = std::fs::read_to_string(file)
             .map_err(|e| bad("--members", format!("{}: {e}", file.display())))?;
-        let parsed: MembersFile = serde_path_to_error::deserialize(serde_yaml_ng::Deserializer::from_str(&text))
-            .map_err(|e| bad("--members", format!("{}: {}: {}", file.display(), e.path(), e.inner())))?;
+        let parsed: MembersFile =
+            serde_path_to_error::deserialize(serde_yaml_ng::Deserializer::from_str(&text))
+                .map_err(|e| bad("--members", format!("{}: {}: {}", file.display(), e.path(), e.inner())))?;
         for m in parsed.members {
             members.push(member("--members", &m.name, &m.kubeconfig, m.context)?);
         }

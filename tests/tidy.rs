@@ -206,3 +206,33 @@ fn every_module_of_the_library_has_a_layer() {
         assert!(modules.contains(*m), "tests/tidy.rs LAYERS names `{m}`, which src/ does not have");
     }
 }
+
+/// Every `[dependencies]` entry of Cargo.toml is named in ARCHITECTURE.md's
+/// "Dependencies and why" table: a crate added without saying why fails.
+#[test]
+fn every_dependency_is_named_in_the_architecture_table() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    let deps: Vec<&str> = cargo
+        .split("\n[dependencies]\n")
+        .nth(1)
+        .and_then(|s| s.split("\n[").next())
+        .expect("[dependencies]")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
+        .filter(|k| !k.is_empty())
+        .collect();
+    assert!(deps.len() > 10, "read {deps:?}");
+    let arch = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let table = arch.split("## Dependencies and why").nth(1).expect("the table's section");
+    let table = table.split("\n## ").next().unwrap_or(table);
+    let named: BTreeSet<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .filter_map(|l| l.split('|').nth(1))
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+        .collect();
+    let missing: Vec<&&str> = deps.iter().filter(|d| !named.contains(**d)).collect();
+    assert!(missing.is_empty(), "in Cargo.toml but not in ARCHITECTURE.md's table: {missing:?}");
+}

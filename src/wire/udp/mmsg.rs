@@ -3,7 +3,8 @@
 //! dominates a DNS server's CPU (the answer itself is ~0.1 µs), so batching
 //! is where per-query CPU is saved; Knot DNS and gdnsd do the same.
 //!
-//! The only `unsafe` code of the server is here: building the C message
+//! The only `unsafe` code of the server is here (besides the allocator's
+//! options symbol in `main.rs`): building the C message
 //! headers that point into our buffers for the duration of one call.
 #![allow(unsafe_code)]
 
