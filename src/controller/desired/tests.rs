@@ -282,3 +282,16 @@ fn sources_whose_short_digests_collide_get_distinct_names() {
         [slice_name(&key("web"), &a, x), slice_name(&key("web"), &b, y)]
     );
 }
+
+#[test]
+fn the_digest_of_a_body_is_pinned() {
+    // Live objects carry the digest of the body applied; a change to it
+    // (serde_json's key order, e.g. a crate enabling `preserve_order`, or
+    // the hash) would make every object look changed and be written again.
+    let body = json!({"spec": {"type": "ClusterSetIP", "ports": [{"port": 80, "protocol": "TCP"}]}, "b": 1, "a": [true, null]});
+    assert_eq!(
+        body.to_string(),
+        r#"{"a":[true,null],"b":1,"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"ClusterSetIP"}}"#
+    );
+    assert_eq!(digest_of(&body), "3bc615025f4df24c");
+}
