@@ -67,7 +67,7 @@ pub(crate) fn served<'a>(
         (Some(i), None) => (
             Cow::Borrowed(i),
             Some(format!(
-                "ServiceImport {key} has no spec.ips and no backing Service (derived-{} or {} with --interop)",
+                "ServiceImport {key} is ClusterSetIP with no spec.ips yet (its clusterset VIP not allocated; with --interop, no backing Service derived-{} or {} either)",
                 key.name, key.name
             )),
         ),
@@ -200,7 +200,7 @@ mod tests {
         let i = import(&[]);
         let s = served(&key(), Some(&i), &NONE_B, NONE_S.values()).unwrap();
         assert!(s.import.ips.is_empty());
-        assert!(s.unresolved.unwrap().contains("ServiceImport shop/db has no spec.ips"));
+        assert!(s.unresolved.unwrap().contains("ServiceImport shop/db is ClusterSetIP with no spec.ips yet"));
         let b = VecMap::from_iter([backing("derived-db", BackingKind::KarmadaDerived, &[])]);
         let s = served(&key(), Some(&i), &b, NONE_S.values()).unwrap();
         assert!(s.unresolved.unwrap().contains("shop/derived-db"));
