@@ -24,7 +24,16 @@ static MALLOC_CONF: &[u8; 19] = clusterset_dns::ops::memory::ALLOCATOR_OPTIONS;
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // clap would exit 2 on a bad command line; every command's bad input
+    // exits 64 instead (docs/exit-codes.md), so 2 keeps the meaning each
+    // command gives it (doctor: incomplete; setup-dns: nothing changed).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(EX_USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
     let format = cli.log_format;
     init_logs(format);
     // Panics are caught and counted where they happen; the hook only logs

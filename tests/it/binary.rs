@@ -115,6 +115,17 @@ fn sighup_forces_a_reload() {
 
 #[test]
 fn bad_configuration_fails_at_start_naming_the_flag() {
+    // clap's own refusals exit as the configuration checks do, for every
+    // command (docs/exit-codes.md).
+    for args in [
+        &["serve", "--no-such-flag"][..],
+        &["serve", "--ttl", "soon"],
+        &["doctor", "--no-such-flag", "web.shop"],
+        &["sync", "--shards", "many"],
+    ] {
+        let out = Command::new(BIN).args(args).output().expect("run");
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
     for (args, flag) in [
         (vec!["--zone", "bad..zone"], "--zone"),
         (vec!["--cluster-id", "Not_Valid"], "--cluster-id"),
@@ -416,7 +427,11 @@ fn log_format_json_writes_one_object_a_line_with_errors_as_fields() {
 
     let out = Command::new(BIN).args(["serve", "--log-format", "xml"]).output().expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "clap's usage error: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "a usage error exits 64 for every command (docs/exit-codes.md): {err}"
+    );
     assert!(err.contains("invalid value 'xml'") && err.contains("[possible values: text, json]"), "{err}");
     let help = Command::new(BIN).args(["sync", "--help"]).output().expect("run");
     let help = String::from_utf8_lossy(&help.stdout);
