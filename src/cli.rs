@@ -120,6 +120,22 @@ pub struct SetupDnsArgs {
     /// about two minutes).
     #[arg(long, value_name = "SECONDS", default_value_t = 150.0)]
     pub verify_timeout: f64,
+    /// Keep the wiring: check it every --interval and at every change of
+    /// the objects it wrote into, each check proven as above (at most
+    /// --interval of asking). `reapply` (the default) writes it again when
+    /// it was removed or rewritten, backing off after 3 rewrites of one
+    /// object in 10 minutes (another controller fights it); `report` only
+    /// reports (metric clusterset_dns_wiring_ok, an Event, the log) and
+    /// never writes. Runs until SIGTERM; /metrics on --http-listen.
+    #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "reapply")]
+    pub watch: Option<String>,
+    /// --watch: seconds between checks (at least 1).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub interval: u64,
+    /// --watch: HTTP address for /health, /ready (200 once the first check
+    /// is done) and /metrics.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9155")]
+    pub http_listen: SocketAddr,
 }
 
 /// `serve` options.

@@ -11,6 +11,7 @@ use hickory_proto::rr::Name;
 use crate::cli::{
     DoctorArgs, MembersArgs, ProfilesArgs, RunArgs, ServeArgs, SetupDnsArgs, SyncArgs, SyncOptions,
 };
+use crate::cluster_dns::watch::Mode;
 use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::diagnose::report::Format;
 use crate::fault::Faults;
@@ -434,6 +435,19 @@ pub struct SetupDnsConfig {
     pub verify: bool,
     /// How long to keep asking.
     pub verify_timeout: Duration,
+    /// `--watch`: keep the wiring, checking it every `interval`.
+    pub watch: Option<WatchConfig>,
+}
+
+/// `setup-dns --watch`.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    /// Write again, or only report.
+    pub mode: crate::cluster_dns::watch::Mode,
+    /// Between checks.
+    pub interval: Duration,
+    /// /health, /ready, /metrics.
+    pub http_listen: SocketAddr,
 }
 
 /// `IP` or `IP:PORT` (port 53 by default).
@@ -469,7 +483,29 @@ impl SetupDnsConfig {
                 .ok_or_else(|| bad("--kubeconfig", "no kubeconfig given, no $KUBECONFIG and no $HOME"))?;
             Connection::Kubeconfig { path, context: a.kube_context.clone() }
         };
+        let watch = match a.watch.as_deref() {
+            None => None,
+            Some(mode) => {
+                let mode = match mode {
+                    "reapply" => Mode::Reapply,
+                    "report" => Mode::Report,
+                    other => return Err(bad("--watch", format!("{other:?} is not reapply or report"))),
+                };
+                if a.dry_run || a.remove {
+                    return Err(bad("--watch", "keeps the wiring: not with --dry-run or --remove"));
+                }
+                if !(1..=86_400).contains(&a.interval) {
+                    return Err(bad("--interval", format!("{} is outside 1-86400 seconds", a.interval)));
+                }
+                Some(WatchConfig {
+                    mode,
+                    interval: Duration::from_secs(a.interval),
+                    http_listen: a.http_listen,
+                })
+            }
+        };
         Ok(Self {
+            watch,
             connection,
             server,
             zone: zone.to_lowercase().to_string().trim_end_matches('.').to_owned(),
@@ -813,6 +849,26 @@ mod tests {
         let cli = Cli::try_parse_from([&["clusterset-dns", "serve"], args].concat()).unwrap();
         let Command::Serve(a) = cli.command else { unreachable!() };
         ServeConfig::from_args(&a)
+    }
+
+    fn setup_dns(args: &[&str]) -> Result<SetupDnsConfig, ConfigError> {
+        let cli = Cli::try_parse_from([&["clusterset-dns", "setup-dns", "--kubeconfig", "k"], args].concat())
+            .unwrap();
+        let Command::SetupDns(a) = cli.command else { unreachable!() };
+        SetupDnsConfig::from_args(&a)
+    }
+
+    #[test]
+    fn setup_dns_watch_reapplies_by_default_every_minute_and_bad_values_name_their_flag() {
+        assert!(setup_dns(&[]).unwrap().watch.is_none());
+        let w = setup_dns(&["--watch"]).unwrap().watch.unwrap();
+        assert_eq!((w.mode, w.interval), (Mode::Reapply, Duration::from_secs(60)));
+        let w = setup_dns(&["--watch=report", "--interval", "2"]).unwrap().watch.unwrap();
+        assert_eq!((w.mode, w.interval), (Mode::Report, Duration::from_secs(2)));
+        assert_eq!(setup_dns(&["--watch=fight"]).unwrap_err().flag, "--watch");
+        assert_eq!(setup_dns(&["--watch", "--interval", "0"]).unwrap_err().flag, "--interval");
+        assert_eq!(setup_dns(&["--watch", "--dry-run"]).unwrap_err().flag, "--watch");
+        assert_eq!(setup_dns(&["--watch", "--remove"]).unwrap_err().flag, "--watch");
     }
 
     #[test]

@@ -3,18 +3,31 @@
 //! Every ConfigMap write carries the `resourceVersion` it was planned
 //! from, so a ConfigMap edited meanwhile (by a person, an addon manager)
 //! fails with a conflict instead of being overwritten with a stale copy.
+//! Writes name the field manager [`MANAGER`], so `--watch` can tell its own
+//! writes from another controller's in `managedFields`.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use std::time::Instant;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use super::plan::{Edit, Observed};
+use crate::k8s::watch::{Lists, Reporter, Translate, WatchHealth, relist};
 
 /// Where the cluster DNS lives.
-const NS: &str = "kube-system";
+pub const NS: &str = "kube-system";
+
+/// The field manager of our writes.
+pub const MANAGER: &str = "clusterset-dns-setup-dns";
+
+/// The ConfigMaps `plan` may write into (RKE2's is only read: Helm owns it).
+pub const WRITABLE: [&str; 4] = ["coredns", "coredns-custom", "kube-dns", "node-local-dns"];
 
 /// OpenShift's DNS operator resource.
 fn openshift_dns() -> ApiResource {
@@ -66,16 +79,56 @@ pub struct Read {
     /// For `plan`.
     pub observed: Observed,
     versions: BTreeMap<String, String>,
+    /// Per ConfigMap read: a reference for Events about it.
+    pub references: BTreeMap<String, ObjectReference>,
+    /// Per ConfigMap read: the field manager of its latest write that was
+    /// not ours, from `managedFields` (absent when every write was ours or
+    /// the server keeps none).
+    pub last_writer: BTreeMap<String, String>,
+    /// DaemonSet `kube-system/node-local-dns` exists (NodeLocal DNSCache).
+    pub nodelocal_daemonset: bool,
+}
+
+/// The manager of `cm`'s most recent write that was not ours.
+fn other_writer(cm: &ConfigMap) -> Option<String> {
+    cm.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref().is_some_and(|n| n != MANAGER))
+        .max_by_key(|m| m.time.as_ref().map(|t| t.0))
+        .and_then(|m| m.manager.clone())
+}
+
+/// A reference to ConfigMap `kube-system/<name>` (with its uid, so
+/// `kubectl describe` lists the Events).
+pub fn reference(name: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: Some(NS.into()),
+        name: Some(name.into()),
+        uid,
+        ..Default::default()
+    }
 }
 
 /// Reads every object `plan` looks at.
 pub async fn read(client: &kube::Client) -> Result<Read, SetupError> {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
     let mut versions = BTreeMap::new();
+    let mut references = BTreeMap::new();
+    let mut last_writer = BTreeMap::new();
     let mut get = async |name: &str| -> Result<Option<ConfigMap>, SetupError> {
         let cm = cms.get_opt(name).await.map_err(api_err(format!("ConfigMap {NS}/{name}")))?;
-        if let Some(v) = cm.as_ref().and_then(|c| c.metadata.resource_version.clone()) {
-            versions.insert(name.to_owned(), v);
+        if let Some(c) = &cm {
+            if let Some(v) = c.metadata.resource_version.clone() {
+                versions.insert(name.to_owned(), v);
+            }
+            references.insert(name.to_owned(), reference(name, c.metadata.uid.clone()));
+            if let Some(w) = other_writer(c) {
+                last_writer.insert(name.to_owned(), w);
+            }
         }
         Ok(cm)
     };
@@ -103,7 +156,13 @@ pub async fn read(client: &kube::Client) -> Result<Read, SetupError> {
         openshift,
         nodelocal: key(&nodelocal, "Corefile"),
     };
-    Ok(Read { observed, versions })
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    let nodelocal_daemonset = daemonsets
+        .get_opt("node-local-dns")
+        .await
+        .map_err(api_err(format!("DaemonSet {NS}/node-local-dns")))?
+        .is_some();
+    Ok(Read { observed, versions, references, last_writer, nodelocal_daemonset })
 }
 
 /// Writes one edit planned from `read`.
@@ -119,9 +178,8 @@ pub async fn write(client: &kube::Client, read: &Read, edit: &Edit) -> Result<()
                 what: format!("ConfigMap {NS}/{name}"),
                 source: kube::Error::SerdeError(e),
             })?;
-            cms.create(&PostParams::default(), &cm)
-                .await
-                .map_err(api_err(format!("ConfigMap {NS}/{name}")))?;
+            let params = PostParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+            cms.create(&params, &cm).await.map_err(api_err(format!("ConfigMap {NS}/{name}")))?;
         }
         Edit::ConfigMapKey { name, key, value, create: false } => {
             let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
@@ -131,14 +189,16 @@ pub async fn write(client: &kube::Client, read: &Read, edit: &Edit) -> Result<()
                 "metadata": {"resourceVersion": read.versions.get(*name)},
                 "data": { *key: value },
             });
-            cms.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+            cms.patch(name, &params, &Patch::Merge(&patch))
                 .await
                 .map_err(api_err(format!("ConfigMap {NS}/{name}")))?;
         }
         Edit::OpenShiftServers(servers) => {
             let dns: Api<DynamicObject> = Api::all_with(client.clone(), &openshift_dns());
             let patch = json!({"spec": {"servers": servers}});
-            dns.patch("default", &PatchParams::default(), &Patch::Merge(&patch))
+            let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+            dns.patch("default", &params, &Patch::Merge(&patch))
                 .await
                 .map_err(api_err("dns.operator.openshift.io/default"))?;
         }
@@ -155,4 +215,39 @@ pub async fn cluster_ip(
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
     let svc = services.get_opt(name).await.map_err(api_err(format!("Service {namespace}/{name}")))?;
     Ok(svc.and_then(|s| s.spec?.cluster_ip).filter(|ip| !ip.is_empty() && ip != "None"))
+}
+
+/// A change of a watched ConfigMap: its name.
+struct Changed(String);
+
+impl Translate<ConfigMap> for Changed {
+    type Item = ();
+    type Message = String;
+    fn item(&self, _: &ConfigMap) -> Option<()> {
+        Some(())
+    }
+    fn listed(&self, _: Vec<()>, _: Instant) -> String {
+        self.0.clone()
+    }
+    fn applied(&self, _: &ConfigMap) -> Option<String> {
+        Some(self.0.clone())
+    }
+    fn deleted(&self, _: &ConfigMap) -> Option<String> {
+        Some(self.0.clone())
+    }
+}
+
+/// Sends the name of every [`WRITABLE`] ConfigMap on each of its changes
+/// (and on each complete list, after a watch error too: something may
+/// have changed unseen), until `out`'s receiver is gone. One watch per
+/// name, selected by `metadata.name`, so the RBAC can name them.
+pub async fn follow(client: &kube::Client, out: mpsc::Sender<String>) {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let lists = Lists::default();
+    let watches = WRITABLE.iter().map(|name| {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let health = std::sync::Arc::new(WatchHealth::new(format!("ConfigMap {NS}/{name}")));
+        relist(cms.clone(), config, &lists, Reporter::new(health), Changed((*name).to_owned()), out.clone())
+    });
+    futures::future::join_all(watches).await;
 }

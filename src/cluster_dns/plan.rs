@@ -77,6 +77,19 @@ pub enum Layout {
     KubeDns,
 }
 
+impl Layout {
+    /// The short name in metrics (`clusterset_dns_wiring_ok{layout}`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::OpenShift => "openshift",
+            Self::CorednsCustom => "coredns-custom",
+            Self::Corefile => "corefile",
+            Self::Rke2 => "rke2",
+            Self::KubeDns => "kube-dns",
+        }
+    }
+}
+
 impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -224,6 +237,21 @@ fn corefile_change(name: &'static str, corefile: &str, block: &str, remove: bool
     (next != corefile).then(|| Change {
         diff: diff(&format!("kube-system/{name} Corefile"), corefile, &next),
         edit: Edit::ConfigMapKey { name, key: "Corefile", value: Some(next), create: false },
+    })
+}
+
+/// Why the Pods' DNS cannot be changed by a plan, with the fix, when
+/// NodeLocal DNSCache runs (`daemonset`: DaemonSet
+/// `kube-system/node-local-dns`) but its ConfigMap, where the block would
+/// go, is not there: Pods ask the node-local cache, which sends
+/// `want.zone` to the nodes' resolvers whatever the cluster DNS says.
+pub fn nodelocal_unwired(daemonset: bool, seen: &Observed, want: &Want) -> Option<String> {
+    (daemonset && seen.nodelocal.is_none()).then(|| {
+        format!(
+            "NodeLocal DNSCache runs (DaemonSet kube-system/node-local-dns) but ConfigMap kube-system/node-local-dns has no Corefile, so Pods that ask the node-local cache do not get {zone} from the cluster DNS. Add the node-local block to the Corefile it runs, with the `bind` line of its other blocks:\n{block}",
+            zone = want.zone,
+            block = server_block(want, Some("bind __PILLAR__LOCAL__DNS__ __PILLAR__DNS__SERVER__")),
+        )
     })
 }
 
@@ -428,5 +456,16 @@ mod tests {
         assert!(e.to_string().contains("nothing was changed") && e.block.contains("forward . 10.96.0.53"));
         let rke2 = plan(&Observed { rke2: true, ..Default::default() }, &want(false)).unwrap();
         assert!(rke2.changes.is_empty() && rke2.manual.is_some_and(|m| m.contains("HelmChartConfig")));
+    }
+
+    #[test]
+    fn nodelocal_dns_without_its_configmap_is_reported_with_the_node_local_block() {
+        let seen = Observed { coredns: Some(KUBEADM.into()), ..Default::default() };
+        let why = nodelocal_unwired(true, &seen, &want(false)).expect("reported");
+        assert!(why.contains("DaemonSet kube-system/node-local-dns"), "{why}");
+        assert!(why.contains("clusterset.local:53 {\n    bind __PILLAR__LOCAL__DNS__"), "{why}");
+        assert_eq!(nodelocal_unwired(false, &seen, &want(false)), None, "no NodeLocal DNSCache");
+        let wired = Observed { nodelocal: Some("cluster.local:53 {\n}\n".into()), ..seen };
+        assert_eq!(nodelocal_unwired(true, &wired, &want(false)), None, "its ConfigMap takes the block");
     }
 }

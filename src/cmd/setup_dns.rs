@@ -1,7 +1,10 @@
 //! `clusterset-dns setup-dns`: reads the cluster's DNS configuration,
 //! plans the change (`cluster_dns::plan`), prints it as a diff, writes it
 //! unless `--dry-run`, and proves it by resolving `dns-version.<zone>`
-//! through the cluster's DNS (`cluster_dns::verify`).
+//! through the cluster's DNS (`cluster_dns::verify`). With `--watch` it
+//! keeps doing so (`watch`).
+
+mod watch;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -33,21 +36,50 @@ pub async fn run(cfg: SetupDnsConfig) -> (String, u8) {
     }
 }
 
-async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, Box<dyn std::error::Error>> {
-    let client = client::connect(&cfg.connection, "setup-dns").await?;
-    let server = match cfg.server {
-        Some(s) => s,
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// clusterset-dns's address: `--server`, else its Service's ClusterIP.
+async fn server(cfg: &SetupDnsConfig, client: &::kube::Client) -> Result<SocketAddr, BoxError> {
+    match cfg.server {
+        Some(s) => Ok(s),
         None => {
-            let ip = kube::cluster_ip(&client, "clusterset-dns", "clusterset-dns").await?.ok_or(
+            let ip = kube::cluster_ip(client, "clusterset-dns", "clusterset-dns").await?.ok_or(
                 "no --server given and Service clusterset-dns/clusterset-dns has no ClusterIP: install clusterset-dns first, or pass --server",
             )?;
-            SocketAddr::new(ip.parse::<IpAddr>()?, 53)
+            Ok(SocketAddr::new(ip.parse::<IpAddr>()?, 53))
         }
-    };
+    }
+}
+
+/// What to write: the zone forwarded to `server`.
+fn want(cfg: &SetupDnsConfig, server: SocketAddr) -> plan::Want {
     // As `forward` takes it: the port only when it is not 53.
     let upstream = if server.port() == 53 { server.ip().to_string() } else { server.to_string() };
+    plan::Want { zone: cfg.zone.clone(), upstream, remove: cfg.remove }
+}
+
+/// Where the proof asks: `--verify`, else the ClusterIP of kube-dns.
+async fn verify_at(cfg: &SetupDnsConfig, client: &::kube::Client) -> Result<SocketAddr, BoxError> {
+    match cfg.verify_at {
+        Some(a) => Ok(a),
+        None => {
+            let ip = kube::cluster_ip(client, "kube-system", "kube-dns")
+                .await?
+                .ok_or("no --verify given and Service kube-system/kube-dns has no ClusterIP")?;
+            Ok(SocketAddr::new(ip.parse::<IpAddr>()?, 53))
+        }
+    }
+}
+
+async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, BoxError> {
+    let client = client::connect(&cfg.connection, "setup-dns").await?;
+    let server = server(cfg, &client).await?;
+    if let Some(w) = &cfg.watch {
+        watch::run(cfg, w, client, server).await?;
+        return Ok(DONE);
+    }
     let read = kube::read(&client).await?;
-    let want = plan::Want { zone: cfg.zone.clone(), upstream, remove: cfg.remove };
+    let want = want(cfg, server);
     let plan = match plan::plan(&read.observed, &want) {
         Ok(p) => p,
         Err(e) => {
@@ -56,6 +88,9 @@ async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, Box<dyn std
         }
     };
     let _ = writeln!(out, "DNS layout: {}", plan.layout);
+    if let Some(why) = plan::nodelocal_unwired(read.nodelocal_daemonset, &read.observed, &want) {
+        let _ = writeln!(out, "warning: {why}");
+    }
     if let Some(manual) = &plan.manual {
         let _ = writeln!(out, "nothing was changed. {manual}");
         return Ok(UNCHANGED);
@@ -84,15 +119,7 @@ async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, Box<dyn std
     if !cfg.verify || cfg.remove {
         return Ok(DONE);
     }
-    let at = match cfg.verify_at {
-        Some(a) => a,
-        None => {
-            let ip = kube::cluster_ip(&client, "kube-system", "kube-dns")
-                .await?
-                .ok_or("no --verify given and Service kube-system/kube-dns has no ClusterIP")?;
-            SocketAddr::new(ip.parse::<IpAddr>()?, 53)
-        }
-    };
+    let at = verify_at(cfg, &client).await?;
     let name = Name::from_ascii(format!("dns-version.{}.", cfg.zone))?;
     let (outcome, took) = verify::until_answered(at, &name, cfg.verify_timeout).await;
     match outcome {

@@ -575,3 +575,67 @@ fn the_chart_and_deploy_render_the_same_objects() {
     assert_eq!(copies, names.len(), "charts/clusterset-dns/files/crds/ holds files deploy/crds/ does not");
     assert_eq!(rendered.iter().filter(|o| o["kind"] == "CustomResourceDefinition").count(), names.len());
 }
+
+/// `setupDns.watch.enabled`: a one-replica `setup-dns --watch` Deployment
+/// whose flags exist, admitted under restricted, with a Role in
+/// kube-system that writes only in reapply mode and only the ConfigMaps
+/// it wires, by name.
+#[test]
+fn setup_dns_watch_is_a_small_deployment_with_only_the_rbac_it_needs() {
+    let kubeconfig = shared().kubeconfig(0);
+    restricted_namespace(&kubeconfig);
+    for (mode, writes) in [("reapply", true), ("report", false)] {
+        let mode_value = format!("setupDns.watch.mode={mode}");
+        let yaml = template_ok(
+            "dns",
+            NS,
+            &["setupDns.watch.enabled=true", &mode_value, "setupDns.watch.interval=5"],
+        );
+        let objects = objects(&yaml);
+        let d = objects
+            .iter()
+            .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "dns-clusterset-dns-setup-dns")
+            .expect("the setup-dns Deployment");
+        assert_eq!(d["spec"]["replicas"], 1);
+        let args: Vec<String> = d["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(args[0], "setup-dns");
+        assert!(args.contains(&format!("--watch={mode}")) && args.contains(&"5".to_owned()), "{args:?}");
+        let help = Command::new(BIN).args(["setup-dns", "--help"]).output().expect("setup-dns --help");
+        let help = String::from_utf8_lossy(&help.stdout);
+        for flag in args.iter().filter(|a| a.starts_with("--")) {
+            let flag = flag.split('=').next().unwrap_or_default();
+            let listed = help.lines().any(|l| {
+                l.trim_start().strip_prefix(flag).is_some_and(|r| r.is_empty() || r.starts_with([' ', '[']))
+            });
+            assert!(listed, "clusterset-dns setup-dns has no {flag}");
+        }
+        let role = objects
+            .iter()
+            .find(|o| o["kind"] == "Role" && o["metadata"]["namespace"] == "kube-system")
+            .expect("the kube-system Role");
+        let rules = role["rules"].as_array().expect("rules");
+        let cm_write = rules.iter().any(|r| {
+            r["resources"][0] == "configmaps"
+                && r["verbs"].as_array().is_some_and(|v| v.iter().any(|v| v == "patch" || v == "create"))
+        });
+        assert_eq!(cm_write, writes, "{mode}: {rules:?}");
+        for r in
+            rules.iter().filter(|r| r["verbs"].as_array().is_some_and(|v| v.iter().any(|v| v == "patch")))
+        {
+            if r["resources"][0] == "configmaps" {
+                assert!(r["resourceNames"].is_array(), "ConfigMap updates by name only: {r}");
+            }
+        }
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": "setup-dns-pod", "namespace": NS},
+                         "spec": d["spec"]["template"]["spec"]});
+        let (_, stderr) =
+            kubectl_ok(&kubeconfig, &["create", "--dry-run=server", "-f", "-"], &pod.to_string());
+        assert!(warnings(&stderr).is_empty(), "{mode}: {stderr}");
+    }
+}

@@ -33,6 +33,7 @@ mod readiness;
 mod reverse;
 mod same_name;
 mod setup_dns;
+mod setup_dns_watch;
 mod supervise;
 mod sync;
 mod sync_faults;

@@ -2,8 +2,9 @@
 //! query only metrics that clusterset-dns exports. The list is scraped from
 //! real running processes: `serve` with the embedded fleet (answers, endpoint
 //! health), centralized `serve --cluster` against a real API server (member
-//! liveness, watch staleness) and `sync` on the shared clusters (writes,
-//! conflicts, members). The rules are checked for structure (every rule an
+//! liveness, watch staleness), `sync` on the shared clusters (writes,
+//! conflicts, members) and `setup-dns --watch=report` (the wiring). The
+//! rules are checked for structure (every rule an
 //! alert with an expression, a severity and a summary; balanced brackets).
 
 use std::collections::BTreeSet;
@@ -116,6 +117,27 @@ fn exported() -> BTreeSet<String> {
         body.contains("clusterset_dns_sync_member_stale_seconds{")
             && body.contains("clusterset_dns_sync_conflicts ")
     });
+    all.extend(names(&body));
+
+    // setup-dns --watch=report: on the shared clusters, which run no
+    // cluster DNS, the layout is unknown; it reads, never writes.
+    let http = format!("127.0.0.1:{}", crate::coredns::free_port());
+    let child = std::process::Command::new(crate::harness::BIN)
+        .args(["setup-dns", "--kubeconfig"])
+        .arg(clusters.kubeconfig(0))
+        .args(["--watch=report", "--server", "127.0.0.1:53", "--no-verify", "--http-listen", &http])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start setup-dns --watch");
+    let mut child = crate::harness::process::Owned::new(child);
+    eventually("setup-dns --watch exports clusterset_dns_wiring_ok", || {
+        body = crate::harness::http::try_http_get(http.parse().expect("addr"), "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        body.contains("clusterset_dns_wiring_ok{")
+    });
+    child.kill();
     all.extend(names(&body));
     all
 }
@@ -230,8 +252,10 @@ fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
             }
         }
     }
-    // What must page: UDP workers gone, stale watches, members lost, conflicts.
+    // What must page: UDP workers gone, stale watches, members lost,
+    // conflicts, the cluster DNS no longer wired.
     for m in [
+        "clusterset_dns_wiring_ok",
         "clusterset_dns_udp_workers",
         "clusterset_dns_watch_stale_seconds",
         "clusterset_dns_cluster_alive",
