@@ -236,3 +236,17 @@ fn every_dependency_is_named_in_the_architecture_table() {
     let missing: Vec<&&str> = deps.iter().filter(|d| !named.contains(**d)).collect();
     assert!(missing.is_empty(), "in Cargo.toml but not in ARCHITECTURE.md's table: {missing:?}");
 }
+/// No source file over 900 lines: a module that large has more than one job.
+#[test]
+fn no_source_file_is_over_900_lines() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).ok()?.lines().count();
+            (n > 900).then(|| format!("{} ({n} lines)", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these: {long:?}");
+}

@@ -1,0 +1,369 @@
+//! `serve`'s configuration: DNS, the sources, answers, health, the wire.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::rr::Name;
+
+use crate::cli::ServeArgs;
+use crate::fault::Faults;
+use crate::fleet::member::MemberConfig;
+use crate::health::probe::ProbeConfig;
+use crate::k8s::client::Connection;
+use crate::k8s::watch::{ListMode, Lists};
+use crate::model::{ClusterId, DnsLabel, Interop, PolicyKind};
+use crate::ops::memory::MemoryBudget;
+use crate::source::kube::KubeSource;
+use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
+use crate::wire::cookie::CookieSecret;
+use crate::wire::rrl::{Cidr, RateLimiter, RrlConfig};
+use crate::wire::tcp::TcpConfig;
+use crate::wire::{DebugAnswers, WireConfig};
+
+use super::*;
+
+/// RFC 2181 §8: TTLs are at most 2^31 - 1.
+pub(super) const MAX_TTL: u32 = i32::MAX as u32;
+
+/// Everything `serve` needs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Objects files and directories; empty means the embedded example.
+    pub objects: Vec<PathBuf>,
+    /// The Kubernetes API server to watch, if any.
+    pub kube: Option<KubeSource>,
+    /// Member clusters watched directly (centralized mode).
+    pub members: Vec<MemberConfig>,
+    /// How watches list (`--list-mode`, `--list-page-size`): the kube
+    /// source's, and the members' (each its own after a refusal).
+    pub lists: Lists,
+    /// Addresses to answer on.
+    pub listen: Vec<SocketAddr>,
+    /// Address of the HTTP endpoints.
+    pub http_listen: SocketAddr,
+    /// How long to keep answering after SIGTERM while /ready fails.
+    pub lameduck: Duration,
+    /// The zone.
+    pub zone: ZoneConfig,
+    /// This server's cluster, when set.
+    pub cluster_id: Option<ClusterId>,
+    /// UDP worker threads per listen address.
+    pub udp_workers: usize,
+    /// Wire settings.
+    pub wire: WireConfig,
+    /// TCP settings.
+    pub tcp: TcpConfig,
+    /// How long a member may fail to answer before its endpoints are demoted.
+    pub cluster_dead_after: Duration,
+    /// Active probes of endpoints, when `--probe` is given.
+    pub probe: Option<ProbeConfig>,
+    /// The memory limit kept to (`--memory-limit`), if any.
+    pub memory: Option<MemoryBudget>,
+    /// What to do when an update would not fit it (`--on-memory-limit`).
+    pub on_memory_limit: crate::ops::memory::OnMemoryLimit,
+    /// Which fleet managers' shapes are read (`--interop`).
+    pub interop: Interop,
+}
+
+impl ServeConfig {
+    /// Validates command-line values.
+    pub fn from_args(a: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut origin = Name::from_ascii(&a.zone)
+            .map_err(|e| bad("--zone", format!("{:?} is not a domain name: {e}", a.zone)))?;
+        origin.set_fqdn(true);
+        if origin.is_root() {
+            return Err(bad("--zone", "the root zone cannot be served"));
+        }
+        // Room for the longest fixed name below the apex (`hostmaster.`).
+        if origin.len() > 240 {
+            return Err(bad("--zone", "longer than 240 characters"));
+        }
+        let also = match &a.also_zone {
+            None => None,
+            Some(z) => {
+                let mut also = Name::from_ascii(z)
+                    .map_err(|e| bad("--also-zone", format!("{z:?} is not a domain name: {e}")))?
+                    .to_lowercase();
+                also.set_fqdn(true);
+                let origin = origin.to_lowercase();
+                if also.is_root() || also.zone_of(&origin) || origin.zone_of(&also) {
+                    return Err(bad(
+                        "--also-zone",
+                        format!(
+                            "{also} must be a zone apart from --zone {origin} (not the root, not above or below it)"
+                        ),
+                    ));
+                }
+                Some(also)
+            }
+        };
+        for (flag, ttl) in [("--ttl", a.ttl), ("--negative-ttl", a.negative_ttl.unwrap_or(a.ttl))] {
+            if ttl > MAX_TTL {
+                return Err(bad(flag, format!("{ttl} is above the largest TTL, {MAX_TTL}")));
+            }
+        }
+        if !(512..=4096).contains(&a.max_udp_payload) {
+            return Err(bad("--max-udp-payload", format!("{} is outside 512-4096", a.max_udp_payload)));
+        }
+        if a.listen.is_empty() {
+            return Err(bad("--listen", "at least one address is needed"));
+        }
+        let cluster_id =
+            a.cluster_id.as_deref().map(ClusterId::parse).transpose().map_err(|e| {
+                bad("--cluster-id", format!("{:?} {e}", a.cluster_id.as_deref().unwrap_or("")))
+            })?;
+        let udp_workers = match a.udp_workers {
+            Some(0) => return Err(bad("--udp-workers", "must be at least 1")),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        };
+        if a.tcp_max_connections == 0 {
+            return Err(bad("--tcp-max-connections", "must be at least 1"));
+        }
+        if a.tcp_idle_timeout == 0 {
+            return Err(bad("--tcp-idle-timeout", "must be at least 1 second"));
+        }
+        if a.tcp_max_per_client == 0 {
+            return Err(bad("--tcp-max-per-client", "must be at least 1"));
+        }
+        if !(a.tcp_io_timeout.is_finite() && (0.05..=60.0).contains(&a.tcp_io_timeout)) {
+            return Err(bad("--tcp-io-timeout", format!("{} is outside 0.05-60 seconds", a.tcp_io_timeout)));
+        }
+        let wire = wire_config(a)?;
+        let connection = match (&a.kubeconfig, a.in_cluster) {
+            (Some(path), _) => {
+                Some(Connection::Kubeconfig { path: path.clone(), context: a.kube_context.clone() })
+            }
+            (None, true) => Some(Connection::InCluster),
+            (None, false) => None,
+        };
+        if connection.is_none() && !a.namespaces.is_empty() {
+            return Err(bad("--namespace", "needs --kubeconfig or --in-cluster"));
+        }
+        for ns in &a.namespaces {
+            DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
+        }
+        let answers = answer_config(a, cluster_id.clone())?;
+        if !(1..=3600).contains(&a.cluster_dead_after) {
+            return Err(bad(
+                "--cluster-dead-after",
+                format!("{} is outside 1-3600 seconds", a.cluster_dead_after),
+            ));
+        }
+        let probe = probe_config(a)?;
+        let memory =
+            crate::ops::memory::parse_limit(&a.memory_limit).map_err(|e| bad("--memory-limit", e))?;
+        let interop = Interop::parse(&a.interop).map_err(|e| bad("--interop", e))?;
+        let list_mode = ListMode::parse(&a.list_mode).map_err(|e| bad("--list-mode", e))?;
+        let lists = Lists::new(list_mode, std::num::NonZeroU32::new(a.list_page_size));
+        Ok(Self {
+            interop,
+            objects: a.objects.clone(),
+            kube: connection.map(|connection| KubeSource {
+                connection,
+                namespaces: a.namespaces.clone(),
+                interop,
+                lists: lists.clone(),
+            }),
+            members: members(&a.members)?,
+            lists,
+            listen: a.listen.clone(),
+            http_listen: a.http_listen,
+            lameduck: Duration::from_secs(a.lameduck),
+            zone: ZoneConfig {
+                origin: origin.to_lowercase(),
+                ttl: a.ttl,
+                negative_ttl: a.negative_ttl.unwrap_or(a.ttl),
+                advertise: a.advertise_address.clone(),
+                answers,
+                identity: identity(a)?,
+                also,
+            },
+            cluster_id,
+            udp_workers,
+            wire,
+            tcp: TcpConfig {
+                idle_timeout: Duration::from_secs(a.tcp_idle_timeout),
+                io_timeout: Duration::from_secs_f64(a.tcp_io_timeout),
+                max_connections: a.tcp_max_connections,
+                max_per_client: a.tcp_max_per_client,
+            },
+            cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
+            probe,
+            memory,
+            on_memory_limit: match a.on_memory_limit {
+                crate::cli::OnMemoryLimit::KeepServing => crate::ops::memory::OnMemoryLimit::KeepServing,
+                crate::cli::OnMemoryLimit::Exit => crate::ops::memory::OnMemoryLimit::Exit,
+            },
+        })
+    }
+}
+
+/// Who the server says it is: `--server-id`, else `$HOSTNAME` (a Pod's
+/// name), else the kernel's host name.
+pub(super) fn identity(a: &ServeArgs) -> Result<Identity, ConfigError> {
+    let server_id = a
+        .server_id
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "clusterset-dns".into());
+    if server_id.len() > 255 || server_id.chars().any(char::is_control) {
+        return Err(bad("--server-id", format!("{server_id:?}: at most 255 bytes, no control characters")));
+    }
+    Ok(Identity { server_id, version: (!a.hide_version).then(crate::store::version) })
+}
+
+/// The wire layer's settings: UDP size, cookies, rate limiting, and (debug
+/// builds) the fault points armed by `CLUSTERSET_DNS_FAULT`.
+pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
+    let cookies = match (a.cookies, &a.cookie_secret) {
+        (false, _) => None,
+        (true, Some(hex)) => Some(CookieSecret::from_hex(hex).map_err(|e| bad("--cookie-secret", e))?),
+        (true, None) => Some(CookieSecret::random().map_err(|e| bad("--cookies", e))?),
+    };
+    if a.rrl_slip > 10 {
+        return Err(bad("--rrl-slip", format!("{} is outside 0-10", a.rrl_slip)));
+    }
+    if a.rrl_ipv4_prefix > 32 {
+        return Err(bad("--rrl-ipv4-prefix", format!("{} is outside 0-32", a.rrl_ipv4_prefix)));
+    }
+    if a.rrl_ipv6_prefix > 128 {
+        return Err(bad("--rrl-ipv6-prefix", format!("{} is outside 0-128", a.rrl_ipv6_prefix)));
+    }
+    if !(1..=1 << 24).contains(&a.rrl_table_size) {
+        return Err(bad("--rrl-table-size", format!("{} is outside 1-16777216", a.rrl_table_size)));
+    }
+    let exempt = cidrs("--rrl-exempt", &a.rrl_exempt)?;
+    if a.rrl_rate == 0 && (a.rrl_errors_rate.is_some() || !exempt.is_empty()) {
+        return Err(bad("--rrl-rate", "rate limiting options were given but --rrl-rate is 0 (off)"));
+    }
+    let rrl = (a.rrl_rate > 0).then(|| {
+        Arc::new(RateLimiter::new(RrlConfig {
+            rate: a.rrl_rate,
+            errors_rate: a.rrl_errors_rate.unwrap_or(a.rrl_rate),
+            slip: a.rrl_slip,
+            ipv4_prefix: a.rrl_ipv4_prefix,
+            ipv6_prefix: a.rrl_ipv6_prefix,
+            exempt,
+            table_size: a.rrl_table_size,
+        }))
+    });
+    let faults = Faults::from_env().map_err(|e| bad("CLUSTERSET_DNS_FAULT", e))?;
+    let allow = cidrs("--allow-debug", &a.allow_debug)?;
+    let debug = Some(Arc::new(DebugAnswers { allow, explain: Arc::new(crate::ops::explain::Report) }));
+    let allow_transfer = cidrs("--allow-transfer", &a.allow_transfer)?;
+    Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug, allow_transfer })
+}
+
+/// The networks of a repeatable CIDR flag, or the flag and the bad value.
+pub(super) fn cidrs(flag: &'static str, values: &[String]) -> Result<Vec<Cidr>, ConfigError> {
+    values.iter().map(|c| Cidr::parse(c).map_err(|e| bad(flag, format!("{c:?}: {e}")))).collect()
+}
+
+/// The `--probe-…` flags, checked even without `--probe` (a typo there
+/// should not wait until probes are turned on to be found).
+pub(super) fn probe_config(a: &ServeArgs) -> Result<Option<ProbeConfig>, ConfigError> {
+    let seconds = |flag: &'static str, v: f64| {
+        if v.is_finite() && (0.01..=3600.0).contains(&v) {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(bad(flag, format!("{v} is outside 0.01-3600 seconds")))
+        }
+    };
+    let interval = seconds("--probe-interval", a.probe_interval)?;
+    let recheck = seconds("--probe-recheck", a.probe_recheck)?;
+    let timeout = seconds("--probe-timeout", a.probe_timeout)?;
+    for (flag, n) in
+        [("--probe-fall", a.probe_fall), ("--probe-rise", a.probe_rise), ("--probe-rate", a.probe_rate)]
+    {
+        if n == 0 {
+            return Err(bad(flag, "must be at least 1"));
+        }
+    }
+    if a.probe_concurrency == 0 {
+        return Err(bad("--probe-concurrency", "must be at least 1"));
+    }
+    Ok(a.probe.then_some(ProbeConfig {
+        interval,
+        recheck,
+        timeout,
+        fall: a.probe_fall,
+        rise: a.probe_rise,
+        concurrency: a.probe_concurrency,
+        rate: a.probe_rate,
+    }))
+}
+
+pub(super) fn answer_config(
+    a: &ServeArgs,
+    default_cluster: Option<ClusterId>,
+) -> Result<AnswerConfig, ConfigError> {
+    let policy: PolicyKind = a.answer_policy.parse().map_err(|e: String| bad("--answer-policy", e))?;
+    let clients = a.client_clusters.iter().map(|v| client_net(v)).collect::<Result<_, _>>()?;
+    let regions = a
+        .cluster_regions
+        .iter()
+        .map(|v| {
+            let (cluster, region) = v
+                .split_once('=')
+                .ok_or_else(|| bad("--cluster-region", format!("{v:?} is not CLUSTER=REGION")))?;
+            let cluster =
+                ClusterId::parse(cluster).map_err(|e| bad("--cluster-region", format!("{cluster:?} {e}")))?;
+            if region.is_empty() {
+                return Err(bad("--cluster-region", format!("{v:?} has no region")));
+            }
+            Ok((cluster, region.to_owned()))
+        })
+        .collect::<Result<_, _>>()?;
+    let fallback_boundary = a.fallback_boundary.parse().map_err(|e: String| bad("--fallback-boundary", e))?;
+    if a.local_min_healthy == 0 {
+        return Err(bad("--local-min-healthy", "must be at least 1"));
+    }
+    Ok(AnswerConfig {
+        policy,
+        max_answers: a.max_answers,
+        local_min_healthy: a.local_min_healthy,
+        fail_open: a.fail_open,
+        endpoint_answers: a.endpoint_answers,
+        fallback_boundary,
+        clients,
+        regions,
+        default_cluster,
+    })
+}
+
+/// `CIDR=NAME[/ZONE]`, the network in canonical form (host bits zero).
+pub(super) fn client_net(v: &str) -> Result<ClientNet, ConfigError> {
+    const FLAG: &str = "--client-cluster";
+    let (cidr, who) = v.split_once('=').ok_or_else(|| bad(FLAG, format!("{v:?} is not CIDR=NAME")))?;
+    let (addr, prefix) = cidr.split_once('/').unwrap_or((cidr, ""));
+    let addr: IpAddr = addr.parse().map_err(|_| bad(FLAG, format!("{cidr:?} is not an IP network")))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix: u8 = match prefix {
+        "" => max,
+        p => p
+            .parse()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| bad(FLAG, format!("{cidr:?}: bad prefix length")))?,
+    };
+    let addr = match addr {
+        IpAddr::V4(a) => IpAddr::from(std::net::Ipv4Addr::from(
+            u32::from(a) & u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0),
+        )),
+        IpAddr::V6(a) => IpAddr::from(std::net::Ipv6Addr::from(
+            u128::from(a) & u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0),
+        )),
+    };
+    let (cluster, zone) = match who.split_once('/') {
+        Some((c, z)) if !z.is_empty() => (c, Some(z.to_owned())),
+        Some((c, _)) => (c, None),
+        None => (who, None),
+    };
+    let cluster = ClusterId::parse(cluster).map_err(|e| bad(FLAG, format!("{cluster:?} {e}")))?;
+    Ok(ClientNet { addr, prefix, cluster, zone })
+}

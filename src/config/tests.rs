@@ -1,0 +1,296 @@
+//! Unit tests of the configuration (`config.rs` and its modules).
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::*;
+use crate::cli::{Cli, Command};
+use crate::cluster_dns::watch::Mode;
+use crate::k8s::throttle::Limits;
+use crate::k8s::watch::ListMode;
+use crate::model::PolicyKind;
+
+fn config(args: &[&str]) -> Result<ServeConfig, ConfigError> {
+    let cli = Cli::try_parse_from([&["clusterset-dns", "serve"], args].concat()).unwrap();
+    let Command::Serve(a) = cli.command else { unreachable!() };
+    ServeConfig::from_args(&a)
+}
+
+fn setup_dns(args: &[&str]) -> Result<SetupDnsConfig, ConfigError> {
+    let cli =
+        Cli::try_parse_from([&["clusterset-dns", "setup-dns", "--kubeconfig", "k"], args].concat()).unwrap();
+    let Command::SetupDns(a) = cli.command else { unreachable!() };
+    SetupDnsConfig::from_args(&a)
+}
+
+#[test]
+fn setup_dns_watch_reapplies_by_default_every_minute_and_bad_values_name_their_flag() {
+    assert!(setup_dns(&[]).unwrap().watch.is_none());
+    let w = setup_dns(&["--watch"]).unwrap().watch.unwrap();
+    assert_eq!((w.mode, w.interval), (Mode::Reapply, Duration::from_secs(60)));
+    let w = setup_dns(&["--watch=report", "--interval", "2"]).unwrap().watch.unwrap();
+    assert_eq!((w.mode, w.interval), (Mode::Report, Duration::from_secs(2)));
+    assert_eq!(setup_dns(&["--watch=fight"]).unwrap_err().flag, "--watch");
+    assert_eq!(setup_dns(&["--watch", "--interval", "0"]).unwrap_err().flag, "--interval");
+    assert_eq!(setup_dns(&["--watch", "--dry-run"]).unwrap_err().flag, "--watch");
+    assert_eq!(setup_dns(&["--watch", "--remove"]).unwrap_err().flag, "--watch");
+}
+
+#[test]
+fn defaults_serve_the_example_on_an_unprivileged_port() {
+    let c = config(&[]).unwrap();
+    assert_eq!(c.zone.origin.to_string(), "clusterset.local.");
+    assert_eq!((c.zone.ttl, c.zone.negative_ttl), (5, 5));
+    assert_eq!(c.listen, ["127.0.0.1:1053".parse().unwrap()]);
+    assert!(c.objects.is_empty());
+    assert_eq!(c.wire.max_udp_payload, 1232);
+}
+
+#[test]
+fn watches_list_in_pages_unless_told_to_take_all_at_once() {
+    let page = |args: &[&str]| {
+        config(&[&["--kubeconfig", "k"], args].concat()).unwrap().kube.unwrap().lists.page_size()
+    };
+    assert_eq!(page(&[]).map(|n| n.get()), Some(500));
+    assert_eq!(page(&["--list-page-size", "50"]).map(|n| n.get()), Some(50));
+    assert_eq!(page(&["--list-page-size", "0"]), None);
+}
+
+#[test]
+fn watches_stream_their_lists_where_allowed_unless_told_otherwise() {
+    let mode = |args: &[&str]| {
+        config(&[&["--kubeconfig", "k"], args].concat()).map(|c| c.kube.unwrap().lists.mode())
+    };
+    assert_eq!(mode(&[]).unwrap(), ListMode::Auto);
+    assert_eq!(mode(&["--list-mode", "auto"]).unwrap(), ListMode::Auto);
+    assert_eq!(mode(&["--list-mode", "stream"]).unwrap(), ListMode::Stream);
+    assert_eq!(mode(&["--list-mode", "paged"]).unwrap(), ListMode::Paged);
+    let e = mode(&["--list-mode", "Stream"]).unwrap_err();
+    assert_eq!(e.flag, "--list-mode");
+    assert!(e.problem.contains("auto, stream, paged"), "{}", e.problem);
+    assert_eq!(mode(&["--list-mode", ""]).unwrap_err().flag, "--list-mode");
+}
+
+#[test]
+fn bad_values_name_their_flag() {
+    assert_eq!(config(&["--zone", "a..b"]).unwrap_err().flag, "--zone");
+    assert_eq!(config(&["--ttl", "4294967295"]).unwrap_err().flag, "--ttl");
+    assert_eq!(config(&["--cluster-id", "bad_id"]).unwrap_err().flag, "--cluster-id");
+    assert_eq!(config(&["--max-udp-payload", "100"]).unwrap_err().flag, "--max-udp-payload");
+    assert_eq!(config(&["--udp-workers", "0"]).unwrap_err().flag, "--udp-workers");
+    assert_eq!(config(&["--namespace", "shop"]).unwrap_err().flag, "--namespace");
+    assert_eq!(config(&["--in-cluster", "--namespace", "Not_OK"]).unwrap_err().flag, "--namespace");
+    assert_eq!(config(&["--cluster", "no-equals-sign"]).unwrap_err().flag, "--cluster");
+    assert_eq!(config(&["--cluster", "a=/does/not/exist"]).unwrap_err().flag, "--cluster");
+    assert_eq!(config(&["--members", "/does/not/exist"]).unwrap_err().flag, "--members");
+}
+
+fn sync_config(args: &[&str]) -> Result<SyncConfig, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kc");
+    std::fs::write(&kc, "apiVersion: v1").unwrap();
+    let member = format!("a={}", kc.display());
+    let cli =
+        Cli::try_parse_from([&["clusterset-dns", "sync", "--cluster", &member], args].concat()).unwrap();
+    let Command::Sync(a) = cli.command else { unreachable!() };
+    SyncConfig::from_args(&a)
+}
+
+#[test]
+fn members_clients_are_rate_limited_unless_told_otherwise() {
+    let limits = |args: &[&str]| sync_config(args).unwrap().kube_limits;
+    assert_eq!(limits(&[]), Some(Limits { qps: 50.0, burst: 100 }));
+    assert_eq!(limits(&["--kube-qps", "2.5", "--kube-burst", "1"]), Some(Limits { qps: 2.5, burst: 1 }));
+    assert_eq!(limits(&["--kube-qps", "0"]), None, "0 turns the limit off");
+    for bad in ["--kube-qps=-1", "--kube-qps=NaN", "--kube-qps=inf"] {
+        assert_eq!(sync_config(&[bad]).unwrap_err().flag, "--kube-qps", "{bad:?}");
+    }
+    assert_eq!(sync_config(&["--kube-burst", "0"]).unwrap_err().flag, "--kube-burst");
+}
+
+#[test]
+fn cluster_profiles_alone_are_members_enough_and_bad_files_name_their_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = dir.path().join("hub");
+    std::fs::write(&hub, "apiVersion: v1").unwrap();
+    let good = dir.path().join("providers.json");
+    std::fs::write(
+            &good,
+            r#"{"providers": [{"name": "t", "execConfig": {"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/t"}}]}"#,
+        )
+        .unwrap();
+    let broken = dir.path().join("broken.json");
+    std::fs::write(&broken, r#"{"providers": [{"name": "t"}]}"#).unwrap();
+    let (hub, good, broken) = (hub.to_str().unwrap(), good.to_str().unwrap(), broken.to_str().unwrap());
+    let parse = |args: &[&str]| {
+        let cli = Cli::try_parse_from([&["clusterset-dns", "sync"], args].concat()).unwrap();
+        let Command::Sync(a) = cli.command else { unreachable!() };
+        SyncConfig::from_args(&a)
+    };
+    let c =
+        parse(&["--cluster-profiles", "fleet", "--cluster-profile-providers", good, "--hub-kubeconfig", hub])
+            .unwrap();
+    let p = c.profiles.expect("profiles");
+    assert_eq!((p.namespace.as_str(), p.providers.names()), ("fleet", vec!["t"]));
+    // Without a --cluster member the Lease is in the hub.
+    let lease = c.lease.expect("lease").connection;
+    assert!(matches!(lease, Connection::Kubeconfig { path, .. } if path.to_str() == Some(hub)));
+    let flag = |args: &[&str]| parse(args).unwrap_err().flag;
+    assert_eq!(flag(&[]), "--cluster", "neither members nor profiles");
+    assert_eq!(
+        flag(&["--cluster-profiles", "fleet", "--cluster-profile-providers", broken]),
+        "--cluster-profile-providers"
+    );
+    assert_eq!(
+        flag(&["--cluster-profiles", "fleet", "--cluster-profile-providers", "/no/such"]),
+        "--cluster-profile-providers"
+    );
+    assert_eq!(
+        flag(&["--cluster-profiles", "Fleet!", "--cluster-profile-providers", good]),
+        "--cluster-profiles"
+    );
+    assert_eq!(
+        flag(&[
+            "--cluster-profiles",
+            "fleet",
+            "--cluster-profile-providers",
+            good,
+            "--hub-kubeconfig",
+            "/no/such"
+        ]),
+        "--hub-kubeconfig"
+    );
+    // clap: the namespace needs the provider file.
+    assert!(Cli::try_parse_from(["clusterset-dns", "sync", "--cluster-profiles", "fleet"]).is_err());
+}
+
+#[test]
+fn shards_need_leader_election_and_a_sane_count() {
+    let shards = |args: &[&str]| sync_config(args).unwrap().lease.map(|l| l.shards);
+    assert_eq!(shards(&[]), Some(1));
+    assert_eq!(shards(&["--shards", "4"]), Some(4));
+    let e = sync_config(&["--shards", "4", "--no-leader-election"]).unwrap_err();
+    assert_eq!(e.flag, "--shards");
+    assert!(sync_config(&["--shards", "1", "--no-leader-election"]).is_ok());
+    for n in ["0", "65"] {
+        assert_eq!(sync_config(&["--shards", n]).unwrap_err().flag, "--shards", "{n}");
+    }
+}
+
+#[test]
+fn members_come_from_flags_and_a_file_and_are_unique() {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kc");
+    std::fs::write(&kc, "apiVersion: v1").unwrap();
+    let kc = kc.to_str().unwrap();
+    let file = dir.path().join("members.yaml");
+    std::fs::write(&file, format!("members:\n- {{name: b, kubeconfig: {kc}, context: ctx}}\n")).unwrap();
+    let c = config(&["--cluster", &format!("a={kc}"), "--members", file.to_str().unwrap()]).unwrap();
+    assert_eq!(c.members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    let Connection::Kubeconfig { context, .. } = &c.members[1].connection else { panic!() };
+    assert_eq!(context.as_deref(), Some("ctx"));
+    let e = config(&["--cluster", &format!("a={kc}"), "--cluster", &format!("a={kc}")]).unwrap_err();
+    assert!(e.problem.contains("twice"), "{e}");
+    std::fs::write(&file, "members:\n- {name: b, kubeconfg: x}\n").unwrap();
+    let e = config(&["--members", file.to_str().unwrap()]).unwrap_err();
+    assert!(e.problem.contains("members[0]"), "{e}");
+    assert!(config(&["--cluster", &format!("Bad_Name={kc}")]).is_err());
+}
+
+#[test]
+fn policy_flags_are_checked() {
+    assert_eq!(config(&["--answer-policy", "fastest"]).unwrap_err().flag, "--answer-policy");
+    assert_eq!(config(&["--client-cluster", "10.0.0.0/8"]).unwrap_err().flag, "--client-cluster");
+    assert_eq!(config(&["--client-cluster", "10.0.0.0/33=a"]).unwrap_err().flag, "--client-cluster");
+    assert_eq!(config(&["--client-cluster", "nonsense=a"]).unwrap_err().flag, "--client-cluster");
+    assert_eq!(config(&["--client-cluster", "10.0.0.0/8=Bad_Name"]).unwrap_err().flag, "--client-cluster");
+    assert_eq!(config(&["--cluster-region", "a"]).unwrap_err().flag, "--cluster-region");
+    assert_eq!(config(&["--fallback-boundary", "planet"]).unwrap_err().flag, "--fallback-boundary");
+    assert_eq!(config(&["--local-min-healthy", "0"]).unwrap_err().flag, "--local-min-healthy");
+}
+
+#[test]
+fn health_flags_are_checked() {
+    assert_eq!(config(&["--cluster-dead-after", "0"]).unwrap_err().flag, "--cluster-dead-after");
+    assert_eq!(config(&[]).unwrap().cluster_dead_after, Duration::from_secs(15));
+    assert!(config(&[]).unwrap().probe.is_none(), "probes are off by default");
+    assert_eq!(config(&["--probe-interval", "0"]).unwrap_err().flag, "--probe-interval");
+    assert_eq!(config(&["--probe-timeout", "NaN"]).unwrap_err().flag, "--probe-timeout");
+    assert_eq!(config(&["--probe-recheck", "0"]).unwrap_err().flag, "--probe-recheck");
+    assert_eq!(config(&["--probe-fall", "0"]).unwrap_err().flag, "--probe-fall");
+    assert_eq!(config(&["--probe-rise", "0"]).unwrap_err().flag, "--probe-rise");
+    assert_eq!(config(&["--probe-concurrency", "0"]).unwrap_err().flag, "--probe-concurrency");
+    assert_eq!(config(&["--probe-rate", "0"]).unwrap_err().flag, "--probe-rate");
+    let p = config(&["--probe", "--probe-interval", "0.5"]).unwrap().probe.unwrap();
+    assert_eq!((p.interval, p.timeout), (Duration::from_millis(500), Duration::from_secs(1)));
+    assert_eq!(p.recheck, Duration::from_millis(500));
+    assert_eq!((p.fall, p.rise, p.concurrency, p.rate), (3, 2, 64, 200));
+}
+
+#[test]
+fn client_networks_are_canonical_and_may_name_a_zone() {
+    let c = config(&["--client-cluster", "10.1.2.3/16=cluster-a/zone-1", "--client-cluster", "fd00::1/64=b"])
+        .unwrap();
+    let nets = &c.zone.answers.clients;
+    assert_eq!(nets[0].addr, "10.1.0.0".parse::<IpAddr>().unwrap());
+    assert_eq!((nets[0].prefix, nets[0].zone.as_deref()), (16, Some("zone-1")));
+    assert_eq!(nets[1].addr, "fd00::".parse::<IpAddr>().unwrap());
+    assert_eq!(c.zone.answers.policy, PolicyKind::Rotation);
+    assert!(c.zone.answers.fail_open);
+    assert_eq!(c.zone.answers.fallback_boundary, crate::model::Boundary::None);
+    let c = config(&["--fallback-boundary", "region"]).unwrap();
+    assert_eq!(c.zone.answers.fallback_boundary, crate::model::Boundary::Region);
+}
+
+fn doctor(args: &[&str]) -> Result<DoctorConfig, ConfigError> {
+    let cli = Cli::try_parse_from([&["clusterset-dns", "doctor"], args].concat()).unwrap();
+    let Command::Doctor(a) = cli.command else { unreachable!() };
+    DoctorConfig::from_args(&a)
+}
+
+#[test]
+fn doctor_takes_the_short_or_the_full_name_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kc");
+    std::fs::write(&kc, "apiVersion: v1").unwrap();
+    let a = format!("a={}", kc.display());
+    for name in ["web.shop", "Web.Shop.svc.clusterset.local", "web.shop.svc.clusterset.local."] {
+        let c = doctor(&[name, "--cluster", &a]).unwrap();
+        assert_eq!(c.key.to_string(), "shop/web", "{name}");
+    }
+    let c = doctor(&["web.shop.svc.fleet.example", "--zone", "fleet.example", "--cluster", &a]).unwrap();
+    assert_eq!(c.key.to_string(), "shop/web");
+    for name in [
+        "web",
+        "web.shop.svc",
+        "web.shop.svc.cluster.local",
+        "a.b.c",
+        "web_x.shop",
+        "web.shop.svc.clusterset.local.x",
+    ] {
+        let e = doctor(&[name, "--cluster", &a]).unwrap_err();
+        assert_eq!(e.flag, "NAME", "{name}: {e}");
+    }
+    assert_eq!(doctor(&["web.shop"]).unwrap_err().flag, "--cluster");
+    let c = doctor(&["web.shop", "--cluster", &a, "--dns", "a=127.0.0.1:5353"]).unwrap();
+    assert_eq!(c.dns, [("a".to_owned(), "127.0.0.1:5353".parse().unwrap())]);
+    let c = doctor(&["web.shop", "--cluster", &a, "--dns", "a=10.0.0.10"]).unwrap();
+    assert_eq!(c.dns[0].1, "10.0.0.10:53".parse::<SocketAddr>().unwrap());
+    assert_eq!(doctor(&["web.shop", "--cluster", &a, "--dns", "b=10.0.0.10"]).unwrap_err().flag, "--dns");
+    assert_eq!(doctor(&["web.shop", "--cluster", &a, "--dns", "a=nowhere"]).unwrap_err().flag, "--dns");
+    assert_eq!(doctor(&["web.shop", "--cluster", &a, "--output", "yaml"]).unwrap_err().flag, "--output");
+    assert_eq!(doctor(&["web.shop", "--cluster", &a, "--timeout", "0"]).unwrap_err().flag, "--timeout");
+}
+
+#[test]
+fn zone_names_are_folded_to_lower_case() {
+    assert_eq!(config(&["--zone", "Fleet.Example."]).unwrap().zone.origin.to_string(), "fleet.example.");
+    let also = config(&["--also-zone", "Cluster.Local"]).unwrap().zone.also;
+    assert_eq!(also.map(|a| a.to_string()).as_deref(), Some("cluster.local."));
+    for bad_zone in [".", "clusterset.local", "local", "x.clusterset.local", "a..b"] {
+        let e = config(&["--also-zone", bad_zone]).unwrap_err().to_string();
+        assert!(e.contains("--also-zone"), "{bad_zone}: {e}");
+    }
+}
