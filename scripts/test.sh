@@ -42,6 +42,17 @@ fi
 QUICK_IT=(abuse binary client conformance contract dig_debug hostile interop metrics
   policy readiness reverse same_name supervise transfer)
 
+# The fuzz crate has a lock file of its own (it depends on this crate by
+# path): a dependency changed here without `cargo update -w` in fuzz/ would
+# make the fuzz build rewrite it, and the run end with a changed checkout.
+# Said at once, with the fix, instead of after the whole run.
+fuzz_lock_current() {
+  if ! (cd fuzz && cargo metadata --locked --format-version 1 >/dev/null 2>&1); then
+    echo "fuzz/Cargo.lock is not current: run (cd fuzz && cargo update -w) and commit it" >&2
+    exit 1
+  fi
+}
+
 if $quick; then
   start=$SECONDS
   say "quick: tools"
@@ -56,6 +67,7 @@ if $quick; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
   say "quick: format and lints"
   cargo fmt --check
+  fuzz_lock_current
   cargo clippy --all-targets --locked -- -D warnings
   say "quick: unit, tidy, alloc and over-the-wire tests without Kubernetes"
   filters=()
@@ -143,6 +155,7 @@ kubectl version --client 2>/dev/null | sed -n 1p
 
 say "format and lints"
 cargo fmt --check
+fuzz_lock_current
 cargo clippy --all-targets --locked -- -D warnings
 
 say "tests (unit, over-the-wire, allocation)"
