@@ -191,10 +191,11 @@ fn fleet(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     println!("the shards split 2/2 {:.1} s after start", secs(since.elapsed()));
-    let started = create_exports(rt, &clients, n)?;
+    prepare(rt, &clients, n)?;
     let control_plane = clusters.control_plane_pids();
     let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_seconds(*p).unwrap_or(0.0)).sum::<f64>();
     let (plane0, a0, b0) = (cpu(&control_plane), a.cpu_seconds(), b.cpu_seconds());
+    let (started, _) = export_all(&clients, n)?;
     let converged = converge(rt, &clients, n, started)?;
     let (plane, a_cpu, b_cpu) = (cpu(&control_plane) - plane0, a.cpu_seconds() - a0, b.cpu_seconds() - b0);
     let (wa, wb) = (quiet(&a)?, quiet(&b)?);
@@ -439,10 +440,9 @@ fn wait_leading(sync: &Syncing) -> Result<()> {
     Ok(())
 }
 
-/// `n` Services with a slice each, spread over the clusters, then their
-/// exports, in namespace `sync-s` of every member; returns when the
-/// exports' creation began.
-fn create_exports(rt: &tokio::runtime::Runtime, clients: &[kube::Client], n: usize) -> Result<Instant> {
+/// `n` Services with a slice each, spread over the clusters, in namespace
+/// `sync-s` of every member (created before the clock starts).
+fn prepare(rt: &tokio::runtime::Runtime, clients: &[kube::Client], n: usize) -> Result<()> {
     let c_n = clients.len();
     let ns = "sync-s";
     for c in clients {
@@ -452,7 +452,6 @@ fn create_exports(rt: &tokio::runtime::Runtime, clients: &[kube::Client], n: usi
     }
     let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
     let slices = slice_resource();
-    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
     for (c, client) in clients.iter().enumerate() {
         let mine: Vec<usize> = (0..n).filter(|i| i % c_n == c).collect();
         let svc: Vec<(String, Value)> =
@@ -462,6 +461,15 @@ fn create_exports(rt: &tokio::runtime::Runtime, clients: &[kube::Client], n: usi
         rt.block_on(create_all(client, &services, svc, "services"))?;
         rt.block_on(create_all(client, &slices, sl, "slices"))?;
     }
+    Ok(())
+}
+
+/// The `n` services' exports, each cluster's created at once from a thread
+/// of its own; returns when the first create began and how long all took.
+fn export_all(clients: &[kube::Client], n: usize) -> Result<(Instant, Duration)> {
+    let c_n = clients.len();
+    let ns = "sync-s";
+    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
     let started = Instant::now();
     std::thread::scope(|scope| -> Result<()> {
         let handles: Vec<_> = (0..c_n)
@@ -483,7 +491,7 @@ fn create_exports(rt: &tokio::runtime::Runtime, clients: &[kube::Client], n: usi
         }
         Ok(())
     })?;
-    Ok(started)
+    Ok((started, started.elapsed()))
 }
 
 /// Waits until every member holds `n` imports with a VIP; the time since
@@ -509,6 +517,8 @@ fn converge(
         if started.elapsed() > SYNC_CONVERGE_TIMEOUT {
             bail!("{n} exports not converged within {} s", SYNC_CONVERGE_TIMEOUT.as_secs());
         }
+        // Listing every member's imports is work for the API servers too:
+        // not too often.
         std::thread::sleep(Duration::from_secs(1));
     }
 }
@@ -530,67 +540,14 @@ fn scale(
 ) -> Result<()> {
     let c_n = clients.len();
     let ns = "sync-s";
-    for c in clients {
-        let api: Api<Namespace> = Api::all(c.clone());
-        let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        rt.block_on(timed_call(api.patch(ns, &PatchParams::apply("bench"), &Patch::Apply(&body))))?;
-    }
     let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
-    let slices = slice_resource();
-    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
     let writes0 = metric(sync, "clusterset_dns_sync_writes_total")?;
-    for (c, client) in clients.iter().enumerate() {
-        let mine: Vec<usize> = (0..n).filter(|i| i % c_n == c).collect();
-        let svc: Vec<(String, Value)> =
-            mine.iter().map(|i| (ns.into(), service(ns, &format!("s-{i}")))).collect();
-        let sl: Vec<(String, Value)> =
-            mine.iter().map(|i| (ns.into(), own_slice(ns, &format!("s-{i}"), c, *i))).collect();
-        rt.block_on(create_all(client, &services, svc, "services"))?;
-        rt.block_on(create_all(client, &slices, sl, "slices"))?;
-    }
+    prepare(rt, clients, n)?;
     let control_plane = clusters.control_plane_pids();
     let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_seconds(*p).unwrap_or(0.0)).sum::<f64>();
     let (plane0, sync0) = (cpu(&control_plane), sync.cpu_seconds());
-    let started = Instant::now();
-    let created = std::thread::scope(|scope| -> Result<Duration> {
-        let handles: Vec<_> = (0..c_n)
-            .map(|c| {
-                let client = clients[c].clone();
-                let exports = exports.clone();
-                let objects: Vec<(String, Value)> = (0..n)
-                    .filter(|i| i % c_n == c)
-                    .map(|i| (ns.into(), export(ns, &format!("s-{i}"))))
-                    .collect();
-                scope.spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                    rt.block_on(create_all(&client, &exports, objects, "exports"))
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| anyhow!("export creator panicked"))??;
-        }
-        Ok(started.elapsed())
-    })?;
-    let imports = import_resource();
-    let converged = loop {
-        let mut done = true;
-        for c in clients {
-            let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), ns, &imports);
-            let list = rt.block_on(timed_call(api.list(&ListParams::default())))?;
-            let with_vip = list.items.iter().filter(|o| o.data.pointer("/spec/ips/0").is_some()).count();
-            done &= with_vip == n;
-        }
-        if done {
-            break started.elapsed();
-        }
-        if started.elapsed() > SYNC_CONVERGE_TIMEOUT {
-            bail!("{n} exports not converged within {} s", SYNC_CONVERGE_TIMEOUT.as_secs());
-        }
-        // Listing every member's imports is work for the API servers too:
-        // not too often.
-        std::thread::sleep(Duration::from_secs(1));
-    };
+    let (started, created) = export_all(clients, n)?;
+    let converged = converge(rt, clients, n, started)?;
     let (plane, sync_cpu) = (cpu(&control_plane) - plane0, sync.cpu_seconds() - sync0);
     let writes = metric(sync, "clusterset_dns_sync_writes_total")? - writes0;
     println!(
