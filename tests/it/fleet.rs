@@ -91,6 +91,14 @@ impl User {
         self.annotated_export(name, json!({})).await;
     }
 
+    /// Service `name` with one endpoint at `address` (its slice `NAME-a`),
+    /// exported.
+    pub(crate) async fn exported_service(&self, name: &str, address: &str) {
+        self.service(name, json!({})).await;
+        self.endpoints(&format!("{name}-a"), name, json!([{"addresses": [address]}])).await;
+        self.export(name).await;
+    }
+
     /// A ServiceExport with annotations (applying without one removes it).
     pub(crate) async fn annotated_export(&self, name: &str, annotations: Value) {
         let ar = export_resource();

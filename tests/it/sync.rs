@@ -66,6 +66,18 @@ impl Reader {
         )
     }
 
+    /// The status of condition `type_` on import `name`, if it has one.
+    pub(crate) async fn condition(&self, name: &str, type_: &str) -> Option<String> {
+        let o = self.import(name).await.unwrap_or_default();
+        let conds = o.pointer("/status/conditions").cloned().unwrap_or_default();
+        conds
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == type_)
+            .map(|c| c["status"].as_str().unwrap_or("").to_owned())
+    }
+
     /// The export's conditions as `type=status reason: message`.
     pub(crate) async fn conditions(&self, name: &str) -> Vec<String> {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &export_resource());
@@ -324,15 +336,7 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
     const N: usize = 30;
     rt.block_on(async {
         for i in 0..N {
-            let name = format!("svc-{i}");
-            u[0].service(&name, json!({})).await;
-            u[0].endpoints(
-                &format!("{name}-a"),
-                &name,
-                json!([{"addresses": [format!("10.9.0.{}", i + 1)]}]),
-            )
-            .await;
-            u[0].export(&name).await;
+            u[0].exported_service(&format!("svc-{i}"), &format!("10.9.0.{}", i + 1)).await;
         }
     });
     eventually("some imports written", || rt.block_on(r[2].ours()).0 > 0);
@@ -420,15 +424,7 @@ fn a_leader_paused_past_its_lease_writes_nothing_once_it_knows() {
     let second = syncing(&clusters, ns, &["--lease-duration", "30", "--identity", "second"]);
     let export = |i: usize| {
         rt.block_on(async {
-            let name = format!("svc-{i}");
-            u[0].service(&name, json!({})).await;
-            u[0].endpoints(
-                &format!("{name}-a"),
-                &name,
-                json!([{"addresses": [format!("10.9.1.{}", i + 1)]}]),
-            )
-            .await;
-            u[0].export(&name).await;
+            u[0].exported_service(&format!("svc-{i}"), &format!("10.9.1.{}", i + 1)).await;
         })
     };
     for i in 0..5 {
@@ -621,16 +617,7 @@ fn an_unreachable_member_is_kept_and_marked_or_removed_after_the_window() {
             user.export("web").await;
         }
     });
-    let reachable = |r: &Reader| {
-        let o = rt.block_on(r.import("web")).unwrap_or_default();
-        let conds = o.pointer("/status/conditions").cloned().unwrap_or_default();
-        conds
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "clusterset-dns.io/SourcesReachable")
-            .map(|c| c["status"].as_str().unwrap_or("").to_owned())
-    };
+    let reachable = |r: &Reader| rt.block_on(r.condition("web", "clusterset-dns.io/SourcesReachable"));
     // Keep (the default): B's endpoints stay in A, marked, and the metric says how stale.
     {
         let sync = syncing(&clusters, ns, &["--no-leader-election"]);

@@ -172,16 +172,7 @@ fn members_join_leave_and_are_marked_by_their_cluster_profiles_without_a_restart
     assert!(sync.try_wait().is_none(), "sync exited:\n{}", sync.log());
     // ControlPlaneHealthy False: the member is unreachable to the
     // controller, its endpoints kept everywhere and marked on the imports.
-    let reachable = |i: usize| {
-        let o = rt.block_on(r[i].import("web")).unwrap_or_default();
-        let conds = o.pointer("/status/conditions").cloned().unwrap_or_default();
-        conds
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "clusterset-dns.io/SourcesReachable")
-            .map(|c| c["status"].as_str().unwrap_or("").to_owned())
-    };
+    let reachable = |i: usize| rt.block_on(r[i].condition("web", "clusterset-dns.io/SourcesReachable"));
     assert_eq!(reachable(0).as_deref(), Some("True"));
     rt.block_on(profile(&hub_client, profiles_ns, clusters, 1, false));
     eventually("marked unreachable by its profile", || reachable(0).as_deref() == Some("False"));

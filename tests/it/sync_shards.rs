@@ -6,8 +6,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use crate::harness::clusters::{TestClusters, shared};
 use crate::harness::syncing::Syncing;
 use crate::harness::{eventually, within};
@@ -108,15 +106,7 @@ fn two_replicas_split_the_shards_and_the_survivor_takes_them_all() {
     const N: usize = 24;
     let export = |i: usize| {
         rt.block_on(async {
-            let name = format!("svc-{i}");
-            u[0].service(&name, json!({})).await;
-            u[0].endpoints(
-                &format!("{name}-a"),
-                &name,
-                json!([{"addresses": [format!("10.9.3.{}", i + 1)]}]),
-            )
-            .await;
-            u[0].export(&name).await;
+            u[0].exported_service(&format!("svc-{i}"), &format!("10.9.3.{}", i + 1)).await;
         })
     };
     for i in 0..N {
