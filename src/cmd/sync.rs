@@ -12,12 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use arc_swap::ArcSwap;
-use axum::Router;
-use axum::routing::get;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
-use prometheus::Registry;
 use prometheus::proto::MetricType;
 
 use super::Process;
@@ -27,11 +24,12 @@ use crate::controller::election::{ElectionConfig, ElectionError, ElectionStatus,
 use crate::controller::shard::Shards;
 use crate::controller::stats::SyncStats;
 use crate::controller::sync::Syncer;
-use crate::fault::{Failures, Point, Task};
+use crate::fault::{Point, Task};
 use crate::fleet::{inventory, member};
 use crate::k8s::client::{self, ClientError};
 use crate::k8s::throttle::ThrottleStats;
 use crate::k8s::watch::WatchHealth;
+use crate::ops::http::serve_probes;
 use crate::ops::metrics::{self, FamilyDecl, ScrapeCollector};
 use crate::supervise::Supervisor;
 
@@ -157,7 +155,15 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     let election_status = elector.as_ref().map(|(_, s)| s.clone());
     // /health is the liveness probe: its server's death is fatal.
     let _http =
-        sup.fatal(Task::Http, http(listener, process.registry.clone(), failures.clone(), election_status));
+        // `/ready` fails, saying why, while the Leases' cluster cannot be
+        // read: such a replica leads nothing.
+        sup.fatal(
+            Task::Http,
+            serve_probes(listener, process.registry.clone(), failures.clone(), move || {
+                let why = election_status.as_ref()?.unreachable()?;
+                Some(format!("cannot read the Leases, leading nothing: {why}"))
+            }),
+        );
     // The controller never returns; if it panics or returns, the process
     // exits and the other replicas (or the restarted Pod) take its shards.
     let start_controller = |members: &[member::Member]| {
@@ -281,47 +287,6 @@ fn member_health(members: &[member::Member]) -> MemberHealth {
             (m.name.clone(), health, m.throttle.clone())
         })
         .collect()
-}
-
-/// `/ready` fails, saying why, while the Leases' cluster cannot be read:
-/// such a replica leads nothing.
-async fn http(
-    listener: tokio::net::TcpListener,
-    registry: Registry,
-    failures: Arc<Failures>,
-    election: Option<Arc<ElectionStatus>>,
-) {
-    let health = move || {
-        let failures = failures.clone();
-        async move {
-            match failures.fatal_reason() {
-                None => (axum::http::StatusCode::OK, "OK".to_owned()),
-                Some(r) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {r}\n")),
-            }
-        }
-    };
-    let ready = move || {
-        let why = election.as_ref().and_then(|e| e.unreachable());
-        async move {
-            match why {
-                None => (axum::http::StatusCode::OK, "OK".to_owned()),
-                Some(why) => (
-                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                    format!("cannot read the Leases, leading nothing: {why}\n"),
-                ),
-            }
-        }
-    };
-    let app = Router::new().route("/health", get(health)).route("/ready", get(ready)).route(
-        "/metrics",
-        get(move || {
-            let registry = registry.clone();
-            async move { metrics::render(&registry) }
-        }),
-    );
-    if let Err(e) = axum::serve(listener, app).await {
-        warn!(error = %e, "HTTP server stopped");
-    }
 }
 
 const SYNC_FAMILIES: &[FamilyDecl] = &[

@@ -77,6 +77,47 @@ pub async fn serve(listener: TcpListener, ops: Ops) {
     }
 }
 
+/// The endpoints of a command that serves no DNS (`sync`, `setup-dns
+/// --watch`) on `listener`: `/health` fails once a task that cannot be
+/// restarted died; `/ready` fails with the reason `unready` gives (`None`:
+/// ready); `/metrics` renders `registry`. Until the listener fails.
+pub async fn serve_probes(
+    listener: TcpListener,
+    registry: prometheus::Registry,
+    failures: Arc<Failures>,
+    unready: impl Fn() -> Option<String> + Clone + Send + Sync + 'static,
+) {
+    let health = move || {
+        let reason = failures.fatal_reason().map(str::to_owned);
+        async move {
+            match reason {
+                None => (StatusCode::OK, "OK".to_owned()),
+                Some(r) => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {r}\n")),
+            }
+        }
+    };
+    let ready = move || {
+        let why = unready();
+        async move {
+            match why {
+                None => (StatusCode::OK, "OK".to_owned()),
+                Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+            }
+        }
+    };
+    let metrics = move || {
+        let registry = registry.clone();
+        async move { super::metrics::render(&registry) }
+    };
+    let app = Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics));
+    if let Err(e) = axum::serve(listener, app).await {
+        warn!(error = %e, "HTTP server stopped");
+    }
+}
+
 /// `/debug/` answers only peers in `--allow-debug`, like the DNS debug
 /// names: the report tells how a name is answered and to whom, which is
 /// not for every client of a listener that probes and Prometheus reach.

@@ -15,8 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ::kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use axum::Router;
-use axum::routing::get;
 use hickory_proto::rr::Name;
 use k8s_openapi::api::core::v1::ObjectReference;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -31,7 +29,7 @@ use crate::cluster_dns::watch::{Action, Found, Watch};
 use crate::cluster_dns::{kube, plan::Change};
 use crate::cmd::Process;
 use crate::config::{SetupDnsConfig, WatchConfig};
-use crate::ops::metrics;
+use crate::ops::http::serve_probes;
 
 /// The Events' reporting controller.
 const CONTROLLER: &str = "clusterset-dns-setup-dns";
@@ -106,7 +104,11 @@ pub(super) async fn run(
     let listener = tokio::net::TcpListener::bind(w.http_listen).await?;
     info!(addr = %listener.local_addr()?, "HTTP /health /ready /metrics");
     let ready = Arc::new(AtomicBool::new(false));
-    let http = http(listener, process.clone(), ready.clone());
+    // `/ready`: once the first check is done.
+    let first = ready.clone();
+    let http = serve_probes(listener, process.registry.clone(), process.failures.clone(), move || {
+        (!first.load(Ordering::Relaxed)).then(|| "the first check is not done".to_owned())
+    });
     let reporter = Reporter {
         controller: CONTROLLER.into(),
         instance: std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok()),
@@ -356,42 +358,6 @@ impl Checker<'_> {
             Ok(()) => self.told = Some((reason.to_owned(), note)),
             Err(e) => warn!(error = %e, reason, "cannot publish the Event"),
         }
-    }
-}
-
-/// `/health`: 200 while the process lives; `/ready`: 200 once the first
-/// check is done; `/metrics`.
-async fn http(listener: tokio::net::TcpListener, process: Process, ready: Arc<AtomicBool>) {
-    let failures = process.failures.clone();
-    let health = move || {
-        let reason = failures.fatal_reason().map(str::to_owned);
-        async move {
-            match reason {
-                None => (axum::http::StatusCode::OK, "OK".to_owned()),
-                Some(r) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {r}\n")),
-            }
-        }
-    };
-    let readiness = move || {
-        let ok = ready.load(Ordering::Relaxed);
-        async move {
-            if ok {
-                (axum::http::StatusCode::OK, "OK")
-            } else {
-                (axum::http::StatusCode::SERVICE_UNAVAILABLE, "the first check is not done\n")
-            }
-        }
-    };
-    let registry = process.registry.clone();
-    let app = Router::new().route("/health", get(health)).route("/ready", get(readiness)).route(
-        "/metrics",
-        get(move || {
-            let registry = registry.clone();
-            async move { metrics::render(&registry) }
-        }),
-    );
-    if let Err(e) = axum::serve(listener, app).await {
-        warn!(error = %e, "HTTP server stopped");
     }
 }
 
