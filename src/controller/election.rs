@@ -231,8 +231,8 @@ enum Step {
     Release(usize, Lease),
     /// Renew shard `i`.
     Renew(usize, Lease),
-    /// Take shard `i` (create its Lease when `None`).
-    Take(usize, Option<Lease>),
+    /// Take shard `i` (its Lease created when it has none yet).
+    Take(usize, Lease),
     /// Delete a replica Lease long expired (its replica is gone).
     Collect(String, String),
 }
@@ -455,9 +455,9 @@ impl Elector {
                 continue;
             }
             match shard_leases[i] {
-                None => steps.push(Step::Take(i, None)),
+                None => steps.push(Step::Take(i, self.held(None, i, true))),
                 Some(l) if expired(l) || holder(l) == me => {
-                    steps.push(Step::Take(i, Some(self.held(Some(l.clone()), i, true))));
+                    steps.push(Step::Take(i, self.held(Some(l.clone()), i, true)));
                 }
                 Some(_) => continue,
             }
@@ -564,7 +564,8 @@ impl Elector {
                     Err(e) => warn!(shard = i, error = %e, "releasing the shard failed; it runs out instead"),
                 }
             }
-            Step::Renew(i, l) | Step::Take(i, Some(l)) => {
+            // A Lease never stored has no resourceVersion: created.
+            Step::Renew(i, l) | Step::Take(i, l) => {
                 let taking = !self.shards.leads(i);
                 let (sent, wall) = (Instant::now(), SystemTime::now());
                 let r = if l.metadata.resource_version.is_some() {
@@ -583,19 +584,6 @@ impl Elector {
                     }
                     Err(CallError::Conflict) => debug!(shard = i, "the shard's Lease changed meanwhile"),
                     Err(e) => debug!(shard = i, error = %e, "cannot write the shard's Lease"),
-                }
-            }
-            Step::Take(i, None) => {
-                let l = self.held(None, i, true);
-                let (sent, wall) = (Instant::now(), SystemTime::now());
-                match timed(deadline, self.api.create(&l)).await {
-                    Ok(_) => {
-                        self.renewed[i] = Some(sent);
-                        self.shards.fence(i).held(wall, self.cfg.duration);
-                        info!(shard = i, shards = self.cfg.shards, lease = %self.cfg.shard_lease(i), "leading the shard");
-                        self.shards.set_led(i, true);
-                    }
-                    Err(e) => debug!(shard = i, error = %e, "cannot create the shard's Lease"),
                 }
             }
             Step::Collect(lease, version) => {

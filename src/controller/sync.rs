@@ -359,10 +359,10 @@ impl Syncer {
                     info!(shard = i, "shard lost: its services are left to whichever replica leads it");
                     self.lead[i] = Lead::No;
                     let shards = self.shards.clone();
-                    let mine = |k: &ServiceKey| shards.of(k) != i;
-                    self.keys.retain(|k, _| mine(k));
-                    self.adopted.retain(|k, _| mine(k));
-                    self.deferred.retain(|k, _| mine(k));
+                    let kept = |k: &ServiceKey| shards.of(k) != i;
+                    self.keys.retain(|k, _| kept(k));
+                    self.adopted.retain(|k, _| kept(k));
+                    self.deferred.retain(|k, _| kept(k));
                 }
                 _ => {}
             }
