@@ -29,7 +29,9 @@ use crate::cluster_dns::watch::{Action, Found, Watch};
 use crate::cluster_dns::{kube, plan::Change};
 use crate::cmd::Process;
 use crate::config::{SetupDnsConfig, WatchConfig};
+use crate::fault::Task;
 use crate::ops::http::serve_probes;
+use crate::supervise::Supervisor;
 
 /// The Events' reporting controller.
 const CONTROLLER: &str = "clusterset-dns-setup-dns";
@@ -106,9 +108,16 @@ pub(super) async fn run(
     let ready = Arc::new(AtomicBool::new(false));
     // `/ready`: once the first check is done.
     let first = ready.clone();
-    let http = serve_probes(listener, process.registry.clone(), process.failures.clone(), move || {
-        (!first.load(Ordering::Relaxed)).then(|| "the first check is not done".to_owned())
-    });
+    // A task of its own, not a branch of the loop's select: a check can take
+    // up to an interval, and /health must answer meanwhile. Its death is
+    // fatal, and ends the loop below.
+    let sup = Supervisor::new(process.failures.clone());
+    let _http = sup.fatal(
+        Task::Http,
+        serve_probes(listener, process.registry.clone(), process.failures.clone(), move || {
+            (!first.load(Ordering::Relaxed)).then(|| "the first check is not done".to_owned())
+        }),
+    );
     let reporter = Reporter {
         controller: CONTROLLER.into(),
         instance: std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok()),
@@ -129,14 +138,14 @@ pub(super) async fn run(
     let (tx, mut changed) = mpsc::channel(8);
     let watched = checker.client.clone();
     let follow = kube::follow(&watched, tx);
-    tokio::pin!(http, follow);
+    tokio::pin!(follow);
     info!(mode = ?w.mode, interval_seconds = w.interval.as_secs(), zone = %cfg.zone, "watching the cluster DNS wiring");
     let mut next = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
-            () = &mut http => return Err("the HTTP server stopped".into()),
+            reason = process.failures.wait_fatal() => return Err(reason.to_owned().into()),
             () = &mut follow => return Err("the ConfigMap watches stopped".into()),
             () = tokio::time::sleep_until(next) => {}
             Some(name) = changed.recv() => {
