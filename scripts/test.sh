@@ -175,7 +175,7 @@ if [ "$fuzz_seconds" -gt 0 ]; then
   # One build for every target: they share all their dependencies. Stable
   # Rust, so no sanitizer; the targets' own assertions are the oracle.
   cargo fuzz build --sanitizer none 2>&1 | { grep -Ev "^ +(Compiling|Downloaded|Downloading)" || true; } | tail -5
-  for target in query structured differential objects; do
+  for target in query structured differential objects protobuf; do
     # New inputs go to the first directory; the committed seeds are read only.
     mkdir -p "fuzz/target/corpus/$target"
     log="fuzz/target/fuzz-$target.log"

@@ -35,6 +35,15 @@ pub enum OnMemoryLimit {
     Exit,
 }
 
+/// `--kube-encoding`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KubeEncoding {
+    /// Protobuf, read as JSON where the API server answers JSON.
+    Auto,
+    /// JSON only.
+    Json,
+}
+
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -182,6 +191,13 @@ pub struct ServeArgs {
     /// it, else paged after one warning.
     #[arg(long, value_name = "auto|stream|paged", default_value = "auto")]
     pub list_mode: String,
+    /// How EndpointSlices are asked for: `auto` asks for Kubernetes
+    /// protobuf (a fraction of JSON's CPU in the API server and here) and
+    /// reads a JSON answer as JSON (counted in
+    /// clusterset_dns_watch_json_answers_total); `json` asks for JSON.
+    /// ServiceImports and Services are always JSON (CRDs have no protobuf).
+    #[arg(long, value_enum, value_name = "ENCODING", default_value_t = KubeEncoding::Auto)]
+    pub kube_encoding: KubeEncoding,
     /// Member clusters to answer for directly (centralized mode): their
     /// ServiceExports, Services and EndpointSlices, no ServiceImports needed.
     #[command(flatten)]

@@ -18,5 +18,6 @@ pub mod crd;
 pub mod interop;
 pub mod inventory;
 pub mod mcs;
+pub mod protobuf;
 pub mod throttle;
 pub mod watch;

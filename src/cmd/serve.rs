@@ -408,6 +408,7 @@ fn write_loop(
                     && let Err(e) = g.admit(&key, what, added as u64 * OBJECT_BYTES)
                 {
                     error!(error = %e, "update refused");
+                    writer.refused(&update);
                     continue;
                 }
                 g.set(&key, false);
@@ -446,6 +447,8 @@ fn update_source(update: &Update) -> String {
     match update {
         Update::Register(s)
         | Update::Replace { source: s, .. }
+        | Update::Part { source: s, .. }
+        | Update::LastPart { source: s, .. }
         | Update::Upsert { source: s, .. }
         | Update::Remove { source: s, .. } => s.to_string(),
         _ => "a health update".into(),

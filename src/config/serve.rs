@@ -12,6 +12,7 @@ use crate::fault::Faults;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
+use crate::k8s::protobuf::{Encoding, KubeEncoding};
 use crate::k8s::watch::{ListMode, Lists};
 use crate::model::{ClusterId, DnsLabel, Interop, PolicyKind};
 use crate::ops::memory::MemoryBudget;
@@ -166,6 +167,10 @@ impl ServeConfig {
                 namespaces: a.namespaces.clone(),
                 interop,
                 lists: lists.clone(),
+                encoding: Encoding::new(match a.kube_encoding {
+                    crate::cli::KubeEncoding::Auto => KubeEncoding::Auto,
+                    crate::cli::KubeEncoding::Json => KubeEncoding::Json,
+                }),
             }),
             members: members(&a.members)?,
             lists,

@@ -6,7 +6,6 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::discovery::v1 as discovery;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::warn;
 
 use super::crd;
@@ -119,21 +118,136 @@ pub fn answer_overrides(obj: &crd::ServiceImport) -> (AnswerOverrides, Vec<crate
     (o, problems)
 }
 
-/// Converts an MCS EndpointSlice.
-pub fn endpoint_slice(obj: &discovery::EndpointSlice) -> Result<SliceOutcome, ConvertError> {
-    endpoint_slice_of(obj, |cx, meta| {
-        let label = |key: &str| meta_value(meta.labels.as_ref(), key);
+/// Converts an MCS EndpointSlice, read from JSON ([`discovery::EndpointSlice`])
+/// or from protobuf (`k8s::protobuf::SliceView`): the same rules for both.
+pub fn endpoint_slice(obj: &impl SliceFields) -> Result<SliceOutcome, ConvertError> {
+    endpoint_slice_of(obj, |cx, obj| {
         let service_field = format!("metadata.labels[{LABEL_SERVICE_NAME}]");
-        let service = label(LABEL_SERVICE_NAME).ok_or_else(|| cx.err(&service_field, "is missing"))?;
+        let service = obj.label(LABEL_SERVICE_NAME).ok_or_else(|| cx.err(&service_field, "is missing"))?;
         let service = ServiceKey {
             namespace: cx.label("metadata.namespace", cx.namespace)?,
             name: cx.label(&service_field, service)?,
         };
         let cluster_field = format!("metadata.labels[{LABEL_SOURCE_CLUSTER}]");
-        let cluster = label(LABEL_SOURCE_CLUSTER).ok_or_else(|| cx.err(&cluster_field, "is missing"))?;
+        let cluster = obj.label(LABEL_SOURCE_CLUSTER).ok_or_else(|| cx.err(&cluster_field, "is missing"))?;
         let cluster = ClusterId::parse(cluster).map_err(|e| cx.err(&cluster_field, e))?;
         Ok((service, cluster, SliceOrigin::Mcs))
     })
+}
+
+/// What conversion reads of an EndpointSlice, whichever encoding it came
+/// in: one set of rules, so that a slice read as JSON and the same slice
+/// read as protobuf become the same [`EndpointSet`] (the differential test
+/// in `tests/it/protobuf.rs` holds them to it).
+pub trait SliceFields {
+    /// `metadata.name`.
+    fn name(&self) -> Option<&str>;
+    /// `metadata.namespace`.
+    fn namespace(&self) -> Option<&str>;
+    /// One of `metadata.labels`.
+    fn label(&self, key: &str) -> Option<&str>;
+    /// One of `metadata.annotations`.
+    fn annotation(&self, key: &str) -> Option<&str>;
+    /// `addressType`.
+    fn address_type(&self) -> &str;
+    /// `ports`.
+    fn ports(&self) -> impl Iterator<Item = PortFields<'_>>;
+    /// `endpoints`.
+    fn endpoints(&self) -> impl ExactSizeIterator<Item = EndpointFields<'_>>;
+}
+
+/// What conversion reads of one of a slice's `ports`.
+#[derive(Debug, Clone, Copy)]
+pub struct PortFields<'a> {
+    /// `name`.
+    pub name: Option<&'a str>,
+    /// `protocol`.
+    pub protocol: Option<&'a str>,
+    /// `port`; none means "all ports".
+    pub port: Option<i32>,
+}
+
+/// What conversion reads of one of a slice's `endpoints`.
+pub struct EndpointFields<'a> {
+    /// `addresses`.
+    pub addresses: Addresses<'a>,
+    /// `hostname`.
+    pub hostname: Option<&'a str>,
+    /// `conditions.ready`.
+    pub ready: Option<bool>,
+    /// `targetRef`: kind, namespace, name.
+    pub target: Option<(Option<&'a str>, Option<&'a str>, Option<&'a str>)>,
+    /// `zone`.
+    pub zone: Option<&'a str>,
+}
+
+/// An endpoint's `addresses`, as whichever decoder holds them.
+#[derive(Clone, Copy)]
+pub enum Addresses<'a> {
+    /// Owned strings (JSON).
+    Owned(&'a [String]),
+    /// Borrowed from the message (protobuf).
+    Borrowed(&'a [&'a str]),
+}
+
+impl<'a> Addresses<'a> {
+    fn len(self) -> usize {
+        match self {
+            Self::Owned(a) => a.len(),
+            Self::Borrowed(a) => a.len(),
+        }
+    }
+
+    fn iter(self) -> impl Iterator<Item = &'a str> {
+        let (owned, borrowed) = match self {
+            Self::Owned(a) => (a, &[][..]),
+            Self::Borrowed(a) => (&[][..], a),
+        };
+        owned.iter().map(String::as_str).chain(borrowed.iter().copied())
+    }
+}
+
+impl SliceFields for discovery::EndpointSlice {
+    fn name(&self) -> Option<&str> {
+        self.metadata.name.as_deref()
+    }
+
+    fn namespace(&self) -> Option<&str> {
+        self.metadata.namespace.as_deref()
+    }
+
+    fn label(&self, key: &str) -> Option<&str> {
+        meta_value(self.metadata.labels.as_ref(), key)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        meta_value(self.metadata.annotations.as_ref(), key)
+    }
+
+    fn address_type(&self) -> &str {
+        &self.address_type
+    }
+
+    fn ports(&self) -> impl Iterator<Item = PortFields<'_>> {
+        self.ports.iter().flatten().map(|p| PortFields {
+            name: p.name.as_deref(),
+            protocol: p.protocol.as_deref(),
+            port: p.port,
+        })
+    }
+
+    fn endpoints(&self) -> impl ExactSizeIterator<Item = EndpointFields<'_>> {
+        self.endpoints.iter().map(|ep| EndpointFields {
+            addresses: Addresses::Owned(&ep.addresses),
+            hostname: ep.hostname.as_deref(),
+            ready: ep.conditions.as_ref().and_then(|c| c.ready),
+            target: ep
+                .target_ref
+                .as_ref()
+                .map(|t| (t.kind.as_deref(), t.namespace.as_deref(), t.name.as_deref())),
+            zone: ep.zone.as_deref(),
+        })
+    }
 }
 
 /// A slice's service, source cluster and origin, read from its metadata by
@@ -150,16 +264,16 @@ pub(super) fn meta_value<'a>(
 
 /// Converts an EndpointSlice whose service and cluster `identify` reads:
 /// MCS labels here, a fleet manager's metadata in `interop`.
-pub(super) fn endpoint_slice_of(
-    obj: &discovery::EndpointSlice,
-    identify: impl FnOnce(&Ctx<'_>, &ObjectMeta) -> Result<SliceIdentity, ConvertError>,
+pub(super) fn endpoint_slice_of<S: SliceFields>(
+    obj: &S,
+    identify: impl FnOnce(&Ctx<'_>, &S) -> Result<SliceIdentity, ConvertError>,
 ) -> Result<SliceOutcome, ConvertError> {
-    let namespace = obj.metadata.namespace.as_deref().unwrap_or("");
-    let cx = Ctx { kind: "EndpointSlice", namespace, name: obj.metadata.name.as_deref().unwrap_or("") };
+    let namespace = obj.namespace().unwrap_or("");
+    let cx = Ctx { kind: "EndpointSlice", namespace, name: obj.name().unwrap_or("") };
     if cx.name.is_empty() {
         return Err(cx.err("metadata.name", "is missing"));
     }
-    let family = match obj.address_type.as_str() {
+    let family = match obj.address_type() {
         "IPv4" => AddressFamily::V4,
         "IPv6" => AddressFamily::V6,
         "FQDN" => return Ok(SliceOutcome::Fqdn),
@@ -167,47 +281,43 @@ pub(super) fn endpoint_slice_of(
             return Err(cx.err("addressType", format!("{other:?} is not IPv4, IPv6 or FQDN")));
         }
     };
-    let (service, cluster, origin) = identify(&cx, &obj.metadata)?;
+    let (service, cluster, origin) = identify(&cx, obj)?;
 
-    let ports = exactly(obj.ports.iter().flatten().enumerate().filter_map(|(i, p)| {
+    let ports = exactly(obj.ports().enumerate().filter_map(|(i, p)| {
         // A slice port without a number means "all ports" (EndpointSlice
         // API); it gives no SRV record, so it is left out, not an error.
         let number = p.port?;
-        Some(port(&cx, &format!("ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), number.into()))
+        Some(port(&cx, &format!("ports[{i}]"), p.name, p.protocol, number.into()))
     }))?;
 
-    let mut endpoints = Vec::with_capacity(obj.endpoints.len());
-    for (i, ep) in obj.endpoints.iter().enumerate() {
+    let all = obj.endpoints();
+    let mut endpoints = Vec::with_capacity(all.len());
+    for (i, ep) in all.enumerate() {
         let mut addresses = Vec::with_capacity(ep.addresses.len());
         for (j, a) in ep.addresses.iter().enumerate() {
             let field = format!("endpoints[{i}].addresses[{j}]");
             let ip: IpAddr = a.parse().map_err(|_| cx.err(&field, format!("{a:?} is not an IP address")))?;
             if ip.is_ipv4() != (family == AddressFamily::V4) {
-                return Err(cx.err(field, format!("{a} does not match addressType {}", obj.address_type)));
+                return Err(cx.err(field, format!("{a} does not match addressType {}", obj.address_type())));
             }
             addresses.push(ip);
         }
-        let hostname = match ep.hostname.as_deref() {
+        let hostname = match ep.hostname {
             None | Some("") => None,
             Some(h) => Some(cx.label(&format!("endpoints[{i}].hostname"), h)?),
         };
         // EndpointSlice API: "ready" unset means ready; `false` is not ready,
         // also while serving or terminating.
-        let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+        let ready = ep.ready.unwrap_or(true);
         // The same Pod appears in the IPv4 and the IPv6 slice with the same
         // targetRef; that pairs its A and AAAA answers.
-        let target = ep.target_ref.as_ref().and_then(|t| {
-            let name = t.name.as_deref().filter(|n| !n.is_empty())?;
-            Some(format!(
-                "{}/{}/{}",
-                t.kind.as_deref().unwrap_or(""),
-                t.namespace.as_deref().unwrap_or(namespace),
-                name
-            ))
+        let target = ep.target.and_then(|(kind, ns, name)| {
+            let name = name.filter(|n| !n.is_empty())?;
+            Some(format!("{}/{}/{}", kind.unwrap_or(""), ns.unwrap_or(namespace), name))
         });
         endpoints.push(Endpoint::new(addresses.into(), ready).with_names(
             hostname.as_ref(),
-            ep.zone.as_deref(),
+            ep.zone,
             target.as_deref(),
         ));
     }
@@ -268,7 +378,7 @@ mod tests {
     }
 
     fn slice(yaml: &str) -> Result<SliceOutcome, ConvertError> {
-        endpoint_slice(&serde_yaml_ng::from_str(yaml).unwrap())
+        endpoint_slice(&serde_yaml_ng::from_str::<discovery::EndpointSlice>(yaml).unwrap())
     }
 
     const SLICE: &str = "

@@ -32,10 +32,9 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1 as discovery;
 use tracing::warn;
 
-use super::convert::{self, ConvertError, Ctx, SliceOutcome, meta_value};
+use super::convert::{self, ConvertError, Ctx, SliceFields, SliceOutcome, meta_value};
 use super::crd;
 use super::mcs::LABEL_SERVICE_NAME;
 use crate::model::{
@@ -100,20 +99,15 @@ pub fn disconnected(value: &str) -> (Vec<IpAddr>, Vec<&str>) {
 
 /// Converts an EndpointSlice without MCS labels that a fleet manager read
 /// with `interop` wrote; `Ok(None)` for any other slice.
-pub fn foreign_slice(
-    obj: &discovery::EndpointSlice,
-    interop: Interop,
-) -> Result<Option<SliceOutcome>, ConvertError> {
-    let labels = obj.metadata.labels.as_ref();
-    let annotations = obj.metadata.annotations.as_ref();
+pub fn foreign_slice(obj: &impl SliceFields, interop: Interop) -> Result<Option<SliceOutcome>, ConvertError> {
     // MCS slices are the MCS watch's (they may carry this label too).
-    if meta_value(labels, LABEL_SERVICE_NAME).is_some() {
+    if obj.label(LABEL_SERVICE_NAME).is_some() {
         return Ok(None);
     }
-    let Some(service) = meta_value(labels, LABEL_K8S_SERVICE_NAME) else {
+    let Some(service) = obj.label(LABEL_K8S_SERVICE_NAME) else {
         return Ok(None);
     };
-    let managed_by = meta_value(labels, LABEL_MANAGED_BY);
+    let managed_by = obj.label(LABEL_MANAGED_BY);
     let service_field = format!("metadata.labels[{LABEL_K8S_SERVICE_NAME}]");
     let key = |cx: &Ctx<'_>, name: &str| -> Result<ServiceKey, ConvertError> {
         Ok(ServiceKey {
@@ -139,12 +133,12 @@ pub fn foreign_slice(
     } else if interop.karmada && managed_by == Some(KARMADA_DISPATCH_CONTROLLER) {
         convert::endpoint_slice_of(obj, |cx, _| {
             let field = format!("metadata.annotations[{KARMADA_PROVISION_CLUSTER}]");
-            let cluster = meta_value(annotations, KARMADA_PROVISION_CLUSTER)
-                .ok_or_else(|| cx.err(&field, "is missing"))?;
+            let cluster =
+                obj.annotation(KARMADA_PROVISION_CLUSTER).ok_or_else(|| cx.err(&field, "is missing"))?;
             let cluster = ClusterId::parse(cluster).map_err(|e| cx.err(&field, e))?;
             Ok((key(cx, service)?, cluster, SliceOrigin::KarmadaDispatch))
         })?
-    } else if interop.kosmos && meta_value(annotations, KOSMOS_SERVICE_IMPORT).is_some() {
+    } else if interop.kosmos && obj.annotation(KOSMOS_SERVICE_IMPORT).is_some() {
         convert::endpoint_slice_of(obj, |cx, _| {
             let cluster = ClusterId::parse(KOSMOS_ROOT_CLUSTER).map_err(|e| cx.err("metadata", e))?;
             Ok((key(cx, service)?, cluster, SliceOrigin::Kosmos))
@@ -236,6 +230,7 @@ pub fn backing_service(obj: &Service, interop: Interop) -> Result<Option<Backing
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::discovery::v1 as discovery;
 
     const KARMADA: &str = include_str!("../../tests/data/interop/karmada.yaml");
     const KOSMOS: &str = include_str!("../../tests/data/interop/kosmos.yaml");
@@ -254,7 +249,9 @@ mod tests {
     use serde::Deserialize;
 
     fn slice(text: &str, name: &str, interop: Interop) -> Option<crate::model::EndpointSet> {
-        match foreign_slice(&doc(text, "EndpointSlice", name), interop).unwrap()? {
+        match foreign_slice(&doc::<discovery::EndpointSlice>(text, "EndpointSlice", name), interop)
+            .unwrap()?
+        {
             SliceOutcome::Endpoints(s) => Some(s),
             SliceOutcome::Fqdn => panic!("fqdn"),
         }

@@ -240,6 +240,12 @@ const WATCHES: &[FamilyDecl] = &[
         MetricType::COUNTER,
         &["watch"],
     ),
+    (
+        "clusterset_dns_watch_json_answers_total",
+        "Responses in JSON to a Kubernetes watch's requests for protobuf (--kube-encoding auto): a server or proxy that does not serve protobuf.",
+        MetricType::COUNTER,
+        &["watch"],
+    ),
 ];
 
 fn watch_collector(watches: Vec<Arc<WatchHealth>>) -> Result<ScrapeCollector, prometheus::Error> {
@@ -247,6 +253,7 @@ fn watch_collector(watches: Vec<Arc<WatchHealth>>) -> Result<ScrapeCollector, pr
         vec![
             watches.iter().map(|w| gauge(&[("watch", &w.name)], w.stale_seconds())).collect(),
             watches.iter().map(|w| counter(&[("watch", &w.name)], w.errors())).collect(),
+            watches.iter().map(|w| counter(&[("watch", &w.name)], w.json_answers())).collect(),
         ]
     })
 }

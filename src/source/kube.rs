@@ -15,6 +15,7 @@
 //! is (the loop itself is [`crate::k8s::watch::relist`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -25,12 +26,13 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::k8s::client::Connection;
-use crate::k8s::convert::{self, SliceOutcome};
+use crate::k8s::convert::{self, SliceFields, SliceOutcome};
 use crate::k8s::crd;
 use crate::k8s::interop::{
     self, KARMADA_DISPATCH_CONTROLLER, KARMADA_SLICE_CONTROLLER, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY,
 };
 use crate::k8s::mcs::{LABEL_SERVICE_NAME, discover_mcs};
+use crate::k8s::protobuf::{self, Encoding, SliceObject, SliceWatch};
 use crate::k8s::watch::{self, Reporter, Translate, WatchHealth};
 use crate::model::{DnsLabel, Interop, ServiceKey, SliceKey};
 use crate::store::{Object, ObjectId, SourceId, Update};
@@ -48,6 +50,8 @@ pub struct KubeSource {
     /// value for all of them, so that a refused streaming list switches
     /// them all to pages.
     pub lists: watch::Lists,
+    /// How EndpointSlices are asked for (`--kube-encoding`).
+    pub encoding: Encoding,
 }
 
 /// One planned watch.
@@ -61,6 +65,7 @@ pub struct Watch {
     namespace: Option<String>,
     interop: Interop,
     lists: watch::Lists,
+    encoding: Encoding,
 }
 
 #[derive(Clone, Copy)]
@@ -95,6 +100,7 @@ pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
                 namespace: ns.clone(),
                 interop: src.interop,
                 lists: src.lists.clone(),
+                encoding: src.encoding.clone(),
             });
         }
     }
@@ -110,13 +116,18 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
     let lists = &watch.lists;
     match watch.kind {
         Kind::EndpointSlice => {
-            let api: Api<EndpointSlice> = watch::scoped(client, scope);
-            let cfg = base.labels(LABEL_SERVICE_NAME);
+            let slices = watch.slices(client, LABEL_SERVICE_NAME.to_owned());
             let to_store = watch.to_store(slice_object, slice_id);
-            watch::relist(api, cfg, lists, reporter, to_store, updates).await;
+            watch::relist_with(
+                |streaming| protobuf::slices(slices.clone(), streaming),
+                lists,
+                reporter,
+                to_store,
+                updates,
+            )
+            .await;
         }
         Kind::ForeignSlice => {
-            let api: Api<EndpointSlice> = watch::scoped(client, scope);
             // Kosmos marks its copies by annotation only, so every Service's
             // slices are listed; Karmada's are found by their controller.
             let wanted = if watch.interop.kosmos {
@@ -124,9 +135,16 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
             } else {
                 format!("{LABEL_MANAGED_BY} in ({KARMADA_SLICE_CONTROLLER},{KARMADA_DISPATCH_CONTROLLER})")
             };
-            let cfg = base.labels(&format!("{wanted},!{LABEL_SERVICE_NAME}"));
+            let slices = watch.slices(client, format!("{wanted},!{LABEL_SERVICE_NAME}"));
             let to_store = watch.to_store(foreign_slice_object, slice_id);
-            watch::relist(api, cfg, lists, reporter, to_store, updates).await;
+            watch::relist_with(
+                |streaming| protobuf::slices(slices.clone(), streaming),
+                lists,
+                reporter,
+                to_store,
+                updates,
+            )
+            .await;
         }
         Kind::Service => {
             let api: Api<Service> = watch::scoped(client, scope);
@@ -143,8 +161,21 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
 }
 
 impl Watch {
+    /// The EndpointSlices of this watch's scope that `labels` selects.
+    fn slices(&self, client: Client, labels: String) -> SliceWatch {
+        let api: Api<EndpointSlice> = watch::scoped(client.clone(), self.namespace.as_deref());
+        SliceWatch {
+            url: api.resource_url().to_owned(),
+            client,
+            labels,
+            page_size: self.lists.page_size().map(std::num::NonZeroU32::get),
+            encoding: self.encoding.clone(),
+            health: self.health.clone(),
+        }
+    }
+
     fn to_store<K>(&self, object: Convert<K>, id: fn(&K) -> Option<ObjectId>) -> ToStore<K> {
-        ToStore { source: self.source, interop: self.interop, object, id }
+        ToStore { parted: AtomicBool::new(false), source: self.source, interop: self.interop, object, id }
     }
 }
 
@@ -155,6 +186,8 @@ type Convert<K> = fn(&K, Interop) -> Result<Option<Object>, String>;
 /// A watch's objects as one store source: the list replaces the source's
 /// state, changes upsert and remove.
 struct ToStore<K> {
+    /// Whether the current list was handed over in parts.
+    parted: AtomicBool,
     source: SourceId,
     interop: Interop,
     object: Convert<K>,
@@ -181,8 +214,21 @@ impl<K> Translate<K> for ToStore<K> {
         self.convert(k)
     }
 
+    fn started(&self) {
+        self.parted.store(false, Ordering::Relaxed);
+    }
+
+    fn part(&self, objects: &mut Vec<Object>, first: bool) -> Option<Update> {
+        self.parted.store(true, Ordering::Relaxed);
+        Some(Update::Part { source: self.source, objects: std::mem::take(objects), first })
+    }
+
     fn listed(&self, objects: Vec<Object>, _: std::time::Instant) -> Update {
-        Update::Replace { source: self.source, objects }
+        if self.parted.swap(false, Ordering::Relaxed) {
+            Update::LastPart { source: self.source, objects }
+        } else {
+            Update::Replace { source: self.source, objects }
+        }
     }
 
     fn applied(&self, k: &K) -> Option<Update> {
@@ -204,16 +250,16 @@ impl<K> Translate<K> for ToStore<K> {
     }
 }
 
-fn slice_object(s: &EndpointSlice, _: Interop) -> Result<Option<Object>, String> {
-    match convert::endpoint_slice(s) {
+fn slice_object(s: &SliceObject, _: Interop) -> Result<Option<Object>, String> {
+    match s.read(|v| convert::endpoint_slice(v), convert::endpoint_slice)? {
         Ok(SliceOutcome::Endpoints(set)) => Ok(Some(Object::Slice(set))),
         Ok(SliceOutcome::Fqdn) => Ok(None),
         Err(e) => Err(e.to_string()),
     }
 }
 
-fn foreign_slice_object(s: &EndpointSlice, interop: Interop) -> Result<Option<Object>, String> {
-    match interop::foreign_slice(s, interop) {
+fn foreign_slice_object(s: &SliceObject, interop: Interop) -> Result<Option<Object>, String> {
+    match s.read(|v| interop::foreign_slice(v, interop), |j| interop::foreign_slice(j, interop))? {
         Ok(Some(SliceOutcome::Endpoints(set))) => Ok(Some(Object::Slice(set))),
         Ok(Some(SliceOutcome::Fqdn) | None) => Ok(None),
         Err(e) => Err(e.to_string()),
@@ -231,11 +277,12 @@ fn service_id(s: &Service) -> Option<ObjectId> {
     }))
 }
 
-fn slice_id(s: &EndpointSlice) -> Option<ObjectId> {
-    Some(ObjectId::Slice(SliceKey {
-        namespace: s.metadata.namespace.clone()?,
-        name: s.metadata.name.clone()?,
-    }))
+fn slice_id(s: &SliceObject) -> Option<ObjectId> {
+    let key = |namespace: Option<&str>, name: Option<&str>| {
+        Some(SliceKey { namespace: namespace?.to_owned(), name: name?.to_owned() })
+    };
+    let key = s.read(|v| key(v.namespace(), v.name()), |j| key(j.namespace(), j.name())).ok()??;
+    Some(ObjectId::Slice(key))
 }
 
 fn import_object(o: &DynamicObject, interop: Interop) -> Result<Option<Object>, String> {

@@ -92,6 +92,27 @@ pub enum Update {
         /// Everything it holds now.
         objects: Vec<Object>,
     },
+    /// Part of a list that arrives in parts (a watch's list of many
+    /// objects): its objects are applied at once, so that the list is never
+    /// held whole; what the source held and the list no longer has is
+    /// removed by the list's [`Update::LastPart`]. `first` starts a list
+    /// (a part of an earlier list that never ended counts for nothing).
+    Part {
+        /// Which source.
+        source: SourceId,
+        /// Objects of the list.
+        objects: Vec<Object>,
+        /// Whether this is the list's first part.
+        first: bool,
+    },
+    /// The rest of a list that arrived in parts: with its parts, the
+    /// source's complete state, as [`Update::Replace`]'s objects are.
+    LastPart {
+        /// Which source.
+        source: SourceId,
+        /// The list's objects after its last part.
+        objects: Vec<Object>,
+    },
     /// One object added or changed.
     Upsert {
         /// Which source.

@@ -35,6 +35,31 @@ struct SourceState {
     /// 100,000 services that index cost ~15 MB of keys held twice).
     owners: Owners,
     synced: bool,
+    /// A list arriving in parts ([`Update::Part`]), until its last part.
+    listing: Option<Listing>,
+}
+
+/// A list of one source arriving in parts.
+struct Listing {
+    /// The ids listed so far; `None` when the source held nothing as the
+    /// list began: then nothing can be gone, and no set is kept.
+    seen: Option<foldhash::HashSet<ObjectId>>,
+    /// Objects the source held as the list began.
+    held: usize,
+    /// Objects the list has brought so far.
+    listed: usize,
+    /// A part was refused (memory budget): the rest of the list is refused
+    /// too, and nothing is removed at its end.
+    abandoned: bool,
+}
+
+impl Listing {
+    /// Objects a part of `n` adds to the source: what the list brings
+    /// beyond what the source held (a relist mostly replaces objects one
+    /// for one).
+    fn growth(&self, n: usize) -> usize {
+        (self.listed + n).saturating_sub(self.held.max(self.listed))
+    }
 }
 
 #[derive(Default)]
@@ -145,8 +170,43 @@ impl Writer {
                 let held: usize = self.services.iter().map(|(key, s)| s.ids_of(key, *source).count()).sum();
                 objects.len().saturating_sub(held)
             }
+            Update::Part { source, objects, first } => {
+                match self.sources.get(source).and_then(|s| s.listing.as_ref()).filter(|_| !*first) {
+                    Some(l) if l.abandoned => usize::MAX,
+                    Some(l) => l.growth(objects.len()),
+                    None => objects.len().saturating_sub(self.held_by(*source)),
+                }
+            }
+            Update::LastPart { source, objects } => {
+                match self.sources.get(source).and_then(|s| s.listing.as_ref()) {
+                    Some(l) if l.abandoned => usize::MAX,
+                    Some(l) => l.growth(objects.len()),
+                    None => objects.len(),
+                }
+            }
             Update::Upsert { .. } => 1,
             _ => 0,
+        }
+    }
+
+    /// How many objects `source` holds.
+    fn held_by(&self, source: SourceId) -> usize {
+        self.services.iter().map(|(key, s)| s.ids_of(key, source).count()).sum()
+    }
+
+    /// `update` was refused (the memory budget): when it is part of a list,
+    /// the rest of that list is refused too and removes nothing at its end,
+    /// so that a list cut short never takes away what it did not bring.
+    pub fn refused(&mut self, update: &Update) {
+        let (Update::Part { source, .. } | Update::LastPart { source, .. }) = update else {
+            return;
+        };
+        let held = self.held_by(*source);
+        let state = self.sources.entry(*source).or_default();
+        let listing = state.listing.get_or_insert(Listing { seen: None, held, listed: 0, abandoned: true });
+        listing.abandoned = true;
+        if matches!(update, Update::LastPart { .. }) {
+            state.listing = None;
         }
     }
 
@@ -158,7 +218,63 @@ impl Writer {
                 self.sources.entry(source).or_default();
                 self.zone_dirty = true;
             }
+            Update::Part { source, objects, first } => {
+                let starts = first || self.sources.get(&source).is_none_or(|s| s.listing.is_none());
+                if starts {
+                    let held = self.held_by(source);
+                    let listing = Listing {
+                        seen: (held > 0).then(Default::default),
+                        held,
+                        listed: 0,
+                        abandoned: false,
+                    };
+                    self.sources.entry(source).or_default().listing = Some(listing);
+                }
+                if let Some(listing) = self.sources.get_mut(&source).and_then(|s| s.listing.as_mut()) {
+                    if listing.abandoned {
+                        return;
+                    }
+                    listing.listed += objects.len();
+                    if let Some(seen) = listing.seen.as_mut() {
+                        seen.extend(objects.iter().map(Object::id));
+                    }
+                }
+                for object in objects {
+                    self.upsert(source, object);
+                }
+            }
+            Update::LastPart { source, objects } => {
+                let listing = self.sources.get_mut(&source).and_then(|s| s.listing.take());
+                match listing {
+                    // The list's parts began on a source that held nothing:
+                    // all it holds came from them.
+                    Some(Listing { seen: None, abandoned: false, .. }) => {}
+                    Some(Listing { seen: Some(mut seen), abandoned: false, .. }) => {
+                        seen.extend(objects.iter().map(Object::id));
+                        let old: Vec<ObjectId> =
+                            self.services.iter().flat_map(|(key, s)| s.ids_of(key, source)).collect();
+                        for id in old.into_iter().filter(|id| !seen.contains(id)) {
+                            self.remove(source, &id);
+                        }
+                    }
+                    // Cut short, or no part of it came: nothing is known to
+                    // be gone.
+                    Some(_) | None => {}
+                }
+                for object in objects {
+                    self.upsert(source, object);
+                }
+                let state = self.sources.entry(source).or_default();
+                if !state.synced {
+                    state.synced = true;
+                    self.zone_dirty = true;
+                }
+            }
             Update::Replace { source, objects } => {
+                // A list in one piece ends any list in parts never finished.
+                if let Some(state) = self.sources.get_mut(&source) {
+                    state.listing = None;
+                }
                 // Its objects are found among the services (a relist or a
                 // reload: one pass, as the objects' own).
                 let old: Vec<ObjectId> =

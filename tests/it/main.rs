@@ -29,6 +29,7 @@ mod list_mode;
 mod metrics;
 mod monitoring;
 mod policy;
+mod protobuf;
 mod readiness;
 mod reverse;
 mod same_name;

@@ -602,3 +602,79 @@ fn namespaces_exist_while_they_hold_an_import() {
     assert!(reader.load().zone_name(&names::prefix_key(&["ns", "svc"])).is_none());
     assert!(reader.load().zone_name(&names::prefix_key(&["svc"])).is_none());
 }
+
+/// The services `reader` serves, by name.
+fn served(reader: &Reader, names: &[&str]) -> Vec<bool> {
+    let snap = reader.load();
+    names.iter().map(|n| snap.service(&wire_key("ns", n)).is_some()).collect()
+}
+
+#[test]
+fn a_list_in_parts_serves_as_it_arrives_and_removes_what_it_lacks_at_its_end() {
+    let (reader, mut w) = store();
+    let one = |n: &str| import("ns", n, "10.0.0.1");
+    let s = SourceId(1);
+    // A first list in parts: not synced (not ready) until its last part.
+    w.apply(Update::Part { source: s, objects: vec![one("a"), one("b")], first: true });
+    w.publish();
+    assert_eq!(served(&reader, &["a", "b"]), [true, true]);
+    assert!(!reader.load().is_ready());
+    w.apply(Update::LastPart { source: s, objects: vec![one("c")] });
+    w.publish();
+    assert!(reader.load().is_ready());
+    assert_eq!(served(&reader, &["a", "b", "c"]), [true, true, true]);
+    // A relist in parts without `b`: `b` stays until the list ends.
+    w.apply(Update::Part { source: s, objects: vec![one("a"), one("d")], first: true });
+    w.publish();
+    assert_eq!(served(&reader, &["a", "b", "c", "d"]), [true, true, true, true]);
+    w.apply(Update::LastPart { source: s, objects: vec![one("c")] });
+    w.publish();
+    assert_eq!(served(&reader, &["a", "b", "c", "d"]), [true, false, true, true]);
+}
+
+#[test]
+fn a_list_cut_short_counts_for_nothing_in_the_next() {
+    let (reader, mut w) = store();
+    let one = |n: &str| import("ns", n, "10.0.0.1");
+    let s = SourceId(1);
+    w.apply(Update::Replace { source: s, objects: vec![one("a"), one("b")] });
+    // A relist brings `c`, then fails; the next list has only `a`, in one
+    // piece or in parts: `b` and `c` are gone either way.
+    w.apply(Update::Part { source: s, objects: vec![one("a"), one("c")], first: true });
+    w.apply(Update::Replace { source: s, objects: vec![one("a")] });
+    w.publish();
+    assert_eq!(served(&reader, &["a", "b", "c"]), [true, false, false]);
+    w.apply(Update::Part { source: s, objects: vec![one("b"), one("c")], first: true });
+    w.apply(Update::Part { source: s, objects: vec![one("a")], first: true });
+    w.apply(Update::LastPart { source: s, objects: vec![] });
+    w.publish();
+    assert_eq!(served(&reader, &["a", "b", "c"]), [true, false, false]);
+}
+
+#[test]
+fn a_list_with_a_refused_part_removes_nothing_and_refuses_its_rest() {
+    let (reader, mut w) = store();
+    let one = |n: &str| import("ns", n, "10.0.0.1");
+    let s = SourceId(1);
+    w.apply(Update::Replace { source: s, objects: vec![one("a"), one("b")] });
+    w.publish();
+    // A relist of three objects where two were held grows the source by one.
+    let first = Update::Part { source: s, objects: vec![one("a"), one("c"), one("d")], first: true };
+    assert_eq!(w.growth(&first), 1);
+    w.refused(&first);
+    let rest = Update::Part { source: s, objects: vec![one("e")], first: false };
+    assert_eq!(w.growth(&rest), usize::MAX, "the rest of a list cut by the budget is refused too");
+    w.refused(&rest);
+    let last = Update::LastPart { source: s, objects: vec![] };
+    assert_eq!(w.growth(&last), usize::MAX);
+    w.refused(&last);
+    w.publish();
+    assert_eq!(served(&reader, &["a", "b", "c", "d", "e"]), [true, true, false, false, false]);
+    // The next list starts afresh.
+    let next = Update::Part { source: s, objects: vec![one("a")], first: true };
+    assert_eq!(w.growth(&next), 0);
+    w.apply(next);
+    w.apply(Update::LastPart { source: s, objects: vec![] });
+    w.publish();
+    assert_eq!(served(&reader, &["a", "b"]), [true, false]);
+}
