@@ -1,7 +1,7 @@
 //! The fleet harness shared by the over-the-wire tests (`tests/it`) and the
 //! benchmarks (`benches/*.rs`): real Kubernetes clusters
 //! (`scripts/clusters.sh`), the `clusterset-dns` binary as `serve` or `sync`,
-//! its HTTP endpoints, and what `/proc` says about a process.
+//! its HTTP endpoints, stock CoreDNS, and what `/proc` says about a process.
 //!
 //! Not a crate: each consumer includes this directory with
 //! `#[path = "…/tests/harness/mod.rs"] mod harness;`, so the binary they
@@ -19,6 +19,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod clusters;
+pub mod coredns;
 pub mod dataplane;
 pub mod http;
 pub mod process;
