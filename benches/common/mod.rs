@@ -1,7 +1,8 @@
 //! What the Kubernetes benchmarks (`propagation`, `update_load`, `scale`,
 //! `sync`) share beyond the fleet harness of `tests/harness/`: a fleet of
 //! ServiceImports and EndpointSlices written with bounded concurrency, a UDP
-//! poller that times answers to the millisecond, and the report's format.
+//! poller that times answers to the millisecond, the incumbent (CoreDNS's
+//! `kubernetes` plugin with `multicluster`), and the report's format.
 //! The clusters and the server processes are the tests' own
 //! (`tests/harness/`, included by each bench next to this module).
 //!
@@ -15,6 +16,7 @@
 // Each bench is its own crate and uses a part of this module.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod coredns;
 pub mod dns;
 pub mod objects;
 pub mod report;
