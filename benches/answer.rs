@@ -271,8 +271,7 @@ fn policies(c: &mut Criterion) {
             answers.policy = policy;
             answers.max_answers = max_answers;
             answers.clients.push(store::ClientNet {
-                addr: "127.0.0.0".parse().expect("ip"),
-                prefix: 8,
+                net: "127.0.0.0/8".parse().expect("network"),
                 cluster: ClusterId::parse("cluster0").expect("id"),
                 zone: None,
             });

@@ -494,8 +494,7 @@ mod consumer_tests {
         let mut a = AnswerConfig::standard();
         a.clients = (1..=2)
             .map(|n| ClientNet {
-                addr: format!("10.{n}.0.0").parse().unwrap(),
-                prefix: 16,
+                net: format!("10.{n}.0.0/16").parse().unwrap(),
                 cluster: ClusterId::parse(&format!("c{n}")).unwrap(),
                 zone: None,
             })

@@ -6,11 +6,13 @@
 //! store can trust them: every name is a valid DNS label, every address parses,
 //! every port is in range.
 
+mod cidr;
 mod fleets;
 mod label;
 mod policy;
 mod service;
 
+pub use cidr::{Cidr, CidrError};
 pub use fleets::{BackingKind, BackingService, Interop, KOSMOS_ROOT_CLUSTER, SliceOrigin};
 pub use label::{ClusterId, DnsLabel, LabelError};
 pub use policy::{

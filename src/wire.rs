@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use crate::answer::{self, Answer, Picks, Question, Rcode};
 use crate::fault::{Faults, Point};
+use crate::model::Cidr;
 use crate::store::{Client, Snapshot};
 use cookie::CookieSecret;
 use rrl::{Action, RateLimiter};
@@ -65,7 +66,7 @@ pub struct WireConfig {
     /// Debug answers over DNS (`dig CH TXT <name>`, `whoami.<zone>`), when on.
     pub debug: Option<Arc<DebugAnswers>>,
     /// Clients that may transfer the zone (AXFR, IXFR); others are refused.
-    pub allow_transfer: Vec<rrl::Cidr>,
+    pub allow_transfer: Vec<Cidr>,
 }
 
 impl Default for WireConfig {
@@ -97,7 +98,7 @@ pub trait Explain: Send + Sync {
 /// counted otherwise), each line one TXT record.
 pub struct DebugAnswers {
     /// Clients that may ask (`--allow-debug`).
-    pub allow: Vec<rrl::Cidr>,
+    pub allow: Vec<Cidr>,
     /// The report.
     pub explain: Arc<dyn Explain>,
 }
@@ -465,7 +466,7 @@ mod tests {
     #[test]
     fn debug_access_is_the_allowed_networks_for_ipv4_clients_of_dual_stack_sockets_too() {
         let allow = ["127.0.0.0/8", "::1", "192.0.2.0/24"];
-        let allow = allow.iter().map(|c| rrl::Cidr::parse(c).expect("cidr")).collect();
+        let allow = allow.iter().map(|c| Cidr::parse(c).expect("cidr")).collect();
         let debug = DebugAnswers { allow, explain: Arc::new(NoReport) };
         for (ip, allowed) in [
             ("127.0.0.1", true),

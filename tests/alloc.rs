@@ -147,10 +147,9 @@ fn answering_with_every_policy_allocates_nothing() {
             answers.max_answers = max_answers;
             answers.fallback_boundary = boundary;
             answers.endpoint_answers = true;
-            for (net, cluster) in [("127.0.0.0", "cluster-a"), ("10.2.0.0", "cluster-b")] {
+            for (net, cluster) in [("127.0.0.0/16", "cluster-a"), ("10.2.0.0/16", "cluster-b")] {
                 answers.clients.push(store::ClientNet {
-                    addr: net.parse().unwrap(),
-                    prefix: 16,
+                    net: net.parse().unwrap(),
                     cluster: ClusterId::parse(cluster).unwrap(),
                     zone: None,
                 });

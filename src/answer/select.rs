@@ -352,8 +352,7 @@ mod tests {
         a.policy = policy;
         a.clients = (1..=3)
             .map(|n| ClientNet {
-                addr: format!("10.{n}.0.0").parse().unwrap(),
-                prefix: 16,
+                net: format!("10.{n}.0.0/16").parse().unwrap(),
                 cluster: ClusterId::parse(&format!("c{n}")).unwrap(),
                 zone: Some(format!("z{n}")),
             })
@@ -596,8 +595,7 @@ mod tests {
         let mut a = answers(policy);
         for (n, zone) in [(4, Some("z4".to_owned())), (5, None)] {
             a.clients.push(ClientNet {
-                addr: format!("10.{n}.0.0").parse().unwrap(),
-                prefix: 16,
+                net: format!("10.{n}.0.0/16").parse().unwrap(),
                 cluster: ClusterId::parse(&format!("c{n}")).unwrap(),
                 zone,
             });

@@ -1,6 +1,6 @@
 //! `serve`'s configuration: DNS, the sources, answers, health, the wire.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,12 +14,12 @@ use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
 use crate::k8s::protobuf::{Encoding, KubeEncoding};
 use crate::k8s::watch::{ListMode, Lists};
-use crate::model::{ClusterId, DnsLabel, Interop, PolicyKind};
+use crate::model::{Cidr, ClusterId, DnsLabel, Interop, PolicyKind};
 use crate::ops::memory::MemoryBudget;
 use crate::source::kube::KubeSource;
 use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
 use crate::wire::cookie::CookieSecret;
-use crate::wire::rrl::{Cidr, RateLimiter, RrlConfig};
+use crate::wire::rrl::{RateLimiter, RrlConfig};
 use crate::wire::tcp::TcpConfig;
 use crate::wire::{DebugAnswers, WireConfig};
 
@@ -341,34 +341,17 @@ pub(super) fn answer_config(
     })
 }
 
-/// `CIDR=NAME[/ZONE]`, the network in canonical form (host bits zero).
+/// `CIDR=NAME[/ZONE]`; the network as every CIDR flag takes it ([`Cidr`]:
+/// host bits set are refused, naming the network meant).
 pub(super) fn client_net(v: &str) -> Result<ClientNet, ConfigError> {
     const FLAG: &str = "--client-cluster";
     let (cidr, who) = v.split_once('=').ok_or_else(|| bad(FLAG, format!("{v:?} is not CIDR=NAME")))?;
-    let (addr, prefix) = cidr.split_once('/').unwrap_or((cidr, ""));
-    let addr: IpAddr = addr.parse().map_err(|_| bad(FLAG, format!("{cidr:?} is not an IP network")))?;
-    let max = if addr.is_ipv4() { 32 } else { 128 };
-    let prefix: u8 = match prefix {
-        "" => max,
-        p => p
-            .parse()
-            .ok()
-            .filter(|p| *p <= max)
-            .ok_or_else(|| bad(FLAG, format!("{cidr:?}: bad prefix length")))?,
-    };
-    let addr = match addr {
-        IpAddr::V4(a) => IpAddr::from(std::net::Ipv4Addr::from(
-            u32::from(a) & u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0),
-        )),
-        IpAddr::V6(a) => IpAddr::from(std::net::Ipv6Addr::from(
-            u128::from(a) & u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0),
-        )),
-    };
+    let net = Cidr::parse(cidr).map_err(|e| bad(FLAG, format!("{cidr:?}: {e}")))?;
     let (cluster, zone) = match who.split_once('/') {
         Some((c, z)) if !z.is_empty() => (c, Some(z.to_owned())),
         Some((c, _)) => (c, None),
         None => (who, None),
     };
     let cluster = ClusterId::parse(cluster).map_err(|e| bad(FLAG, format!("{cluster:?} {e}")))?;
-    Ok(ClientNet { addr, prefix, cluster, zone })
+    Ok(ClientNet { net, cluster, zone })
 }

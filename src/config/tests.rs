@@ -231,12 +231,18 @@ fn health_flags_are_checked() {
 
 #[test]
 fn client_networks_are_canonical_and_may_name_a_zone() {
-    let c = config(&["--client-cluster", "10.1.2.3/16=cluster-a/zone-1", "--client-cluster", "fd00::1/64=b"])
+    // Host bits are refused, as by every CIDR flag (`model::Cidr`), naming the network meant.
+    let e = config(&["--client-cluster", "10.1.2.3/16=cluster-a/zone-1"]).unwrap_err();
+    assert_eq!(e.flag, "--client-cluster");
+    assert!(e.problem.contains("did you mean 10.1.0.0/16?"), "{e}");
+    let e = config(&["--client-cluster", "fd00::1/64=b"]).unwrap_err();
+    assert!(e.problem.contains("did you mean fd00::/64?"), "{e}");
+    let c = config(&["--client-cluster", "10.1.0.0/16=cluster-a/zone-1", "--client-cluster", "fd00::/64=b"])
         .unwrap();
     let nets = &c.zone.answers.clients;
-    assert_eq!(nets[0].addr, "10.1.0.0".parse::<IpAddr>().unwrap());
-    assert_eq!((nets[0].prefix, nets[0].zone.as_deref()), (16, Some("zone-1")));
-    assert_eq!(nets[1].addr, "fd00::".parse::<IpAddr>().unwrap());
+    assert_eq!(nets[0].net.addr(), "10.1.0.0".parse::<IpAddr>().unwrap());
+    assert_eq!((nets[0].net.prefix_len(), nets[0].zone.as_deref()), (16, Some("zone-1")));
+    assert_eq!(nets[1].net.addr(), "fd00::".parse::<IpAddr>().unwrap());
     assert_eq!(c.zone.answers.policy, PolicyKind::Rotation);
     assert!(c.zone.answers.fail_open);
     assert_eq!(c.zone.answers.fallback_boundary, crate::model::Boundary::None);

@@ -2,18 +2,14 @@
 //! networks, regions, …) as the operator gives them, before anything is
 //! interned; a ServiceImport's annotations override them per service.
 
-use std::net::IpAddr;
-
-use crate::model::{Boundary, ClusterId, PolicyKind};
+use crate::model::{Boundary, Cidr, ClusterId, PolicyKind};
 
 /// A client network: queries from (or with an EDNS Client Subnet inside)
-/// `addr/prefix` come from `cluster`.
+/// `net` come from `cluster`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientNet {
-    /// The network address (host bits zero).
-    pub addr: IpAddr,
-    /// The prefix length.
-    pub prefix: u8,
+    /// The network.
+    pub net: Cidr,
     /// The cluster its clients run in.
     pub cluster: ClusterId,
     /// Their zone, when known (`CIDR=CLUSTER/ZONE`), for the topology ladder.

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use super::answer_config::AnswerConfig;
 use super::intern::{Interner, intern};
-use crate::model::ClusterId;
+use crate::model::{Cidr, ClusterId};
 
 /// Client networks and localities, interned once: the read path compares
 /// small integers, never strings.
@@ -27,9 +27,7 @@ pub struct Localities {
 
 #[derive(Debug)]
 struct Net {
-    addr: [u8; 16],
-    v6: bool,
-    prefix: u8,
+    net: Cidr,
     cluster: u16,
     zone: Option<u16>,
 }
@@ -48,25 +46,17 @@ pub struct Client {
     pub prefix: u8,
 }
 
-fn bytes(addr: IpAddr) -> ([u8; 16], bool) {
-    match addr {
-        IpAddr::V4(a) => {
-            let mut b = [0; 16];
-            b[..4].copy_from_slice(&a.octets());
-            (b, false)
-        }
-        IpAddr::V6(a) => (a.octets(), true),
+/// The address of `bytes`, the leading bytes of an IPv4 (`v6` false) or
+/// IPv6 address, the rest zero: an EDNS Client Subnet carries only the
+/// bytes its prefix covers.
+fn address(bytes: &[u8], v6: bool) -> IpAddr {
+    fn padded<const N: usize>(bytes: &[u8]) -> [u8; N] {
+        let mut b = [0; N];
+        let n = bytes.len().min(N);
+        b[..n].copy_from_slice(&bytes[..n]);
+        b
     }
-}
-
-/// True when the first `prefix` bits of `a` and `b` are equal.
-fn prefix_eq(a: &[u8; 16], b: &[u8], prefix: u8) -> bool {
-    let full = usize::from(prefix / 8);
-    if a[..full] != b[..full] {
-        return false;
-    }
-    let rest = prefix % 8;
-    rest == 0 || (a[full] ^ b[full]) & (0xFFu8 << (8 - rest)) == 0
+    if v6 { IpAddr::from(padded::<16>(bytes)) } else { IpAddr::from(padded::<4>(bytes)) }
 }
 
 impl Localities {
@@ -82,11 +72,10 @@ impl Localities {
         for n in &cfg.clients {
             let cluster = intern(&mut l.clusters, &n.cluster);
             let zone = n.zone.as_ref().map(|z| intern(&mut l.zones, z));
-            let (addr, v6) = bytes(n.addr);
-            l.nets.push(Net { addr, v6, prefix: n.prefix, cluster, zone });
+            l.nets.push(Net { net: n.net, cluster, zone });
         }
         // Most specific first: the first match is the longest prefix.
-        l.nets.sort_by_key(|n| std::cmp::Reverse(n.prefix));
+        l.nets.sort_by_key(|n| std::cmp::Reverse(n.net.prefix_len()));
         for (cluster, region) in &cfg.regions {
             let c = intern(&mut l.clusters, cluster);
             let r = intern(&mut l.region_names, region);
@@ -134,14 +123,15 @@ impl Localities {
     /// (the first `bits` bits of it: an EDNS Client Subnet's source prefix),
     /// else `--cluster-id`, else unknown. `addr` holds 4 bytes for IPv4.
     pub fn client(&self, addr: &[u8], v6: bool, bits: u8) -> Client {
+        let ip = address(addr, v6);
         for n in &self.nets {
             // A network longer than what the client revealed cannot be matched.
-            if n.v6 == v6 && n.prefix <= bits && prefix_eq(&n.addr, addr, n.prefix) {
+            if n.net.prefix_len() <= bits && n.net.contains(ip) {
                 return Client {
                     cluster: Some(n.cluster),
                     zone: n.zone,
                     region: self.region_of(n.cluster),
-                    prefix: n.prefix,
+                    prefix: n.net.prefix_len(),
                 };
             }
         }
@@ -173,8 +163,7 @@ mod tests {
         c.clients = nets
             .iter()
             .map(|(a, p, cl)| ClientNet {
-                addr: a.parse().unwrap(),
-                prefix: *p,
+                net: Cidr::parse(&format!("{a}/{p}")).unwrap(),
                 cluster: ClusterId::parse(cl).unwrap(),
                 zone: None,
             })
@@ -201,10 +190,12 @@ mod tests {
     }
 
     #[test]
-    fn prefixes_compare_partial_bytes() {
-        let a = [10, 0b1010_0000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        assert!(prefix_eq(&a, &[10, 0b1010_1111, 9, 9], 12));
-        assert!(!prefix_eq(&a, &[10, 0b1011_0000, 9, 9], 12));
-        assert!(prefix_eq(&a, &[99, 0, 0, 0], 0));
+    fn ecs_addresses_carry_only_their_prefix_bytes() {
+        let l = Localities::new(&cfg(&[("10.160.0.0", 12, "twelve"), ("2001:db8::", 32, "six")]));
+        let name = |c: Client| c.cluster.and_then(|i| l.cluster_name(i)).map(|c| c.to_string());
+        assert_eq!(name(l.client(&[10, 0b1010_1111], false, 16)).as_deref(), Some("twelve"));
+        assert_eq!(name(l.client(&[10, 0b1011_0000], false, 16)), None);
+        assert_eq!(name(l.client(&[0x20, 0x01, 0x0d, 0xb8, 0x01], true, 40)).as_deref(), Some("six"));
+        assert_eq!(name(l.client(&[], false, 0)), None, "a /0 reveals nothing");
     }
 }
