@@ -18,6 +18,7 @@ pub mod health;
 pub mod k8s;
 pub mod model;
 pub mod ops;
+pub mod pace;
 pub mod source;
 pub mod store;
 pub mod supervise;

@@ -21,11 +21,14 @@ use tokio::task::JoinHandle;
 use tracing::{error, warn};
 
 use crate::fault::{Failures, Task, panic_message};
+use crate::pace::{Backoff, Jitter};
 
-/// First wait before a restart; doubled per restart up to [`BACKOFF_MAX`].
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// A task that ran this long before dying starts again from [`BACKOFF_MIN`].
+/// The wait before a restart: 100 ms, doubled per restart up to 10 s. No
+/// jitter: a restart is this process's own, nobody else's retries to
+/// spread from.
+const RESTART_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(10), Jitter::None);
+/// A task that ran this long before dying starts again from the first wait.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
 /// Spawns and watches tasks, recording their failures in one [`Failures`].
@@ -54,7 +57,7 @@ impl Supervisor {
     {
         let failures = self.failures.clone();
         tokio::spawn(async move {
-            let mut backoff = BACKOFF_MIN;
+            let mut backoff = RESTART_BACKOFF;
             loop {
                 let started = Instant::now();
                 // Making the future may panic too; that counts the same.
@@ -74,10 +77,9 @@ impl Supervisor {
                     }
                 }
                 if started.elapsed() >= HEALTHY_RUN {
-                    backoff = BACKOFF_MIN;
+                    backoff.reset();
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                tokio::time::sleep(backoff.next_wait()).await;
             }
         })
     }

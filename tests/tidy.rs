@@ -19,28 +19,31 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Task names, caught-panic counters, test-only fault points: a leaf
     // every layer that runs tasks may count into.
     ("fault", &[]),
+    // Backoff with jitter: a leaf for every layer that retries or spreads
+    // its work.
+    ("pace", &[]),
     // The answering side: store → answer → wire.
     ("store", &["model"]),
     ("answer", &["model", "store"]),
     ("wire", &["model", "store", "answer", "fault"]),
     // Talking to API servers; knows the model (it converts into it), nothing above.
-    ("k8s", &["model"]),
+    ("k8s", &["model", "pace"]),
     // The multi-cluster model and member watches, shared by centralized serve and sync.
     ("fleet", &["model", "k8s"]),
     // Everything that feeds the store (centralized mode through `fleet`).
     ("source", &["model", "store", "k8s", "fleet"]),
     // Active probes: read the store, feed it updates like a source.
-    ("health", &["model", "store"]),
+    ("health", &["model", "store", "pace"]),
     // The sync controller: writes Kubernetes objects, never touches the store.
-    ("controller", &["model", "k8s", "fleet"]),
+    ("controller", &["model", "k8s", "fleet", "pace"]),
     // `doctor`: reads members (list only), asks DNS, judges by the fleet's rules.
     ("diagnose", &["model", "k8s", "fleet"]),
     // `setup-dns`: reads and edits the cluster DNS's configuration, asks DNS.
-    ("cluster_dns", &["k8s"]),
+    ("cluster_dns", &["k8s", "pace"]),
     // HTTP endpoints and metrics: read the store, the answer path and watch health.
     ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault"]),
     // Restarts or fails tasks; used by the command roots.
-    ("supervise", &["fault"]),
+    ("supervise", &["fault", "pace"]),
     // Command line and command roots.
     ("cli", &[]),
     ("config", ANY),

@@ -14,6 +14,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::pace::{Backoff, Jitter};
+
 /// What `--watch` does when the wiring is removed or rewritten.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -110,7 +112,9 @@ impl Fight {
         // In a fight, the one repair after a backoff is the only one.
         let fighting = if self.step > 0 { !self.retry } else { self.repairs.len() >= MAX_REPAIRS };
         if fighting {
-            let wait = BACKOFF_FIRST.saturating_mul(1 << self.step.min(10)).min(BACKOFF_MAX);
+            // No jitter: one watcher per cluster, and the tests pin the schedule.
+            const FIGHTS: Backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX, Jitter::None);
+            let wait = FIGHTS.after(self.step.saturating_add(1));
             self.step += 1;
             let until = now + wait;
             self.until = Some(until);

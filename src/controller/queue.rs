@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::model::ServiceKey;
+use crate::pace::{Backoff, Jitter};
 
 /// Wait before the first retry of a service whose reconcile failed; each
 /// further failure in a row doubles it, up to [`RETRY_MAX`].
@@ -96,7 +97,7 @@ impl WorkQueue {
         let n = self.failures.entry(key.clone()).or_insert(0);
         *n += 1;
         let n = *n;
-        let wait = backoff(key, n).max(at_least);
+        let wait = backoff(n).max(at_least);
         self.finish(key);
         // A change while it ran is worth trying now, not after the wait.
         if !self.live.contains(key) {
@@ -129,16 +130,13 @@ impl WorkQueue {
     }
 }
 
-/// The wait before retry number `failures` (1 = the first) of `key`:
-/// exponential, capped, and spread by up to a fifth so that services
-/// failing together (a member's API gone) do not retry in lockstep.
-pub fn backoff(key: &ServiceKey, failures: u32) -> Duration {
-    let base = RETRY.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(RETRY_MAX);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let spread =
-        super::desired::digest_of(&serde_json::Value::String(format!("{key}{}", now.subsec_nanos())));
-    let fifth = u32::from_str_radix(&spread[..4], 16).unwrap_or(0) % 200;
-    base + base * fifth / 1000
+/// The wait before retry number `failures` (1 = the first) of a service:
+/// exponential from [`RETRY`], capped at [`RETRY_MAX`], and up to a fifth
+/// more so that services failing together (a member's API gone) do not
+/// retry in lockstep.
+pub fn backoff(failures: u32) -> Duration {
+    const RETRIES: Backoff = Backoff::new(RETRY, RETRY_MAX, Jitter::Add);
+    RETRIES.after(failures)
 }
 
 #[cfg(test)]
@@ -153,7 +151,7 @@ mod tests {
     #[test]
     fn retries_back_off_exponentially_with_a_spread_and_a_cap() {
         for (failures, base) in [(1, 1), (2, 2), (3, 4), (6, 32), (9, 256), (10, 300), (40, 300)] {
-            let wait = backoff(&key("web"), failures);
+            let wait = backoff(failures);
             let base = Duration::from_secs(base);
             assert!(wait >= base && wait <= base + base / 5, "failure {failures}: {wait:?} for {base:?}");
         }

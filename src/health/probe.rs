@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::model::ServiceKey;
+use crate::pace::Jitter;
 use crate::store::{Reader, Update};
 
 /// What `--probe-…` configures.
@@ -99,33 +100,6 @@ impl Bucket {
     }
 }
 
-/// xorshift64: jitter needs spread, not secrecy, and no dependency.
-struct Jitter(u64);
-
-impl Jitter {
-    fn seeded() -> Self {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        Self(t | 1)
-    }
-
-    /// A fraction in [0, 1).
-    fn next(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// `d` times a factor in [0.8, 1.2), so probes of many endpoints do not
-    /// line up.
-    fn around(&mut self, d: Duration) -> Duration {
-        d.mul_f64(0.8 + 0.4 * self.next())
-    }
-}
-
 /// The targets of a snapshot: every address of every ready endpoint of
 /// every service answered by endpoints, at its probe port.
 fn targets(reader: &Reader) -> (u32, Vec<Target>) {
@@ -154,7 +128,6 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
     let (done_tx, mut done) = mpsc::channel::<(Target, bool)>(cfg.concurrency.max(1));
     let mut state: HashMap<Target, State> = HashMap::new();
     let mut bucket = Bucket::new(cfg.rate, Instant::now());
-    let mut jitter = Jitter::seeded();
     let mut serial = None;
     info!(interval = ?cfg.interval, recheck = ?cfg.recheck, timeout = ?cfg.timeout, fall = cfg.fall, rise = cfg.rise,
           concurrency = cfg.concurrency, rate = cfg.rate, "active probes on");
@@ -174,7 +147,7 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
                 };
                 s.up = verdict.unwrap_or(s.up);
                 // After the verdict: a settled address goes back to the interval.
-                s.due = Some(Instant::now() + jitter.around(s.next_gap(&cfg)));
+                s.due = Some(Instant::now() + Jitter::Around.apply(s.next_gap(&cfg)));
                 let Some(healthy) = verdict else { continue };
                 info!(service = %target.service, address = %target.addr, healthy, "probe verdict changed");
                 let update = Update::EndpointHealth { service: target.service, address: target.addr.ip(), healthy };
@@ -195,7 +168,7 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
                     oks: 0,
                     up: true,
                     // Spread the first probes over one interval.
-                    due: Some(now + cfg.interval.mul_f64(jitter.next())),
+                    due: Some(now + Jitter::Full.apply(cfg.interval)),
                 });
                 next.insert(t, kept);
             }

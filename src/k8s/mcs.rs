@@ -11,7 +11,8 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use tracing::info;
 
-use super::watch::{BACKOFF_MAX, BACKOFF_MIN, Reporter, jitter};
+use super::watch::{BACKOFF_MAX, BACKOFF_MIN, Reporter};
+use crate::pace::{Backoff, Jitter};
 
 /// API group of ServiceImport and ServiceExport.
 pub const MCS_GROUP: &str = "multicluster.x-k8s.io";
@@ -31,7 +32,8 @@ pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluste
 /// Finds the newest served version of an MCS kind (`plural`), retrying (and
 /// reporting) until its CRD is installed.
 pub async fn discover_mcs(client: &Client, kind: &str, plural: &str, reporter: &mut Reporter) -> ApiResource {
-    let mut wait = BACKOFF_MIN;
+    // The watches' backoff: API discovery is the first step of a watch.
+    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX, Jitter::Add);
     loop {
         let mut last_error = String::new();
         for version in MCS_VERSIONS {
@@ -47,8 +49,7 @@ pub async fn discover_mcs(client: &Client, kind: &str, plural: &str, reporter: &
             }
         }
         reporter.failed(&format!("{kind} API not found (is the CRD installed?): {last_error}"));
-        tokio::time::sleep(jitter(wait)).await;
-        wait = (wait * 2).min(BACKOFF_MAX);
+        tokio::time::sleep(backoff.next_wait()).await;
     }
 }
 
