@@ -1,8 +1,11 @@
-//! How often to try again: one exponential [`Backoff`] with [`Jitter`]. A
-//! leaf: the layers that retry (supervision, API discovery, the
-//! controller's queue, `setup-dns --watch`) or spread periodic work (probes)
-//! use it instead of each writing its own.
+//! How often to try again and how fast to go: one exponential [`Backoff`]
+//! with [`Jitter`], and one [`TokenBucket`]. A leaf: the layers that retry
+//! (supervision, API discovery, the controller's queue, `setup-dns
+//! --watch`) or pace themselves (the API clients' rate limit, probes) use
+//! these instead of each writing its own.
 
 mod backoff;
+mod bucket;
 
 pub use backoff::{Backoff, Jitter};
+pub use bucket::TokenBucket;

@@ -19,8 +19,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Task names, caught-panic counters, test-only fault points: a leaf
     // every layer that runs tasks may count into.
     ("fault", &[]),
-    // Backoff with jitter: a leaf for every layer that retries or spreads
-    // its work.
+    // Backoff with jitter and the token bucket: a leaf for every layer that
+    // retries or paces itself.
     ("pace", &[]),
     // The answering side: store → answer → wire.
     ("store", &["model"]),

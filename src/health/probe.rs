@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::model::ServiceKey;
-use crate::pace::Jitter;
+use crate::pace::{Jitter, TokenBucket};
 use crate::store::{Reader, Update};
 
 /// What `--probe-…` configures.
@@ -74,32 +74,6 @@ impl State {
     }
 }
 
-/// A token bucket: `rate` tokens per second, holding at most one second's.
-#[derive(Debug)]
-struct Bucket {
-    tokens: f64,
-    rate: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn new(rate: u32, now: Instant) -> Self {
-        // Starts full: the first second may use its whole budget at once.
-        Self { tokens: f64::from(rate), rate: f64::from(rate), at: now }
-    }
-
-    fn take(&mut self, now: Instant) -> bool {
-        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.rate);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 /// The targets of a snapshot: every address of every ready endpoint of
 /// every service answered by endpoints, at its probe port.
 fn targets(reader: &Reader) -> (u32, Vec<Target>) {
@@ -127,7 +101,10 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
     let slots = Arc::new(Semaphore::new(cfg.concurrency));
     let (done_tx, mut done) = mpsc::channel::<(Target, bool)>(cfg.concurrency.max(1));
     let mut state: HashMap<Target, State> = HashMap::new();
-    let mut bucket = Bucket::new(cfg.rate, Instant::now());
+    // One second's worth, full at the start: the first second may use its
+    // whole budget at once.
+    let rate = f64::from(cfg.rate);
+    let mut bucket = TokenBucket::new(rate, rate, Instant::now());
     let mut serial = None;
     info!(interval = ?cfg.interval, recheck = ?cfg.recheck, timeout = ?cfg.timeout, fall = cfg.fall, rise = cfg.rise,
           concurrency = cfg.concurrency, rate = cfg.rate, "active probes on");
@@ -195,7 +172,7 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
                 continue;
             }
             let Ok(permit) = slots.clone().try_acquire_owned() else { break };
-            if !bucket.take(now) {
+            if !bucket.try_take(now) {
                 break;
             }
             s.due = None;

@@ -7,8 +7,8 @@
 //! which lets twice the rate through across a window boundary and has no
 //! burst separate from the rate; client-go's `--kube-api-qps`/`--kube-api-burst`,
 //! which operators know, are a token bucket. Why not `governor`: a bucket is
-//! twenty lines and this crate already has one (`health/probe.rs`); governor
-//! would add a dependency tree for them.
+//! forty lines and this crate has one ([`TokenBucket`], the probes' too);
+//! governor would add a dependency tree for them.
 //!
 //! The wait happens in `poll_ready`: kube puts its whole stack behind a
 //! `tower::buffer::Buffer`, whose worker asks readiness before each call, so
@@ -26,6 +26,8 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 use tracing::info;
+
+use crate::pace::TokenBucket;
 
 /// How fast one client may send requests.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,36 +54,6 @@ impl ThrottleStats {
     }
 }
 
-/// A token bucket that lends: a request always gets a token, the wait
-/// before it may be sent is the debt (as Go's `rate.Limiter.Reserve`), so
-/// queued requests are spaced exactly `1/qps` apart.
-#[derive(Debug)]
-pub struct Bucket {
-    tokens: f64,
-    limits: Limits,
-    at: Instant,
-}
-
-impl Bucket {
-    /// A full bucket at `now`: a client's first `burst` requests go at once.
-    pub fn new(limits: Limits, now: Instant) -> Self {
-        Self { tokens: f64::from(limits.burst), limits, at: now }
-    }
-
-    /// Takes one token at `now`; how long the request must wait for it.
-    pub fn take(&mut self, now: Instant) -> Duration {
-        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.limits.qps;
-        self.tokens = (self.tokens + refill).min(f64::from(self.limits.burst));
-        self.at = now.max(self.at);
-        self.tokens -= 1.0;
-        if self.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-self.tokens / self.limits.qps)
-        }
-    }
-}
-
 /// The layer: one bucket per client it is applied to.
 #[derive(Debug, Clone)]
 pub struct ThrottleLayer {
@@ -103,7 +75,9 @@ impl<S> Layer<S> for ThrottleLayer {
     fn layer(&self, inner: S) -> Throttle<S> {
         Throttle {
             inner,
-            bucket: Bucket::new(self.limits, Instant::now()),
+            // Lends (`reserve`): queued requests are spaced exactly 1/qps apart.
+            bucket: TokenBucket::new(self.limits.qps, f64::from(self.limits.burst), Instant::now()),
+            limits: self.limits,
             state: State::Idle,
             name: self.name.clone(),
             stats: self.stats.clone(),
@@ -119,7 +93,8 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// The service [`ThrottleLayer`] makes.
 pub struct Throttle<S> {
     inner: S,
-    bucket: Bucket,
+    bucket: TokenBucket,
+    limits: Limits,
     state: State,
     name: String,
     stats: Arc<ThrottleStats>,
@@ -159,7 +134,7 @@ impl<S> Throttle<S> {
     }
 
     fn limits(&self) -> Limits {
-        self.bucket.limits
+        self.limits
     }
 }
 
@@ -175,7 +150,7 @@ where
         loop {
             match &mut self.state {
                 State::Idle => {
-                    let wait = self.bucket.take(Instant::now());
+                    let wait = self.bucket.reserve(Instant::now());
                     if wait.is_zero() {
                         self.state = State::Ready;
                     } else {
@@ -211,30 +186,6 @@ mod tests {
 
     fn limits(qps: f64, burst: u32) -> Limits {
         Limits { qps, burst }
-    }
-
-    #[test]
-    fn a_full_bucket_lets_a_burst_through_then_spaces_requests_by_one_over_qps() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(limits(10.0, 3), t0);
-        let waits: Vec<Duration> = (0..6).map(|_| b.take(t0)).collect();
-        let ms: Vec<u128> = waits.iter().map(|w| w.as_millis()).collect();
-        assert_eq!(ms, [0, 0, 0, 100, 200, 300], "three at once, then 100 ms apart");
-    }
-
-    #[test]
-    fn a_quiet_spell_refills_the_bucket_up_to_the_burst_only() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(limits(10.0, 2), t0);
-        b.take(t0);
-        b.take(t0);
-        // 10 s at 10/s would be 100 tokens; the bucket holds 2.
-        let later = t0 + Duration::from_secs(10);
-        assert_eq!(b.take(later), Duration::ZERO);
-        assert_eq!(b.take(later), Duration::ZERO);
-        assert_eq!(b.take(later).as_millis(), 100);
-        // Half a token's time later: the debt is 1.5 tokens.
-        assert_eq!(b.take(later + Duration::from_millis(50)).as_millis(), 150);
     }
 
     /// Counts calls; always ready.
