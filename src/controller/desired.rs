@@ -9,11 +9,9 @@ use serde_json::{Value, json};
 
 use crate::fleet::export::{ServicePortSpec, SessionAffinity};
 use crate::fleet::merge::{Condition, ImportSpec};
-use crate::fleet::objects::{
-    ANNOTATION_CONSUMER_CLUSTERS, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY,
-};
+use crate::fleet::objects::{ANNOTATION_CONSUMER_CLUSTERS, MANAGED_BY};
 use crate::fleet::state::FleetState;
-use crate::k8s::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
+use crate::k8s::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{ANNOTATION_UNREACHABLE_CLUSTERS, AddressFamily, ClusterId, ImportType, ServiceKey};
 
 pub use crate::fleet::objects::{LABEL_APP_MANAGED_BY, SYNC_MANAGER as FIELD_MANAGER};

@@ -14,6 +14,7 @@ use super::observed::{Answer, MemberSeen, Observed, Seen, SeenDns, SeenExport, S
 use crate::fleet::export::{ClusterExport, Exported, ExportedService, ServicePortSpec};
 use crate::fleet::merge::{self, Merged};
 use crate::fleet::objects::MANAGED_BY;
+use crate::k8s::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{AddressFamily, ClusterId, ImportType};
 
 /// How much a verdict matters.
@@ -599,7 +600,7 @@ impl<'a> Checks<'a> {
                     &[&m.name],
                     format!("{} exports {name} but has no ready endpoints", m.name),
                     format!(
-                        "check its Pods and the Service's selector (kubectl -n {} get endpointslices -l kubernetes.io/service-name={})",
+                        "check its Pods and the Service's selector (kubectl -n {} get endpointslices -l {LABEL_K8S_SERVICE_NAME}={})",
                         self.o.key.namespace, self.o.key.name
                     ),
                 );
@@ -654,7 +655,7 @@ impl<'a> Checks<'a> {
                         "SliceWithoutSource",
                         &[&m.name],
                         format!(
-                            "{} has MCS EndpointSlices of {name} without a multicluster.kubernetes.io/source-cluster label: {}",
+                            "{} has MCS EndpointSlices of {name} without a {LABEL_SOURCE_CLUSTER} label: {}",
                             m.name,
                             from.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
                         ),
@@ -675,7 +676,7 @@ impl<'a> Checks<'a> {
                                 join(managers.iter().copied())
                             ),
                             format!(
-                                "the controller deletes them once every member has listed; if they stay: kubectl -n {} delete endpointslices -l multicluster.kubernetes.io/service-name={},multicluster.kubernetes.io/source-cluster={s}",
+                                "the controller deletes them once every member has listed; if they stay: kubectl -n {} delete endpointslices -l {LABEL_SERVICE_NAME}={},{LABEL_SOURCE_CLUSTER}={s}",
                                 self.o.key.namespace, self.o.key.name
                             ),
                         ),

@@ -18,8 +18,11 @@ use serde_json::Value;
 use super::observed::{MemberSeen, Seen, SeenCondition, SeenExport, SeenImport, SeenService, SeenSlice};
 use crate::fleet::export::ServicePortSpec;
 use crate::fleet::member::Member;
-use crate::fleet::objects::{self, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY};
-use crate::k8s::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MCS_GROUP, MCS_VERSIONS, mcs_resource};
+use crate::fleet::objects;
+use crate::k8s::mcs::{
+    LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MCS_GROUP,
+    MCS_VERSIONS, mcs_resource,
+};
 use crate::model::{
     ANNOTATION_ENDPOINT_ANSWERS, ANNOTATION_UNREACHABLE_CLUSTERS, ClusterId, DnsLabel, Protocol, ServiceKey,
 };

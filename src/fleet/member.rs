@@ -18,10 +18,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use super::objects::{self, LABEL_K8S_SERVICE_NAME};
+use super::objects;
 use super::state::{Change, Delta, ExportInfo, MemberEvent, ServiceInfo};
 use crate::k8s::client::{self, ClientError, Connection};
-use crate::k8s::mcs::{CLUSTER_ID_PROPERTY, cluster_property, discover_mcs};
+use crate::k8s::mcs::{CLUSTER_ID_PROPERTY, LABEL_K8S_SERVICE_NAME, cluster_property, discover_mcs};
 use crate::k8s::throttle::{Limits, ThrottleStats};
 use crate::k8s::watch::{self, Lists, Reporter, Translate, WatchHealth, scopes};
 use crate::model::{ClusterId, ServiceKey, SliceKey};

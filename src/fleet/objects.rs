@@ -11,13 +11,9 @@ use kube::api::ObjectMeta;
 
 use super::export::{Exported, ExportedMetadata, ExportedService, ServicePortSpec, SessionAffinity};
 use crate::k8s::convert::{self, SliceOutcome};
-use crate::k8s::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
+use crate::k8s::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{AddressFamily, ClusterId, DnsLabel, EndpointSet, ImportType, Protocol, ServiceKey};
 
-/// Label the EndpointSlice controller puts on a Service's own slices.
-pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
-/// Label naming the controller that manages an EndpointSlice.
-pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 /// Our value of [`LABEL_MANAGED_BY`]: slices we write are never read back as
 /// a Service's own endpoints.
 pub const MANAGED_BY: &str = "sync.clusterset-dns.io";

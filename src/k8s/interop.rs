@@ -42,10 +42,11 @@ use crate::model::{
     SliceKey, SliceOrigin,
 };
 
-/// The Kubernetes label naming a slice's Service.
-pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
-/// The Kubernetes label naming a slice's controller.
-pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+// Kubernetes' slice labels are defined with the MCS ones (`super::mcs`);
+// named here too because the kube source reads them beside Karmada's
+// values below.
+pub use super::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY};
+
 /// Karmada's endpointslice-controller (`util.EndpointSliceControllerLabelValue`).
 pub const KARMADA_SLICE_CONTROLLER: &str = "endpointslice-controller.karmada.io";
 /// Karmada's endpointslice-dispatch-controller (`util.EndpointSliceDispatchControllerLabelValue`).

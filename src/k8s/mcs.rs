@@ -28,6 +28,11 @@ pub fn mcs_resource(version: &str, kind: &str, plural: &str) -> ApiResource {
 pub const LABEL_SERVICE_NAME: &str = "multicluster.kubernetes.io/service-name";
 /// Label on MCS EndpointSlices naming the cluster the endpoints run in.
 pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluster";
+/// Kubernetes' label naming an EndpointSlice's Service (a Service's own
+/// slices, and the VIP Service on the slices sync writes).
+pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Kubernetes' label naming the controller that manages an EndpointSlice.
+pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 
 /// Finds the newest served version of an MCS kind (`plural`), retrying (and
 /// reporting) until its CRD is installed.
