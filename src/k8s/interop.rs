@@ -42,10 +42,7 @@ use crate::model::{
     SliceKey, SliceOrigin,
 };
 
-// Kubernetes' slice labels are defined with the MCS ones (`super::mcs`);
-// named here too because the kube source reads them beside Karmada's
-// values below.
-pub use super::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY};
+use super::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY};
 
 /// Karmada's endpointslice-controller (`util.EndpointSliceControllerLabelValue`).
 pub const KARMADA_SLICE_CONTROLLER: &str = "endpointslice-controller.karmada.io";

@@ -11,8 +11,7 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use tracing::info;
 
-use super::watch::{BACKOFF_MAX, BACKOFF_MIN, Reporter};
-use crate::pace::{Backoff, Jitter};
+use super::watch::{Reporter, WATCH_BACKOFF};
 
 /// API group of ServiceImport and ServiceExport.
 pub const MCS_GROUP: &str = "multicluster.x-k8s.io";
@@ -38,7 +37,7 @@ pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 /// reporting) until its CRD is installed.
 pub async fn discover_mcs(client: &Client, kind: &str, plural: &str, reporter: &mut Reporter) -> ApiResource {
     // The watches' backoff: API discovery is the first step of a watch.
-    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX, Jitter::Add);
+    let mut backoff = WATCH_BACKOFF;
     loop {
         let mut last_error = String::new();
         for version in MCS_VERSIONS {

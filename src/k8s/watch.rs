@@ -50,6 +50,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use crate::pace::{Backoff, Jitter};
+
 /// The flag that chooses how watches list, for messages.
 const LIST_MODE_FLAG: &str = "--list-mode";
 
@@ -61,10 +63,11 @@ pub const LIST_PART: usize = 5_000;
 
 /// How a failing watch is reported again while it stays down.
 const STALE_LOG_EVERY: Duration = Duration::from_secs(30);
-/// First wait after a watch error; doubled per failure up to the maximum.
-pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(500);
-/// Upper bound of the wait between attempts (watch or API discovery).
-pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The wait between attempts (a watch, or API discovery): from 0.5 s,
+/// doubled per failure up to 30 s, up to a fifth more so that many servers
+/// do not retry in lockstep.
+pub(super) const WATCH_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(500), Duration::from_secs(30), Jitter::Add);
 
 /// The health of one watch, shared with the metrics endpoint.
 #[derive(Debug)]
@@ -117,12 +120,6 @@ impl WatchHealth {
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(1)
-}
-
-/// `d` plus up to 20 %, so that many servers do not retry in lockstep.
-pub(super) fn jitter(d: Duration) -> Duration {
-    let spread = SystemTime::now().duration_since(UNIX_EPOCH).map(|t| t.subsec_nanos()).unwrap_or(0) % 200;
-    d + d * spread / 1000
 }
 
 /// Logs watch failures and recoveries, and keeps the health figures.
@@ -402,7 +399,7 @@ pub async fn relist_with<K, S, T>(
     S: Stream<Item = Result<Event<K>, watcher::Error>>,
     T: Translate<K>,
 {
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = WATCH_BACKOFF;
     loop {
         let streaming = lists.streaming();
         let stream = start(streaming);
@@ -429,10 +426,9 @@ pub async fn relist_with<K, S, T>(
             End::FallBack => {}
             End::Failed { listed } => {
                 if listed {
-                    backoff = BACKOFF_MIN;
+                    backoff.reset();
                 }
-                tokio::time::sleep(jitter(backoff)).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                tokio::time::sleep(backoff.next_wait()).await;
             }
         }
     }

@@ -28,10 +28,8 @@ use tracing::warn;
 use crate::k8s::client::Connection;
 use crate::k8s::convert::{self, SliceFields, SliceOutcome};
 use crate::k8s::crd;
-use crate::k8s::interop::{
-    self, KARMADA_DISPATCH_CONTROLLER, KARMADA_SLICE_CONTROLLER, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY,
-};
-use crate::k8s::mcs::{LABEL_SERVICE_NAME, discover_mcs};
+use crate::k8s::interop::{self, KARMADA_DISPATCH_CONTROLLER, KARMADA_SLICE_CONTROLLER};
+use crate::k8s::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, discover_mcs};
 use crate::k8s::protobuf::{self, Encoding, SliceObject, SliceWatch};
 use crate::k8s::watch::{self, Reporter, Translate, WatchHealth};
 use crate::model::{DnsLabel, Interop, ServiceKey, SliceKey};
