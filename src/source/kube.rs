@@ -113,36 +113,23 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
     let base = watcher::Config::default();
     let lists = &watch.lists;
     match watch.kind {
-        Kind::EndpointSlice => {
-            let slices = watch.slices(client, LABEL_SERVICE_NAME.to_owned());
-            let to_store = watch.to_store(slice_object, slice_id);
-            watch::relist_with(
-                |streaming| protobuf::slices(slices.clone(), streaming),
-                lists,
-                reporter,
-                to_store,
-                updates,
-            )
-            .await;
-        }
-        Kind::ForeignSlice => {
-            // Kosmos marks its copies by annotation only, so every Service's
-            // slices are listed; Karmada's are found by their controller.
-            let wanted = if watch.interop.kosmos {
-                LABEL_K8S_SERVICE_NAME.to_owned()
-            } else {
-                format!("{LABEL_MANAGED_BY} in ({KARMADA_SLICE_CONTROLLER},{KARMADA_DISPATCH_CONTROLLER})")
-            };
-            let slices = watch.slices(client, format!("{wanted},!{LABEL_SERVICE_NAME}"));
-            let to_store = watch.to_store(foreign_slice_object, slice_id);
-            watch::relist_with(
-                |streaming| protobuf::slices(slices.clone(), streaming),
-                lists,
-                reporter,
-                to_store,
-                updates,
-            )
-            .await;
+        Kind::EndpointSlice | Kind::ForeignSlice => {
+            let (labels, convert): (String, Convert<SliceObject>) =
+                if matches!(watch.kind, Kind::EndpointSlice) {
+                    (LABEL_SERVICE_NAME.to_owned(), slice_object)
+                } else if watch.interop.kosmos {
+                    // Kosmos marks its copies by annotation only, so every
+                    // Service's slices are listed; Karmada's are found by
+                    // their controller.
+                    (format!("{LABEL_K8S_SERVICE_NAME},!{LABEL_SERVICE_NAME}"), foreign_slice_object)
+                } else {
+                    let managed = format!("{KARMADA_SLICE_CONTROLLER},{KARMADA_DISPATCH_CONTROLLER}");
+                    (format!("{LABEL_MANAGED_BY} in ({managed}),!{LABEL_SERVICE_NAME}"), foreign_slice_object)
+                };
+            let slices = watch.slices(client, labels);
+            let to_store = watch.to_store(convert, slice_id);
+            let start = |streaming| protobuf::slices(slices.clone(), streaming);
+            watch::relist_with(start, lists, reporter, to_store, updates).await;
         }
         Kind::Service => {
             let api: Api<Service> = watch::scoped(client, scope);

@@ -261,14 +261,7 @@ impl Writer {
                     // be gone.
                     Some(_) | None => {}
                 }
-                for object in objects {
-                    self.upsert(source, object);
-                }
-                let state = self.sources.entry(source).or_default();
-                if !state.synced {
-                    state.synced = true;
-                    self.zone_dirty = true;
-                }
+                self.complete(source, objects);
             }
             Update::Replace { source, objects } => {
                 // A list in one piece ends any list in parts never finished.
@@ -286,14 +279,7 @@ impl Writer {
                         self.remove(source, &id);
                     }
                 }
-                for object in objects {
-                    self.upsert(source, object);
-                }
-                let state = self.sources.entry(source).or_default();
-                if !state.synced {
-                    state.synced = true;
-                    self.zone_dirty = true;
-                }
+                self.complete(source, objects);
             }
             Update::Upsert { source, object } => self.upsert(source, object),
             Update::Remove { source, id } => self.remove(source, &id),
@@ -321,6 +307,18 @@ impl Writer {
                     }
                 }
             }
+        }
+    }
+
+    /// The last of a complete list: its objects applied, the source synced.
+    fn complete(&mut self, source: SourceId, objects: Vec<Object>) {
+        for object in objects {
+            self.upsert(source, object);
+        }
+        let state = self.sources.entry(source).or_default();
+        if !state.synced {
+            state.synced = true;
+            self.zone_dirty = true;
         }
     }
 
