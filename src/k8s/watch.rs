@@ -343,9 +343,6 @@ pub trait Translate<K>: Send {
     type Item: Send;
     /// What the watch sends.
     type Message: Send;
-    /// A list begins (a first list, or a relist after an error that may
-    /// have cut the previous one short).
-    fn started(&self) {}
     /// One object of a list; `None` leaves it out.
     fn item(&self, object: &K) -> Option<Self::Item>;
     /// A list has [`LIST_PART`] items not yet sent: a message that hands
@@ -362,6 +359,11 @@ pub trait Translate<K>: Send {
     /// for: an object written after it may be missing from the list
     /// without being gone (its event follows).
     fn listed(&self, items: Vec<Self::Item>, began: Instant) -> Self::Message;
+    /// The end of a list handed over in [`Translate::part`]s: its items
+    /// after the last part. Only a consumer that takes parts gets it.
+    fn rest(&self, items: Vec<Self::Item>, began: Instant) -> Self::Message {
+        self.listed(items, began)
+    }
     /// An object added or changed; `None` sends nothing.
     fn applied(&self, object: &K) -> Option<Self::Message>;
     /// An object deleted; `None` sends nothing.
@@ -496,7 +498,6 @@ where
                 buffer.clear();
                 parted = false;
                 count = 0;
-                translate.started();
                 continue;
             }
             Ok(Event::InitApply(k)) => {
@@ -517,11 +518,15 @@ where
             }
             Ok(Event::InitDone) => {
                 started = false;
-                parted = false;
                 let items = std::mem::take(&mut buffer);
                 info!(watch = %reporter.name(), objects = count, list = how, "watch listed");
                 listed = true;
-                (translate.listed(items, began), true)
+                let message = if std::mem::take(&mut parted) {
+                    translate.rest(items, began)
+                } else {
+                    translate.listed(items, began)
+                };
+                (message, true)
             }
             Ok(Event::Apply(k)) => match translate.applied(&k) {
                 Some(m) => (m, false),
@@ -570,6 +575,9 @@ mod tests {
         }
         fn listed(&self, items: Vec<String>, _: Instant) -> String {
             format!("listed {}", items.join(","))
+        }
+        fn rest(&self, items: Vec<String>, _: Instant) -> String {
+            format!("rest {}", items.join(","))
         }
         fn applied(&self, object: &String) -> Option<String> {
             Some(format!("applied {object}"))
@@ -736,15 +744,22 @@ mod tests {
         let (_, sent, _) = run_with(&lists, false, events, &Strings { parts: true });
         let parts: Vec<&str> =
             sent.iter().map(|m| m.split_once(' ').map_or(m.as_str(), |(a, _)| a)).collect();
-        assert_eq!(parts, ["part", "part", "listed", "part", "listed"]);
+        assert_eq!(parts, ["part", "part", "rest", "part", "rest"]);
         assert_eq!(sent[0], format!("part of {LIST_PART} (first true)"));
         assert_eq!(sent[1], format!("part of {LIST_PART} (first false)"));
-        assert_eq!(sent[2], format!("listed {}", [n - 3, n - 2, n - 1].map(|i| i.to_string()).join(",")));
+        assert_eq!(sent[2], format!("rest {}", [n - 3, n - 2, n - 1].map(|i| i.to_string()).join(",")));
         assert_eq!(
             sent[3],
             format!("part of {LIST_PART} (first true)"),
             "a new list starts its parts afresh"
         );
+        // A list cut short after a part (a relist begins): the next list,
+        // in one piece, ends as a whole list, not as the rest of parts.
+        let mut cut = list(LIST_PART);
+        cut.pop();
+        cut.extend(list(3));
+        let (_, sent, _) = run_with(&lists, false, cut, &Strings { parts: true });
+        assert_eq!(sent, [format!("part of {LIST_PART} (first true)"), "listed 0,1,2".to_owned()]);
         // A consumer that takes no parts gets the whole list at once.
         let (_, sent, _) = run_with(&lists, false, list(n), &Strings { parts: false });
         assert_eq!(sent.len(), 1);

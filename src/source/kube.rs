@@ -15,7 +15,6 @@
 //! is (the loop itself is [`crate::k8s::watch::relist`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -160,7 +159,7 @@ impl Watch {
     }
 
     fn to_store<K>(&self, object: Convert<K>, id: fn(&K) -> Option<ObjectId>) -> ToStore<K> {
-        ToStore { parted: AtomicBool::new(false), source: self.source, interop: self.interop, object, id }
+        ToStore { source: self.source, interop: self.interop, object, id }
     }
 }
 
@@ -171,8 +170,6 @@ type Convert<K> = fn(&K, Interop) -> Result<Option<Object>, String>;
 /// A watch's objects as one store source: the list replaces the source's
 /// state, changes upsert and remove.
 struct ToStore<K> {
-    /// Whether the current list was handed over in parts.
-    parted: AtomicBool,
     source: SourceId,
     interop: Interop,
     object: Convert<K>,
@@ -199,21 +196,16 @@ impl<K> Translate<K> for ToStore<K> {
         self.convert(k)
     }
 
-    fn started(&self) {
-        self.parted.store(false, Ordering::Relaxed);
-    }
-
     fn part(&self, objects: &mut Vec<Object>, first: bool) -> Option<Update> {
-        self.parted.store(true, Ordering::Relaxed);
         Some(Update::Part { source: self.source, objects: std::mem::take(objects), first })
     }
 
     fn listed(&self, objects: Vec<Object>, _: std::time::Instant) -> Update {
-        if self.parted.swap(false, Ordering::Relaxed) {
-            Update::LastPart { source: self.source, objects }
-        } else {
-            Update::Replace { source: self.source, objects }
-        }
+        Update::Replace { source: self.source, objects }
+    }
+
+    fn rest(&self, objects: Vec<Object>, _: std::time::Instant) -> Update {
+        Update::LastPart { source: self.source, objects }
     }
 
     fn applied(&self, k: &K) -> Option<Update> {

@@ -166,10 +166,7 @@ impl Writer {
     /// replaces: what a memory budget weighs before it is applied.
     pub fn growth(&self, update: &Update) -> usize {
         match update {
-            Update::Replace { source, objects } => {
-                let held: usize = self.services.iter().map(|(key, s)| s.ids_of(key, *source).count()).sum();
-                objects.len().saturating_sub(held)
-            }
+            Update::Replace { source, objects } => objects.len().saturating_sub(self.held_by(*source)),
             Update::Part { source, objects, first } => {
                 match self.sources.get(source).and_then(|s| s.listing.as_ref()).filter(|_| !*first) {
                     Some(l) if l.abandoned => usize::MAX,
@@ -192,6 +189,25 @@ impl Writer {
     /// How many objects `source` holds.
     fn held_by(&self, source: SourceId) -> usize {
         self.services.iter().map(|(key, s)| s.ids_of(key, source).count()).sum()
+    }
+
+    /// The ids of every object `source` holds (found among the services:
+    /// one pass, as the objects' own).
+    fn source_ids(&self, source: SourceId) -> Vec<ObjectId> {
+        self.services.iter().flat_map(|(key, s)| s.ids_of(key, source)).collect()
+    }
+
+    /// Removes those of `old` (the source's ids) that a complete list did
+    /// not have.
+    fn remove_unlisted(
+        &mut self,
+        source: SourceId,
+        old: Vec<ObjectId>,
+        listed: &foldhash::HashSet<ObjectId>,
+    ) {
+        for id in old.into_iter().filter(|id| !listed.contains(id)) {
+            self.remove(source, &id);
+        }
     }
 
     /// `update` was refused (the memory budget): when it is part of a list,
@@ -251,11 +267,8 @@ impl Writer {
                     Some(Listing { seen: None, abandoned: false, .. }) => {}
                     Some(Listing { seen: Some(mut seen), abandoned: false, .. }) => {
                         seen.extend(objects.iter().map(Object::id));
-                        let old: Vec<ObjectId> =
-                            self.services.iter().flat_map(|(key, s)| s.ids_of(key, source)).collect();
-                        for id in old.into_iter().filter(|id| !seen.contains(id)) {
-                            self.remove(source, &id);
-                        }
+                        let old = self.source_ids(source);
+                        self.remove_unlisted(source, old, &seen);
                     }
                     // Cut short, or no part of it came: nothing is known to
                     // be gone.
@@ -268,16 +281,11 @@ impl Writer {
                 if let Some(state) = self.sources.get_mut(&source) {
                     state.listing = None;
                 }
-                // Its objects are found among the services (a relist or a
-                // reload: one pass, as the objects' own).
-                let old: Vec<ObjectId> =
-                    self.services.iter().flat_map(|(key, s)| s.ids_of(key, source)).collect();
+                let old = self.source_ids(source);
                 // A first list has nothing to remove: no set of 200,000 ids.
                 if !old.is_empty() {
                     let keep: foldhash::HashSet<ObjectId> = objects.iter().map(Object::id).collect();
-                    for id in old.into_iter().filter(|id| !keep.contains(id)) {
-                        self.remove(source, &id);
-                    }
+                    self.remove_unlisted(source, old, &keep);
                 }
                 self.complete(source, objects);
             }

@@ -80,16 +80,6 @@ impl Encoding {
         Self { encoding, told: Arc::default(), warned: Arc::default() }
     }
 
-    /// The same encoding for another API server's watches.
-    pub fn for_another_server(&self) -> Self {
-        Self::new(self.encoding)
-    }
-
-    /// As configured.
-    pub fn encoding(&self) -> KubeEncoding {
-        self.encoding
-    }
-
     fn accept(&self) -> &'static str {
         match self.encoding {
             KubeEncoding::Auto => ACCEPT_PROTOBUF,
