@@ -80,7 +80,7 @@ fn store() -> (Reader, Writer) {
 fn store_with(answers: store::AnswerConfig) -> (Reader, Writer) {
     let (reader, mut writer) =
         store::new(ZoneConfig::with_defaults(Name::from_ascii("clusterset.local.").expect("zone"), answers));
-    writer.apply(Update::Replace { source: SourceId(1), objects: objects(0) });
+    writer.apply(Update::Replace { source: SourceId::Watch(1), objects: objects(0) });
     writer.publish();
     (reader, writer)
 }
@@ -217,7 +217,7 @@ fn publish(c: &mut Criterion) {
         b.iter(|| {
             i += 1;
             let set = &sets[(i / SERVICES) % 2];
-            writer.apply(Update::Upsert { source: SourceId(1), object: set[i % SERVICES].clone() });
+            writer.apply(Update::Upsert { source: SourceId::Watch(1), object: set[i % SERVICES].clone() });
             let rebuilt = writer.publish();
             debug_assert_eq!(rebuilt, 1);
             black_box(rebuilt)

@@ -176,7 +176,7 @@ fn measure(services: usize, every: usize, publishes: usize) -> Figures {
     let objects_bytes = live() - empty;
     reset_peak();
     let t = Instant::now();
-    writer.apply(Update::Replace { source: SourceId(1), objects });
+    writer.apply(Update::Replace { source: SourceId::Watch(1), objects });
     writer.publish();
     let build = t.elapsed();
     let peak_build = PEAK.load(Ordering::Relaxed) - empty;
@@ -190,7 +190,7 @@ fn measure(services: usize, every: usize, publishes: usize) -> Figures {
         for n in 0..publishes {
             let object = slice(headless, 3, n % 2 == 0);
             let t = Instant::now();
-            writer.apply(Update::Upsert { source: SourceId(1), object });
+            writer.apply(Update::Upsert { source: SourceId::Watch(1), object });
             writer.publish();
             times.push(t.elapsed());
         }

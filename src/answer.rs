@@ -533,7 +533,7 @@ mod consumer_tests {
                 origin: SliceOrigin::Mcs,
             }));
         }
-        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.apply(Update::Replace { source: SourceId::Watch(1), objects });
         w.publish();
         (reader, w)
     }

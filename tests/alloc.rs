@@ -58,7 +58,7 @@ fn example(answers: store::AnswerConfig) -> store::Reader {
     let (reader, mut writer) =
         store::new(ZoneConfig::with_defaults(Name::from_ascii("clusterset.local.").expect("zone"), answers));
     writer.apply(Update::Replace {
-        source: SourceId(0),
+        source: SourceId::Example,
         objects: embedded::parse(Default::default()).expect("embedded example").objects,
     });
     writer.publish();

@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!skipped.field.is_empty(), "a skipped object without its field: {skipped}");
             }
             let (reader, mut writer) = store::new(zone());
-            writer.apply(Update::Replace { source: SourceId(0), objects: parsed.objects });
+            writer.apply(Update::Replace { source: SourceId::Example, objects: parsed.objects });
             writer.publish();
             drop(reader.load());
         }

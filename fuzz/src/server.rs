@@ -43,7 +43,7 @@ pub fn reader() -> &'static Reader {
     READER.get_or_init(|| {
         let (reader, mut writer) = store::new(zone());
         let objects = embedded::parse(Default::default()).expect("embedded example").objects;
-        writer.apply(Update::Replace { source: SourceId(0), objects });
+        writer.apply(Update::Replace { source: SourceId::Example, objects });
         writer.publish();
         reader
     })

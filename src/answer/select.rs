@@ -401,7 +401,7 @@ mod tests {
                 }));
             }
         }
-        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.apply(Update::Replace { source: SourceId::Watch(1), objects });
         w.publish();
         (reader, w)
     }
@@ -774,7 +774,7 @@ mod tests {
                 .into(),
             })
         };
-        w.apply(Update::Upsert { source: SourceId(1), object: import(&["c2", "c3"]) });
+        w.apply(Update::Upsert { source: SourceId::Watch(1), object: import(&["c2", "c3"]) });
         assert_eq!(w.publish(), 0, "nothing re-encoded");
         let after = reader.load_full();
         let (b, a) = (before.service(&wire).unwrap(), after.service(&wire).unwrap());
@@ -785,11 +785,11 @@ mod tests {
             assert!(got.iter().all(|ip| cluster_of(ip) == 1), "{got:?}");
         }
         // Every cluster unreachable: fail-open answers them all.
-        w.apply(Update::Upsert { source: SourceId(1), object: import(&["c1", "c2", "c3"]) });
+        w.apply(Update::Upsert { source: SourceId::Watch(1), object: import(&["c1", "c2", "c3"]) });
         w.publish();
         assert_eq!(ask(&reader, 1, None).len(), 6);
         // The annotation removed: everyone is back.
-        w.apply(Update::Upsert { source: SourceId(1), object: import(&[]) });
+        w.apply(Update::Upsert { source: SourceId::Watch(1), object: import(&[]) });
         w.publish();
         let got = ask(&reader, 1, None);
         assert_eq!(got.len(), 6);

@@ -136,11 +136,12 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
             objects = parsed.objects.len(),
             "no --objects given: serving the embedded example fleet (zones/)"
         );
-        writer.apply(Update::Replace { source: SourceId(0), objects: parsed.objects });
+        writer.apply(Update::Replace { source: SourceId::Example, objects: parsed.objects });
     } else {
         let mut sources = Vec::new();
-        for (i, path) in cfg.objects.iter().enumerate() {
-            let mut source = FileSource::new(i as u32, path.clone()).with_interop(cfg.interop);
+        // The configuration holds at most u16::MAX paths: zip takes them all.
+        for (path, i) in cfg.objects.iter().zip(0u16..) {
+            let mut source = FileSource::new(i, path.clone()).with_interop(cfg.interop);
             if let Some(admit) = &admit {
                 source = source.with_admit(admit.clone());
             }
@@ -157,11 +158,10 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         let (tx, reload, interop) = (tx.clone(), reload.clone(), cfg.interop);
         tasks.push(sup.restartable(Task::Files, move || {
             let sources = first.take().unwrap_or_else(|| {
-                let restarted = paths.iter().enumerate();
+                let restarted = paths.iter().zip(0u16..);
                 restarted
-                    .map(|(i, (p, slots))| {
-                        let s =
-                            FileSource::with_slots(i as u32, p.clone(), slots.clone()).with_interop(interop);
+                    .map(|((p, slots), i)| {
+                        let s = FileSource::with_slots(i, p.clone(), slots.clone()).with_interop(interop);
                         match &admit {
                             Some(admit) => s.with_admit(admit.clone()),
                             None => s,
@@ -174,8 +174,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     }
     if let Some(src) = &cfg.kube {
         let client = k8s::client::connect(&src.connection, "serve").await?;
-        let first = SourceId::after_files(cfg.objects.len() as u32);
-        for watch in kube::plan(src, first) {
+        for watch in kube::plan(src) {
             // Registered before the first publish: not ready until it lists.
             writer.apply(Update::Register(watch.source));
             healths.push(watch.health.clone());
@@ -187,7 +186,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     }
     if !cfg.members.is_empty() {
         let members = member::connect_all(&cfg.members, "serve", &[], None).await?;
-        let source = SourceId(u32::MAX - 1);
+        let source = SourceId::Members;
         writer.apply(Update::Register(source));
         healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
         let state = centralized::Liveness::new(&members);

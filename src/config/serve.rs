@@ -71,6 +71,11 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// Validates command-line values.
     pub fn from_args(a: &ServeArgs) -> Result<Self, ConfigError> {
+        // Each path numbers its files' sources (`SourceId::File`) by its
+        // position, in 16 bits.
+        if a.objects.len() > usize::from(u16::MAX) {
+            return Err(bad("--objects", format!("given {} times, at most {}", a.objects.len(), u16::MAX)));
+        }
         let mut origin = Name::from_ascii(&a.zone)
             .map_err(|e| bad("--zone", format!("{:?} is not a domain name: {e}", a.zone)))?;
         origin.set_fqdn(true);

@@ -241,7 +241,7 @@ mod tests {
             Name::from_ascii("clusterset.local.").unwrap(),
             AnswerConfig::standard(),
         ));
-        w.apply(Update::Replace { source: SourceId(1), objects });
+        w.apply(Update::Replace { source: SourceId::Watch(1), objects });
         w.publish();
         let (tx, mut rx) = mpsc::channel::<Update>(64);
         tokio::spawn(async move {

@@ -3,7 +3,7 @@
 //! SIGHUP); a file that fails to parse keeps serving its last good objects,
 //! so a half-saved edit never takes answers away.
 //!
-//! Each file is its own store source ([`SourceId::file`]): the store keeps
+//! Each file is its own store source ([`SourceId::File`]): the store keeps
 //! a file's last good objects, so this module keeps none (at fleet scale a
 //! second copy of every object would double the memory), and a file whose
 //! bytes did not change is neither parsed nor sent again.
@@ -61,8 +61,8 @@ struct Slots {
 /// One `--objects` path.
 pub struct FileSource {
     /// Which `--objects` path this is (0-based): its files' store sources
-    /// are `SourceId::file(index, …)`.
-    index: u32,
+    /// are `SourceId::File { path: index, … }`.
+    index: u16,
     path: PathBuf,
     /// Digest of each file's bytes last read (good or not).
     digests: BTreeMap<PathBuf, u64>,
@@ -83,7 +83,7 @@ pub type Admit = std::sync::Arc<dyn Fn(&Path, u64) -> Result<(), String> + Send 
 
 impl FileSource {
     /// A source for the `index`th `--objects` path (nothing is read yet).
-    pub fn new(index: u32, path: PathBuf) -> Self {
+    pub fn new(index: u16, path: PathBuf) -> Self {
         Self::with_slots(index, path, FileSlots::default())
     }
 
@@ -97,7 +97,7 @@ impl FileSource {
 
     /// The same, for a restarted watch: the files keep the sources `slots`
     /// gave them (every file is read again).
-    pub fn with_slots(index: u32, path: PathBuf, slots: FileSlots) -> Self {
+    pub fn with_slots(index: u16, path: PathBuf, slots: FileSlots) -> Self {
         Self {
             index,
             path,
@@ -223,7 +223,7 @@ impl FileSource {
                 None => {
                     let source = slots.free.pop().unwrap_or_else(|| {
                         slots.next += 1;
-                        SourceId::file(self.index, slots.next - 1)
+                        SourceId::File { path: self.index, file: slots.next - 1 }
                     });
                     slots.of.insert(file.clone(), source);
                     source
@@ -404,14 +404,14 @@ mod tests {
         std::fs::write(&file, IMPORT).unwrap();
         std::fs::write(dir.path().join("notes.txt"), "not objects").unwrap();
         let mut src = FileSource::new(0, dir.path().to_owned());
-        assert_eq!(replaced(src.load(true, false).unwrap()), [(SourceId::file(0, 0), 1)]);
+        assert_eq!(replaced(src.load(true, false).unwrap()), [(SourceId::File { path: 0, file: 0 }, 1)]);
         // Unchanged: nothing is sent again.
         assert!(src.load(false, false).unwrap().is_empty());
         std::fs::write(&file, "kind: [broken").unwrap();
         assert!(src.load(false, false).unwrap().is_empty(), "the store keeps the last good objects");
         assert!(src.load(true, true).is_err(), "a strict load reports the broken file");
         std::fs::write(&file, IMPORT.replace("web", "api")).unwrap();
-        assert_eq!(replaced(src.load(false, false).unwrap()), [(SourceId::file(0, 0), 1)]);
+        assert_eq!(replaced(src.load(false, false).unwrap()), [(SourceId::File { path: 0, file: 0 }, 1)]);
     }
 
     #[test]
@@ -420,7 +420,7 @@ mod tests {
         std::fs::write(dir.path().join("a.yaml"), IMPORT).unwrap();
         std::fs::write(dir.path().join("b.yml"), IMPORT.replace("web", "api")).unwrap();
         let mut src = FileSource::new(2, dir.path().to_owned());
-        let (a, b) = (SourceId::file(2, 0), SourceId::file(2, 1));
+        let (a, b) = (SourceId::File { path: 2, file: 0 }, SourceId::File { path: 2, file: 1 });
         assert_eq!(replaced(src.load(true, false).unwrap()), [(a, 1), (b, 1)]);
         std::fs::remove_file(dir.path().join("b.yml")).unwrap();
         assert_eq!(replaced(src.load(false, false).unwrap()), [(b, 0)]);

@@ -75,8 +75,8 @@ enum Kind {
     Service,
 }
 
-/// Plans the watches for `src`, numbering their sources from `first`.
-pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
+/// Plans the watches for `src`, each its own source.
+pub fn plan(src: &KubeSource) -> Vec<Watch> {
     let mut watches = Vec::new();
     for ns in watch::scopes(&src.namespaces) {
         let interop = [Kind::ForeignSlice, Kind::Service];
@@ -91,7 +91,7 @@ pub fn plan(src: &KubeSource, first: u32) -> Vec<Watch> {
             let scope =
                 ns.as_deref().map_or_else(|| "all namespaces".to_owned(), |n| format!("namespace {n}"));
             watches.push(Watch {
-                source: SourceId(first + watches.len() as u32),
+                source: SourceId::Watch(watches.len() as u32),
                 health: Arc::new(WatchHealth::new(format!("{what} ({scope})"))),
                 kind,
                 namespace: ns.clone(),

@@ -10,30 +10,39 @@ use std::net::IpAddr;
 
 use crate::model::{BackingService, ClusterId, EndpointSet, ServiceImport, ServiceKey, SliceKey};
 
-/// Identifies one source of objects (one `--objects` path, one watch). The
-/// store keeps each source's objects apart, so a source can be replaced whole
-/// (a file reloaded, a watch relisted) without touching the others.
+/// Identifies one source of objects: the store keeps each source's objects
+/// apart, so a source can be replaced whole (a file reloaded, a watch
+/// relisted) without touching the others. The order (derived) is the
+/// order sources were numbered in before they were named: the example,
+/// files, watches, the members.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SourceId(pub u32);
-
-impl SourceId {
-    /// The source of the `slot`th file of the `path`th `--objects` path:
-    /// each file is a source of its own, so the store keeps a file's last
-    /// good objects while another file changes. File sources come after
-    /// the embedded example (0) and before [`SourceId::after_files`].
-    pub fn file(path: u32, slot: u32) -> Self {
-        Self(((path + 1) << 16) | (slot & 0xffff))
-    }
-
-    /// The first source after every file of `paths` `--objects` paths.
-    pub fn after_files(paths: u32) -> u32 {
-        (paths + 1) << 16
-    }
+pub enum SourceId {
+    /// The embedded example fleet.
+    Example,
+    /// One file of one `--objects` path: each file is a source of its own,
+    /// so the store keeps a file's last good objects while another file
+    /// changes. `path` is the flag's position, `file` numbers the files
+    /// found under it (a removed file's number is reused).
+    File {
+        /// Which `--objects` path (0-based).
+        path: u16,
+        /// Which file under it.
+        file: u32,
+    },
+    /// One Kubernetes watch (one kind in one namespace scope).
+    Watch(u32),
+    /// The member clusters of centralized mode (`--cluster`, `--members`).
+    Members,
 }
 
 impl std::fmt::Display for SourceId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "source#{}", self.0)
+        match self {
+            Self::Example => f.write_str("the embedded example"),
+            Self::File { path, file } => write!(f, "--objects #{path}, file #{file}"),
+            Self::Watch(n) => write!(f, "watch #{n}"),
+            Self::Members => f.write_str("the member clusters"),
+        }
     }
 }
 

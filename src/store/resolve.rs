@@ -129,7 +129,7 @@ mod tests {
             ips: ips.iter().filter(|i| **i != "None").map(|i| i.parse().unwrap()).collect(),
             ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 5432 }],
         };
-        ((SourceId(3), object), b)
+        ((SourceId::Watch(3), object), b)
     }
 
     fn slice(name: &str, origin: SliceOrigin) -> ((SourceId, SliceKey), Slice) {
@@ -142,7 +142,7 @@ mod tests {
             ports: Default::default(),
             endpoints: Default::default(),
         };
-        ((SourceId(2), s), set)
+        ((SourceId::Watch(2), s), set)
     }
 
     fn ips(i: &ServiceImport) -> Vec<IpAddr> {

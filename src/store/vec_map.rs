@@ -193,18 +193,21 @@ mod tests {
     #[test]
     fn slices_are_kept_once_in_source_then_name_order() {
         let mut m = SliceMap::default();
-        assert!(m.insert(SourceId(2), set("a")).is_none());
-        assert!(m.insert(SourceId(1), set("b")).is_none());
-        assert!(m.insert(SourceId(1), set("a")).is_none());
+        assert!(m.insert(SourceId::Watch(2), set("a")).is_none());
+        assert!(m.insert(SourceId::Watch(1), set("b")).is_none());
+        assert!(m.insert(SourceId::Watch(1), set("a")).is_none());
         let mut changed = set("b");
         changed.cluster = ClusterId::parse("c2").unwrap();
-        assert_eq!(m.insert(SourceId(1), changed).map(|s| s.cluster), Some(ClusterId::parse("c1").unwrap()));
+        assert_eq!(
+            m.insert(SourceId::Watch(1), changed).map(|s| s.cluster),
+            Some(ClusterId::parse("c1").unwrap())
+        );
         let order: Vec<(&str, &str)> = m.values().map(|s| (&*s.name, s.cluster.as_str())).collect();
         assert_eq!(order, [("a", "c1"), ("b", "c2"), ("a", "c1")]);
-        assert!(m.get(SourceId(2), "a").is_some() && m.get(SourceId(2), "b").is_none());
-        assert!(m.remove(SourceId(1), "c").is_none());
+        assert!(m.get(SourceId::Watch(2), "a").is_some() && m.get(SourceId::Watch(2), "b").is_none());
+        assert!(m.remove(SourceId::Watch(1), "c").is_none());
         for (source, name) in [(1, "a"), (1, "b"), (2, "a")] {
-            assert!(m.remove(SourceId(source), name).is_some());
+            assert!(m.remove(SourceId::Watch(source), name).is_some());
         }
         assert!(m.is_empty() && m.entries.entries.capacity() == 0);
     }

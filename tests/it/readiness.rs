@@ -16,7 +16,7 @@ fn names_not_found_are_servfail_until_every_source_synced() {
         Name::from_str("clusterset.local.").unwrap(),
         store::AnswerConfig::standard(),
     ));
-    writer.apply(Update::Register(SourceId(1)));
+    writer.apply(Update::Register(SourceId::Watch(1)));
     writer.publish();
     let workers = udp::start(
         "127.0.0.1:0".parse().unwrap(),
@@ -33,7 +33,7 @@ fn names_not_found_are_servfail_until_every_source_synced() {
     assert!(m.authorities.is_empty(), "nothing to cache");
     // Names that exist regardless of sources still answer.
     assert_eq!(q("dns-version.clusterset.local.", "TXT").udp(addr).answers.len(), 1);
-    writer.apply(Update::Replace { source: SourceId(1), objects: vec![] });
+    writer.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![] });
     writer.publish();
     assert_eq!(
         q("web.shop.svc.clusterset.local.", "A").udp(addr).metadata.response_code,

@@ -65,10 +65,10 @@ fn wire_key(ns: &str, name: &str) -> Vec<u8> {
 fn an_edit_to_one_service_re_encodes_only_that_service() {
     let (reader, mut w) = store();
     let objects = (0..1000).map(|i| import("ns", &format!("svc{i}"), "10.0.0.1")).collect();
-    w.apply(Update::Replace { source: SourceId(1), objects });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects });
     assert_eq!(w.publish(), 1000);
     let before = reader.load_full();
-    w.apply(Update::Upsert { source: SourceId(1), object: import("ns", "svc7", "10.0.0.2") });
+    w.apply(Update::Upsert { source: SourceId::Watch(1), object: import("ns", "svc7", "10.0.0.2") });
     assert_eq!(w.publish(), 1);
     let after = reader.load_full();
     assert!(after.serial() > before.serial());
@@ -94,25 +94,25 @@ fn a_relabelled_slice_moves_to_its_new_service_and_is_removed_from_there() {
         snap.service(&wire_key("ns", n)).and_then(|s| s.balance()).map_or(0, |b| b.endpoints.len())
     };
     let objects = vec![headless("a"), headless("b"), slice("a", "10.0.0.1")];
-    w.apply(Update::Replace { source: SourceId(1), objects });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects });
     w.publish();
     assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (1, 0));
-    w.apply(Update::Upsert { source: SourceId(1), object: slice("b", "10.0.0.2") });
+    w.apply(Update::Upsert { source: SourceId::Watch(1), object: slice("b", "10.0.0.2") });
     w.publish();
     assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (0, 1), "moved, not copied");
     // The same again changes nothing; a delete finds it in its new service.
-    w.apply(Update::Upsert { source: SourceId(1), object: slice("b", "10.0.0.2") });
+    w.apply(Update::Upsert { source: SourceId::Watch(1), object: slice("b", "10.0.0.2") });
     assert_eq!(w.publish(), 0);
     let id = ObjectId::Slice(SliceKey { namespace: "ns".into(), name: "the-slice".into() });
-    w.apply(Update::Remove { source: SourceId(1), id: id.clone() });
+    w.apply(Update::Remove { source: SourceId::Watch(1), id: id.clone() });
     w.publish();
     assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (0, 0));
     assert!(w.sources.values().all(|s| s.owners.is_empty()));
     // Back, then gone with a relist that no longer holds it.
-    w.apply(Update::Upsert { source: SourceId(1), object: slice("a", "10.0.0.3") });
+    w.apply(Update::Upsert { source: SourceId::Watch(1), object: slice("a", "10.0.0.3") });
     w.publish();
     assert_eq!(answered(&reader, "a"), 1);
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![headless("a"), headless("b")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![headless("a"), headless("b")] });
     w.publish();
     assert_eq!((answered(&reader, "a"), answered(&reader, "b")), (0, 0));
     assert!(w.sources.values().all(|s| s.owners.is_empty()), "nothing left in the index");
@@ -140,17 +140,17 @@ fn slices_of_one_name_in_two_namespaces_stay_apart_and_a_misfiled_one_is_skipped
         slice("b", "b", "10.0.0.2"),
         slice("a", "b", "10.0.0.3"),
     ];
-    w.apply(Update::Replace { source: SourceId(1), objects });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects });
     w.publish();
     assert_eq!(answered(&reader, "a"), ["10.0.0.1"]);
     assert_eq!(answered(&reader, "b"), ["10.0.0.2"], "the misfiled slice is not b's");
     // Each is found again by its own id: removing a's leaves b's.
     let id = |ns: &str| ObjectId::Slice(SliceKey { namespace: ns.into(), name: "db-c1".into() });
-    w.apply(Update::Remove { source: SourceId(1), id: id("a") });
+    w.apply(Update::Remove { source: SourceId::Watch(1), id: id("a") });
     w.publish();
     assert!(answered(&reader, "a").is_empty());
     assert_eq!(answered(&reader, "b"), ["10.0.0.2"]);
-    w.apply(Update::Remove { source: SourceId(1), id: id("b") });
+    w.apply(Update::Remove { source: SourceId::Watch(1), id: id("b") });
     w.publish();
     assert!(answered(&reader, "b").is_empty());
     assert!(w.sources.values().all(|s| s.owners.is_empty()), "nothing left in the index");
@@ -184,7 +184,7 @@ fn imports_and_slices_with_equal_ports_hold_one_list() {
         })
     };
     let objects = vec![import("a"), import("b"), slice("a"), slice("b")];
-    w.apply(Update::Replace { source: SourceId(1), objects });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects });
     let lists: Vec<&Arc<[Port]>> = ["a", "b"]
         .iter()
         .flat_map(|n| {
@@ -243,7 +243,7 @@ fn an_endpoints_addresses_are_read_back_from_its_records() {
         ),
         slice("v6", AddressFamily::V6, vec![ep("fd00::1", Some("Pod/ns/p0"))]),
     ];
-    w.apply(Update::Replace { source: SourceId(1), objects });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects });
     w.publish();
     let snap = reader.load_full();
     let names = snap.service(&wire_key("ns", "db")).unwrap();
@@ -281,7 +281,7 @@ fn a_cluster_set_ip_services_srv_additional_records_are_its_a_answer() {
         object
     };
     w.apply(Update::Replace {
-        source: SourceId(1),
+        source: SourceId::Watch(1),
         objects: vec![named("one", "10.0.0.1"), named("two", "10.0.0.2")],
     });
     w.publish();
@@ -318,7 +318,7 @@ fn a_single_named_ports_srv_answer_is_the_service_names_own() {
         ]
         .into();
     }
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![one, two] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![one, two] });
     w.publish();
     let snap = reader.load();
     let srv = |svc: &str, prefix: &[&str]| {
@@ -377,7 +377,7 @@ fn a_headless_services_srv_records_are_written_per_query_as_the_encoder_writes_t
         ),
         slice(crate::model::AddressFamily::V6, vec![endpoint(&[ip("fd00::1")], Some("web-0"))]),
     ];
-    w.apply(Update::Replace { source: SourceId(1), objects });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects });
     w.publish();
     let snap = reader.load();
     let service = snap.services.get(&*wire_key("ns", "hl")).unwrap();
@@ -462,21 +462,21 @@ fn ptr(reader: &Reader, ip: &str) -> Vec<String> {
 #[test]
 fn reverse_names_follow_every_edit_and_are_shared_when_untouched() {
     let (reader, mut w) = store();
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![import("ns", "a", "10.0.0.1")] });
     w.publish();
     assert_eq!(ptr(&reader, "10.0.0.1"), ["a.ns.svc.clusterset.local."]);
     // The VIP moves: the old address is no longer named.
-    w.apply(Update::Upsert { source: SourceId(1), object: import("ns", "a", "10.0.0.2") });
+    w.apply(Update::Upsert { source: SourceId::Watch(1), object: import("ns", "a", "10.0.0.2") });
     w.publish();
     assert!(ptr(&reader, "10.0.0.1").is_empty());
     assert_eq!(ptr(&reader, "10.0.0.2"), ["a.ns.svc.clusterset.local."]);
     // Two services naming one address: both answered.
-    w.apply(Update::Upsert { source: SourceId(1), object: import("ns", "b", "10.0.0.2") });
+    w.apply(Update::Upsert { source: SourceId::Watch(1), object: import("ns", "b", "10.0.0.2") });
     w.publish();
     assert_eq!(ptr(&reader, "10.0.0.2"), ["a.ns.svc.clusterset.local.", "b.ns.svc.clusterset.local."]);
     // A publish that rebuilds no service shares them.
     let before = reader.load_full();
-    w.apply(Update::Register(SourceId(2)));
+    w.apply(Update::Register(SourceId::Watch(2)));
     w.publish();
     let after = reader.load_full();
     assert!(after.serial() > before.serial());
@@ -485,10 +485,10 @@ fn reverse_names_follow_every_edit_and_are_shared_when_untouched() {
         "no service rebuilt: shared"
     );
     // Gone with the services.
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "b", "10.0.0.2")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![import("ns", "b", "10.0.0.2")] });
     w.publish();
     assert_eq!(ptr(&reader, "10.0.0.2"), ["b.ns.svc.clusterset.local."]);
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![] });
     w.publish();
     assert!(ptr(&reader, "10.0.0.2").is_empty());
     assert!(reader.load().reverse.is_empty() && w.named_twice.is_empty(), "nothing left behind");
@@ -497,10 +497,10 @@ fn reverse_names_follow_every_edit_and_are_shared_when_untouched() {
 #[test]
 fn unchanged_objects_publish_nothing() {
     let (reader, mut w) = store();
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![import("ns", "a", "10.0.0.1")] });
     w.publish();
     let serial = reader.load().serial();
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![import("ns", "a", "10.0.0.1")] });
     assert_eq!(w.publish(), 0);
     assert_eq!(reader.load().serial(), serial);
 }
@@ -508,11 +508,11 @@ fn unchanged_objects_publish_nothing() {
 #[test]
 fn a_registered_source_keeps_the_store_unready_until_its_first_replace() {
     let (reader, mut w) = store();
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
-    w.apply(Update::Register(SourceId(2)));
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![] });
+    w.apply(Update::Register(SourceId::Watch(2)));
     w.publish();
     assert!(!reader.load().is_ready());
-    w.apply(Update::Replace { source: SourceId(2), objects: vec![] });
+    w.apply(Update::Replace { source: SourceId::Watch(2), objects: vec![] });
     w.publish();
     assert!(reader.load().is_ready());
 }
@@ -521,12 +521,12 @@ fn a_registered_source_keeps_the_store_unready_until_its_first_replace() {
 fn replace_removes_what_the_source_no_longer_holds() {
     let (reader, mut w) = store();
     w.apply(Update::Replace {
-        source: SourceId(1),
+        source: SourceId::Watch(1),
         objects: vec![import("ns", "a", "10.0.0.1"), import("ns", "b", "10.0.0.1")],
     });
     w.publish();
     assert_eq!(reader.load().service_count(), 2);
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "b", "10.0.0.1")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![import("ns", "b", "10.0.0.1")] });
     w.publish();
     let snap = reader.load();
     assert_eq!(snap.service_count(), 1);
@@ -537,30 +537,30 @@ fn replace_removes_what_the_source_no_longer_holds() {
 fn a_replace_finds_the_sources_imports_without_an_index_and_leaves_other_sources_alone() {
     let (reader, mut w) = store();
     let both = || vec![import("ns", "a", "10.0.0.1"), import("ns", "b", "10.0.0.1")];
-    w.apply(Update::Replace { source: SourceId(1), objects: both() });
-    w.apply(Update::Replace { source: SourceId(2), objects: vec![import("ns", "b", "10.0.0.2")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: both() });
+    w.apply(Update::Replace { source: SourceId::Watch(2), objects: vec![import("ns", "b", "10.0.0.2")] });
     let key = |name: &str| ServiceKey {
         namespace: DnsLabel::parse("ns").unwrap(),
         name: DnsLabel::parse(name).unwrap(),
     };
-    w.apply(Update::Remove { source: SourceId(1), id: ObjectId::Import(key("a")) });
+    w.apply(Update::Remove { source: SourceId::Watch(1), id: ObjectId::Import(key("a")) });
     // Removing what the source does not hold changes nothing.
-    w.apply(Update::Remove { source: SourceId(1), id: ObjectId::Import(key("a")) });
-    w.apply(Update::Remove { source: SourceId(3), id: ObjectId::Import(key("b")) });
+    w.apply(Update::Remove { source: SourceId::Watch(1), id: ObjectId::Import(key("a")) });
+    w.apply(Update::Remove { source: SourceId::Watch(3), id: ObjectId::Import(key("b")) });
     w.publish();
     assert_eq!(reader.load().service_count(), 1);
     // Source 1 lets go of b; source 2 still holds it.
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![] });
     w.publish();
     assert_eq!(reader.load().service_count(), 1);
     assert!(reader.load().service(&wire_key("ns", "b")).is_some());
-    w.apply(Update::Replace { source: SourceId(2), objects: vec![] });
+    w.apply(Update::Replace { source: SourceId::Watch(2), objects: vec![] });
     w.publish();
     assert_eq!(reader.load().service_count(), 0);
     // Nothing is left of either source: a new list is a first list again.
     assert!(w.sources.values().all(|s| s.owners.is_empty()));
     assert!(w.services.values().all(|s| s.imports.is_empty()));
-    w.apply(Update::Replace { source: SourceId(1), objects: both() });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: both() });
     w.publish();
     assert_eq!(reader.load().service_count(), 2);
 }
@@ -568,8 +568,8 @@ fn a_replace_finds_the_sources_imports_without_an_index_and_leaves_other_sources
 #[test]
 fn the_same_import_from_two_sources_serves_the_first_and_survives_either_removal() {
     let (reader, mut w) = store();
-    w.apply(Update::Replace { source: SourceId(2), objects: vec![import("ns", "a", "10.0.0.2")] });
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+    w.apply(Update::Replace { source: SourceId::Watch(2), objects: vec![import("ns", "a", "10.0.0.2")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![import("ns", "a", "10.0.0.1")] });
     w.publish();
     let a = |r: &Reader| {
         r.load()
@@ -581,7 +581,7 @@ fn the_same_import_from_two_sources_serves_the_first_and_survives_either_removal
     let first = a(&reader).unwrap();
     assert!(first.ends_with(&[10, 0, 0, 1]));
     w.apply(Update::Remove {
-        source: SourceId(1),
+        source: SourceId::Watch(1),
         id: ObjectId::Import(ServiceKey {
             namespace: DnsLabel::parse("ns").unwrap(),
             name: DnsLabel::parse("a").unwrap(),
@@ -594,10 +594,10 @@ fn the_same_import_from_two_sources_serves_the_first_and_survives_either_removal
 #[test]
 fn namespaces_exist_while_they_hold_an_import() {
     let (reader, mut w) = store();
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![import("ns", "a", "10.0.0.1")] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![import("ns", "a", "10.0.0.1")] });
     w.publish();
     assert!(reader.load().zone_name(&names::prefix_key(&["ns", "svc"])).is_some());
-    w.apply(Update::Replace { source: SourceId(1), objects: vec![] });
+    w.apply(Update::Replace { source: SourceId::Watch(1), objects: vec![] });
     w.publish();
     assert!(reader.load().zone_name(&names::prefix_key(&["ns", "svc"])).is_none());
     assert!(reader.load().zone_name(&names::prefix_key(&["svc"])).is_none());
@@ -613,7 +613,7 @@ fn served(reader: &Reader, names: &[&str]) -> Vec<bool> {
 fn a_list_in_parts_serves_as_it_arrives_and_removes_what_it_lacks_at_its_end() {
     let (reader, mut w) = store();
     let one = |n: &str| import("ns", n, "10.0.0.1");
-    let s = SourceId(1);
+    let s = SourceId::Watch(1);
     // A first list in parts: not synced (not ready) until its last part.
     w.apply(Update::Part { source: s, objects: vec![one("a"), one("b")], first: true });
     w.publish();
@@ -636,7 +636,7 @@ fn a_list_in_parts_serves_as_it_arrives_and_removes_what_it_lacks_at_its_end() {
 fn a_list_cut_short_counts_for_nothing_in_the_next() {
     let (reader, mut w) = store();
     let one = |n: &str| import("ns", n, "10.0.0.1");
-    let s = SourceId(1);
+    let s = SourceId::Watch(1);
     w.apply(Update::Replace { source: s, objects: vec![one("a"), one("b")] });
     // A relist brings `c`, then fails; the next list has only `a`, in one
     // piece or in parts: `b` and `c` are gone either way.
@@ -655,7 +655,7 @@ fn a_list_cut_short_counts_for_nothing_in_the_next() {
 fn a_list_with_a_refused_part_removes_nothing_and_refuses_its_rest() {
     let (reader, mut w) = store();
     let one = |n: &str| import("ns", n, "10.0.0.1");
-    let s = SourceId(1);
+    let s = SourceId::Watch(1);
     w.apply(Update::Replace { source: s, objects: vec![one("a"), one("b")] });
     w.publish();
     // A relist of three objects where two were held grows the source by one.
