@@ -1,0 +1,417 @@
+//! One query, bytes to bytes, in three steps: [`route`] decides what the
+//! question is (a zone transfer, a debug name, the zone's data, or
+//! unreadable) and so what answers it; [`rate_limit`] decides whether the
+//! response goes out whole, truncated, as BADCOOKIE, or not at all;
+//! [`write`] writes it and counts what was answered.
+
+use std::net::IpAddr;
+
+use super::cookie::{self, ClientCookie};
+use super::debug::{self, within};
+use super::request::{ClientSubnet, Request, parse};
+use super::response::{self, Written};
+use super::rrl::{self, Action};
+use super::stats::{self, Limited, Outcome, TransferAsk};
+use super::{Transport, WireConfig};
+use crate::answer::{self, Answer, Picks, Question, Rcode, class, rtype};
+use crate::fault::Point;
+use crate::store::{Client, Records, Snapshot};
+
+/// Largest response over TCP (RFC 1035 §4.2.2: a two-byte length).
+const TCP_LIMIT: usize = u16::MAX as usize;
+/// Largest response over UDP to a client without EDNS, and the least an
+/// EDNS client may offer (RFC 6891 §6.2.5).
+const UDP_LIMIT: u16 = 512;
+
+/// Buffers reused across queries so answering allocates nothing.
+pub struct Scratch {
+    lower: [u8; 256],
+    slow: Vec<u8>,
+    picks: Box<Picks>,
+    /// Answers per (service, cluster), counted here and flushed with the
+    /// query counters ([`Scratch::flush_answers`]).
+    hits: Box<stats::AnswerHits>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self { lower: [0; 256], slow: Vec::with_capacity(512), picks: Box::default(), hits: Box::default() }
+    }
+}
+
+impl Scratch {
+    /// Adds the answers counted since the last call to `shared` (the
+    /// zone's [`crate::store::AnswerStats`]).
+    pub fn flush_answers(&mut self, shared: &crate::store::AnswerStats) {
+        self.hits.flush(shared);
+    }
+}
+
+/// Who sent a query, for the answer policies: its EDNS Client Subnet when it
+/// has one (RFC 7871: the resolver speaks for its client), else the
+/// packet's source address, else (`peer` unknown) `--cluster-id`.
+fn client_of(snap: &Snapshot, ecs: Option<ClientSubnet>, peer: Option<IpAddr>) -> (Client, u8) {
+    let l = &snap.zone().localities;
+    match (ecs, peer) {
+        // A /0 subnet reveals nothing: the resolver's own address still does.
+        (Some(e), _) if e.source_prefix > 0 => {
+            (l.client(e.address(), e.family == 2, e.source_prefix), e.source_prefix)
+        }
+        (_, Some(addr)) => (l.client_at(addr), 0),
+        (_, None) => (l.client(&[], false, 0), 0),
+    }
+}
+
+/// Answers one DNS message. Writes the response into `out` (cleared first)
+/// and says what it answered, or returns `None` when the message gets no
+/// response at all (too short to hold a header, or itself a response).
+pub fn respond(
+    snap: &Snapshot,
+    packet: &[u8],
+    transport: Transport,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> Option<Outcome> {
+    respond_from(snap, packet, None, transport, cfg, scratch, out)
+}
+
+/// [`respond`] to a query that came from `peer`: the answer policies see
+/// its cluster (`--client-cluster`), or its EDNS Client Subnet's; its DNS
+/// cookie is checked against its address, and over UDP it counts against
+/// its network's rate limit.
+pub fn respond_from(
+    snap: &Snapshot,
+    packet: &[u8],
+    peer: Option<IpAddr>,
+    transport: Transport,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> Option<Outcome> {
+    let asker = Asker { peer, client: None };
+    answer(snap, packet, asker, transport, cfg, scratch, out)
+}
+
+/// [`respond`] as if the query came from `client` (`explain --from-cluster`).
+pub fn respond_as(
+    snap: &Snapshot,
+    packet: &[u8],
+    client: Client,
+    transport: Transport,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> Option<Outcome> {
+    let asker = Asker { peer: None, client: Some(client) };
+    answer(snap, packet, asker, transport, cfg, scratch, out)
+}
+
+/// Who asks: the packet's source (`None`: asked in process, trusted), and
+/// the client the answer policies see when it is given rather than found.
+#[derive(Clone, Copy)]
+struct Asker {
+    peer: Option<IpAddr>,
+    client: Option<Client>,
+}
+
+impl Asker {
+    /// The client the policies see and the ECS prefix length that found
+    /// it (0: not found by ECS).
+    fn client(self, snap: &Snapshot, req: &Request<'_>) -> (Client, u8) {
+        match self.client {
+            Some(client) => (client, 0),
+            None => client_of(snap, req.edns.and_then(|e| e.ecs), self.peer),
+        }
+    }
+}
+
+/// What a question is, and so what answers it.
+enum Route<'q> {
+    /// Not readable as a question: the parser's response code.
+    Unreadable(Rcode),
+    /// A question without a name the lookup can read.
+    NoName,
+    /// A zone transfer (AXFR, IXFR of the apex) and what it gets.
+    Transfer(TransferAsk),
+    /// A debug name (CHAOS TXT in the zone): its records, or `None` when
+    /// the client may not ask.
+    Debug(Option<Records>),
+    /// A question for the zone's data.
+    Lookup(&'q [u8]),
+}
+
+impl Route<'_> {
+    fn transfer(&self) -> Option<TransferAsk> {
+        match self {
+            Self::Transfer(t) => Some(*t),
+            _ => None,
+        }
+    }
+
+    fn debug(&self) -> Option<bool> {
+        match self {
+            Self::Debug(records) => Some(records.is_some()),
+            _ => None,
+        }
+    }
+}
+
+/// The one internal entry behind the three public ones.
+fn answer(
+    snap: &Snapshot,
+    packet: &[u8],
+    asker: Asker,
+    transport: Transport,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> Option<Outcome> {
+    out.clear();
+    let req = parse(packet, &mut scratch.slow)?;
+    cfg.faults.point(Point::Query, req.question.unwrap_or_default());
+    let mut server_cookie = [0u8; cookie::SERVER_LEN];
+    let client_cookie = req.edns.and_then(|e| e.cookie).filter(|_| req.error.is_none());
+    let verdict = match (&cfg.cookies, &client_cookie) {
+        (Some(secret), Some(c)) => secret.check(c, asker.peer, cookie::now(), &mut server_cookie),
+        _ => cookie::Verdict::None,
+    };
+    let (client, ecs_bits) = asker.client(snap, &req);
+    let lower = lower_qname(&req, &mut scratch.lower);
+    let route = route(snap, &req, lower, asker.peer, client, transport, cfg);
+    let outcome = |rcode, in_zone, limited| Outcome {
+        rcode,
+        in_zone,
+        qtype: req.qtype,
+        dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
+        limited,
+        debug: route.debug(),
+        transfer: route.transfer(),
+    };
+    let mut answer = match &route {
+        // The connection streams the zone (`transfer`): nothing to write.
+        Route::Transfer(TransferAsk::Stream) => return Some(outcome(Rcode::NoError, true, Limited::No)),
+        Route::Transfer(TransferAsk::Refused) => {
+            Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) }
+        }
+        Route::Transfer(TransferAsk::Udp) => transfer_over_udp(snap, req.qtype),
+        Route::Debug(Some(records)) => {
+            Answer { answer: Some(records), in_zone: false, ..Answer::bare(Rcode::NoError, true) }
+        }
+        Route::Debug(None) => Answer::bare(Rcode::Refused, false),
+        Route::Unreadable(rcode) => Answer::bare(*rcode, false),
+        Route::NoName => Answer::bare(Rcode::FormErr, false),
+        Route::Lookup(name) => {
+            let q = Question { name, qtype: req.qtype, qclass: req.qclass };
+            answer::lookup_for(snap, &q, &client, &mut scratch.picks)
+        }
+    };
+    let (limited, truncate) =
+        match rate_limit(cfg, transport, asker.peer, verdict, answer.rcode, lower, req.qtype) {
+            Limit::Send => (Limited::No, false),
+            Limit::Drop => return Some(outcome(answer.rcode, answer.in_zone, Limited::Dropped)),
+            Limit::Truncate => (Limited::Slipped, true),
+            Limit::BadCookie => {
+                answer = Answer::bare(Rcode::BadCookie, answer.authoritative);
+                (Limited::Slipped, false)
+            }
+        };
+    let cookie = match (verdict, &client_cookie) {
+        (cookie::Verdict::None, _) | (_, None) => None,
+        (_, Some(c)) => Some((c, &server_cookie)),
+    };
+    let counted = (scratch.picks.as_slice(), &mut *scratch.hits);
+    write(snap, &req, &answer, (client, ecs_bits), cookie, truncate, transport, cfg, counted, out);
+    Some(outcome(answer.rcode, answer.in_zone, limited))
+}
+
+/// The lower-case QNAME into `buf`, read once: the lookup, the debug
+/// answers and rate limiting's key all use it. Both readers keep QNAME
+/// within 255 bytes; `get` makes that a FORMERR rather than a panic should
+/// either ever fail to.
+fn lower_qname<'b>(req: &Request<'_>, buf: &'b mut [u8; 256]) -> Option<&'b [u8]> {
+    let (None, Some(q)) = (req.error, req.question) else { return None };
+    let (name, lower) = (q.get(..req.qname_len)?, buf.get_mut(..req.qname_len)?);
+    lower.copy_from_slice(name);
+    lower.make_ascii_lowercase(); // length bytes are < 64, never letters
+    Some(lower)
+}
+
+/// What the question is. Zone transfers (AXFR, IXFR of the apex) go only to
+/// `--allow-transfer` (no peer: asked in process, trusted): over TCP the
+/// connection streams the zone; over UDP, IXFR gets the SOA alone, which
+/// RFC 1995 §2 says tells the client to ask again over TCP, and AXFR,
+/// which has no UDP form (RFC 5936 §4.2), FORMERR as BIND answers it.
+/// Debug names are CHAOS TXT (or ANY) questions for names in the zone,
+/// answered when `--allow-debug` lets the client ask.
+fn route<'q>(
+    snap: &Snapshot,
+    req: &Request<'_>,
+    lower: Option<&'q [u8]>,
+    peer: Option<IpAddr>,
+    client: Client,
+    transport: Transport,
+    cfg: &WireConfig,
+) -> Route<'q> {
+    let name = match (req.error, lower) {
+        (Some(rcode), _) => return Route::Unreadable(rcode),
+        (None, None) => return Route::NoName,
+        (None, Some(name)) => name,
+    };
+    let zone = &*snap.zone().wire;
+    if matches!(req.qtype, rtype::AXFR | rtype::IXFR) && req.qclass == class::IN && name == zone {
+        // An IPv4 client of a dual-stack socket is matched as the IPv4
+        // address it is, as `--allow-debug`'s clients are.
+        let allowed = peer.is_none_or(|ip| cfg.allow_transfer.iter().any(|c| c.contains(ip.to_canonical())));
+        return Route::Transfer(match (allowed, transport) {
+            (false, _) => TransferAsk::Refused,
+            (true, Transport::Udp) => TransferAsk::Udp,
+            (true, Transport::Tcp) => TransferAsk::Stream,
+        });
+    }
+    if let Some(debug) = &cfg.debug
+        && req.qclass == class::CH
+        && matches!(req.qtype, rtype::TXT | rtype::ANY)
+        && within(name, zone)
+    {
+        let ecs = req.edns.and_then(|e| e.ecs);
+        return Route::Debug(debug::records(debug, snap, name, peer, ecs, client));
+    }
+    Route::Lookup(name)
+}
+
+/// A transfer asked over UDP: IXFR gets the SOA alone, AXFR FORMERR.
+fn transfer_over_udp(snap: &Snapshot, qtype: u16) -> Answer<'_> {
+    match (qtype, snap.zone_name(&[]).and_then(|apex| apex.get(rtype::SOA))) {
+        (rtype::IXFR, Some(soa)) => {
+            Answer { answer: Some(&soa.answer), ..Answer::bare(Rcode::NoError, true) }
+        }
+        _ => Answer { in_zone: true, ..Answer::bare(Rcode::FormErr, false) },
+    }
+}
+
+/// What rate limiting does to a response.
+enum Limit {
+    /// Sent as answered.
+    Send,
+    /// Not sent.
+    Drop,
+    /// Sent with TC and no records: a real client retries over TCP.
+    Truncate,
+    /// Sent as BADCOOKIE with a server cookie (RFC 7873 §5.2.3), which the
+    /// client's next query carries and is then exempt.
+    BadCookie,
+}
+
+/// Rate limiting: UDP only (a TCP client has proved its address, as has
+/// one with a valid cookie). NOERROR counts per (name, type), every error
+/// in one budget.
+fn rate_limit(
+    cfg: &WireConfig,
+    transport: Transport,
+    peer: Option<IpAddr>,
+    cookie: cookie::Verdict,
+    rcode: Rcode,
+    name: Option<&[u8]>,
+    qtype: u16,
+) -> Limit {
+    let (Transport::Udp, Some(rrl), Some(ip)) = (transport, &cfg.rrl, peer) else { return Limit::Send };
+    if cookie == cookie::Verdict::Valid {
+        return Limit::Send;
+    }
+    let class = match (rcode, name) {
+        (Rcode::NoError, Some(name)) => rrl::Class::Response(name, qtype),
+        _ => rrl::Class::Error,
+    };
+    match rrl.check(ip, class) {
+        Action::Send => Limit::Send,
+        Action::Drop => Limit::Drop,
+        Action::Slip if cookie == cookie::Verdict::Fresh => Limit::BadCookie,
+        Action::Slip => Limit::Truncate,
+    }
+}
+
+/// Writes the response: the size limit of the transport, the ECS scope
+/// (RFC 7871 §7.2.1: for which addresses the answer holds: the client
+/// network that decided it, else the whole given subnet; 0 when the answer
+/// is the same for everyone), the cookie, NSID; and counts the answer
+/// against its service.
+#[allow(clippy::too_many_arguments)] // the parts of one query, each used once
+fn write(
+    snap: &Snapshot,
+    req: &Request<'_>,
+    answer: &Answer<'_>,
+    (client, ecs_bits): (Client, u8),
+    cookie: Option<(&ClientCookie, &[u8; cookie::SERVER_LEN])>,
+    truncate: bool,
+    transport: Transport,
+    cfg: &WireConfig,
+    (picks, hits): (&[u32], &mut stats::AnswerHits),
+    out: &mut Vec<u8>,
+) {
+    let limit = match (transport, req.edns) {
+        (Transport::Tcp, _) => TCP_LIMIT,
+        (Transport::Udp, None) => usize::from(UDP_LIMIT),
+        (Transport::Udp, Some(e)) => {
+            usize::from(e.payload.clamp(UDP_LIMIT, cfg.max_udp_payload.max(UDP_LIMIT)))
+        }
+    };
+    let scope = match (answer.client_dependent, client.prefix) {
+        (false, _) => 0,
+        (true, 0) => ecs_bits,
+        (true, p) => p.min(ecs_bits),
+    };
+    if let (Some(b), Some(_), false) = (answer.balance, answer.answer, truncate) {
+        let family = usize::from(req.qtype == rtype::AAAA);
+        hits.count(&snap.zone().answer_stats, b, family, answer.pick, picks);
+    }
+    let written = Written {
+        picks,
+        ecs_scope: scope,
+        cookie: cookie.map(|(c, server)| (c.client(), server)),
+        truncate,
+        nsid: req.edns.filter(|e| e.nsid).map(|_| snap.zone().config.identity.server_id.as_bytes()),
+    };
+    response::write(out, req, answer, snap, cfg.max_udp_payload, limit, &written);
+}
+
+#[cfg(test)]
+mod tests {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RecordType};
+
+    use super::*;
+    use crate::model::Cidr;
+    use crate::store::{self, AnswerConfig, ZoneConfig};
+
+    #[test]
+    fn transfers_go_to_ipv4_clients_of_dual_stack_sockets_as_to_the_ipv4_address() {
+        let zone = Name::from_ascii("clusterset.local.").expect("zone");
+        let (reader, mut writer) =
+            store::new(ZoneConfig::with_defaults(zone.clone(), AnswerConfig::standard()));
+        writer.publish();
+        let mut ixfr = Message::query();
+        ixfr.add_query(Query::query(zone, RecordType::IXFR));
+        let packet = ixfr.to_vec().expect("encode");
+        let cfg = WireConfig {
+            allow_transfer: vec![Cidr::parse("127.0.0.0/8").expect("cidr")],
+            ..Default::default()
+        };
+        let (mut scratch, mut out) = (Scratch::default(), Vec::new());
+        for (peer, got) in [
+            ("127.0.0.1", TransferAsk::Udp),
+            ("::ffff:127.0.0.1", TransferAsk::Udp),
+            ("10.0.0.1", TransferAsk::Refused),
+            ("::ffff:10.0.0.1", TransferAsk::Refused),
+            ("::1", TransferAsk::Refused),
+        ] {
+            let peer = Some(peer.parse().expect("ip"));
+            let snap = reader.load();
+            let outcome = respond_from(&snap, &packet, peer, Transport::Udp, &cfg, &mut scratch, &mut out)
+                .expect("answered");
+            assert_eq!(outcome.transfer, Some(got), "{peer:?}");
+            let rcode = if got == TransferAsk::Udp { Rcode::NoError } else { Rcode::Refused };
+            assert_eq!(outcome.rcode, rcode, "{peer:?}");
+        }
+    }
+}
