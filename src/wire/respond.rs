@@ -141,22 +141,6 @@ enum Route<'q> {
     Lookup(&'q [u8]),
 }
 
-impl Route<'_> {
-    fn transfer(&self) -> Option<TransferAsk> {
-        match self {
-            Self::Transfer(t) => Some(*t),
-            _ => None,
-        }
-    }
-
-    fn debug(&self) -> Option<bool> {
-        match self {
-            Self::Debug(records) => Some(records.is_some()),
-            _ => None,
-        }
-    }
-}
-
 /// The one internal entry behind the three public ones.
 fn answer(
     snap: &Snapshot,
@@ -179,33 +163,35 @@ fn answer(
     let (client, ecs_bits) = asker.client(snap, &req);
     let lower = lower_qname(&req, &mut scratch.lower);
     let route = route(snap, &req, lower, asker.peer, client, transport, cfg);
-    let outcome = |rcode, in_zone, limited| Outcome {
-        rcode,
-        in_zone,
-        qtype: req.qtype,
-        dnssec_ok: req.edns.is_some_and(|e| e.dnssec_ok),
-        limited,
-        debug: route.debug(),
-        transfer: route.transfer(),
-    };
-    let mut answer = match &route {
-        // The connection streams the zone (`transfer`): nothing to write.
-        Route::Transfer(TransferAsk::Stream) => return Some(outcome(Rcode::NoError, true, Limited::No)),
-        Route::Transfer(TransferAsk::Refused) => {
-            Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) }
-        }
-        Route::Transfer(TransferAsk::Udp) => transfer_over_udp(snap, req.qtype),
-        Route::Debug(Some(records)) => {
-            Answer { answer: Some(records), in_zone: false, ..Answer::bare(Rcode::NoError, true) }
-        }
-        Route::Debug(None) => Answer::bare(Rcode::Refused, false),
-        Route::Unreadable(rcode) => Answer::bare(*rcode, false),
-        Route::NoName => Answer::bare(Rcode::FormErr, false),
+    // One match says what answers and what the outcome reports of the
+    // route: the common lookup pays for no second look at it.
+    let (mut answer, debug, transfer) = match &route {
         Route::Lookup(name) => {
             let q = Question { name, qtype: req.qtype, qclass: req.qclass };
-            answer::lookup_for(snap, &q, &client, &mut scratch.picks)
+            (answer::lookup_for(snap, &q, &client, &mut scratch.picks), None, None)
         }
+        // The connection streams the zone (`transfer`): nothing to write.
+        Route::Transfer(TransferAsk::Stream) => {
+            let streamed = Some(TransferAsk::Stream);
+            return Some(outcome(&req, Rcode::NoError, true, Limited::No, None, streamed));
+        }
+        Route::Transfer(TransferAsk::Refused) => {
+            let refused = Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) };
+            (refused, None, Some(TransferAsk::Refused))
+        }
+        Route::Transfer(TransferAsk::Udp) => {
+            (transfer_over_udp(snap, req.qtype), None, Some(TransferAsk::Udp))
+        }
+        Route::Debug(Some(records)) => {
+            let lines =
+                Answer { answer: Some(records), in_zone: false, ..Answer::bare(Rcode::NoError, true) };
+            (lines, Some(true), None)
+        }
+        Route::Debug(None) => (Answer::bare(Rcode::Refused, false), Some(false), None),
+        Route::Unreadable(rcode) => (Answer::bare(*rcode, false), None, None),
+        Route::NoName => (Answer::bare(Rcode::FormErr, false), None, None),
     };
+    let outcome = |rcode, in_zone, limited| outcome(&req, rcode, in_zone, limited, debug, transfer);
     let (limited, truncate) =
         match rate_limit(cfg, transport, asker.peer, verdict, answer.rcode, lower, req.qtype) {
             Limit::Send => (Limited::No, false),
@@ -223,6 +209,19 @@ fn answer(
     let counted = (scratch.picks.as_slice(), &mut *scratch.hits);
     write(snap, &req, &answer, (client, ecs_bits), cookie, truncate, transport, cfg, counted, out);
     Some(outcome(answer.rcode, answer.in_zone, limited))
+}
+
+/// What the query got, for the counters.
+fn outcome(
+    req: &Request<'_>,
+    rcode: Rcode,
+    in_zone: bool,
+    limited: Limited,
+    debug: Option<bool>,
+    transfer: Option<TransferAsk>,
+) -> Outcome {
+    let dnssec_ok = req.edns.is_some_and(|e| e.dnssec_ok);
+    Outcome { rcode, in_zone, qtype: req.qtype, dnssec_ok, limited, debug, transfer }
 }
 
 /// The lower-case QNAME into `buf`, read once: the lookup, the debug
