@@ -1,10 +1,18 @@
-//! Command-line interface. Values are parsed here and validated once into
+//! Command-line interface. Values are parsed here, each into its type (an
+//! enum `--help` lists, a network; `parse.rs`), and validated once into
 //! [`crate::config`] structs, which are passed down explicitly.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use hickory_proto::rr::RecordType;
+
+use crate::model::{Boundary, Cidr, ClusterId, Interop, PolicyKind};
+
+mod parse;
+
+pub use parse::{ClientCluster, InteropList, MemoryLimit};
 
 /// Authoritative DNS for Kubernetes Multi-Cluster Services (clusterset.local).
 #[derive(Debug, Parser)]
@@ -42,6 +50,49 @@ pub enum KubeEncoding {
     Auto,
     /// JSON only.
     Json,
+}
+
+/// `--list-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ListMode {
+    /// Streaming lists where the API server allows them, else paged after
+    /// one warning.
+    Auto,
+    /// Streaming lists (KEP-3157): the objects come from the API server's
+    /// watch cache as watch events. Its WatchList feature gate is on by
+    /// default in Kubernetes 1.32 and from 1.34, off in 1.33.
+    Stream,
+    /// List requests of --list-page-size objects.
+    Paged,
+}
+
+/// `--on-member-lost`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnMemberLost {
+    /// Keep its endpoints everywhere, marked on the imports: a partition
+    /// does not take working endpoints away.
+    Keep,
+    /// Remove its endpoints after --member-lost-after: a dead cluster stops
+    /// getting traffic.
+    Remove,
+}
+
+/// `doctor --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// For people.
+    Text,
+    /// For scripts: one JSON object.
+    Json,
+}
+
+/// `setup-dns --watch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WatchMode {
+    /// Write the wiring again when it was removed or rewritten.
+    Reapply,
+    /// Only report it (metric, Event, log); never write.
+    Report,
 }
 
 /// `--log-format`.
@@ -104,10 +155,10 @@ pub struct SetupDnsArgs {
     /// The cluster this Pod runs in (its service account).
     #[arg(long)]
     pub in_cluster: bool,
-    /// clusterset-dns's address, IP or IP:PORT. Default: the ClusterIP of
-    /// Service clusterset-dns/clusterset-dns.
-    #[arg(long, value_name = "ADDR")]
-    pub server: Option<String>,
+    /// clusterset-dns's address, IP or IP:PORT (port 53 by default).
+    /// Default: the ClusterIP of Service clusterset-dns/clusterset-dns.
+    #[arg(long, value_name = "ADDR", value_parser = parse::dns_server)]
+    pub server: Option<SocketAddr>,
     /// The zone to forward.
     #[arg(long, default_value = "clusterset.local")]
     pub zone: String,
@@ -117,11 +168,12 @@ pub struct SetupDnsArgs {
     /// Take the change out again.
     #[arg(long)]
     pub remove: bool,
-    /// The cluster DNS to prove it through, IP or IP:PORT. Default: the
-    /// ClusterIP of Service kube-system/kube-dns (reachable from inside the
-    /// cluster; from outside, pass an address that reaches it).
-    #[arg(long, value_name = "ADDR")]
-    pub verify: Option<String>,
+    /// The cluster DNS to prove it through, IP or IP:PORT (port 53 by
+    /// default). Default: the ClusterIP of Service kube-system/kube-dns
+    /// (reachable from inside the cluster; from outside, pass an address
+    /// that reaches it).
+    #[arg(long, value_name = "ADDR", value_parser = parse::dns_server)]
+    pub verify: Option<SocketAddr>,
     /// Do not prove it.
     #[arg(long, conflicts_with = "verify")]
     pub no_verify: bool,
@@ -136,8 +188,15 @@ pub struct SetupDnsArgs {
     /// object in 10 minutes (another controller fights it); `report` only
     /// reports (metric clusterset_dns_wiring_ok, an Event, the log) and
     /// never writes. Runs until SIGTERM; /metrics on --http-listen.
-    #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "reapply")]
-    pub watch: Option<String>,
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "reapply"
+    )]
+    pub watch: Option<WatchMode>,
     /// --watch: seconds between checks (at least 1).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub interval: u64,
@@ -169,28 +228,23 @@ pub struct ServeArgs {
     #[arg(long = "namespace", value_name = "NS")]
     pub namespaces: Vec<String>,
     /// Also read the objects these fleet managers write in a member cluster
-    /// (comma-separated: karmada, kosmos): an import without spec.ips
+    /// (comma-separated, e.g. karmada,kosmos): an import without spec.ips
     /// answers the cluster IP of its backing Service (Karmada's
     /// derived-<svc>, Kosmos's same-name Service), their EndpointSlices
     /// give headless answers, Karmada's CrossCluster MultiClusterService
     /// Services are served, Kosmos's disconnected addresses are demoted.
     /// Watches Services and EndpointSlices without MCS labels (RBAC:
     /// services list/watch). Applies to --objects and the embedded example too.
-    #[arg(long, value_name = "LIST", default_value = "")]
-    pub interop: String,
+    #[arg(long, value_name = "LIST", default_value = "", value_parser = InteropList)]
+    pub interop: Interop,
     /// Objects per list request when a watch (re)lists in pages (see
     /// --list-mode; 0: one request for all). Paged lists hold less at once but are read from etcd page by
     /// page; one request is served from the API server's watch cache.
     #[arg(long, value_name = "N", default_value_t = 500)]
     pub list_page_size: u32,
-    /// How watches get their complete lists: `stream` (streaming lists,
-    /// KEP-3157: the objects come from the API server's watch cache as watch
-    /// events; its WatchList feature gate, on by default in Kubernetes 1.32
-    /// and from 1.34, off in 1.33), `paged` (list requests of
-    /// --list-page-size), or `auto`: streaming where the API server allows
-    /// it, else paged after one warning.
-    #[arg(long, value_name = "auto|stream|paged", default_value = "auto")]
-    pub list_mode: String,
+    /// How watches get their complete lists.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = ListMode::Auto)]
+    pub list_mode: ListMode,
     /// How EndpointSlices are asked for: `auto` asks for Kubernetes
     /// protobuf (a fraction of JSON's CPU in the API server and here) and
     /// reads a JSON answer as JSON (counted in
@@ -292,7 +346,7 @@ pub struct ServeArgs {
     /// Clients in CIDR are never rate limited (e.g. the cluster's own
     /// CoreDNS Pods). Repeatable.
     #[arg(long = "rrl-exempt", value_name = "CIDR")]
-    pub rrl_exempt: Vec<String>,
+    pub rrl_exempt: Vec<Cidr>,
     /// This server's name in `dig CH TXT id.server` / `hostname.bind` and
     /// in NSID (`dig +nsid`), so replicas can be told apart. Default: the
     /// Pod name ($HOSTNAME), else the host name.
@@ -305,22 +359,21 @@ pub struct ServeArgs {
     /// Clients in CIDR may ask `dig CH TXT <name>` (how the name would be
     /// answered to them, and why) and `dig CH TXT whoami.<zone>`; others
     /// are refused. Repeatable. Default: loopback only.
-    #[arg(long = "allow-debug", value_name = "CIDR", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
-    pub allow_debug: Vec<String>,
+    #[arg(long = "allow-debug", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1"])]
+    pub allow_debug: Vec<Cidr>,
     /// Clients in CIDR may transfer the zone (`dig axfr clusterset.local`):
     /// every name and record the server answers, from one snapshot, over
     /// TCP. Others are refused. Repeatable. Default: loopback only.
-    #[arg(long = "allow-transfer", value_name = "CIDR", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
-    pub allow_transfer: Vec<String>,
+    #[arg(long = "allow-transfer", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1"])]
+    pub allow_transfer: Vec<Cidr>,
     /// Buckets of the rate-limiting table (8 bytes each).
     #[arg(long, value_name = "N", default_value_t = 65536)]
     pub rrl_table_size: usize,
     /// How the endpoints of a headless service (or of a ClusterSetIP service
-    /// answered with endpoints) are chosen: rotation, random, weighted,
-    /// local-first, topology or all. The annotation
+    /// answered with endpoints) are chosen. The annotation
     /// clusterset-dns.io/answer-policy overrides it per service.
-    #[arg(long, value_name = "POLICY", default_value = "rotation")]
-    pub answer_policy: String,
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = PolicyKind::Rotation)]
+    pub answer_policy: PolicyKind,
     /// Most endpoints in one A/AAAA answer (0: every one).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub max_answers: u16,
@@ -339,19 +392,18 @@ pub struct ServeArgs {
     pub endpoint_answers: bool,
     /// Queries from (or with an EDNS Client Subnet inside) CIDR come from
     /// cluster NAME, optionally in ZONE. Repeatable; the longest prefix wins.
-    #[arg(long = "client-cluster", value_name = "CIDR=NAME[/ZONE]")]
-    pub client_clusters: Vec<String>,
+    #[arg(long = "client-cluster", value_name = "CIDR=NAME[/ZONE]", value_parser = parse::client_cluster)]
+    pub client_clusters: Vec<ClientCluster>,
     /// How far from the asking client the topology and local-first policies
-    /// may answer: zone, cluster, region or none. Inside it, unhealthy
-    /// endpoints are answered when none is healthy (with --fail-open);
-    /// outside it never. The annotation clusterset-dns.io/fallback-boundary
-    /// overrides it per service.
-    #[arg(long, value_name = "SCOPE", default_value = "none")]
-    pub fallback_boundary: String,
+    /// may answer. Inside it, unhealthy endpoints are answered when none is
+    /// healthy (with --fail-open); outside it never. The annotation
+    /// clusterset-dns.io/fallback-boundary overrides it per service.
+    #[arg(long, value_enum, value_name = "SCOPE", default_value_t = Boundary::None)]
+    pub fallback_boundary: Boundary,
     /// The region of a cluster, for the topology policy and the region
     /// boundary. Repeatable.
-    #[arg(long = "cluster-region", value_name = "CLUSTER=REGION")]
-    pub cluster_regions: Vec<String>,
+    #[arg(long = "cluster-region", value_name = "CLUSTER=REGION", value_parser = parse::cluster_region)]
+    pub cluster_regions: Vec<(ClusterId, String)>,
     /// Seconds a member cluster (--cluster) may fail to answer (its watches
     /// failing or its API not responding) before its endpoints are demoted
     /// in every answer; they return once it answers and has relisted.
@@ -363,7 +415,7 @@ pub struct ServeArgs {
     /// and refused (see --on-memory-limit); a first load that does not fit
     /// fails the start, naming the size reached, rather than be OOM-killed.
     #[arg(long, value_name = "SIZE", default_value = "auto")]
-    pub memory_limit: String,
+    pub memory_limit: MemoryLimit,
     /// What to do when an update would take the server past 90 % of
     /// --memory-limit once it serves: refuse that update whole and keep
     /// serving the last good state (`keep-serving`), or stop (`exit`). A
@@ -405,9 +457,10 @@ pub struct ServeArgs {
 pub struct ExplainArgs {
     /// The name to explain, e.g. web.shop.svc.clusterset.local.
     pub name: String,
-    /// The query type.
-    #[arg(long = "type", value_name = "TYPE", default_value = "A")]
-    pub qtype: String,
+    /// The query type: A, AAAA, SRV, PTR, TXT, … (a DNS type's name, any
+    /// letter case).
+    #[arg(long = "type", value_name = "TYPE", default_value = "A", value_parser = parse::qtype)]
+    pub qtype: RecordType,
     /// Explain the answer for a client in this cluster.
     #[arg(long, value_name = "CLUSTER")]
     pub from_cluster: Option<String>,
@@ -429,17 +482,17 @@ pub struct DoctorArgs {
     /// forwarding to it) for the name's A, AAAA and SRV records, and compare
     /// the answers with that member's ServiceImport and endpoints.
     /// ADDR is IP or IP:PORT (default port 53). Repeatable.
-    #[arg(long = "dns", value_name = "CLUSTER=ADDR")]
-    pub dns: Vec<String>,
+    #[arg(long = "dns", value_name = "CLUSTER=ADDR", value_parser = parse::member_dns)]
+    pub dns: Vec<(String, SocketAddr)>,
     /// The zone the names are served in.
     #[arg(long, default_value = "clusterset.local")]
     pub zone: String,
     /// Seconds each member's reads, and each DNS query, may take.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub timeout: f64,
-    /// `text` (for people) or `json` (for scripts).
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
-    pub output: String,
+    /// How the report is written.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
+    pub output: ReportFormat,
 }
 
 /// The member clusters of a fleet.
@@ -546,11 +599,9 @@ pub struct SyncOptions {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub shards: u32,
     /// What happens to the endpoints of a member whose API stays
-    /// unreachable: `keep` them everywhere, marked on the imports (a
-    /// partition does not take working endpoints away), or `remove` them
-    /// after --member-lost-after (a dead cluster stops getting traffic).
-    #[arg(long, value_name = "keep|remove", default_value = "keep")]
-    pub on_member_lost: String,
+    /// unreachable.
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnMemberLost::Keep)]
+    pub on_member_lost: OnMemberLost,
     /// Seconds a member must stay unreachable before --on-member-lost=remove
     /// removes its endpoints.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
@@ -592,7 +643,7 @@ pub struct CheckArgs {
     #[arg(long = "objects", value_name = "PATH", required = true)]
     pub objects: Vec<PathBuf>,
     /// Read these fleet managers' shapes too, as `serve --interop` does
-    /// (karmada, kosmos).
-    #[arg(long, value_name = "LIST", default_value = "")]
-    pub interop: String,
+    /// (comma-separated).
+    #[arg(long, value_name = "LIST", default_value = "", value_parser = InteropList)]
+    pub interop: Interop,
 }

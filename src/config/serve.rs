@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::ServeArgs;
+use crate::cli::{ClientCluster, MemoryLimit, ServeArgs};
 use crate::fault::Faults;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
 use crate::k8s::protobuf::{Encoding, KubeEncoding};
 use crate::k8s::watch::{ListMode, Lists};
-use crate::model::{Cidr, ClusterId, DnsLabel, Interop, PolicyKind};
-use crate::ops::memory::MemoryBudget;
+use crate::model::{ClusterId, DnsLabel, Interop};
+use crate::ops::memory::{LimitSource, MemoryBudget, OnMemoryLimit};
 use crate::source::kube::KubeSource;
 use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
 use crate::wire::cookie::CookieSecret;
@@ -63,7 +63,7 @@ pub struct ServeConfig {
     /// The memory limit kept to (`--memory-limit`), if any.
     pub memory: Option<MemoryBudget>,
     /// What to do when an update would not fit it (`--on-memory-limit`).
-    pub on_memory_limit: crate::ops::memory::OnMemoryLimit,
+    pub on_memory_limit: OnMemoryLimit,
     /// Which fleet managers' shapes are read (`--interop`).
     pub interop: Interop,
 }
@@ -154,11 +154,13 @@ impl ServeConfig {
             ));
         }
         let probe = probe_config(a)?;
-        let memory =
-            crate::ops::memory::parse_limit(&a.memory_limit).map_err(|e| bad("--memory-limit", e))?;
-        let interop = Interop::parse(&a.interop).map_err(|e| bad("--interop", e))?;
-        let list_mode = ListMode::parse(&a.list_mode).map_err(|e| bad("--list-mode", e))?;
-        let lists = Lists::new(list_mode, std::num::NonZeroU32::new(a.list_page_size));
+        let memory = match a.memory_limit {
+            MemoryLimit::Auto => crate::ops::memory::cgroup_limit(),
+            MemoryLimit::None => None,
+            MemoryLimit::Bytes(limit) => Some(MemoryBudget { limit, source: LimitSource::Flag }),
+        };
+        let interop = a.interop;
+        let lists = Lists::new(a.list_mode.into(), std::num::NonZeroU32::new(a.list_page_size));
         Ok(Self {
             interop,
             objects: a.objects.clone(),
@@ -167,10 +169,7 @@ impl ServeConfig {
                 namespaces: a.namespaces.clone(),
                 interop,
                 lists: lists.clone(),
-                encoding: Encoding::new(match a.kube_encoding {
-                    crate::cli::KubeEncoding::Auto => KubeEncoding::Auto,
-                    crate::cli::KubeEncoding::Json => KubeEncoding::Json,
-                }),
+                encoding: Encoding::new(a.kube_encoding.into()),
             }),
             members: members(&a.members)?,
             lists,
@@ -198,11 +197,36 @@ impl ServeConfig {
             cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
             probe,
             memory,
-            on_memory_limit: match a.on_memory_limit {
-                crate::cli::OnMemoryLimit::KeepServing => crate::ops::memory::OnMemoryLimit::KeepServing,
-                crate::cli::OnMemoryLimit::Exit => crate::ops::memory::OnMemoryLimit::Exit,
-            },
+            on_memory_limit: a.on_memory_limit.into(),
         })
+    }
+}
+
+impl From<crate::cli::ListMode> for ListMode {
+    fn from(m: crate::cli::ListMode) -> Self {
+        match m {
+            crate::cli::ListMode::Auto => Self::Auto,
+            crate::cli::ListMode::Stream => Self::Stream,
+            crate::cli::ListMode::Paged => Self::Paged,
+        }
+    }
+}
+
+impl From<crate::cli::KubeEncoding> for KubeEncoding {
+    fn from(e: crate::cli::KubeEncoding) -> Self {
+        match e {
+            crate::cli::KubeEncoding::Auto => Self::Auto,
+            crate::cli::KubeEncoding::Json => Self::Json,
+        }
+    }
+}
+
+impl From<crate::cli::OnMemoryLimit> for OnMemoryLimit {
+    fn from(o: crate::cli::OnMemoryLimit) -> Self {
+        match o {
+            crate::cli::OnMemoryLimit::KeepServing => Self::KeepServing,
+            crate::cli::OnMemoryLimit::Exit => Self::Exit,
+        }
     }
 }
 
@@ -242,7 +266,7 @@ pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
     if !(1..=1 << 24).contains(&a.rrl_table_size) {
         return Err(bad("--rrl-table-size", format!("{} is outside 1-16777216", a.rrl_table_size)));
     }
-    let exempt = cidrs("--rrl-exempt", &a.rrl_exempt)?;
+    let exempt = a.rrl_exempt.clone();
     if a.rrl_rate == 0 && (a.rrl_errors_rate.is_some() || !exempt.is_empty()) {
         return Err(bad("--rrl-rate", "rate limiting options were given but --rrl-rate is 0 (off)"));
     }
@@ -258,15 +282,12 @@ pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
         }))
     });
     let faults = Faults::from_env().map_err(|e| bad("CLUSTERSET_DNS_FAULT", e))?;
-    let allow = cidrs("--allow-debug", &a.allow_debug)?;
-    let debug = Some(Arc::new(DebugAnswers { allow, explain: Arc::new(crate::ops::explain::Report) }));
-    let allow_transfer = cidrs("--allow-transfer", &a.allow_transfer)?;
+    let debug = Some(Arc::new(DebugAnswers {
+        allow: a.allow_debug.clone(),
+        explain: Arc::new(crate::ops::explain::Report),
+    }));
+    let allow_transfer = a.allow_transfer.clone();
     Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug, allow_transfer })
-}
-
-/// The networks of a repeatable CIDR flag, or the flag and the bad value.
-pub(super) fn cidrs(flag: &'static str, values: &[String]) -> Result<Vec<Cidr>, ConfigError> {
-    values.iter().map(|c| Cidr::parse(c).map_err(|e| bad(flag, format!("{c:?}: {e}")))).collect()
 }
 
 /// The `--probe-…` flags, checked even without `--probe` (a typo there
@@ -303,55 +324,29 @@ pub(super) fn probe_config(a: &ServeArgs) -> Result<Option<ProbeConfig>, ConfigE
     }))
 }
 
+/// The answer settings; clap parsed each value.
 pub(super) fn answer_config(
     a: &ServeArgs,
     default_cluster: Option<ClusterId>,
 ) -> Result<AnswerConfig, ConfigError> {
-    let policy: PolicyKind = a.answer_policy.parse().map_err(|e: String| bad("--answer-policy", e))?;
-    let clients = a.client_clusters.iter().map(|v| client_net(v)).collect::<Result<_, _>>()?;
-    let regions = a
-        .cluster_regions
-        .iter()
-        .map(|v| {
-            let (cluster, region) = v
-                .split_once('=')
-                .ok_or_else(|| bad("--cluster-region", format!("{v:?} is not CLUSTER=REGION")))?;
-            let cluster =
-                ClusterId::parse(cluster).map_err(|e| bad("--cluster-region", format!("{cluster:?} {e}")))?;
-            if region.is_empty() {
-                return Err(bad("--cluster-region", format!("{v:?} has no region")));
-            }
-            Ok((cluster, region.to_owned()))
-        })
-        .collect::<Result<_, _>>()?;
-    let fallback_boundary = a.fallback_boundary.parse().map_err(|e: String| bad("--fallback-boundary", e))?;
     if a.local_min_healthy == 0 {
         return Err(bad("--local-min-healthy", "must be at least 1"));
     }
     Ok(AnswerConfig {
-        policy,
+        policy: a.answer_policy,
         max_answers: a.max_answers,
         local_min_healthy: a.local_min_healthy,
         fail_open: a.fail_open,
         endpoint_answers: a.endpoint_answers,
-        fallback_boundary,
-        clients,
-        regions,
+        fallback_boundary: a.fallback_boundary,
+        clients: a.client_clusters.iter().cloned().map(ClientNet::from).collect(),
+        regions: a.cluster_regions.clone(),
         default_cluster,
     })
 }
 
-/// `CIDR=NAME[/ZONE]`; the network as every CIDR flag takes it ([`Cidr`]:
-/// host bits set are refused, naming the network meant).
-pub(super) fn client_net(v: &str) -> Result<ClientNet, ConfigError> {
-    const FLAG: &str = "--client-cluster";
-    let (cidr, who) = v.split_once('=').ok_or_else(|| bad(FLAG, format!("{v:?} is not CIDR=NAME")))?;
-    let net = Cidr::parse(cidr).map_err(|e| bad(FLAG, format!("{cidr:?}: {e}")))?;
-    let (cluster, zone) = match who.split_once('/') {
-        Some((c, z)) if !z.is_empty() => (c, Some(z.to_owned())),
-        Some((c, _)) => (c, None),
-        None => (who, None),
-    };
-    let cluster = ClusterId::parse(cluster).map_err(|e| bad(FLAG, format!("{cluster:?} {e}")))?;
-    Ok(ClientNet { net, cluster, zone })
+impl From<ClientCluster> for ClientNet {
+    fn from(c: ClientCluster) -> Self {
+        Self { net: c.net, cluster: c.cluster, zone: c.zone }
+    }
 }

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::cli::{ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
+use crate::cli::{OnMemberLost, ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::fault::Faults;
 use crate::fleet::inventory::InventoryConfig;
@@ -114,11 +114,6 @@ impl RunConfig {
 
 /// The controller behaviour of `sync` options.
 pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour, ConfigError> {
-    let on_member_lost = match o.on_member_lost.as_str() {
-        "keep" => MemberLost::Keep,
-        "remove" => MemberLost::Remove,
-        other => return Err(bad("--on-member-lost", format!("{other:?} is not keep or remove"))),
-    };
     if o.member_lost_after == 0 {
         return Err(bad("--member-lost-after", "must be at least 1 second"));
     }
@@ -135,11 +130,20 @@ pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour
     }
     Ok(SyncBehaviour {
         namespaces: namespaces.to_vec(),
-        on_member_lost,
+        on_member_lost: o.on_member_lost.into(),
         lost_after: Duration::from_secs(o.member_lost_after),
         resync: Duration::from_secs(o.resync_interval),
         auto_export_prefixes: o.auto_export_namespace_prefixes.clone(),
     })
+}
+
+impl From<OnMemberLost> for MemberLost {
+    fn from(o: OnMemberLost) -> Self {
+        match o {
+            OnMemberLost::Keep => Self::Keep,
+            OnMemberLost::Remove => Self::Remove,
+        }
+    }
 }
 
 /// The members' client rate limit of `sync` options (`--kube-qps 0`: none).

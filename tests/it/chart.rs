@@ -317,10 +317,10 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
         (_, "ADDR:PORT") => text("0.0.0.0:8053"),
         (_, "POLICY") => text("weighted"),
         (_, "SCOPE") => text("region"),
-        (_, "keep|remove") => text("remove"),
+        ("on-member-lost", _) => text("remove"),
         ("on-memory-limit", _) => text("exit"),
         ("kube-encoding", _) => text("json"),
-        (_, "auto|stream|paged") => text("stream"),
+        ("list-mode", _) => text("stream"),
         (_, "CIDR=NAME[/ZONE]") => ("{10.1.0.0/16=east}".to_owned(), Some("10.1.0.0/16=east".to_owned())),
         (_, "CLUSTER=REGION") => ("{east=eu}".to_owned(), Some("east=eu".to_owned())),
         ("namespace" | "auto-export-namespace-prefix", _) => {
