@@ -1,7 +1,7 @@
 //! How clap reads the values of flags: the domain's enums as `ValueEnum`s
 //! (so `--help` lists them and clap refuses others), the structured values
-//! (`CIDR=NAME[/ZONE]`, `CLUSTER=REGION`, sizes, DNS addresses, query
-//! types), each into its typed value. A value refused here
+//! (`CIDR=NAME[/ZONE]`, `CLUSTER=REGION`, sizes, DNS addresses, query types)
+//! and fractional seconds, each into its typed value. A value refused here
 //! exits 64 with clap's `invalid value 'V' for '--flag <NAME>': why`.
 //!
 //! The `ValueEnum` impls of the model's enums live here, not in `model`:
@@ -16,6 +16,13 @@ use clap::builder::{PossibleValue, TypedValueParser};
 use hickory_proto::rr::RecordType;
 
 use crate::model::{Boundary, Cidr, ClusterId, Interop, PolicyKind};
+
+/// RFC 2181 §8: TTLs are at most 2^31 - 1 (`--ttl`, `--negative-ttl`).
+pub const MAX_TTL: i64 = i32::MAX as i64;
+
+/// `--shards` at most. The controller's `controller::shard::MAX_SHARDS`,
+/// which the command line may not import; a config test holds them equal.
+pub const MAX_SHARDS: i64 = 64;
 
 /// `--answer-policy`, in the order `--help` lists them (the default first).
 const POLICIES: [PolicyKind; 6] = [
@@ -185,6 +192,28 @@ impl FromStr for MemoryLimit {
     }
 }
 
+/// A number of seconds in `lo..=hi`, fractions allowed (clap's ranges are
+/// for integers only).
+pub(super) fn seconds(
+    lo: f64,
+    hi: f64,
+) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
+    move |s| {
+        let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+        if v.is_finite() && (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("{v} is outside {lo}-{hi} seconds"))
+        }
+    }
+}
+
+/// `--kube-qps`: requests per second, 0 or more (0: no limit).
+pub(super) fn rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v >= 0.0 { Ok(v) } else { Err(format!("{v} is not a rate (0 or more per second)")) }
+}
+
 /// A DNS server: `IP` or `IP:PORT` (port 53 by default).
 pub(super) fn dns_server(value: &str) -> Result<SocketAddr, String> {
     value
@@ -265,6 +294,23 @@ mod tests {
         assert!(size("12Pb").unwrap_err().contains("not a size"));
         assert!(size("Mi").is_err());
         assert_eq!(size("99999999999Gi").unwrap_err(), "too large");
+    }
+
+    #[test]
+    fn seconds_and_rates_refuse_what_is_not_a_finite_number_in_range() {
+        let s = seconds(0.05, 60.0);
+        assert_eq!(s("0.05"), Ok(0.05));
+        assert_eq!(s("60"), Ok(60.0));
+        assert_eq!(s("0.04").unwrap_err(), "0.04 is outside 0.05-60 seconds");
+        for bad in ["NaN", "inf", "61"] {
+            assert!(s(bad).is_err(), "{bad}");
+        }
+        assert!(s("soon").is_err());
+        assert_eq!(rate("0"), Ok(0.0));
+        assert_eq!(rate("2.5"), Ok(2.5));
+        for bad in ["-1", "NaN", "inf"] {
+            assert!(rate(bad).unwrap_err().contains("is not a rate"), "{bad}");
+        }
     }
 
     #[test]

@@ -25,9 +25,6 @@ use crate::wire::{DebugAnswers, WireConfig};
 
 use super::*;
 
-/// RFC 2181 §8: TTLs are at most 2^31 - 1.
-pub(super) const MAX_TTL: u32 = i32::MAX as u32;
-
 /// Everything `serve` needs.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -100,14 +97,6 @@ impl ServeConfig {
                 Some(also)
             }
         };
-        for (flag, ttl) in [("--ttl", a.ttl), ("--negative-ttl", a.negative_ttl.unwrap_or(a.ttl))] {
-            if ttl > MAX_TTL {
-                return Err(bad(flag, format!("{ttl} is above the largest TTL, {MAX_TTL}")));
-            }
-        }
-        if !(512..=4096).contains(&a.max_udp_payload) {
-            return Err(bad("--max-udp-payload", format!("{} is outside 512-4096", a.max_udp_payload)));
-        }
         if a.listen.is_empty() {
             return Err(bad("--listen", "at least one address is needed"));
         }
@@ -115,23 +104,10 @@ impl ServeConfig {
             a.cluster_id.as_deref().map(ClusterId::parse).transpose().map_err(|e| {
                 bad("--cluster-id", format!("{:?} {e}", a.cluster_id.as_deref().unwrap_or("")))
             })?;
-        let udp_workers = match a.udp_workers {
-            Some(0) => return Err(bad("--udp-workers", "must be at least 1")),
-            Some(n) => n,
-            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        };
-        if a.tcp_max_connections == 0 {
-            return Err(bad("--tcp-max-connections", "must be at least 1"));
-        }
-        if a.tcp_idle_timeout == 0 {
-            return Err(bad("--tcp-idle-timeout", "must be at least 1 second"));
-        }
-        if a.tcp_max_per_client == 0 {
-            return Err(bad("--tcp-max-per-client", "must be at least 1"));
-        }
-        if !(a.tcp_io_timeout.is_finite() && (0.05..=60.0).contains(&a.tcp_io_timeout)) {
-            return Err(bad("--tcp-io-timeout", format!("{} is outside 0.05-60 seconds", a.tcp_io_timeout)));
-        }
+        // clap holds --udp-workers to at least 1.
+        let udp_workers = a
+            .udp_workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let wire = wire_config(a)?;
         let connection = match (&a.kubeconfig, a.in_cluster) {
             (Some(path), _) => {
@@ -146,14 +122,7 @@ impl ServeConfig {
         for ns in &a.namespaces {
             DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
         }
-        let answers = answer_config(a, cluster_id.clone())?;
-        if !(1..=3600).contains(&a.cluster_dead_after) {
-            return Err(bad(
-                "--cluster-dead-after",
-                format!("{} is outside 1-3600 seconds", a.cluster_dead_after),
-            ));
-        }
-        let probe = probe_config(a)?;
+        let answers = answer_config(a, cluster_id.clone());
         let memory = match a.memory_limit {
             MemoryLimit::Auto => crate::ops::memory::cgroup_limit(),
             MemoryLimit::None => None,
@@ -195,7 +164,7 @@ impl ServeConfig {
                 max_per_client: a.tcp_max_per_client,
             },
             cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
-            probe,
+            probe: probe_config(a),
             memory,
             on_memory_limit: a.on_memory_limit.into(),
         })
@@ -254,18 +223,6 @@ pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
         (true, Some(hex)) => Some(CookieSecret::from_hex(hex).map_err(|e| bad("--cookie-secret", e))?),
         (true, None) => Some(CookieSecret::random().map_err(|e| bad("--cookies", e))?),
     };
-    if a.rrl_slip > 10 {
-        return Err(bad("--rrl-slip", format!("{} is outside 0-10", a.rrl_slip)));
-    }
-    if a.rrl_ipv4_prefix > 32 {
-        return Err(bad("--rrl-ipv4-prefix", format!("{} is outside 0-32", a.rrl_ipv4_prefix)));
-    }
-    if a.rrl_ipv6_prefix > 128 {
-        return Err(bad("--rrl-ipv6-prefix", format!("{} is outside 0-128", a.rrl_ipv6_prefix)));
-    }
-    if !(1..=1 << 24).contains(&a.rrl_table_size) {
-        return Err(bad("--rrl-table-size", format!("{} is outside 1-16777216", a.rrl_table_size)));
-    }
     let exempt = a.rrl_exempt.clone();
     if a.rrl_rate == 0 && (a.rrl_errors_rate.is_some() || !exempt.is_empty()) {
         return Err(bad("--rrl-rate", "rate limiting options were given but --rrl-rate is 0 (off)"));
@@ -290,49 +247,23 @@ pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
     Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug, allow_transfer })
 }
 
-/// The `--probe-…` flags, checked even without `--probe` (a typo there
-/// should not wait until probes are turned on to be found).
-pub(super) fn probe_config(a: &ServeArgs) -> Result<Option<ProbeConfig>, ConfigError> {
-    let seconds = |flag: &'static str, v: f64| {
-        if v.is_finite() && (0.01..=3600.0).contains(&v) {
-            Ok(Duration::from_secs_f64(v))
-        } else {
-            Err(bad(flag, format!("{v} is outside 0.01-3600 seconds")))
-        }
-    };
-    let interval = seconds("--probe-interval", a.probe_interval)?;
-    let recheck = seconds("--probe-recheck", a.probe_recheck)?;
-    let timeout = seconds("--probe-timeout", a.probe_timeout)?;
-    for (flag, n) in
-        [("--probe-fall", a.probe_fall), ("--probe-rise", a.probe_rise), ("--probe-rate", a.probe_rate)]
-    {
-        if n == 0 {
-            return Err(bad(flag, "must be at least 1"));
-        }
-    }
-    if a.probe_concurrency == 0 {
-        return Err(bad("--probe-concurrency", "must be at least 1"));
-    }
-    Ok(a.probe.then_some(ProbeConfig {
-        interval,
-        recheck,
-        timeout,
+/// The `--probe-…` flags (clap checks them even without `--probe`: a typo
+/// there should not wait until probes are turned on to be found).
+pub(super) fn probe_config(a: &ServeArgs) -> Option<ProbeConfig> {
+    a.probe.then(|| ProbeConfig {
+        interval: Duration::from_secs_f64(a.probe_interval),
+        recheck: Duration::from_secs_f64(a.probe_recheck),
+        timeout: Duration::from_secs_f64(a.probe_timeout),
         fall: a.probe_fall,
         rise: a.probe_rise,
         concurrency: a.probe_concurrency,
         rate: a.probe_rate,
-    }))
+    })
 }
 
-/// The answer settings; clap parsed each value.
-pub(super) fn answer_config(
-    a: &ServeArgs,
-    default_cluster: Option<ClusterId>,
-) -> Result<AnswerConfig, ConfigError> {
-    if a.local_min_healthy == 0 {
-        return Err(bad("--local-min-healthy", "must be at least 1"));
-    }
-    Ok(AnswerConfig {
+/// The answer settings; clap parsed and checked every one.
+pub(super) fn answer_config(a: &ServeArgs, default_cluster: Option<ClusterId>) -> AnswerConfig {
+    AnswerConfig {
         policy: a.answer_policy,
         max_answers: a.max_answers,
         local_min_healthy: a.local_min_healthy,
@@ -342,7 +273,7 @@ pub(super) fn answer_config(
         clients: a.client_clusters.iter().cloned().map(ClientNet::from).collect(),
         regions: a.cluster_regions.clone(),
         default_cluster,
-    })
+    }
 }
 
 impl From<ClientCluster> for ClientNet {

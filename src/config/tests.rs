@@ -52,7 +52,8 @@ fn setup_dns_watch_reapplies_by_default_every_minute_and_bad_values_name_their_f
     assert_eq!((w.mode, w.interval), (Mode::Report, Duration::from_secs(2)));
     let text = refused(&["setup-dns", "--watch=fight"], "--watch");
     assert!(text.contains("[possible values: reapply, report]"), "{text}");
-    assert_eq!(setup_dns(&["--watch", "--interval", "0"]).unwrap_err().flag, "--interval");
+    refused(&["setup-dns", "--watch", "--interval", "0"], "--interval");
+    refused(&["setup-dns", "--interval", "86401"], "--interval");
     assert_eq!(setup_dns(&["--watch", "--dry-run"]).unwrap_err().flag, "--watch");
     assert_eq!(setup_dns(&["--watch", "--remove"]).unwrap_err().flag, "--watch");
 }
@@ -94,10 +95,7 @@ fn watches_stream_their_lists_where_allowed_unless_told_otherwise() {
 #[test]
 fn bad_values_name_their_flag() {
     assert_eq!(config(&["--zone", "a..b"]).unwrap_err().flag, "--zone");
-    assert_eq!(config(&["--ttl", "4294967295"]).unwrap_err().flag, "--ttl");
     assert_eq!(config(&["--cluster-id", "bad_id"]).unwrap_err().flag, "--cluster-id");
-    assert_eq!(config(&["--max-udp-payload", "100"]).unwrap_err().flag, "--max-udp-payload");
-    assert_eq!(config(&["--udp-workers", "0"]).unwrap_err().flag, "--udp-workers");
     assert_eq!(config(&["--namespace", "shop"]).unwrap_err().flag, "--namespace");
     assert_eq!(config(&["--in-cluster", "--namespace", "Not_OK"]).unwrap_err().flag, "--namespace");
     assert_eq!(config(&["--cluster", "no-equals-sign"]).unwrap_err().flag, "--cluster");
@@ -116,15 +114,67 @@ fn sync_config(args: &[&str]) -> Result<SyncConfig, ConfigError> {
     SyncConfig::from_args(&a)
 }
 
+/// The flags clap holds to a range: the bounds are taken, one past them
+/// is refused naming the flag.
+#[test]
+fn numbers_outside_their_range_are_refused_by_clap() {
+    let cases: &[(&str, &str, &[&str], &[&str])] = &[
+        ("serve", "--ttl", &["0", "2147483647"], &["2147483648", "4294967295", "-1"]),
+        ("serve", "--negative-ttl", &["0", "2147483647"], &["2147483648"]),
+        ("serve", "--udp-workers", &["1"], &["0"]),
+        ("serve", "--max-udp-payload", &["512", "4096"], &["511", "4097", "100"]),
+        ("serve", "--tcp-idle-timeout", &["1"], &["0"]),
+        ("serve", "--tcp-max-connections", &["1"], &["0"]),
+        ("serve", "--tcp-max-per-client", &["1"], &["0"]),
+        ("serve", "--tcp-io-timeout", &["0.05", "60"], &["0.04", "61", "NaN"]),
+        ("serve", "--rrl-slip", &["0", "10"], &["11"]),
+        ("serve", "--rrl-ipv4-prefix", &["0", "32"], &["33"]),
+        ("serve", "--rrl-ipv6-prefix", &["0", "128"], &["129"]),
+        ("serve", "--rrl-table-size", &["1", "16777216"], &["0", "16777217"]),
+        ("serve", "--local-min-healthy", &["1"], &["0"]),
+        ("serve", "--cluster-dead-after", &["1", "3600"], &["0", "3601"]),
+        ("serve", "--probe-interval", &["0.01", "3600"], &["0", "3601", "inf"]),
+        ("serve", "--probe-recheck", &["0.01"], &["0"]),
+        ("serve", "--probe-timeout", &["3600"], &["NaN"]),
+        ("serve", "--probe-fall", &["1"], &["0"]),
+        ("serve", "--probe-rise", &["1"], &["0"]),
+        ("serve", "--probe-concurrency", &["1"], &["0"]),
+        ("serve", "--probe-rate", &["1"], &["0"]),
+        ("run", "--cluster-dead-after", &["1"], &["0"]),
+        ("sync", "--shards", &["1", "64"], &["0", "65"]),
+        ("sync", "--lease-duration", &["5", "3600"], &["4", "3601"]),
+        ("sync", "--member-lost-after", &["1"], &["0"]),
+        ("sync", "--resync-interval", &["10"], &["9"]),
+        ("sync", "--kube-qps", &["0", "2.5"], &["-1", "NaN", "inf"]),
+        ("setup-dns", "--interval", &["1", "86400"], &["0", "86401"]),
+        ("setup-dns", "--verify-timeout", &["1", "3600"], &["0.5", "3601"]),
+        ("doctor", "--timeout", &["0.1", "300"], &["0", "301"]),
+    ];
+    for &(command, flag, good, bad) in cases {
+        // doctor's NAME is required; the others need nothing else.
+        let name: &[&str] = if command == "doctor" { &["web.shop"] } else { &[] };
+        for v in good {
+            let arg = format!("{flag}={v}");
+            let argv = [&["clusterset-dns", command, arg.as_str()][..], name].concat();
+            if let Err(e) = Cli::try_parse_from(&argv) {
+                panic!("{argv:?}: {e}");
+            }
+        }
+        for v in bad {
+            let arg = format!("{flag}={v}");
+            refused(&[&[command, arg.as_str()][..], name].concat(), flag);
+        }
+    }
+    // The command line may not import the controller: one limit, two names.
+    assert_eq!(crate::cli::MAX_SHARDS, i64::from(crate::controller::shard::MAX_SHARDS));
+}
+
 #[test]
 fn members_clients_are_rate_limited_unless_told_otherwise() {
     let limits = |args: &[&str]| sync_config(args).unwrap().kube_limits;
     assert_eq!(limits(&[]), Some(Limits { qps: 50.0, burst: 100 }));
     assert_eq!(limits(&["--kube-qps", "2.5", "--kube-burst", "1"]), Some(Limits { qps: 2.5, burst: 1 }));
     assert_eq!(limits(&["--kube-qps", "0"]), None, "0 turns the limit off");
-    for bad in ["--kube-qps=-1", "--kube-qps=NaN", "--kube-qps=inf"] {
-        assert_eq!(sync_config(&[bad]).unwrap_err().flag, "--kube-qps", "{bad:?}");
-    }
     assert_eq!(sync_config(&["--kube-burst", "0"]).unwrap_err().flag, "--kube-burst");
 }
 
@@ -192,9 +242,6 @@ fn shards_need_leader_election_and_a_sane_count() {
     let e = sync_config(&["--shards", "4", "--no-leader-election"]).unwrap_err();
     assert_eq!(e.flag, "--shards");
     assert!(sync_config(&["--shards", "1", "--no-leader-election"]).is_ok());
-    for n in ["0", "65"] {
-        assert_eq!(sync_config(&["--shards", n]).unwrap_err().flag, "--shards", "{n}");
-    }
 }
 
 #[test]
@@ -235,7 +282,6 @@ fn policy_flags_are_checked() {
     let c = config(&["--answer-policy", "local-first", "--cluster-region", "East=eu"]).unwrap();
     assert_eq!(c.zone.answers.policy, PolicyKind::LocalFirst);
     assert_eq!(c.zone.answers.regions, [(crate::model::ClusterId::parse("east").unwrap(), "eu".to_owned())]);
-    assert_eq!(config(&["--local-min-healthy", "0"]).unwrap_err().flag, "--local-min-healthy");
 }
 
 #[test]
@@ -281,16 +327,8 @@ fn fleet_shapes_are_a_list_of_names() {
 
 #[test]
 fn health_flags_are_checked() {
-    assert_eq!(config(&["--cluster-dead-after", "0"]).unwrap_err().flag, "--cluster-dead-after");
     assert_eq!(config(&[]).unwrap().cluster_dead_after, Duration::from_secs(15));
     assert!(config(&[]).unwrap().probe.is_none(), "probes are off by default");
-    assert_eq!(config(&["--probe-interval", "0"]).unwrap_err().flag, "--probe-interval");
-    assert_eq!(config(&["--probe-timeout", "NaN"]).unwrap_err().flag, "--probe-timeout");
-    assert_eq!(config(&["--probe-recheck", "0"]).unwrap_err().flag, "--probe-recheck");
-    assert_eq!(config(&["--probe-fall", "0"]).unwrap_err().flag, "--probe-fall");
-    assert_eq!(config(&["--probe-rise", "0"]).unwrap_err().flag, "--probe-rise");
-    assert_eq!(config(&["--probe-concurrency", "0"]).unwrap_err().flag, "--probe-concurrency");
-    assert_eq!(config(&["--probe-rate", "0"]).unwrap_err().flag, "--probe-rate");
     let p = config(&["--probe", "--probe-interval", "0.5"]).unwrap().probe.unwrap();
     assert_eq!((p.interval, p.timeout), (Duration::from_millis(500), Duration::from_secs(1)));
     assert_eq!(p.recheck, Duration::from_millis(500));
@@ -360,7 +398,6 @@ fn doctor_takes_the_short_or_the_full_name_and_nothing_else() {
     assert!(text.contains("[possible values: text, json]"), "{text}");
     let c = doctor(&["web.shop", "--cluster", &a, "--output", "json"]).unwrap();
     assert_eq!(c.format, crate::diagnose::report::Format::Json);
-    assert_eq!(doctor(&["web.shop", "--cluster", &a, "--timeout", "0"]).unwrap_err().flag, "--timeout");
 }
 
 #[test]

@@ -122,6 +122,8 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
         &["serve", "--ttl", "soon"],
         &["doctor", "--no-such-flag", "web.shop"],
         &["sync", "--shards", "many"],
+        // Outside its range: clap's refusal, as --ttl soon's.
+        &["serve", "--max-udp-payload", "100"],
     ] {
         let out = Command::new(BIN).args(args).output().expect("run");
         assert_eq!(out.status.code(), Some(64), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -129,7 +131,8 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
     for (args, flag) in [
         (vec!["--zone", "bad..zone"], "--zone"),
         (vec!["--cluster-id", "Not_Valid"], "--cluster-id"),
-        (vec!["--max-udp-payload", "100"], "--max-udp-payload"),
+        // Flags that go together are the configuration's to judge.
+        (vec!["--rrl-exempt", "10.0.0.0/8"], "--rrl-rate"),
     ] {
         let out = Command::new(BIN).arg("serve").args(&args).output().expect("run");
         assert_eq!(out.status.code(), Some(64), "{args:?}");
