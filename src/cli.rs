@@ -1,10 +1,18 @@
-//! Command-line interface. Values are parsed here and validated once into
-//! [`crate::config`] structs, which are passed down explicitly.
+//! Command-line interface. Values are parsed here, each into its type (an
+//! enum `--help` lists, a range, a network; `parse.rs`), and validated once
+//! into [`crate::config`] structs, which are passed down explicitly.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use hickory_proto::rr::RecordType;
+
+use crate::model::{Boundary, Cidr, ClusterId, Interop, PolicyKind};
+
+mod parse;
+
+pub use parse::{ClientCluster, InteropList, MAX_SHARDS, MAX_TTL, MemoryLimit};
 
 /// Authoritative DNS for Kubernetes Multi-Cluster Services (clusterset.local).
 #[derive(Debug, Parser)]
@@ -42,6 +50,49 @@ pub enum KubeEncoding {
     Auto,
     /// JSON only.
     Json,
+}
+
+/// `--list-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ListMode {
+    /// Streaming lists where the API server allows them, else paged after
+    /// one warning.
+    Auto,
+    /// Streaming lists (KEP-3157): the objects come from the API server's
+    /// watch cache as watch events. Its WatchList feature gate is on by
+    /// default in Kubernetes 1.32 and from 1.34, off in 1.33.
+    Stream,
+    /// List requests of --list-page-size objects.
+    Paged,
+}
+
+/// `--on-member-lost`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnMemberLost {
+    /// Keep its endpoints everywhere, marked on the imports: a partition
+    /// does not take working endpoints away.
+    Keep,
+    /// Remove its endpoints after --member-lost-after: a dead cluster stops
+    /// getting traffic.
+    Remove,
+}
+
+/// `doctor --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// For people.
+    Text,
+    /// For scripts: one JSON object.
+    Json,
+}
+
+/// `setup-dns --watch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WatchMode {
+    /// Write the wiring again when it was removed or rewritten.
+    Reapply,
+    /// Only report it (metric, Event, log); never write.
+    Report,
 }
 
 /// `--log-format`.
@@ -104,10 +155,10 @@ pub struct SetupDnsArgs {
     /// The cluster this Pod runs in (its service account).
     #[arg(long)]
     pub in_cluster: bool,
-    /// clusterset-dns's address, IP or IP:PORT. Default: the ClusterIP of
-    /// Service clusterset-dns/clusterset-dns.
-    #[arg(long, value_name = "ADDR")]
-    pub server: Option<String>,
+    /// clusterset-dns's address, IP or IP:PORT (port 53 by default).
+    /// Default: the ClusterIP of Service clusterset-dns/clusterset-dns.
+    #[arg(long, value_name = "ADDR", value_parser = parse::dns_server)]
+    pub server: Option<SocketAddr>,
     /// The zone to forward.
     #[arg(long, default_value = "clusterset.local")]
     pub zone: String,
@@ -117,17 +168,18 @@ pub struct SetupDnsArgs {
     /// Take the change out again.
     #[arg(long)]
     pub remove: bool,
-    /// The cluster DNS to prove it through, IP or IP:PORT. Default: the
-    /// ClusterIP of Service kube-system/kube-dns (reachable from inside the
-    /// cluster; from outside, pass an address that reaches it).
-    #[arg(long, value_name = "ADDR")]
-    pub verify: Option<String>,
+    /// The cluster DNS to prove it through, IP or IP:PORT (port 53 by
+    /// default). Default: the ClusterIP of Service kube-system/kube-dns
+    /// (reachable from inside the cluster; from outside, pass an address
+    /// that reaches it).
+    #[arg(long, value_name = "ADDR", value_parser = parse::dns_server)]
+    pub verify: Option<SocketAddr>,
     /// Do not prove it.
     #[arg(long, conflicts_with = "verify")]
     pub no_verify: bool,
-    /// Seconds to keep asking (CoreDNS reloads an edited ConfigMap within
-    /// about two minutes).
-    #[arg(long, value_name = "SECONDS", default_value_t = 150.0)]
+    /// Seconds to keep asking, 1-3600 (CoreDNS reloads an edited ConfigMap
+    /// within about two minutes).
+    #[arg(long, value_name = "SECONDS", default_value_t = 150.0, value_parser = parse::seconds(1.0, 3600.0))]
     pub verify_timeout: f64,
     /// Keep the wiring: check it every --interval and at every change of
     /// the objects it wrote into, each check proven as above (at most
@@ -136,10 +188,17 @@ pub struct SetupDnsArgs {
     /// object in 10 minutes (another controller fights it); `report` only
     /// reports (metric clusterset_dns_wiring_ok, an Event, the log) and
     /// never writes. Runs until SIGTERM; /metrics on --http-listen.
-    #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "reapply")]
-    pub watch: Option<String>,
-    /// --watch: seconds between checks (at least 1).
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "reapply"
+    )]
+    pub watch: Option<WatchMode>,
+    /// --watch: seconds between checks, 1-86400.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub interval: u64,
     /// --watch: HTTP address for /health, /ready (200 once the first check
     /// is done) and /metrics.
@@ -169,28 +228,23 @@ pub struct ServeArgs {
     #[arg(long = "namespace", value_name = "NS")]
     pub namespaces: Vec<String>,
     /// Also read the objects these fleet managers write in a member cluster
-    /// (comma-separated: karmada, kosmos): an import without spec.ips
+    /// (comma-separated, e.g. karmada,kosmos): an import without spec.ips
     /// answers the cluster IP of its backing Service (Karmada's
     /// derived-<svc>, Kosmos's same-name Service), their EndpointSlices
     /// give headless answers, Karmada's CrossCluster MultiClusterService
     /// Services are served, Kosmos's disconnected addresses are demoted.
     /// Watches Services and EndpointSlices without MCS labels (RBAC:
     /// services list/watch). Applies to --objects and the embedded example too.
-    #[arg(long, value_name = "LIST", default_value = "")]
-    pub interop: String,
+    #[arg(long, value_name = "LIST", default_value = "", value_parser = InteropList)]
+    pub interop: Interop,
     /// Objects per list request when a watch (re)lists in pages (see
     /// --list-mode; 0: one request for all). Paged lists hold less at once but are read from etcd page by
     /// page; one request is served from the API server's watch cache.
     #[arg(long, value_name = "N", default_value_t = 500)]
     pub list_page_size: u32,
-    /// How watches get their complete lists: `stream` (streaming lists,
-    /// KEP-3157: the objects come from the API server's watch cache as watch
-    /// events; its WatchList feature gate, on by default in Kubernetes 1.32
-    /// and from 1.34, off in 1.33), `paged` (list requests of
-    /// --list-page-size), or `auto`: streaming where the API server allows
-    /// it, else paged after one warning.
-    #[arg(long, value_name = "auto|stream|paged", default_value = "auto")]
-    pub list_mode: String,
+    /// How watches get their complete lists.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = ListMode::Auto)]
+    pub list_mode: ListMode,
     /// How EndpointSlices are asked for: `auto` asks for Kubernetes
     /// protobuf (a fraction of JSON's CPU in the API server and here) and
     /// reads a JSON answer as JSON (counted in
@@ -223,42 +277,44 @@ pub struct ServeArgs {
     /// cluster"). Other names there: NXDOMAIN below `svc`, else REFUSED.
     #[arg(long, value_name = "ZONE")]
     pub also_zone: Option<String>,
-    /// TTL of answers, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    /// TTL of answers, in seconds (at most 2147483647, RFC 2181).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=MAX_TTL))]
     pub ttl: u32,
-    /// TTL of negative answers (the SOA minimum), in seconds. Defaults to --ttl.
-    #[arg(long, value_name = "SECONDS")]
+    /// TTL of negative answers (the SOA minimum), in seconds, at most as
+    /// --ttl's. Defaults to --ttl.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(0..=MAX_TTL))]
     pub negative_ttl: Option<u32>,
     /// Id of the cluster this server answers for (used by locality-aware answers).
     #[arg(long, value_name = "ID")]
     pub cluster_id: Option<String>,
-    /// UDP worker threads, each with its own SO_REUSEPORT socket. Defaults to
-    /// the number of CPUs.
-    #[arg(long, value_name = "N")]
+    /// UDP worker threads, each with its own SO_REUSEPORT socket (at least
+    /// 1). Defaults to the number of CPUs.
+    #[arg(long, value_name = "N", value_parser = at_least_one())]
     pub udp_workers: Option<usize>,
-    /// Largest UDP response sent to EDNS clients, whatever size they offer.
-    #[arg(long, value_name = "BYTES", default_value_t = 1232)]
+    /// Largest UDP response sent to EDNS clients, whatever size they offer:
+    /// 512-4096.
+    #[arg(long, value_name = "BYTES", default_value_t = 1232, value_parser = clap::value_parser!(u16).range(512..=4096))]
     pub max_udp_payload: u16,
     /// Address of this server, answered as glue for `ns.dns.<zone>`. Repeatable.
     #[arg(long = "advertise-address", value_name = "IP")]
     pub advertise_address: Vec<IpAddr>,
-    /// Seconds a TCP connection may stay idle before it is closed.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    /// Seconds a TCP connection may stay idle before it is closed (at least 1).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub tcp_idle_timeout: u64,
-    /// TCP connections served at once; past it, each new connection closes
+    /// TCP connections served at once (at least 1); past it, each new connection closes
     /// one open connection to make room (one waiting for its client, from
     /// the address holding the most, the longest waiting). Lowered at start
     /// when the open files limit cannot hold it.
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = at_least_one())]
     pub tcp_max_connections: usize,
-    /// TCP connections open at once from one client address; more are
-    /// closed at once.
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    /// TCP connections open at once from one client address (at least 1);
+    /// more are closed at once.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = at_least_one())]
     pub tcp_max_per_client: usize,
     /// Seconds a started TCP message may take to arrive in full, and a
-    /// response to be written (a client sending a byte at a time, or never
-    /// reading, is cut off after this).
-    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    /// response to be written, 0.05-60 (a client sending a byte at a time,
+    /// or never reading, is cut off after this).
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse::seconds(0.05, 60.0))]
     pub tcp_io_timeout: f64,
     /// Answer DNS Cookies (RFC 7873): clients that send one get a server
     /// cookie, which exempts them from --rrl-rate.
@@ -280,19 +336,20 @@ pub struct ServeArgs {
     pub rrl_errors_rate: Option<u32>,
     /// Every N-th response over the limit is sent truncated (TC) so real
     /// clients retry over TCP; to a client with a DNS cookie, BADCOOKIE
-    /// with a server cookie. 0: drop them all; 1: truncate them all.
-    #[arg(long, value_name = "N", default_value_t = 2)]
+    /// with a server cookie. 0: drop them all; 1: truncate them all; at
+    /// most 10.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=10))]
     pub rrl_slip: u32,
-    /// Prefix length that groups IPv4 clients into one network.
-    #[arg(long, value_name = "BITS", default_value_t = 24)]
+    /// Prefix length that groups IPv4 clients into one network (0-32).
+    #[arg(long, value_name = "BITS", default_value_t = 24, value_parser = clap::value_parser!(u8).range(0..=32))]
     pub rrl_ipv4_prefix: u8,
-    /// Prefix length that groups IPv6 clients into one network.
-    #[arg(long, value_name = "BITS", default_value_t = 56)]
+    /// Prefix length that groups IPv6 clients into one network (0-128).
+    #[arg(long, value_name = "BITS", default_value_t = 56, value_parser = clap::value_parser!(u8).range(0..=128))]
     pub rrl_ipv6_prefix: u8,
     /// Clients in CIDR are never rate limited (e.g. the cluster's own
     /// CoreDNS Pods). Repeatable.
     #[arg(long = "rrl-exempt", value_name = "CIDR")]
-    pub rrl_exempt: Vec<String>,
+    pub rrl_exempt: Vec<Cidr>,
     /// This server's name in `dig CH TXT id.server` / `hostname.bind` and
     /// in NSID (`dig +nsid`), so replicas can be told apart. Default: the
     /// Pod name ($HOSTNAME), else the host name.
@@ -305,28 +362,27 @@ pub struct ServeArgs {
     /// Clients in CIDR may ask `dig CH TXT <name>` (how the name would be
     /// answered to them, and why) and `dig CH TXT whoami.<zone>`; others
     /// are refused. Repeatable. Default: loopback only.
-    #[arg(long = "allow-debug", value_name = "CIDR", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
-    pub allow_debug: Vec<String>,
+    #[arg(long = "allow-debug", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1"])]
+    pub allow_debug: Vec<Cidr>,
     /// Clients in CIDR may transfer the zone (`dig axfr clusterset.local`):
     /// every name and record the server answers, from one snapshot, over
     /// TCP. Others are refused. Repeatable. Default: loopback only.
-    #[arg(long = "allow-transfer", value_name = "CIDR", default_values_t = ["127.0.0.0/8".to_owned(), "::1".to_owned()])]
-    pub allow_transfer: Vec<String>,
-    /// Buckets of the rate-limiting table (8 bytes each).
-    #[arg(long, value_name = "N", default_value_t = 65536)]
+    #[arg(long = "allow-transfer", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1"])]
+    pub allow_transfer: Vec<Cidr>,
+    /// Buckets of the rate-limiting table (8 bytes each), 1-16777216.
+    #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 24))]
     pub rrl_table_size: usize,
     /// How the endpoints of a headless service (or of a ClusterSetIP service
-    /// answered with endpoints) are chosen: rotation, random, weighted,
-    /// local-first, topology or all. The annotation
+    /// answered with endpoints) are chosen. The annotation
     /// clusterset-dns.io/answer-policy overrides it per service.
-    #[arg(long, value_name = "POLICY", default_value = "rotation")]
-    pub answer_policy: String,
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = PolicyKind::Rotation)]
+    pub answer_policy: PolicyKind,
     /// Most endpoints in one A/AAAA answer (0: every one).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub max_answers: u16,
     /// Healthy endpoints the client's locality needs before local-first and
-    /// topology answers stop spilling over to the next locality.
-    #[arg(long, value_name = "K", default_value_t = 1)]
+    /// topology answers stop spilling over to the next locality (at least 1).
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub local_min_healthy: u16,
     /// When every endpoint of a service is unhealthy, answer them all (true)
     /// or none (false).
@@ -339,23 +395,22 @@ pub struct ServeArgs {
     pub endpoint_answers: bool,
     /// Queries from (or with an EDNS Client Subnet inside) CIDR come from
     /// cluster NAME, optionally in ZONE. Repeatable; the longest prefix wins.
-    #[arg(long = "client-cluster", value_name = "CIDR=NAME[/ZONE]")]
-    pub client_clusters: Vec<String>,
+    #[arg(long = "client-cluster", value_name = "CIDR=NAME[/ZONE]", value_parser = parse::client_cluster)]
+    pub client_clusters: Vec<ClientCluster>,
     /// How far from the asking client the topology and local-first policies
-    /// may answer: zone, cluster, region or none. Inside it, unhealthy
-    /// endpoints are answered when none is healthy (with --fail-open);
-    /// outside it never. The annotation clusterset-dns.io/fallback-boundary
-    /// overrides it per service.
-    #[arg(long, value_name = "SCOPE", default_value = "none")]
-    pub fallback_boundary: String,
+    /// may answer. Inside it, unhealthy endpoints are answered when none is
+    /// healthy (with --fail-open); outside it never. The annotation
+    /// clusterset-dns.io/fallback-boundary overrides it per service.
+    #[arg(long, value_enum, value_name = "SCOPE", default_value_t = Boundary::None)]
+    pub fallback_boundary: Boundary,
     /// The region of a cluster, for the topology policy and the region
     /// boundary. Repeatable.
-    #[arg(long = "cluster-region", value_name = "CLUSTER=REGION")]
-    pub cluster_regions: Vec<String>,
+    #[arg(long = "cluster-region", value_name = "CLUSTER=REGION", value_parser = parse::cluster_region)]
+    pub cluster_regions: Vec<(ClusterId, String)>,
     /// Seconds a member cluster (--cluster) may fail to answer (its watches
     /// failing or its API not responding) before its endpoints are demoted
-    /// in every answer; they return once it answers and has relisted.
-    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    /// in every answer, 1-3600; they return once it answers and has relisted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub cluster_dead_after: u64,
     /// Memory the server may use: a size (512Mi, 2Gi, bytes), `auto` (the
     /// container's limit: the cgroup's memory.max), or `none`. An update that
@@ -363,7 +418,7 @@ pub struct ServeArgs {
     /// and refused (see --on-memory-limit); a first load that does not fit
     /// fails the start, naming the size reached, rather than be OOM-killed.
     #[arg(long, value_name = "SIZE", default_value = "auto")]
-    pub memory_limit: String,
+    pub memory_limit: MemoryLimit,
     /// What to do when an update would take the server past 90 % of
     /// --memory-limit once it serves: refuse that update whole and keep
     /// serving the last good state (`keep-serving`), or stop (`exit`). A
@@ -375,28 +430,31 @@ pub struct ServeArgs {
     #[arg(long)]
     pub probe: bool,
     /// Seconds between two probes of one endpoint (each jittered by ±20 %).
-    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    /// Every --probe-… flag is checked even without --probe, and each of
+    /// its seconds is 0.01-3600.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse::seconds(0.01, 3600.0))]
     pub probe_interval: f64,
     /// Seconds until the next probe after one that disagrees with the
     /// endpoint's state (a failure of a healthy one, a success of a down
     /// one), until --probe-fall or --probe-rise decide; at most the interval.
-    #[arg(long, value_name = "SECONDS", default_value_t = 0.5)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.5, value_parser = parse::seconds(0.01, 3600.0))]
     pub probe_recheck: f64,
     /// Seconds a probe's TCP connect may take before it counts as failed.
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse::seconds(0.01, 3600.0))]
     pub probe_timeout: f64,
-    /// Consecutive failed probes that mark an endpoint down.
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    /// Consecutive failed probes that mark an endpoint down (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub probe_fall: u32,
-    /// Consecutive successful probes that mark a down endpoint up again.
-    #[arg(long, value_name = "M", default_value_t = 2)]
+    /// Consecutive successful probes that mark a down endpoint up again (at
+    /// least 1).
+    #[arg(long, value_name = "M", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub probe_rise: u32,
-    /// Probes in flight at once.
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    /// Probes in flight at once (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = at_least_one())]
     pub probe_concurrency: usize,
     /// Most probes started per second (a token bucket; bursts up to one
-    /// second's worth).
-    #[arg(long, value_name = "PER_SECOND", default_value_t = 200)]
+    /// second's worth; at least 1).
+    #[arg(long, value_name = "PER_SECOND", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub probe_rate: u32,
 }
 
@@ -405,9 +463,10 @@ pub struct ServeArgs {
 pub struct ExplainArgs {
     /// The name to explain, e.g. web.shop.svc.clusterset.local.
     pub name: String,
-    /// The query type.
-    #[arg(long = "type", value_name = "TYPE", default_value = "A")]
-    pub qtype: String,
+    /// The query type: A, AAAA, SRV, PTR, TXT, … (a DNS type's name, any
+    /// letter case).
+    #[arg(long = "type", value_name = "TYPE", default_value = "A", value_parser = parse::qtype)]
+    pub qtype: RecordType,
     /// Explain the answer for a client in this cluster.
     #[arg(long, value_name = "CLUSTER")]
     pub from_cluster: Option<String>,
@@ -429,17 +488,17 @@ pub struct DoctorArgs {
     /// forwarding to it) for the name's A, AAAA and SRV records, and compare
     /// the answers with that member's ServiceImport and endpoints.
     /// ADDR is IP or IP:PORT (default port 53). Repeatable.
-    #[arg(long = "dns", value_name = "CLUSTER=ADDR")]
-    pub dns: Vec<String>,
+    #[arg(long = "dns", value_name = "CLUSTER=ADDR", value_parser = parse::member_dns)]
+    pub dns: Vec<(String, SocketAddr)>,
     /// The zone the names are served in.
     #[arg(long, default_value = "clusterset.local")]
     pub zone: String,
-    /// Seconds each member's reads, and each DNS query, may take.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    /// Seconds each member's reads, and each DNS query, may take: 0.1-300.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse::seconds(0.1, 300.0))]
     pub timeout: f64,
-    /// `text` (for people) or `json` (for scripts).
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
-    pub output: String,
+    /// How the report is written.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
+    pub output: ReportFormat,
 }
 
 /// The member clusters of a fleet.
@@ -528,9 +587,9 @@ pub struct SyncOptions {
     /// Name of the Lease.
     #[arg(long, value_name = "NAME", default_value = "clusterset-dns-sync")]
     pub lease_name: String,
-    /// Seconds a leader holds the Lease without renewing it; a standby takes
-    /// over within this time after the leader dies.
-    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    /// Seconds a leader holds the Lease without renewing it, 5-3600; a
+    /// standby takes over within this time after the leader dies.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=3600))]
     pub lease_duration: u64,
     /// This replica's identity in the Lease (default: $POD_NAME, else the
     /// host name and process id).
@@ -542,23 +601,21 @@ pub struct SyncOptions {
     /// Split the services into this many shards, each led by one replica
     /// on a Lease of its own (`<lease-name>-i`; 1: the single Lease
     /// `<lease-name>`); replicas share the shards out evenly. Every replica
-    /// of a fleet must have the same value.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// of a fleet must have the same value. 1-64.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_SHARDS))]
     pub shards: u32,
     /// What happens to the endpoints of a member whose API stays
-    /// unreachable: `keep` them everywhere, marked on the imports (a
-    /// partition does not take working endpoints away), or `remove` them
-    /// after --member-lost-after (a dead cluster stops getting traffic).
-    #[arg(long, value_name = "keep|remove", default_value = "keep")]
-    pub on_member_lost: String,
+    /// unreachable.
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnMemberLost::Keep)]
+    pub on_member_lost: OnMemberLost,
     /// Seconds a member must stay unreachable before --on-member-lost=remove
-    /// removes its endpoints.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    /// removes its endpoints (at least 1).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub member_lost_after: u64,
     /// Seconds between full resyncs: every member's objects of ours are read
     /// whole again and every service is reconciled against them, so a
     /// change no event announced is repaired by then (at start and at every
-    /// leadership change this happens anyway).
+    /// leadership change this happens anyway). At least 10.
     #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..))]
     pub resync_interval: u64,
     /// Export every Service in namespaces whose name starts with this
@@ -576,7 +633,7 @@ pub struct SyncOptions {
     /// server is sized to take from each of its nodes; it binds when one
     /// member gets a storm (a start or relist with thousands of services),
     /// which then takes minutes instead of flooding that server.
-    #[arg(long, value_name = "QPS", default_value_t = 50.0)]
+    #[arg(long, value_name = "QPS", default_value_t = 50.0, value_parser = parse::rate)]
     pub kube_qps: f64,
     /// Requests each member's client may send at once after a quiet spell,
     /// beyond --kube-qps: 100 lets about 20 services change together (a
@@ -592,7 +649,12 @@ pub struct CheckArgs {
     #[arg(long = "objects", value_name = "PATH", required = true)]
     pub objects: Vec<PathBuf>,
     /// Read these fleet managers' shapes too, as `serve --interop` does
-    /// (karmada, kosmos).
-    #[arg(long, value_name = "LIST", default_value = "")]
-    pub interop: String,
+    /// (comma-separated).
+    #[arg(long, value_name = "LIST", default_value = "", value_parser = InteropList)]
+    pub interop: Interop,
+}
+
+/// A count of at least 1 held in a `usize` (clap's ranges read `u64`).
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }

@@ -44,8 +44,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault"]),
     // Restarts or fails tasks; used by the command roots.
     ("supervise", &["fault", "pace"]),
-    // Command line and command roots.
-    ("cli", &[]),
+    // The command line: parses values straight into the domain's types
+    // (networks, cluster ids, answer policies), so each has one parser.
+    ("cli", &["model"]),
+    // Command roots.
     ("config", ANY),
     ("cmd", ANY),
     ("lib", ANY),

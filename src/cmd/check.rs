@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use crate::cli::CheckArgs;
-use crate::model::Interop;
 use crate::source::files::FileSource;
 use crate::source::objects;
 use crate::store::Object;
@@ -13,10 +12,7 @@ use crate::store::Object;
 pub fn run(args: &CheckArgs) -> (String, bool) {
     let mut report = String::new();
     let mut ok = true;
-    let interop = match Interop::parse(&args.interop) {
-        Ok(i) => i,
-        Err(e) => return (format!("--interop: {e}\n"), false),
-    };
+    let interop = args.interop;
     for path in &args.objects {
         // The same files `serve` reads (hidden ConfigMap entries left out).
         let files = match FileSource::new(0, path.clone()).files() {

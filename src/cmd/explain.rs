@@ -43,7 +43,8 @@ fn encode(v: &str) -> String {
 /// Fetches the report; returns its text.
 pub fn run(args: &ExplainArgs) -> Result<String, ExplainError> {
     let io = |source| ExplainError::Io { addr: args.server, source };
-    let mut path = format!("/debug/explain?name={}&type={}", encode(&args.name), encode(&args.qtype));
+    let qtype = args.qtype.to_string();
+    let mut path = format!("/debug/explain?name={}&type={}", encode(&args.name), encode(&qtype));
     if let Some(c) = &args.from_cluster {
         path += &format!("&cluster={}", encode(c));
     }

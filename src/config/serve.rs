@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::ServeArgs;
+use crate::cli::{ClientCluster, MemoryLimit, ServeArgs};
 use crate::fault::Faults;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
 use crate::k8s::protobuf::{Encoding, KubeEncoding};
 use crate::k8s::watch::{ListMode, Lists};
-use crate::model::{Cidr, ClusterId, DnsLabel, Interop, PolicyKind};
-use crate::ops::memory::MemoryBudget;
+use crate::model::{ClusterId, DnsLabel, Interop};
+use crate::ops::memory::{LimitSource, MemoryBudget, OnMemoryLimit};
 use crate::source::kube::KubeSource;
 use crate::store::{AnswerConfig, ClientNet, Identity, ZoneConfig};
 use crate::wire::cookie::CookieSecret;
@@ -24,9 +24,6 @@ use crate::wire::tcp::TcpConfig;
 use crate::wire::{DebugAnswers, WireConfig};
 
 use super::*;
-
-/// RFC 2181 §8: TTLs are at most 2^31 - 1.
-pub(super) const MAX_TTL: u32 = i32::MAX as u32;
 
 /// Everything `serve` needs.
 #[derive(Debug, Clone)]
@@ -63,7 +60,7 @@ pub struct ServeConfig {
     /// The memory limit kept to (`--memory-limit`), if any.
     pub memory: Option<MemoryBudget>,
     /// What to do when an update would not fit it (`--on-memory-limit`).
-    pub on_memory_limit: crate::ops::memory::OnMemoryLimit,
+    pub on_memory_limit: OnMemoryLimit,
     /// Which fleet managers' shapes are read (`--interop`).
     pub interop: Interop,
 }
@@ -105,14 +102,6 @@ impl ServeConfig {
                 Some(also)
             }
         };
-        for (flag, ttl) in [("--ttl", a.ttl), ("--negative-ttl", a.negative_ttl.unwrap_or(a.ttl))] {
-            if ttl > MAX_TTL {
-                return Err(bad(flag, format!("{ttl} is above the largest TTL, {MAX_TTL}")));
-            }
-        }
-        if !(512..=4096).contains(&a.max_udp_payload) {
-            return Err(bad("--max-udp-payload", format!("{} is outside 512-4096", a.max_udp_payload)));
-        }
         if a.listen.is_empty() {
             return Err(bad("--listen", "at least one address is needed"));
         }
@@ -120,23 +109,10 @@ impl ServeConfig {
             a.cluster_id.as_deref().map(ClusterId::parse).transpose().map_err(|e| {
                 bad("--cluster-id", format!("{:?} {e}", a.cluster_id.as_deref().unwrap_or("")))
             })?;
-        let udp_workers = match a.udp_workers {
-            Some(0) => return Err(bad("--udp-workers", "must be at least 1")),
-            Some(n) => n,
-            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        };
-        if a.tcp_max_connections == 0 {
-            return Err(bad("--tcp-max-connections", "must be at least 1"));
-        }
-        if a.tcp_idle_timeout == 0 {
-            return Err(bad("--tcp-idle-timeout", "must be at least 1 second"));
-        }
-        if a.tcp_max_per_client == 0 {
-            return Err(bad("--tcp-max-per-client", "must be at least 1"));
-        }
-        if !(a.tcp_io_timeout.is_finite() && (0.05..=60.0).contains(&a.tcp_io_timeout)) {
-            return Err(bad("--tcp-io-timeout", format!("{} is outside 0.05-60 seconds", a.tcp_io_timeout)));
-        }
+        // clap holds --udp-workers to at least 1.
+        let udp_workers = a
+            .udp_workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let wire = wire_config(a)?;
         let connection = match (&a.kubeconfig, a.in_cluster) {
             (Some(path), _) => {
@@ -151,19 +127,14 @@ impl ServeConfig {
         for ns in &a.namespaces {
             DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
         }
-        let answers = answer_config(a, cluster_id.clone())?;
-        if !(1..=3600).contains(&a.cluster_dead_after) {
-            return Err(bad(
-                "--cluster-dead-after",
-                format!("{} is outside 1-3600 seconds", a.cluster_dead_after),
-            ));
-        }
-        let probe = probe_config(a)?;
-        let memory =
-            crate::ops::memory::parse_limit(&a.memory_limit).map_err(|e| bad("--memory-limit", e))?;
-        let interop = Interop::parse(&a.interop).map_err(|e| bad("--interop", e))?;
-        let list_mode = ListMode::parse(&a.list_mode).map_err(|e| bad("--list-mode", e))?;
-        let lists = Lists::new(list_mode, std::num::NonZeroU32::new(a.list_page_size));
+        let answers = answer_config(a, cluster_id.clone());
+        let memory = match a.memory_limit {
+            MemoryLimit::Auto => crate::ops::memory::cgroup_limit(),
+            MemoryLimit::None => None,
+            MemoryLimit::Bytes(limit) => Some(MemoryBudget { limit, source: LimitSource::Flag }),
+        };
+        let interop = a.interop;
+        let lists = Lists::new(a.list_mode.into(), std::num::NonZeroU32::new(a.list_page_size));
         Ok(Self {
             interop,
             objects: a.objects.clone(),
@@ -172,10 +143,7 @@ impl ServeConfig {
                 namespaces: a.namespaces.clone(),
                 interop,
                 lists: lists.clone(),
-                encoding: Encoding::new(match a.kube_encoding {
-                    crate::cli::KubeEncoding::Auto => KubeEncoding::Auto,
-                    crate::cli::KubeEncoding::Json => KubeEncoding::Json,
-                }),
+                encoding: Encoding::new(a.kube_encoding.into()),
             }),
             members: members(&a.members)?,
             lists,
@@ -201,13 +169,38 @@ impl ServeConfig {
                 max_per_client: a.tcp_max_per_client,
             },
             cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
-            probe,
+            probe: probe_config(a),
             memory,
-            on_memory_limit: match a.on_memory_limit {
-                crate::cli::OnMemoryLimit::KeepServing => crate::ops::memory::OnMemoryLimit::KeepServing,
-                crate::cli::OnMemoryLimit::Exit => crate::ops::memory::OnMemoryLimit::Exit,
-            },
+            on_memory_limit: a.on_memory_limit.into(),
         })
+    }
+}
+
+impl From<crate::cli::ListMode> for ListMode {
+    fn from(m: crate::cli::ListMode) -> Self {
+        match m {
+            crate::cli::ListMode::Auto => Self::Auto,
+            crate::cli::ListMode::Stream => Self::Stream,
+            crate::cli::ListMode::Paged => Self::Paged,
+        }
+    }
+}
+
+impl From<crate::cli::KubeEncoding> for KubeEncoding {
+    fn from(e: crate::cli::KubeEncoding) -> Self {
+        match e {
+            crate::cli::KubeEncoding::Auto => Self::Auto,
+            crate::cli::KubeEncoding::Json => Self::Json,
+        }
+    }
+}
+
+impl From<crate::cli::OnMemoryLimit> for OnMemoryLimit {
+    fn from(o: crate::cli::OnMemoryLimit) -> Self {
+        match o {
+            crate::cli::OnMemoryLimit::KeepServing => Self::KeepServing,
+            crate::cli::OnMemoryLimit::Exit => Self::Exit,
+        }
     }
 }
 
@@ -235,19 +228,7 @@ pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
         (true, Some(hex)) => Some(CookieSecret::from_hex(hex).map_err(|e| bad("--cookie-secret", e))?),
         (true, None) => Some(CookieSecret::random().map_err(|e| bad("--cookies", e))?),
     };
-    if a.rrl_slip > 10 {
-        return Err(bad("--rrl-slip", format!("{} is outside 0-10", a.rrl_slip)));
-    }
-    if a.rrl_ipv4_prefix > 32 {
-        return Err(bad("--rrl-ipv4-prefix", format!("{} is outside 0-32", a.rrl_ipv4_prefix)));
-    }
-    if a.rrl_ipv6_prefix > 128 {
-        return Err(bad("--rrl-ipv6-prefix", format!("{} is outside 0-128", a.rrl_ipv6_prefix)));
-    }
-    if !(1..=1 << 24).contains(&a.rrl_table_size) {
-        return Err(bad("--rrl-table-size", format!("{} is outside 1-16777216", a.rrl_table_size)));
-    }
-    let exempt = cidrs("--rrl-exempt", &a.rrl_exempt)?;
+    let exempt = a.rrl_exempt.clone();
     if a.rrl_rate == 0 && (a.rrl_errors_rate.is_some() || !exempt.is_empty()) {
         return Err(bad("--rrl-rate", "rate limiting options were given but --rrl-rate is 0 (off)"));
     }
@@ -263,100 +244,45 @@ pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
         }))
     });
     let faults = Faults::from_env().map_err(|e| bad("CLUSTERSET_DNS_FAULT", e))?;
-    let allow = cidrs("--allow-debug", &a.allow_debug)?;
-    let debug = Some(Arc::new(DebugAnswers { allow, explain: Arc::new(crate::ops::explain::Report) }));
-    let allow_transfer = cidrs("--allow-transfer", &a.allow_transfer)?;
+    let debug = Some(Arc::new(DebugAnswers {
+        allow: a.allow_debug.clone(),
+        explain: Arc::new(crate::ops::explain::Report),
+    }));
+    let allow_transfer = a.allow_transfer.clone();
     Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug, allow_transfer })
 }
 
-/// The networks of a repeatable CIDR flag, or the flag and the bad value.
-pub(super) fn cidrs(flag: &'static str, values: &[String]) -> Result<Vec<Cidr>, ConfigError> {
-    values.iter().map(|c| Cidr::parse(c).map_err(|e| bad(flag, format!("{c:?}: {e}")))).collect()
-}
-
-/// The `--probe-…` flags, checked even without `--probe` (a typo there
-/// should not wait until probes are turned on to be found).
-pub(super) fn probe_config(a: &ServeArgs) -> Result<Option<ProbeConfig>, ConfigError> {
-    let seconds = |flag: &'static str, v: f64| {
-        if v.is_finite() && (0.01..=3600.0).contains(&v) {
-            Ok(Duration::from_secs_f64(v))
-        } else {
-            Err(bad(flag, format!("{v} is outside 0.01-3600 seconds")))
-        }
-    };
-    let interval = seconds("--probe-interval", a.probe_interval)?;
-    let recheck = seconds("--probe-recheck", a.probe_recheck)?;
-    let timeout = seconds("--probe-timeout", a.probe_timeout)?;
-    for (flag, n) in
-        [("--probe-fall", a.probe_fall), ("--probe-rise", a.probe_rise), ("--probe-rate", a.probe_rate)]
-    {
-        if n == 0 {
-            return Err(bad(flag, "must be at least 1"));
-        }
-    }
-    if a.probe_concurrency == 0 {
-        return Err(bad("--probe-concurrency", "must be at least 1"));
-    }
-    Ok(a.probe.then_some(ProbeConfig {
-        interval,
-        recheck,
-        timeout,
+/// The `--probe-…` flags (clap checks them even without `--probe`: a typo
+/// there should not wait until probes are turned on to be found).
+pub(super) fn probe_config(a: &ServeArgs) -> Option<ProbeConfig> {
+    a.probe.then(|| ProbeConfig {
+        interval: Duration::from_secs_f64(a.probe_interval),
+        recheck: Duration::from_secs_f64(a.probe_recheck),
+        timeout: Duration::from_secs_f64(a.probe_timeout),
         fall: a.probe_fall,
         rise: a.probe_rise,
         concurrency: a.probe_concurrency,
         rate: a.probe_rate,
-    }))
+    })
 }
 
-pub(super) fn answer_config(
-    a: &ServeArgs,
-    default_cluster: Option<ClusterId>,
-) -> Result<AnswerConfig, ConfigError> {
-    let policy: PolicyKind = a.answer_policy.parse().map_err(|e: String| bad("--answer-policy", e))?;
-    let clients = a.client_clusters.iter().map(|v| client_net(v)).collect::<Result<_, _>>()?;
-    let regions = a
-        .cluster_regions
-        .iter()
-        .map(|v| {
-            let (cluster, region) = v
-                .split_once('=')
-                .ok_or_else(|| bad("--cluster-region", format!("{v:?} is not CLUSTER=REGION")))?;
-            let cluster =
-                ClusterId::parse(cluster).map_err(|e| bad("--cluster-region", format!("{cluster:?} {e}")))?;
-            if region.is_empty() {
-                return Err(bad("--cluster-region", format!("{v:?} has no region")));
-            }
-            Ok((cluster, region.to_owned()))
-        })
-        .collect::<Result<_, _>>()?;
-    let fallback_boundary = a.fallback_boundary.parse().map_err(|e: String| bad("--fallback-boundary", e))?;
-    if a.local_min_healthy == 0 {
-        return Err(bad("--local-min-healthy", "must be at least 1"));
-    }
-    Ok(AnswerConfig {
-        policy,
+/// The answer settings; clap parsed and checked every one.
+pub(super) fn answer_config(a: &ServeArgs, default_cluster: Option<ClusterId>) -> AnswerConfig {
+    AnswerConfig {
+        policy: a.answer_policy,
         max_answers: a.max_answers,
         local_min_healthy: a.local_min_healthy,
         fail_open: a.fail_open,
         endpoint_answers: a.endpoint_answers,
-        fallback_boundary,
-        clients,
-        regions,
+        fallback_boundary: a.fallback_boundary,
+        clients: a.client_clusters.iter().cloned().map(ClientNet::from).collect(),
+        regions: a.cluster_regions.clone(),
         default_cluster,
-    })
+    }
 }
 
-/// `CIDR=NAME[/ZONE]`; the network as every CIDR flag takes it ([`Cidr`]:
-/// host bits set are refused, naming the network meant).
-pub(super) fn client_net(v: &str) -> Result<ClientNet, ConfigError> {
-    const FLAG: &str = "--client-cluster";
-    let (cidr, who) = v.split_once('=').ok_or_else(|| bad(FLAG, format!("{v:?} is not CIDR=NAME")))?;
-    let net = Cidr::parse(cidr).map_err(|e| bad(FLAG, format!("{cidr:?}: {e}")))?;
-    let (cluster, zone) = match who.split_once('/') {
-        Some((c, z)) if !z.is_empty() => (c, Some(z.to_owned())),
-        Some((c, _)) => (c, None),
-        None => (who, None),
-    };
-    let cluster = ClusterId::parse(cluster).map_err(|e| bad(FLAG, format!("{cluster:?} {e}")))?;
-    Ok(ClientNet { net, cluster, zone })
+impl From<ClientCluster> for ClientNet {
+    fn from(c: ClientCluster) -> Self {
+        Self { net: c.net, cluster: c.cluster, zone: c.zone }
+    }
 }

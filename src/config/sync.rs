@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::cli::{ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
+use crate::cli::{OnMemberLost, ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{MemberLost, SyncBehaviour};
 use crate::fault::Faults;
 use crate::fleet::inventory::InventoryConfig;
@@ -114,14 +114,6 @@ impl RunConfig {
 
 /// The controller behaviour of `sync` options.
 pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour, ConfigError> {
-    let on_member_lost = match o.on_member_lost.as_str() {
-        "keep" => MemberLost::Keep,
-        "remove" => MemberLost::Remove,
-        other => return Err(bad("--on-member-lost", format!("{other:?} is not keep or remove"))),
-    };
-    if o.member_lost_after == 0 {
-        return Err(bad("--member-lost-after", "must be at least 1 second"));
-    }
     for p in &o.auto_export_namespace_prefixes {
         if p.is_empty() || !p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
             return Err(bad(
@@ -135,18 +127,25 @@ pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour
     }
     Ok(SyncBehaviour {
         namespaces: namespaces.to_vec(),
-        on_member_lost,
+        on_member_lost: o.on_member_lost.into(),
         lost_after: Duration::from_secs(o.member_lost_after),
         resync: Duration::from_secs(o.resync_interval),
         auto_export_prefixes: o.auto_export_namespace_prefixes.clone(),
     })
 }
 
-/// The members' client rate limit of `sync` options (`--kube-qps 0`: none).
-pub fn kube_limits(o: &SyncOptions) -> Result<Option<Limits>, ConfigError> {
-    if !(o.kube_qps.is_finite() && o.kube_qps >= 0.0) {
-        return Err(bad("--kube-qps", format!("{} is not a rate (0 or more per second)", o.kube_qps)));
+impl From<OnMemberLost> for MemberLost {
+    fn from(o: OnMemberLost) -> Self {
+        match o {
+            OnMemberLost::Keep => Self::Keep,
+            OnMemberLost::Remove => Self::Remove,
+        }
     }
+}
+
+/// The members' client rate limit of `sync` options (`--kube-qps 0`: none;
+/// clap refuses a negative or infinite rate).
+pub fn kube_limits(o: &SyncOptions) -> Result<Option<Limits>, ConfigError> {
     if o.kube_qps == 0.0 {
         return Ok(None);
     }
@@ -160,10 +159,7 @@ pub fn kube_limits(o: &SyncOptions) -> Result<Option<Limits>, ConfigError> {
 /// `first`: where the Lease is without --lease-kubeconfig (the first
 /// member, else the hub of the ClusterProfiles).
 pub fn lease(o: &SyncOptions, first: Option<&Connection>) -> Result<Option<LeaseConfig>, ConfigError> {
-    let most = crate::controller::shard::MAX_SHARDS;
-    if !(1..=most).contains(&o.shards) {
-        return Err(bad("--shards", format!("{} is outside 1-{most}", o.shards)));
-    }
+    // clap holds --shards to 1-MAX_SHARDS and --lease-duration to 5-3600.
     if o.no_leader_election {
         if o.shards > 1 {
             return Err(bad(
@@ -176,9 +172,6 @@ pub fn lease(o: &SyncOptions, first: Option<&Connection>) -> Result<Option<Lease
     DnsLabel::parse(&o.lease_namespace)
         .map_err(|e| bad("--lease-namespace", format!("{:?} {e}", o.lease_namespace)))?;
     ClusterId::parse(&o.lease_name).map_err(|e| bad("--lease-name", format!("{:?} {e}", o.lease_name)))?;
-    if !(5..=3600).contains(&o.lease_duration) {
-        return Err(bad("--lease-duration", format!("{} is outside 5-3600 seconds", o.lease_duration)));
-    }
     let connection = match (&o.lease_kubeconfig, first) {
         (Some(path), _) => {
             if !path.is_file() {

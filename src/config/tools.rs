@@ -1,13 +1,13 @@
 //! The one-shot commands' configuration: `setup-dns` (and its watch) and
 //! `doctor`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::{DoctorArgs, SetupDnsArgs};
+use crate::cli::{DoctorArgs, ReportFormat, SetupDnsArgs, WatchMode};
 use crate::cluster_dns::watch::Mode;
 use crate::diagnose::report::Format;
 use crate::fleet::member::MemberConfig;
@@ -51,14 +51,6 @@ pub struct WatchConfig {
     pub http_listen: SocketAddr,
 }
 
-/// `IP` or `IP:PORT` (port 53 by default).
-pub(super) fn socket_addr(flag: &'static str, value: &str) -> Result<SocketAddr, ConfigError> {
-    value
-        .parse::<SocketAddr>()
-        .or_else(|_| value.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-        .map_err(|_| bad(flag, format!("{value:?} is not IP or IP:PORT")))
-}
-
 impl SetupDnsConfig {
     /// Validates command-line values.
     pub fn from_args(a: &SetupDnsArgs) -> Result<Self, ConfigError> {
@@ -67,11 +59,6 @@ impl SetupDnsConfig {
         zone.set_fqdn(true);
         if zone.is_root() {
             return Err(bad("--zone", "the root zone cannot be forwarded"));
-        }
-        let server = a.server.as_deref().map(|v| socket_addr("--server", v)).transpose()?;
-        let verify_at = a.verify.as_deref().map(|v| socket_addr("--verify", v)).transpose()?;
-        if !(a.verify_timeout.is_finite() && (1.0..=3600.0).contains(&a.verify_timeout)) {
-            return Err(bad("--verify-timeout", format!("{} is outside 1-3600 seconds", a.verify_timeout)));
         }
         let connection = if a.in_cluster {
             Connection::InCluster
@@ -84,22 +71,14 @@ impl SetupDnsConfig {
                 .ok_or_else(|| bad("--kubeconfig", "no kubeconfig given, no $KUBECONFIG and no $HOME"))?;
             Connection::Kubeconfig { path, context: a.kube_context.clone() }
         };
-        let watch = match a.watch.as_deref() {
+        let watch = match a.watch {
             None => None,
             Some(mode) => {
-                let mode = match mode {
-                    "reapply" => Mode::Reapply,
-                    "report" => Mode::Report,
-                    other => return Err(bad("--watch", format!("{other:?} is not reapply or report"))),
-                };
                 if a.dry_run || a.remove {
                     return Err(bad("--watch", "keeps the wiring: not with --dry-run or --remove"));
                 }
-                if !(1..=86_400).contains(&a.interval) {
-                    return Err(bad("--interval", format!("{} is outside 1-86400 seconds", a.interval)));
-                }
                 Some(WatchConfig {
-                    mode,
+                    mode: mode.into(),
                     interval: Duration::from_secs(a.interval),
                     http_listen: a.http_listen,
                 })
@@ -108,11 +87,11 @@ impl SetupDnsConfig {
         Ok(Self {
             watch,
             connection,
-            server,
+            server: a.server,
             zone: zone.to_lowercase().to_string().trim_end_matches('.').to_owned(),
             dry_run: a.dry_run,
             remove: a.remove,
-            verify_at,
+            verify_at: a.verify,
             verify: !a.no_verify && !a.dry_run,
             verify_timeout: Duration::from_secs_f64(a.verify_timeout),
         })
@@ -151,28 +130,38 @@ impl DoctorConfig {
         if members.is_empty() {
             return Err(bad("--cluster", "doctor needs the members to read (--cluster or --members)"));
         }
-        let mut dns = Vec::new();
-        for spec in &a.dns {
-            let (member, addr) =
-                spec.split_once('=').ok_or_else(|| bad("--dns", format!("{spec:?} is not CLUSTER=ADDR")))?;
-            if !members.iter().any(|m| m.name == member) {
+        // clap split each --dns into a name and an address; which names
+        // are members is known only now.
+        let mut dns: Vec<(String, SocketAddr)> = Vec::new();
+        for (member, addr) in &a.dns {
+            if !members.iter().any(|m| &m.name == member) {
                 return Err(bad("--dns", format!("{member:?} is not one of the members given")));
             }
-            let addr = socket_addr("--dns", addr)?;
             if dns.iter().any(|(m, _)| m == member) {
                 return Err(bad("--dns", format!("member {member:?} is given twice")));
             }
-            dns.push((member.to_owned(), addr));
+            dns.push((member.clone(), *addr));
         }
-        if !(a.timeout.is_finite() && (0.1..=300.0).contains(&a.timeout)) {
-            return Err(bad("--timeout", format!("{} is outside 0.1-300 seconds", a.timeout)));
-        }
-        let format = match a.output.as_str() {
-            "text" => Format::Text,
-            "json" => Format::Json,
-            other => return Err(bad("--output", format!("{other:?} is not text or json"))),
-        };
+        let format = a.output.into();
         Ok(Self { key, zone, members, dns, timeout: Duration::from_secs_f64(a.timeout), format })
+    }
+}
+
+impl From<WatchMode> for Mode {
+    fn from(m: WatchMode) -> Self {
+        match m {
+            WatchMode::Reapply => Self::Reapply,
+            WatchMode::Report => Self::Report,
+        }
+    }
+}
+
+impl From<ReportFormat> for Format {
+    fn from(f: ReportFormat) -> Self {
+        match f {
+            ReportFormat::Text => Self::Text,
+            ReportFormat::Json => Self::Json,
+        }
     }
 }
 

@@ -184,20 +184,6 @@ pub enum ListMode {
     Paged,
 }
 
-impl ListMode {
-    /// The modes by name, as the flag takes them.
-    pub const NAMES: &[(&str, Self)] =
-        &[("auto", Self::Auto), ("stream", Self::Stream), ("paged", Self::Paged)];
-
-    /// Parses a `--list-mode` value.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        Self::NAMES.iter().find(|(name, _)| *name == s).map(|&(_, mode)| mode).ok_or_else(|| {
-            let names: Vec<&str> = Self::NAMES.iter().map(|(name, _)| *name).collect();
-            format!("{s:?} is not one of {}", names.join(", "))
-        })
-    }
-}
-
 /// How the watches of one API server list: the mode and page size, and in
 /// [`ListMode::Auto`] whether the server refused a streaming list, shared
 /// by every clone so that one refusal switches them all (and warns once).
@@ -640,14 +626,6 @@ mod tests {
             End::FallBack => "fall back".to_owned(),
             End::Failed { listed } => format!("failed, listed {listed}"),
         }
-    }
-
-    #[test]
-    fn list_modes_parse_by_name_only() {
-        assert_eq!(ListMode::parse("auto"), Ok(ListMode::Auto));
-        assert_eq!(ListMode::parse("stream"), Ok(ListMode::Stream));
-        assert_eq!(ListMode::parse("paged"), Ok(ListMode::Paged));
-        assert!(ListMode::parse("streaming").unwrap_err().contains("auto, stream, paged"));
     }
 
     #[test]

@@ -182,46 +182,6 @@ impl MemoryBudget {
     }
 }
 
-/// `--memory-limit`: `auto` (the cgroup's limit, if any), `none`, or a size
-/// in bytes with an optional suffix (`Ki`, `Mi`, `Gi`, `K`, `M`, `G`), as
-/// Kubernetes writes quantities.
-pub fn parse_limit(value: &str) -> Result<Option<MemoryBudget>, String> {
-    match value {
-        "auto" => Ok(cgroup_limit()),
-        "none" => Ok(None),
-        _ => {
-            let limit = parse_size(value)?;
-            Ok(Some(MemoryBudget { limit, source: LimitSource::Flag }))
-        }
-    }
-}
-
-/// A size such as `512Mi`, `2G` or `1048576`; at least 16 MiB.
-fn parse_size(value: &str) -> Result<u64, String> {
-    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
-    let (digits, suffix) = value.split_at(split);
-    let unit: u64 = match suffix {
-        "" => 1,
-        "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "{value:?}: not a size (bytes, or a number with Ki, Mi, Gi, K, M or G), auto or none"
-            ));
-        }
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("{value:?}: not a size"))?;
-    let bytes = n.checked_mul(unit).ok_or_else(|| format!("{value:?}: too large"))?;
-    if bytes < 16 << 20 {
-        return Err(format!("{value:?}: less than 16Mi cannot hold the server"));
-    }
-    Ok(bytes)
-}
-
 /// The resident set size of this process (`VmRSS`), in bytes.
 pub fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -229,8 +189,9 @@ pub fn resident_bytes() -> Option<u64> {
     kib.trim().parse::<u64>().ok().map(|k| k * 1024)
 }
 
-/// The memory limit of this process's cgroup, when it has one.
-fn cgroup_limit() -> Option<MemoryBudget> {
+/// The memory limit of this process's cgroup, when it has one
+/// (`--memory-limit auto`).
+pub fn cgroup_limit() -> Option<MemoryBudget> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     cgroup_limit_in(Path::new("/sys/fs/cgroup"), &cgroups)
 }
@@ -295,18 +256,6 @@ mod tests {
         assert!(g.is_over());
         g.set("big", false);
         assert!(!g.is_over());
-    }
-
-    #[test]
-    fn sizes_read_as_kubernetes_writes_them() {
-        assert_eq!(parse_size("512Mi"), Ok(512 << 20));
-        assert_eq!(parse_size("2Gi"), Ok(2 << 30));
-        assert_eq!(parse_size("1G"), Ok(1_000_000_000));
-        assert_eq!(parse_size("67108864"), Ok(64 << 20));
-        assert!(parse_size("1Mi").unwrap_err().contains("less than 16Mi"));
-        assert!(parse_size("12Pb").unwrap_err().contains("not a size"));
-        assert!(parse_size("Mi").is_err());
-        assert_eq!(parse_limit("none"), Ok(None));
     }
 
     #[test]

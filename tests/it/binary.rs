@@ -122,6 +122,8 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
         &["serve", "--ttl", "soon"],
         &["doctor", "--no-such-flag", "web.shop"],
         &["sync", "--shards", "many"],
+        // Outside its range: clap's refusal, as --ttl soon's.
+        &["serve", "--max-udp-payload", "100"],
     ] {
         let out = Command::new(BIN).args(args).output().expect("run");
         assert_eq!(out.status.code(), Some(64), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -129,7 +131,8 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
     for (args, flag) in [
         (vec!["--zone", "bad..zone"], "--zone"),
         (vec!["--cluster-id", "Not_Valid"], "--cluster-id"),
-        (vec!["--max-udp-payload", "100"], "--max-udp-payload"),
+        // Flags that go together are the configuration's to judge.
+        (vec!["--rrl-exempt", "10.0.0.0/8"], "--rrl-rate"),
     ] {
         let out = Command::new(BIN).arg("serve").args(&args).output().expect("run");
         assert_eq!(out.status.code(), Some(64), "{args:?}");
@@ -166,6 +169,126 @@ fn bad_configuration_fails_at_start_naming_the_flag() {
     assert!(err.contains(&format!("error: --http-listen {addr}: Address already in use")), "{err}");
     assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
     assert!(!err.contains("ERROR"), "a task blamed for the failed start:\n{err}");
+}
+
+/// Whether clap's message names `flag` (`for '--flag <NAME>'`, or
+/// `for '--flag[=<NAME>]'` when the value is optional).
+fn names_flag(stderr: &str, flag: &str) -> bool {
+    [" <", "[=<"].iter().any(|end| stderr.contains(&format!("for '{flag}{end}")))
+}
+
+/// Every flag whose value clap reads into a type (an enum, a range, a
+/// network, a size, an address): a bad value exits 64 naming the flag
+/// before anything starts (docs/exit-codes.md), for every command.
+#[test]
+fn values_clap_refuses_exit_64_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["serve", "--list-mode", "streaming"], "--list-mode"),
+        (&["serve", "--answer-policy", "fastest"], "--answer-policy"),
+        (&["serve", "--fallback-boundary", "planet"], "--fallback-boundary"),
+        (&["serve", "--interop", "karmada,istio"], "--interop"),
+        (&["serve", "--memory-limit", "lots"], "--memory-limit"),
+        (&["serve", "--rrl-exempt", "10.1.2.3/16"], "--rrl-exempt"),
+        (&["serve", "--allow-debug", "10.0.0.0/33"], "--allow-debug"),
+        (&["serve", "--allow-transfer", "nowhere"], "--allow-transfer"),
+        (&["serve", "--client-cluster", "10.0.0.0/8"], "--client-cluster"),
+        (&["serve", "--cluster-region", "east"], "--cluster-region"),
+        (&["serve", "--ttl", "2147483648"], "--ttl"),
+        (&["serve", "--negative-ttl", "2147483648"], "--negative-ttl"),
+        (&["serve", "--udp-workers", "0"], "--udp-workers"),
+        (&["serve", "--max-udp-payload", "100"], "--max-udp-payload"),
+        (&["serve", "--tcp-idle-timeout", "0"], "--tcp-idle-timeout"),
+        (&["serve", "--tcp-max-connections", "0"], "--tcp-max-connections"),
+        (&["serve", "--tcp-max-per-client", "0"], "--tcp-max-per-client"),
+        (&["serve", "--tcp-io-timeout", "0"], "--tcp-io-timeout"),
+        (&["serve", "--rrl-slip", "11"], "--rrl-slip"),
+        (&["serve", "--rrl-ipv4-prefix", "33"], "--rrl-ipv4-prefix"),
+        (&["serve", "--rrl-ipv6-prefix", "129"], "--rrl-ipv6-prefix"),
+        (&["serve", "--rrl-table-size", "0"], "--rrl-table-size"),
+        (&["serve", "--local-min-healthy", "0"], "--local-min-healthy"),
+        (&["serve", "--cluster-dead-after", "3601"], "--cluster-dead-after"),
+        (&["serve", "--probe-interval", "0"], "--probe-interval"),
+        (&["serve", "--probe-recheck", "NaN"], "--probe-recheck"),
+        (&["serve", "--probe-timeout", "3601"], "--probe-timeout"),
+        (&["serve", "--probe-fall", "0"], "--probe-fall"),
+        (&["serve", "--probe-rise", "0"], "--probe-rise"),
+        (&["serve", "--probe-concurrency", "0"], "--probe-concurrency"),
+        (&["serve", "--probe-rate", "0"], "--probe-rate"),
+        (&["run", "--list-mode", "Stream"], "--list-mode"),
+        (&["run", "--on-member-lost", "forget"], "--on-member-lost"),
+        (&["check", "--objects", "x.yaml", "--interop", "istio"], "--interop"),
+        (&["sync", "--on-member-lost", "forget"], "--on-member-lost"),
+        (&["sync", "--shards", "65"], "--shards"),
+        (&["sync", "--lease-duration", "4"], "--lease-duration"),
+        (&["sync", "--member-lost-after", "0"], "--member-lost-after"),
+        (&["sync", "--kube-qps=-1"], "--kube-qps"),
+        (&["doctor", "web.shop", "--output", "yaml"], "--output"),
+        (&["doctor", "web.shop", "--dns", "a=nowhere"], "--dns"),
+        (&["doctor", "web.shop", "--timeout", "0"], "--timeout"),
+        (&["explain", "web.shop", "--type", "AAA"], "--type"),
+        (&["setup-dns", "--watch=fight"], "--watch"),
+        (&["setup-dns", "--interval", "0"], "--interval"),
+        (&["setup-dns", "--verify-timeout", "0"], "--verify-timeout"),
+        (&["setup-dns", "--server", "dns.example"], "--server"),
+        (&["setup-dns", "--verify", "10.0.0.1:99999"], "--verify"),
+    ];
+    for (args, flag) in cases {
+        let out = Command::new(BIN).args(*args).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(names_flag(&err, flag), "{args:?}: {flag} not named: {err}");
+    }
+}
+
+/// `--help` lists the values each enum-like flag takes, with what each
+/// does, and clap's refusal repeats them.
+#[test]
+fn help_lists_the_values_of_every_enum_flag() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("serve", "--list-mode", &["auto", "stream", "paged"]),
+        ("serve", "--answer-policy", &["rotation", "random", "weighted", "local-first", "topology", "all"]),
+        ("serve", "--fallback-boundary", &["zone", "cluster", "region", "none"]),
+        ("serve", "--interop", &["karmada", "kosmos"]),
+        ("serve", "--kube-encoding", &["auto", "json"]),
+        ("serve", "--on-memory-limit", &["keep-serving", "exit"]),
+        ("run", "--answer-policy", &["rotation", "local-first"]),
+        ("run", "--on-member-lost", &["keep", "remove"]),
+        ("check", "--interop", &["karmada", "kosmos"]),
+        ("sync", "--on-member-lost", &["keep", "remove"]),
+        ("doctor", "--output", &["text", "json"]),
+        ("setup-dns", "--watch", &["reapply", "report"]),
+    ];
+    for &(command, flag, values) in cases {
+        let out = Command::new(BIN).args([command, "--help"]).output().expect("run");
+        assert_eq!(out.status.code(), Some(0));
+        let help = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = help.lines().map(str::trim_start).collect();
+        let at = lines
+            .iter()
+            .position(|l| l.strip_prefix(flag).is_some_and(|r| r.starts_with([' ', '['])))
+            .unwrap_or_else(|| panic!("{command} --help has no {flag}:\n{help}"));
+        // The flag's text runs to the next flag's line; a value's line is `- NAME: help`.
+        let section: Vec<&str> = lines[at + 1..]
+            .iter()
+            .take_while(|l| !l.starts_with("--") && !l.starts_with("-h,"))
+            .copied()
+            .collect();
+        for value in values {
+            assert!(
+                section.iter().any(|l| l.starts_with(&format!("- {value}:"))),
+                "{command} --help does not list {value} under {flag}:\n{}",
+                section.join("\n")
+            );
+        }
+        let bad_value = format!("{flag}=no-such-value");
+        let bad = Command::new(BIN).args([command, bad_value.as_str()]).output().expect("run");
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert_eq!(bad.status.code(), Some(64), "{command} {flag}: {err}");
+        // --interop's list is read by its own parser, which names the entry instead.
+        if flag != "--interop" {
+            assert!(err.contains("[possible values: ") && err.contains(values[0]), "{command} {flag}: {err}");
+        }
+    }
 }
 
 #[test]

@@ -248,6 +248,12 @@ fn values_that_make_no_sense_fail_naming_the_value() {
         (&["serve.lameduck=30"], &["serve.lameduck: 30", "terminationGracePeriodSeconds: 30"]),
         (&["serve.listen={53}"], &["/serve/listen/0"]),
         (&["serve.ttl=-1"], &["/serve/ttl"]),
+        // The binary's own ranges and names, refused before a pod would be.
+        (&["serve.rrlSlip=11"], &["/serve/rrlSlip"]),
+        (&["serve.tcpIoTimeout=61"], &["/serve/tcpIoTimeout"]),
+        (&["serve.clusterDeadAfter=0"], &["/serve/clusterDeadAfter"]),
+        (&["serve.interop=istio"], &["/serve/interop"]),
+        (&["shape=sync", "sync.leaseDuration=4"], &["/sync/leaseDuration"]),
         (&["serve.zoen=example.org"], &["zoen"]),
         (&["logFormat=xml"], &["/logFormat"]),
     ];
@@ -262,6 +268,7 @@ fn values_that_make_no_sense_fail_naming_the_value() {
         &["replicas=0", "podDisruptionBudget.enabled=false"][..],
         &["shape=sync", "replicas=1"],
         &["shape=sync", "replicas=3", "sync.shards=4"],
+        &["serve.interop=karmada\\,kosmos", "serve.tcpIoTimeout=60", "serve.rrlSlip=10"],
     ] {
         template_ok("dns", NS, values);
     }
@@ -308,6 +315,9 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
         ("max-udp-payload", _) => text("1400"),
         // With the sample --no-leader-election, more shards are refused.
         ("shards", _) => text("1"),
+        ("rrl-slip", _) => text("3"),
+        // `--set` splits at commas unless escaped.
+        ("interop", _) => (r"karmada\,kosmos".to_owned(), Some("karmada,kosmos".to_owned())),
         ("listen", _) => ("{0.0.0.0:8053}".to_owned(), Some("0.0.0.0:8053".to_owned())),
         (_, "SECONDS" | "N" | "BYTES" | "PER_SECOND" | "BITS" | "K" | "M" | "QPS") => text("24"),
         (_, "BOOL") => text("false"),
@@ -317,10 +327,10 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
         (_, "ADDR:PORT") => text("0.0.0.0:8053"),
         (_, "POLICY") => text("weighted"),
         (_, "SCOPE") => text("region"),
-        (_, "keep|remove") => text("remove"),
+        ("on-member-lost", _) => text("remove"),
         ("on-memory-limit", _) => text("exit"),
         ("kube-encoding", _) => text("json"),
-        (_, "auto|stream|paged") => text("stream"),
+        ("list-mode", _) => text("stream"),
         (_, "CIDR=NAME[/ZONE]") => ("{10.1.0.0/16=east}".to_owned(), Some("10.1.0.0/16=east".to_owned())),
         (_, "CLUSTER=REGION") => ("{east=eu}".to_owned(), Some("east=eu".to_owned())),
         ("namespace" | "auto-export-namespace-prefix", _) => {
@@ -427,11 +437,17 @@ fn fractional_seconds_reach_the_flags_as_written() {
         let (chart, file) = (chart.to_str().expect("UTF-8"), file.to_str().expect("UTF-8"));
         helm(&["template", "dns", chart, "--namespace", NS, "-f", file])
     };
-    let out = render("shape: serve\nserve: {probeRecheck: 0.25, probeInterval: 1.5, probeTimeout: 2}\n");
+    let out = render(
+        "shape: serve\nserve: {probeRecheck: 0.25, probeInterval: 1.5, probeTimeout: 2, tcpIoTimeout: 0.5}\n",
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let args = args(&objects(&String::from_utf8_lossy(&out.stdout)));
-    for (flag, value) in [("--probe-recheck", "0.25"), ("--probe-interval", "1.5"), ("--probe-timeout", "2")]
-    {
+    for (flag, value) in [
+        ("--probe-recheck", "0.25"),
+        ("--probe-interval", "1.5"),
+        ("--probe-timeout", "2"),
+        ("--tcp-io-timeout", "0.5"),
+    ] {
         assert!(args.windows(2).any(|w| w[0] == flag && w[1] == value), "{flag} {value} not in {args:?}");
     }
     let out = render("shape: serve\nserve: {probeRecheck: 0}\n");

@@ -86,6 +86,21 @@ fn ch_txt_of_a_name_explains_its_answer_to_the_asker() {
     assert!(cut > 0 && cut < lines.len(), "{cut} of {} strings over UDP", lines.len());
 }
 
+/// `clusterset-dns explain --type` takes a type's name in any letter case,
+/// as the server does, and the report is for that type.
+#[test]
+fn explain_asks_for_the_type_given() {
+    let s = Served::start(&[]);
+    s.wait_ready(std::time::Duration::from_secs(20));
+    let out = Command::new(BIN)
+        .args(["explain", "web.shop.svc.clusterset.local", "--type", "aaaa", "--server", &s.http.to_string()])
+        .output()
+        .expect("run clusterset-dns explain");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(report.starts_with("query: web.shop.svc.clusterset.local. AAAA"), "{report}");
+}
+
 #[test]
 fn whoami_says_what_the_server_attributes_to_the_asker() {
     let s = Served::start(&["--client-cluster", "127.0.0.0/8=cluster-a/eu-west-1a"]);
