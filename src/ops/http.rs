@@ -107,7 +107,7 @@ pub async fn serve_probes(
     };
     let metrics = move || {
         let registry = registry.clone();
-        async move { super::metrics::render(&registry) }
+        async move { crate::scrape::render(&registry) }
     };
     let app = Router::new()
         .route("/health", get(health))
