@@ -23,7 +23,7 @@ use crate::fault::{Point, Task};
 use crate::fleet::{inventory, member};
 use crate::k8s::client::{self, ClientError};
 use crate::k8s::watch::WatchHealth;
-use crate::ops::http::serve_probes;
+use crate::ops::http::Endpoints;
 use crate::supervise::Supervisor;
 
 /// Why `sync` stopped.
@@ -130,17 +130,15 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     let sup = Supervisor::new(failures.clone());
     stats.register(&process.registry, shards.clone()).map_err(SyncError::Metrics)?;
     let election_status = elector.as_ref().map(|(_, s)| s.clone());
+    // `/ready` fails, saying why, while the Leases' cluster cannot be
+    // read: such a replica leads nothing.
+    let endpoints =
+        Endpoints::new(process.registry.clone(), failures.clone(), cfg.faults.clone(), move || {
+            let why = election_status.as_ref()?.unreachable()?;
+            Some(format!("cannot read the Leases, leading nothing: {why}"))
+        });
     // /health is the liveness probe: its server's death is fatal.
-    let _http =
-        // `/ready` fails, saying why, while the Leases' cluster cannot be
-        // read: such a replica leads nothing.
-        sup.fatal(
-            Task::Http,
-            serve_probes(listener, process.registry.clone(), failures.clone(), move || {
-                let why = election_status.as_ref()?.unreachable()?;
-                Some(format!("cannot read the Leases, leading nothing: {why}"))
-            }),
-        );
+    let _http = sup.fatal(Task::Http, endpoints.serve(listener));
     // The controller never returns; if it panics or returns, the process
     // exits and the other replicas (or the restarted Pod) take its shards.
     let start_controller = |members: &[member::Member]| {

@@ -152,11 +152,6 @@ impl Metrics {
         self.ready.set(i64::from(snap.is_ready()));
         self.publish_seconds.observe(took.as_secs_f64());
     }
-
-    /// The text exposition of the whole registry.
-    pub fn render(&self) -> String {
-        crate::scrape::render(&self.registry)
-    }
 }
 
 /// Registers `clusterset_dns_panics_total{task}` into `registry`, every
