@@ -34,7 +34,7 @@ impl Process {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let failures = Failures::new();
-        registry.register(Box::new(metrics::panics_collector(failures.clone())?))?;
+        metrics::register_panics(&registry, failures.clone())?;
         Ok(Self { registry, failures })
     }
 }

@@ -19,6 +19,7 @@ pub mod k8s;
 pub mod model;
 pub mod ops;
 pub mod pace;
+pub mod scrape;
 pub mod source;
 pub mod store;
 pub mod supervise;

@@ -1,7 +1,9 @@
-//! Operating the server: HTTP `/health`, `/ready` and `/metrics`, and the
+//! Operating the server: the HTTP endpoints every command serves
+//! (`/health`, `/ready`, `/metrics`; `serve`'s `/debug/`), and the
 //! metrics themselves. Reads the store and the sources' health; never
 //! touches the answer path.
 
+pub mod debug;
 pub mod explain;
 pub mod http;
 pub mod memory;

@@ -22,6 +22,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Backoff with jitter and the token bucket: a leaf for every layer that
     // retries or paces itself.
     ("pace", &[]),
+    // Metric families read at scrape time, each declared with its reader:
+    // a leaf for every layer that keeps counters.
+    ("scrape", &[]),
     // The answering side: store → answer → wire.
     ("store", &["model"]),
     ("answer", &["model", "store"]),
@@ -35,13 +38,13 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Active probes: read the store, feed it updates like a source.
     ("health", &["model", "store", "pace"]),
     // The sync controller: writes Kubernetes objects, never touches the store.
-    ("controller", &["model", "k8s", "fleet", "pace"]),
+    ("controller", &["model", "k8s", "fleet", "pace", "scrape"]),
     // `doctor`: reads members (list only), asks DNS, judges by the fleet's rules.
     ("diagnose", &["model", "k8s", "fleet"]),
     // `setup-dns`: reads and edits the cluster DNS's configuration, asks DNS.
     ("cluster_dns", &["k8s", "pace"]),
     // HTTP endpoints and metrics: read the store, the answer path and watch health.
-    ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault"]),
+    ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault", "scrape"]),
     // Restarts or fails tasks; used by the command roots.
     ("supervise", &["fault", "pace"]),
     // The command line: parses values straight into the domain's types

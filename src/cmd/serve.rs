@@ -16,7 +16,7 @@ use crate::fault::{Failures, Faults, Point, Task};
 use crate::fleet::member;
 use crate::k8s;
 use crate::ops::memory::{Guard, OBJECT_BYTES, OnMemoryLimit, PARSE_BYTES_PER_FILE_BYTE};
-use crate::ops::{http, metrics::Metrics};
+use crate::ops::{debug, http, metrics::Metrics};
 use crate::source::files::{self, FileSlots, FileSource, LoadError};
 use crate::source::objects::ParseError;
 use crate::source::{centralized, embedded, kube};
@@ -239,17 +239,24 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         source,
     })?;
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let ops = http::Ops::new(
-        reader.clone(),
-        metrics.clone(),
-        draining.clone(),
-        failures.clone(),
-        cfg.wire.faults.clone(),
-        cfg.wire.debug.clone(),
-    );
+    // `/ready` fails in lameduck (after SIGTERM, while still answering) and
+    // until every source has delivered its first complete state.
+    let (r, d) = (reader.clone(), draining.clone());
+    let unready = move || {
+        if d.load(std::sync::atomic::Ordering::Relaxed) {
+            Some("shutting down".to_owned())
+        } else if !r.load().is_ready() {
+            Some("not ready: waiting for the first complete list of every source".to_owned())
+        } else {
+            None
+        }
+    };
+    let endpoints =
+        http::Endpoints::new(process.registry.clone(), failures.clone(), cfg.wire.faults.clone(), unready)
+            .with(debug::routes(reader.clone(), metrics.clone(), cfg.wire.debug.clone()));
     // /health is the liveness probe: if its server is gone, so is the
     // process's usefulness; fatal, and Kubernetes restarts the Pod.
-    tasks.push(sup.fatal(Task::Http, http::serve(http_listener, ops)));
+    tasks.push(sup.fatal(Task::Http, endpoints.serve(http_listener)));
     info!(addr = %http_addr, "HTTP /health /ready /metrics, /debug/ for --allow-debug");
 
     let (tcp_cfg, open_files) = tcp::fit_open_files(cfg.tcp, cfg.listen.len());

@@ -9,17 +9,12 @@
 //! nothing changed writes nothing.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
-use arc_swap::ArcSwap;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
-use prometheus::proto::MetricType;
-
 use super::Process;
 use crate::config::SyncConfig;
-use crate::controller::api::{ErrorReason, Kind};
 use crate::controller::election::{ElectionConfig, ElectionError, ElectionStatus, Elector, KubeLeases};
 use crate::controller::shard::Shards;
 use crate::controller::stats::SyncStats;
@@ -27,10 +22,8 @@ use crate::controller::sync::Syncer;
 use crate::fault::{Point, Task};
 use crate::fleet::{inventory, member};
 use crate::k8s::client::{self, ClientError};
-use crate::k8s::throttle::ThrottleStats;
 use crate::k8s::watch::WatchHealth;
-use crate::ops::http::serve_probes;
-use crate::ops::metrics::{self, FamilyDecl, ScrapeCollector};
+use crate::ops::http::Endpoints;
 use crate::supervise::Supervisor;
 
 /// Why `sync` stopped.
@@ -107,20 +100,9 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     let (ids_tx, mut ids) = tokio::sync::watch::channel(Vec::new());
     let mut follow = Box::pin(member::follow_ids(members.clone(), ids_tx));
     let stats = Arc::new(SyncStats::new().map_err(SyncError::Metrics)?);
-    for h in [
-        Box::new(stats.reconcile_seconds.clone()) as Box<dyn prometheus::core::Collector>,
-        Box::new(stats.write_seconds.clone()),
-    ] {
-        process.registry.register(h).map_err(SyncError::Metrics)?;
-    }
+    stats.set_members(&members);
     let listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(SyncError::Bind)?;
     info!(addr = %listener.local_addr().map_err(SyncError::Bind)?, "HTTP /health /ready /metrics");
-    // Every member's write-latency series exists from the start (zero
-    // counts), not from its first write.
-    for m in &members {
-        stats.write_seconds.with_label_values(&[m.name.as_str()]);
-    }
-    let healths = Arc::new(ArcSwap::from_pointee(member_health(&members)));
     let (shards, mut elector) = match &cfg.lease {
         None => {
             info!("no leader election: syncing every service");
@@ -146,24 +128,17 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     };
     let failures = process.failures.clone();
     let sup = Supervisor::new(failures.clone());
-    process
-        .registry
-        .register(Box::new(
-            sync_collector(stats.clone(), shards.clone(), healths.clone()).map_err(SyncError::Metrics)?,
-        ))
-        .map_err(SyncError::Metrics)?;
+    stats.register(&process.registry, shards.clone()).map_err(SyncError::Metrics)?;
     let election_status = elector.as_ref().map(|(_, s)| s.clone());
+    // `/ready` fails, saying why, while the Leases' cluster cannot be
+    // read: such a replica leads nothing.
+    let endpoints =
+        Endpoints::new(process.registry.clone(), failures.clone(), cfg.faults.clone(), move || {
+            let why = election_status.as_ref()?.unreachable()?;
+            Some(format!("cannot read the Leases, leading nothing: {why}"))
+        });
     // /health is the liveness probe: its server's death is fatal.
-    let _http =
-        // `/ready` fails, saying why, while the Leases' cluster cannot be
-        // read: such a replica leads nothing.
-        sup.fatal(
-            Task::Http,
-            serve_probes(listener, process.registry.clone(), failures.clone(), move || {
-                let why = election_status.as_ref()?.unreachable()?;
-                Some(format!("cannot read the Leases, leading nothing: {why}"))
-            }),
-        );
+    let _http = sup.fatal(Task::Http, endpoints.serve(listener));
     // The controller never returns; if it panics or returns, the process
     // exits and the other replicas (or the restarted Pod) take its shards.
     let start_controller = |members: &[member::Member]| {
@@ -215,15 +190,8 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
                     // the one path that already starts every member's
                     // watches, probes and lanes together; a fleet's
                     // membership changes weekly, not per second.
-                    let gone: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
                     members = statics.iter().cloned().chain(joined.members().cloned()).collect();
-                    for name in gone.iter().filter(|n| !members.iter().any(|m| &m.name == *n)) {
-                        let _ = stats.write_seconds.remove_label_values(&[name.as_str()]);
-                    }
-                    for m in &members {
-                        stats.write_seconds.with_label_values(&[m.name.as_str()]);
-                    }
-                    healths.store(Arc::new(member_health(&members)));
+                    stats.set_members(&members);
                     info!(members = ?members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), "members changed: restarting the controller");
                     let (ids_tx, ids_rx) = tokio::sync::watch::channel(Vec::new());
                     ids = ids_rx;
@@ -270,143 +238,4 @@ fn rekey(members: &mut [member::Member], ids: &[crate::model::ClusterId]) {
             m.cluster = id.clone();
         }
     }
-}
-
-/// Per member: its name, its watches' health, its client's rate limit.
-type MemberHealth = Vec<(String, Vec<Arc<WatchHealth>>, Arc<ThrottleStats>)>;
-
-/// The probe's health counts as the watches' do (a frozen API server shows
-/// in the member's staleness), and so does its ClusterProfile's mark.
-fn member_health(members: &[member::Member]) -> MemberHealth {
-    members
-        .iter()
-        .map(|m| {
-            let mut health = m.health.clone();
-            health.push(m.probe.clone());
-            health.push(m.inventory.clone());
-            (m.name.clone(), health, m.throttle.clone())
-        })
-        .collect()
-}
-
-const SYNC_FAMILIES: &[FamilyDecl] = &[
-    (
-        "clusterset_dns_sync_leader",
-        "1 while this replica leads a shard (with --shards 1: holds the Lease) and writes.",
-        MetricType::GAUGE,
-        &[],
-    ),
-    (
-        "clusterset_dns_sync_shard_leader",
-        "1 for each shard (of --shards) this replica leads.",
-        MetricType::GAUGE,
-        &["shard"],
-    ),
-    (
-        "clusterset_dns_sync_writes_total",
-        "API writes (apply, delete) made by the controller.",
-        MetricType::COUNTER,
-        &[],
-    ),
-    ("clusterset_dns_sync_reads_total", "API reads (list, get).", MetricType::COUNTER, &[]),
-    (
-        "clusterset_dns_sync_unchanged_total",
-        "Writes skipped because the object was already as wanted.",
-        MetricType::COUNTER,
-        &[],
-    ),
-    ("clusterset_dns_sync_reconciles_total", "Services reconciled.", MetricType::COUNTER, &[]),
-    (
-        "clusterset_dns_sync_conflicts",
-        "Services whose exports conflict now (their ServiceExports carry Conflict=True; the oldest export's spec wins).",
-        MetricType::GAUGE,
-        &[],
-    ),
-    (
-        "clusterset_dns_sync_errors_total",
-        "Failed reconciles of a service, by reason (throttled, forbidden, conflict, invalid, server, unreachable, fenced: not sent, the Lease may have run out); each is retried with its own exponential backoff.",
-        MetricType::COUNTER,
-        &["reason"],
-    ),
-    (
-        "clusterset_dns_sync_queue_depth",
-        "Services waiting to be reconciled (changed, at startup, or touched while being reconciled); retries waiting out their backoff are not counted.",
-        MetricType::GAUGE,
-        &[],
-    ),
-    (
-        "clusterset_dns_sync_drift_repaired_total",
-        "Objects of ours found changed or deleted by someone else (live, by a watch, or at start and resync) and written again, by kind.",
-        MetricType::COUNTER,
-        &["kind"],
-    ),
-    (
-        "clusterset_dns_sync_member_stale_seconds",
-        "Seconds since a member's API last answered its watches or the controller's probe (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.",
-        MetricType::GAUGE,
-        &["member"],
-    ),
-    (
-        "clusterset_dns_sync_client_throttled_total",
-        "Requests to a member's API server that waited for the client-side rate limit (--kube-qps, --kube-burst).",
-        MetricType::COUNTER,
-        &["member"],
-    ),
-    (
-        "clusterset_dns_sync_client_throttled_seconds_total",
-        "Time requests to a member's API server waited for the client-side rate limit, summed.",
-        MetricType::COUNTER,
-        &["member"],
-    ),
-];
-
-/// The controller's metrics, read from its counters at every scrape.
-fn sync_collector(
-    s: Arc<SyncStats>,
-    shards: Arc<Shards>,
-    members: Arc<ArcSwap<MemberHealth>>,
-) -> Result<ScrapeCollector, prometheus::Error> {
-    ScrapeCollector::new(SYNC_FAMILIES, move || {
-        let members = members.load();
-        let count = |c: &std::sync::atomic::AtomicU64| vec![metrics::counter(&[], c.load(Ordering::Relaxed))];
-        vec![
-            vec![metrics::gauge(&[], f64::from(u8::from(shards.led_count() > 0)))],
-            (0..shards.count() as usize)
-                .map(|i| metrics::gauge(&[("shard", &i.to_string())], f64::from(u8::from(shards.leads(i)))))
-                .collect(),
-            count(&s.writes),
-            count(&s.reads),
-            count(&s.unchanged),
-            count(&s.reconciles),
-            vec![metrics::gauge(&[], s.conflicts.load(Ordering::Relaxed) as f64)],
-            ErrorReason::ALL
-                .iter()
-                .zip(&s.errors)
-                .map(|(r, c)| metrics::counter(&[("reason", r.as_str())], c.load(Ordering::Relaxed)))
-                .collect(),
-            vec![metrics::gauge(&[], s.queue_depth.load(Ordering::Relaxed) as f64)],
-            Kind::ALL
-                .iter()
-                .zip(&s.drift_repaired)
-                .map(|(k, c)| metrics::counter(&[("kind", k.as_str())], c.load(Ordering::Relaxed)))
-                .collect(),
-            members
-                .iter()
-                .map(|(name, health, _)| {
-                    let stale = health.iter().map(|h| h.stale_seconds()).fold(0.0, f64::max);
-                    metrics::gauge(&[("member", name)], stale)
-                })
-                .collect(),
-            members
-                .iter()
-                .map(|(name, _, t)| {
-                    metrics::counter(&[("member", name)], t.throttled.load(Ordering::Relaxed))
-                })
-                .collect(),
-            members
-                .iter()
-                .map(|(name, _, t)| metrics::counter_f64(&[("member", name)], t.waited_seconds()))
-                .collect(),
-        ]
-    })
 }

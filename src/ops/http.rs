@@ -1,225 +1,214 @@
-//! `/health` (alive: fails once a task that cannot be restarted died),
-//! `/ready` (every source synced: safe to send queries),
-//! `/metrics` (Prometheus text) and `/debug/explain`, on one HTTP listener.
-//! The first three answer everyone (probes, Prometheus); `/debug/` answers
-//! only the peers `--allow-debug` lets in, by the rule the DNS debug names
-//! follow ([`DebugAnswers::allows`]).
+//! The one HTTP router every command serves ([`Endpoints`]): `/health`
+//! (alive: fails once a task that cannot be restarted died), `/ready` (the
+//! command's own readiness, failing with its reason), `/metrics` (the
+//! process's registry, Prometheus text), and the routes a command adds
+//! (`serve`'s `/debug/`, [`super::debug`]). A request whose handler
+//! panics gets 500 and is counted; the server and its other connections
+//! go on.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::FutureExt;
+use prometheus::Registry;
 use tokio::net::TcpListener;
-use tracing::{debug, warn};
+use tracing::warn;
 
-use super::metrics::Metrics;
 use crate::fault::{Failures, Faults, Point, Task};
-use crate::store::Reader;
-use crate::wire::DebugAnswers;
 
-/// What the endpoints read.
-#[derive(Clone)]
-pub struct Ops {
-    reader: Reader,
-    metrics: Arc<Metrics>,
-    draining: Arc<AtomicBool>,
-    failures: Arc<Failures>,
+/// Why a command is not ready now (`None`: ready), as `/ready` says it.
+type Readiness = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// The endpoints of one command, built before they are served.
+pub struct Endpoints {
+    common: Common,
     faults: Faults,
-    debug: Option<Arc<DebugAnswers>>,
+    routes: Router,
 }
 
-impl Ops {
-    /// The endpoints' view of a server. While `draining` is set (lameduck
-    /// after SIGTERM) `/ready` fails; once `failures` holds a fatal
-    /// failure, `/health` fails. `/debug/` answers the peers `debug`
-    /// allows (the DNS path's `--allow-debug`); with `None`, nobody.
+/// What `/health`, `/ready` and `/metrics` read.
+#[derive(Clone)]
+struct Common {
+    registry: Registry,
+    failures: Arc<Failures>,
+    unready: Readiness,
+}
+
+impl Endpoints {
+    /// `/health` fails once `failures` holds a fatal failure; `/ready`
+    /// fails with the reason `unready` gives (`None`: ready); `/metrics`
+    /// renders `registry`. `faults` may make a request panic (tests).
     pub fn new(
-        reader: Reader,
-        metrics: Arc<Metrics>,
-        draining: Arc<AtomicBool>,
+        registry: Registry,
         failures: Arc<Failures>,
         faults: Faults,
-        debug: Option<Arc<DebugAnswers>>,
+        unready: impl Fn() -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        Self { reader, metrics, draining, failures, faults, debug }
-    }
-}
-
-/// Serves the endpoints on `listener` until the task is dropped or the
-/// listener fails.
-pub async fn serve(listener: TcpListener, ops: Ops) {
-    // The check is a route layer of the debug routes themselves, not a
-    // test of the path: whatever spelling of a path the router takes to a
-    // debug handler, the check runs before it.
-    let debug = Router::new()
-        .route("/debug/explain", get(explain))
-        .route_layer(axum::middleware::from_fn_with_state(ops.clone(), debug_access));
-    let app = Router::new()
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics_text))
-        .merge(debug)
-        .layer(axum::middleware::from_fn_with_state(ops.clone(), catch_panics))
-        .with_state(ops);
-    // The peer's address (`ConnectInfo`) is what `/debug/` is allowed by.
-    let app = app.into_make_service_with_connect_info::<SocketAddr>();
-    if let Err(e) = axum::serve(listener, app).await {
-        warn!(error = %e, "HTTP endpoint stopped");
-    }
-}
-
-/// The endpoints of a command that serves no DNS (`sync`, `setup-dns
-/// --watch`) on `listener`: `/health` fails once a task that cannot be
-/// restarted died; `/ready` fails with the reason `unready` gives (`None`:
-/// ready); `/metrics` renders `registry`. Until the listener fails.
-pub async fn serve_probes(
-    listener: TcpListener,
-    registry: prometheus::Registry,
-    failures: Arc<Failures>,
-    unready: impl Fn() -> Option<String> + Clone + Send + Sync + 'static,
-) {
-    let health = move || {
-        let reason = failures.fatal_reason().map(str::to_owned);
-        async move {
-            match reason {
-                None => (StatusCode::OK, "OK".to_owned()),
-                Some(r) => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {r}\n")),
-            }
+        Self {
+            common: Common { registry, failures, unready: Arc::new(unready) },
+            faults,
+            routes: Router::new(),
         }
-    };
-    let ready = move || {
-        let why = unready();
-        async move {
-            match why {
-                None => (StatusCode::OK, "OK".to_owned()),
-                Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-            }
-        }
-    };
-    let metrics = move || {
-        let registry = registry.clone();
-        async move { super::metrics::render(&registry) }
-    };
-    let app = Router::new()
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics));
-    if let Err(e) = axum::serve(listener, app).await {
-        warn!(error = %e, "HTTP server stopped");
     }
-}
 
-/// `/debug/` answers only peers in `--allow-debug`, like the DNS debug
-/// names: the report tells how a name is answered and to whom, which is
-/// not for every client of a listener that probes and Prometheus reach.
-/// Others get 403 naming the flag; both are counted.
-async fn debug_access(State(ops): State<Ops>, request: Request, next: Next) -> Response {
-    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(a)| a.ip());
-    // No peer (served without connection information) or no rule: refused,
-    // never answered by default.
-    let allowed = matches!((&ops.debug, peer), (Some(debug), Some(ip)) if debug.allows(ip));
-    ops.metrics.http_debug(allowed);
-    if allowed {
-        return next.run(request).await;
+    /// Adds `routes` (their state given) beside the common ones; a panic
+    /// in them is caught as in the others.
+    pub fn with(mut self, routes: Router) -> Self {
+        self.routes = self.routes.merge(routes);
+        self
     }
-    let peer = peer.map_or_else(|| "this client".to_owned(), |ip| ip.to_string());
-    debug!(%peer, path = request.uri().path(), "HTTP /debug/ refused: not in --allow-debug");
-    let body = format!("forbidden: /debug/ answers only clients in --allow-debug, and {peer} is not\n");
-    (StatusCode::FORBIDDEN, body).into_response()
-}
 
-/// A request whose handler panics gets 500 and is counted (task `http`);
-/// the server and its other connections go on.
-async fn catch_panics(State(ops): State<Ops>, request: Request, next: Next) -> Response {
-    let run = AssertUnwindSafe(async {
-        ops.faults.point(Point::Http, &[]);
-        next.run(request).await
-    });
-    match run.catch_unwind().await {
-        Ok(response) => response,
-        Err(_) => {
-            ops.failures.panicked(Task::Http);
-            (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
+    /// Every route, each request's panic caught.
+    fn router(self) -> Router {
+        let panics = Panics { failures: self.common.failures.clone(), faults: self.faults };
+        Router::new()
+            .route("/health", get(health))
+            .route("/ready", get(ready))
+            .route("/metrics", get(metrics))
+            .with_state(self.common)
+            .merge(self.routes)
+            .layer(axum::middleware::from_fn_with_state(panics, catch_panics))
+    }
+
+    /// Serves on `listener` until the task is dropped or the listener
+    /// fails.
+    pub async fn serve(self, listener: TcpListener) {
+        // Each request carries its peer's address (`ConnectInfo`): what
+        // `/debug/` is allowed by.
+        let app = self.router().into_make_service_with_connect_info::<SocketAddr>();
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!(error = %e, "HTTP endpoint stopped");
         }
     }
 }
 
-async fn health(State(ops): State<Ops>) -> (StatusCode, String) {
-    match ops.failures.fatal_reason() {
+async fn health(State(c): State<Common>) -> (StatusCode, String) {
+    match c.failures.fatal_reason() {
         None => (StatusCode::OK, "OK\n".into()),
         Some(reason) => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {reason}\n")),
     }
 }
 
-async fn ready(State(ops): State<Ops>) -> (StatusCode, &'static str) {
-    if ops.draining.load(Ordering::Relaxed) {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
-    } else if ops.reader.load().is_ready() {
-        (StatusCode::OK, "OK\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready: waiting for the first complete list of every source\n")
+async fn ready(State(c): State<Common>) -> (StatusCode, String) {
+    match (c.unready)() {
+        None => (StatusCode::OK, "OK\n".into()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
 }
 
-async fn metrics_text(State(ops): State<Ops>) -> ([(header::HeaderName, &'static str); 1], String) {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], ops.metrics.render())
+async fn metrics(State(c): State<Common>) -> ([(header::HeaderName, &'static str); 1], String) {
+    ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], crate::scrape::render(&c.registry))
 }
 
-/// Decodes a `%XX`-encoded query parameter value.
-fn unescape(v: &str) -> String {
-    let mut out = Vec::with_capacity(v.len());
-    let b = v.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        match (
-            b[i],
-            b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()),
-        ) {
-            (b'%', Some(x)) => {
-                out.push(x);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
+/// What a caught panic is counted in, and the test-only fault point.
+#[derive(Clone)]
+struct Panics {
+    failures: Arc<Failures>,
+    faults: Faults,
+}
+
+/// A request whose handler panics gets 500 and is counted (task `http`);
+/// the server and its other connections go on.
+async fn catch_panics(State(p): State<Panics>, request: Request, next: Next) -> Response {
+    let run = AssertUnwindSafe(async {
+        p.faults.point(Point::Http, &[]);
+        next.run(request).await
+    });
+    match run.catch_unwind().await {
+        Ok(response) => response,
+        Err(_) => {
+            p.failures.panicked(Task::Http);
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
-async fn explain(State(ops): State<Ops>, uri: axum::http::Uri) -> (StatusCode, String) {
-    let mut name = None;
-    let mut qtype = "A".to_owned();
-    let mut cluster = None;
-    for pair in uri.query().unwrap_or("").split('&') {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "name" => name = Some(unescape(v)),
-            "type" => qtype = unescape(v),
-            "cluster" if !v.is_empty() => cluster = Some(unescape(v)),
-            _ => {}
-        }
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Serves `endpoints` on a port of loopback's.
+    async fn start(endpoints: Endpoints) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(endpoints.serve(listener));
+        addr
     }
-    let Some(name) = name else {
-        return (StatusCode::BAD_REQUEST, "name= is required\n".into());
-    };
-    let snap = ops.reader.load_full();
-    match super::explain::report(&snap, &name, &qtype, cluster.as_deref()) {
-        Ok(text) => (StatusCode::OK, text),
-        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
+
+    /// `GET path` over HTTP/1.0: status, content type, body.
+    async fn fetch(addr: SocketAddr, path: &str) -> (u16, String, String) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes()).await.unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let kind = head
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type: ").map(str::to_owned))
+            .unwrap_or_default();
+        (status, kind, body.to_owned())
+    }
+
+    #[tokio::test]
+    async fn health_ready_and_metrics_answer_for_the_command() {
+        let registry = Registry::new();
+        let failures = Failures::new();
+        crate::ops::metrics::register_panics(&registry, failures.clone()).unwrap();
+        let waiting = Arc::new(AtomicBool::new(true));
+        let w = waiting.clone();
+        let addr = start(Endpoints::new(registry, failures.clone(), Faults::default(), move || {
+            w.load(Ordering::Relaxed).then(|| "not yet".to_owned())
+        }))
+        .await;
+
+        let (status, _, body) = fetch(addr, "/health").await;
+        assert_eq!((status, body.as_str()), (200, "OK\n"));
+        let (status, _, body) = fetch(addr, "/ready").await;
+        assert_eq!((status, body.as_str()), (503, "not yet\n"));
+        waiting.store(false, Ordering::Relaxed);
+        let (status, _, body) = fetch(addr, "/ready").await;
+        assert_eq!((status, body.as_str()), (200, "OK\n"));
+
+        let (status, kind, body) = fetch(addr, "/metrics").await;
+        assert_eq!((status, kind.as_str()), (200, "text/plain; version=0.0.4"));
+        assert!(body.contains("clusterset_dns_panics_total{task=\"http\"} 0"), "{body}");
+
+        failures.fatal("the writer died".into());
+        let (status, _, body) = fetch(addr, "/health").await;
+        assert_eq!((status, body.as_str()), (500, "failed: the writer died\n"));
+    }
+
+    #[tokio::test]
+    async fn a_panicking_route_gets_500_is_counted_and_the_server_goes_on() {
+        let failures = Failures::new();
+        async fn boom() -> &'static str {
+            panic!("a handler's bug")
+        }
+        let boom = Router::new().route("/boom", get(boom));
+        let addr =
+            start(Endpoints::new(Registry::new(), failures.clone(), Faults::default(), || None).with(boom))
+                .await;
+        let (status, _, body) = fetch(addr, "/boom").await;
+        assert_eq!((status, body.as_str()), (500, "internal error\n"));
+        assert_eq!(failures.panics(Task::Http), 1);
+        assert_eq!(fetch(addr, "/health").await.0, 200);
+        // The common routes are under the same layer.
+        let faults = Faults::parse("http").unwrap();
+        let addr = start(Endpoints::new(Registry::new(), failures.clone(), faults, || None)).await;
+        assert_eq!(fetch(addr, "/health").await.0, 500, "the request that panicked");
+        assert_eq!(failures.panics(Task::Http), 2);
+        assert_eq!(fetch(addr, "/health").await.0, 200);
     }
 }

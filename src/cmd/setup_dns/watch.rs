@@ -29,8 +29,8 @@ use crate::cluster_dns::watch::{Action, Found, Watch};
 use crate::cluster_dns::{kube, plan::Change};
 use crate::cmd::Process;
 use crate::config::{SetupDnsConfig, WatchConfig};
-use crate::fault::Task;
-use crate::ops::http::serve_probes;
+use crate::fault::{Faults, Task};
+use crate::ops::http::Endpoints;
 use crate::supervise::Supervisor;
 
 /// The Events' reporting controller.
@@ -112,12 +112,12 @@ pub(super) async fn run(
     // up to an interval, and /health must answer meanwhile. Its death is
     // fatal, and ends the loop below.
     let sup = Supervisor::new(process.failures.clone());
-    let _http = sup.fatal(
-        Task::Http,
-        serve_probes(listener, process.registry.clone(), process.failures.clone(), move || {
+    // No fault points: setup-dns's configuration reads no CLUSTERSET_DNS_FAULT.
+    let endpoints =
+        Endpoints::new(process.registry.clone(), process.failures.clone(), Faults::default(), move || {
             (!first.load(Ordering::Relaxed)).then(|| "the first check is not done".to_owned())
-        }),
-    );
+        });
+    let _http = sup.fatal(Task::Http, endpoints.serve(listener));
     let reporter = Reporter {
         controller: CONTROLLER.into(),
         instance: std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok()),

@@ -1,0 +1,111 @@
+//! `serve`'s `/debug/` routes, mounted on the command's endpoints
+//! ([`super::http::Endpoints::with`]): `/debug/explain` (how a name is
+//! answered, [`super::explain`]). They answer only the peers
+//! `--allow-debug` lets in, by the rule the DNS debug names follow
+//! ([`DebugAnswers::allows`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tracing::debug;
+
+use super::metrics::Metrics;
+use crate::store::Reader;
+use crate::wire::DebugAnswers;
+
+/// What the debug routes read.
+#[derive(Clone)]
+struct DebugState {
+    reader: Reader,
+    metrics: Arc<Metrics>,
+    allowed: Option<Arc<DebugAnswers>>,
+}
+
+/// The routes, answering the peers `allowed` allows (the DNS path's
+/// `--allow-debug`; with `None`, nobody), each request counted in
+/// `metrics`.
+pub fn routes(reader: Reader, metrics: Arc<Metrics>, allowed: Option<Arc<DebugAnswers>>) -> Router {
+    let state = DebugState { reader, metrics, allowed };
+    // The check is a route layer of the debug routes themselves, not a
+    // test of the path: whatever spelling of a path the router takes to a
+    // debug handler, the check runs before it.
+    Router::new()
+        .route("/debug/explain", get(explain))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), access))
+        .with_state(state)
+}
+
+/// `/debug/` answers only peers in `--allow-debug`, like the DNS debug
+/// names: the report tells how a name is answered and to whom, which is
+/// not for every client of a listener that probes and Prometheus reach.
+/// Others get 403 naming the flag; both are counted.
+async fn access(State(d): State<DebugState>, request: Request, next: Next) -> Response {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(a)| a.ip());
+    // No peer (served without connection information) or no rule: refused,
+    // never answered by default.
+    let allowed = matches!((&d.allowed, peer), (Some(rule), Some(ip)) if rule.allows(ip));
+    d.metrics.http_debug(allowed);
+    if allowed {
+        return next.run(request).await;
+    }
+    let peer = peer.map_or_else(|| "this client".to_owned(), |ip| ip.to_string());
+    debug!(%peer, path = request.uri().path(), "HTTP /debug/ refused: not in --allow-debug");
+    let body = format!("forbidden: /debug/ answers only clients in --allow-debug, and {peer} is not\n");
+    (StatusCode::FORBIDDEN, body).into_response()
+}
+
+/// Decodes a `%XX`-encoded query parameter value.
+fn unescape(v: &str) -> String {
+    let mut out = Vec::with_capacity(v.len());
+    let b = v.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match (
+            b[i],
+            b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()),
+        ) {
+            (b'%', Some(x)) => {
+                out.push(x);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn explain(State(d): State<DebugState>, uri: axum::http::Uri) -> (StatusCode, String) {
+    let mut name = None;
+    let mut qtype = "A".to_owned();
+    let mut cluster = None;
+    for pair in uri.query().unwrap_or("").split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "name" => name = Some(unescape(v)),
+            "type" => qtype = unescape(v),
+            "cluster" if !v.is_empty() => cluster = Some(unescape(v)),
+            _ => {}
+        }
+    }
+    let Some(name) = name else {
+        return (StatusCode::BAD_REQUEST, "name= is required\n".into());
+    };
+    let snap = d.reader.load_full();
+    match super::explain::report(&snap, &name, &qtype, cluster.as_deref()) {
+        Ok(text) => (StatusCode::OK, text),
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
+    }
+}
