@@ -141,6 +141,16 @@ enum Route<'q> {
     Lookup(&'q [u8]),
 }
 
+/// What the outcome reports of a route: set where the route is decided, so
+/// that the lookup path never looks at the route twice.
+#[derive(Clone, Copy, Default)]
+struct Report {
+    /// A debug name: answered, or refused to a client not allowed.
+    debug: Option<bool>,
+    /// A zone transfer, and what it got.
+    transfer: Option<TransferAsk>,
+}
+
 /// The one internal entry behind the three public ones.
 fn answer(
     snap: &Snapshot,
@@ -162,36 +172,26 @@ fn answer(
     };
     let (client, ecs_bits) = asker.client(snap, &req);
     let lower = lower_qname(&req, &mut scratch.lower);
-    let route = route(snap, &req, lower, asker.peer, client, transport, cfg);
-    // One match says what answers and what the outcome reports of the
-    // route: the common lookup pays for no second look at it.
-    let (mut answer, debug, transfer) = match &route {
+    let (route, report) = route(snap, &req, lower, asker.peer, client, transport, cfg);
+    let outcome = |rcode, in_zone, limited| outcome(&req, rcode, in_zone, limited, report);
+    let mut answer = match &route {
         Route::Lookup(name) => {
             let q = Question { name, qtype: req.qtype, qclass: req.qclass };
-            (answer::lookup_for(snap, &q, &client, &mut scratch.picks), None, None)
+            answer::lookup_for(snap, &q, &client, &mut scratch.picks)
         }
         // The connection streams the zone (`transfer`): nothing to write.
-        Route::Transfer(TransferAsk::Stream) => {
-            let streamed = Some(TransferAsk::Stream);
-            return Some(outcome(&req, Rcode::NoError, true, Limited::No, None, streamed));
-        }
+        Route::Transfer(TransferAsk::Stream) => return Some(outcome(Rcode::NoError, true, Limited::No)),
         Route::Transfer(TransferAsk::Refused) => {
-            let refused = Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) };
-            (refused, None, Some(TransferAsk::Refused))
+            Answer { in_zone: true, ..Answer::bare(Rcode::Refused, false) }
         }
-        Route::Transfer(TransferAsk::Udp) => {
-            (transfer_over_udp(snap, req.qtype), None, Some(TransferAsk::Udp))
-        }
+        Route::Transfer(TransferAsk::Udp) => transfer_over_udp(snap, req.qtype),
         Route::Debug(Some(records)) => {
-            let lines =
-                Answer { answer: Some(records), in_zone: false, ..Answer::bare(Rcode::NoError, true) };
-            (lines, Some(true), None)
+            Answer { answer: Some(records), in_zone: false, ..Answer::bare(Rcode::NoError, true) }
         }
-        Route::Debug(None) => (Answer::bare(Rcode::Refused, false), Some(false), None),
-        Route::Unreadable(rcode) => (Answer::bare(*rcode, false), None, None),
-        Route::NoName => (Answer::bare(Rcode::FormErr, false), None, None),
+        Route::Debug(None) => Answer::bare(Rcode::Refused, false),
+        Route::Unreadable(rcode) => Answer::bare(*rcode, false),
+        Route::NoName => Answer::bare(Rcode::FormErr, false),
     };
-    let outcome = |rcode, in_zone, limited| outcome(&req, rcode, in_zone, limited, debug, transfer);
     let (limited, truncate) =
         match rate_limit(cfg, transport, asker.peer, verdict, answer.rcode, lower, req.qtype) {
             Limit::Send => (Limited::No, false),
@@ -212,15 +212,9 @@ fn answer(
 }
 
 /// What the query got, for the counters.
-fn outcome(
-    req: &Request<'_>,
-    rcode: Rcode,
-    in_zone: bool,
-    limited: Limited,
-    debug: Option<bool>,
-    transfer: Option<TransferAsk>,
-) -> Outcome {
+fn outcome(req: &Request<'_>, rcode: Rcode, in_zone: bool, limited: Limited, report: Report) -> Outcome {
     let dnssec_ok = req.edns.is_some_and(|e| e.dnssec_ok);
+    let Report { debug, transfer } = report;
     Outcome { rcode, in_zone, qtype: req.qtype, dnssec_ok, limited, debug, transfer }
 }
 
@@ -251,10 +245,11 @@ fn route<'q>(
     client: Client,
     transport: Transport,
     cfg: &WireConfig,
-) -> Route<'q> {
+) -> (Route<'q>, Report) {
+    let none = Report::default();
     let name = match (req.error, lower) {
-        (Some(rcode), _) => return Route::Unreadable(rcode),
-        (None, None) => return Route::NoName,
+        (Some(rcode), _) => return (Route::Unreadable(rcode), none),
+        (None, None) => return (Route::NoName, none),
         (None, Some(name)) => name,
     };
     let zone = &*snap.zone().wire;
@@ -262,11 +257,12 @@ fn route<'q>(
         // An IPv4 client of a dual-stack socket is matched as the IPv4
         // address it is, as `--allow-debug`'s clients are.
         let allowed = peer.is_none_or(|ip| cfg.allow_transfer.iter().any(|c| c.contains(ip.to_canonical())));
-        return Route::Transfer(match (allowed, transport) {
+        let ask = match (allowed, transport) {
             (false, _) => TransferAsk::Refused,
             (true, Transport::Udp) => TransferAsk::Udp,
             (true, Transport::Tcp) => TransferAsk::Stream,
-        });
+        };
+        return (Route::Transfer(ask), Report { transfer: Some(ask), ..none });
     }
     if let Some(debug) = &cfg.debug
         && req.qclass == class::CH
@@ -274,9 +270,11 @@ fn route<'q>(
         && within(name, zone)
     {
         let ecs = req.edns.and_then(|e| e.ecs);
-        return Route::Debug(debug::records(debug, snap, name, peer, ecs, client));
+        let records = debug::records(debug, snap, name, peer, ecs, client);
+        let report = Report { debug: Some(records.is_some()), ..none };
+        return (Route::Debug(records), report);
     }
-    Route::Lookup(name)
+    (Route::Lookup(name), none)
 }
 
 /// A transfer asked over UDP: IXFR gets the SOA alone, AXFR FORMERR.
