@@ -29,8 +29,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["model"]),
     ("answer", &["model", "store"]),
     ("wire", &["model", "store", "answer", "fault"]),
-    // Talking to API servers; knows the model (it converts into it), nothing above.
-    ("k8s", &["model", "pace"]),
+    // Talking to API servers; knows the model (it converts into it), nothing
+    // above; a watch that catches a panic reads its text with `fault`.
+    ("k8s", &["model", "pace", "fault"]),
     // The multi-cluster model and member watches, shared by centralized serve and sync.
     ("fleet", &["model", "k8s"]),
     // Everything that feeds the store (centralized mode through `fleet`).

@@ -400,12 +400,7 @@ pub async fn relist_with<K, S, T>(
                 .catch_unwind()
                 .await;
         let end = run.unwrap_or_else(|payload| {
-            let message = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-                .unwrap_or("(no message)");
-            reporter.failed(&format!("panicked: {message}"));
+            reporter.failed(&format!("panicked: {}", crate::fault::panic_message(&*payload)));
             End::Failed { listed: false }
         });
         match end {
