@@ -158,6 +158,29 @@ cargo fmt --check
 fuzz_lock_current
 cargo clippy --all-targets --locked -- -D warnings
 
+say "dependencies (cargo deny: duplicate versions, licenses, sources, advisories)"
+# deny.toml says what is allowed and why. Built once from crates.io (7.5 min
+# on 2 busy cores), cached by version.
+DENY_VERSION=0.20.2
+deny="$CACHE/cargo-deny-$DENY_VERSION/bin/cargo-deny"
+if [ ! -x "$deny" ]; then
+  cargo install cargo-deny --locked --version "$DENY_VERSION" --root "$CACHE/cargo-deny-$DENY_VERSION" 2>&1 | tail -1
+fi
+"$deny" --locked check bans licenses sources
+# Advisories need the RustSec database, a git repository on github.com,
+# kept under ~/.cargo/advisory-dbs. A copy fetched before still serves while
+# it is within 90 days (cargo deny's limit: older, the check fails). With
+# no copy at all (github.com unreachable from a fresh machine), the run
+# says loudly that advisories went unchecked instead of failing on the
+# network.
+timeout 120 "$deny" fetch db >/dev/null 2>&1 ||
+  echo "cargo deny: the RustSec advisory database could not be fetched (github.com unreachable?)"
+if compgen -G "${CARGO_HOME:-$HOME/.cargo}/advisory-dbs/advisory-db-*/.git" >/dev/null; then
+  "$deny" --locked --offline check advisories
+else
+  echo "cargo deny: ADVISORIES NOT CHECKED: no copy of the RustSec database on this machine" >&2
+fi
+
 say "tests (unit, over-the-wire, allocation)"
 # The image test builds a static release binary: minutes of both cores. Run
 # beside the rest it starved the real API servers past the tests' read bounds,
