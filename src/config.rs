@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::cli::MembersArgs;
 use crate::fleet::member::MemberConfig;
 use crate::k8s::client::Connection;
-use crate::model::ClusterId;
+use crate::model::{ClusterId, LabelError};
 
 mod serve;
 mod sync;
@@ -30,6 +30,13 @@ pub struct ConfigError {
 
 fn bad(flag: &'static str, problem: impl Into<String>) -> ConfigError {
     ConfigError { flag, problem: problem.into() }
+}
+
+/// Why `value` is not a label (or cluster id), naming the value once: the
+/// error already names it when the whole value is the offending label.
+fn not_a_label(value: &str, e: &LabelError) -> String {
+    let why = e.to_string();
+    if why.starts_with(&format!("{value:?}")) { why } else { format!("{value:?} {why}") }
 }
 
 /// The members of `--cluster` and `--members`, checked: names are cluster
@@ -85,7 +92,7 @@ fn member(
     path: &str,
     context: Option<String>,
 ) -> Result<MemberConfig, ConfigError> {
-    ClusterId::parse(name).map_err(|e| bad(flag, format!("member name {name:?} {e}")))?;
+    ClusterId::parse(name).map_err(|e| bad(flag, format!("member name {}", not_a_label(name, &e))))?;
     let path = PathBuf::from(path);
     if !path.is_file() {
         return Err(bad(flag, format!("{name}: kubeconfig {} is not a readable file", path.display())));

@@ -105,10 +105,12 @@ impl ServeConfig {
         if a.listen.is_empty() {
             return Err(bad("--listen", "at least one address is needed"));
         }
-        let cluster_id =
-            a.cluster_id.as_deref().map(ClusterId::parse).transpose().map_err(|e| {
-                bad("--cluster-id", format!("{:?} {e}", a.cluster_id.as_deref().unwrap_or("")))
-            })?;
+        let cluster_id = a
+            .cluster_id
+            .as_deref()
+            .map(ClusterId::parse)
+            .transpose()
+            .map_err(|e| bad("--cluster-id", not_a_label(a.cluster_id.as_deref().unwrap_or(""), &e)))?;
         // clap holds --udp-workers to at least 1.
         let udp_workers = a
             .udp_workers
@@ -125,7 +127,7 @@ impl ServeConfig {
             return Err(bad("--namespace", "needs --kubeconfig or --in-cluster"));
         }
         for ns in &a.namespaces {
-            DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
+            DnsLabel::parse(ns).map_err(|e| bad("--namespace", not_a_label(ns, &e)))?;
         }
         let answers = answer_config(a, cluster_id.clone());
         let memory = match a.memory_limit {

@@ -123,7 +123,7 @@ pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour
         }
     }
     for ns in namespaces {
-        DnsLabel::parse(ns).map_err(|e| bad("--namespace", format!("{ns:?} {e}")))?;
+        DnsLabel::parse(ns).map_err(|e| bad("--namespace", not_a_label(ns, &e)))?;
     }
     Ok(SyncBehaviour {
         namespaces: namespaces.to_vec(),
@@ -170,8 +170,8 @@ pub fn lease(o: &SyncOptions, first: Option<&Connection>) -> Result<Option<Lease
         return Ok(None);
     }
     DnsLabel::parse(&o.lease_namespace)
-        .map_err(|e| bad("--lease-namespace", format!("{:?} {e}", o.lease_namespace)))?;
-    ClusterId::parse(&o.lease_name).map_err(|e| bad("--lease-name", format!("{:?} {e}", o.lease_name)))?;
+        .map_err(|e| bad("--lease-namespace", not_a_label(&o.lease_namespace, &e)))?;
+    ClusterId::parse(&o.lease_name).map_err(|e| bad("--lease-name", not_a_label(&o.lease_name, &e)))?;
     let connection = match (&o.lease_kubeconfig, first) {
         (Some(path), _) => {
             if !path.is_file() {
@@ -204,7 +204,7 @@ pub fn lease(o: &SyncOptions, first: Option<&Connection>) -> Result<Option<Lease
 /// and checked now: a provider that cannot run a plugin fails the start).
 pub(super) fn profiles(a: &ProfilesArgs) -> Result<Option<InventoryConfig>, ConfigError> {
     let Some(namespace) = &a.cluster_profiles else { return Ok(None) };
-    DnsLabel::parse(namespace).map_err(|e| bad("--cluster-profiles", format!("{namespace:?} {e}")))?;
+    DnsLabel::parse(namespace).map_err(|e| bad("--cluster-profiles", not_a_label(namespace, &e)))?;
     // clap requires it with --cluster-profiles.
     let Some(file) = &a.cluster_profile_providers else {
         return Err(bad("--cluster-profile-providers", "needed with --cluster-profiles"));

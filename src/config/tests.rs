@@ -441,3 +441,16 @@ fn zone_names_are_folded_to_lower_case() {
         assert!(e.contains("--also-zone"), "{bad_zone}: {e}");
     }
 }
+
+#[test]
+fn a_bad_label_is_named_once() {
+    for (value, want) in [
+        ("bad_id", r#"--cluster-id: "bad_id" has a character other than letters, digits and '-'"#),
+        ("a.b_c", r#"--cluster-id: "a.b_c" "b_c" has a character other than letters, digits and '-'"#),
+        ("-a", r#"--cluster-id: "-a" starts or ends with '-'"#),
+        ("", r#"--cluster-id: "" is empty"#),
+    ] {
+        let e = config(&[&format!("--cluster-id={value}")]).expect_err("refused");
+        assert_eq!(e.to_string(), want);
+    }
+}

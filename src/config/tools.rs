@@ -178,6 +178,8 @@ pub(super) fn service_name(text: &str, zone: &Name) -> Result<ServiceKey, String
     if namespace.contains('.') {
         return Err(wanted());
     }
-    let label = |what: &str, v: &str| DnsLabel::parse(v).map_err(|e| format!("{text:?}: {what} {v:?} {e}"));
+    let label = |what: &str, v: &str| {
+        DnsLabel::parse(v).map_err(|e| format!("{text:?}: {what} {}", not_a_label(v, &e)))
+    };
     Ok(ServiceKey { name: label("service name", name)?, namespace: label("namespace", namespace)? })
 }
