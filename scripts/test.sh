@@ -69,6 +69,7 @@ if $quick; then
   cargo fmt --check
   fuzz_lock_current
   cargo clippy --all-targets --locked -- -D warnings
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --document-private-items
   say "quick: unit, tidy, alloc and over-the-wire tests without Kubernetes"
   filters=()
   for m in "${QUICK_IT[@]}"; do filters+=("$m::"); done
@@ -157,6 +158,8 @@ say "format and lints"
 cargo fmt --check
 fuzz_lock_current
 cargo clippy --all-targets --locked -- -D warnings
+# The docs a next engineer reads: every link resolves, private items too.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --document-private-items
 
 say "dependencies (cargo deny: duplicate versions, licenses, sources, advisories)"
 # deny.toml says what is allowed and why. Built once from crates.io (7.5 min

@@ -1,6 +1,9 @@
 //! Command-line interface. Values are parsed here, each into its type (an
 //! enum `--help` lists, a range, a network; `parse.rs`), and validated once
 //! into [`crate::config`] structs, which are passed down explicitly.
+// The doc comments here are `--help` text, where `<zone>` and `<svc>` are
+// literal placeholders, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

@@ -1,6 +1,6 @@
 //! Bytes in, bytes out: DNS messages to and from [`crate::answer`].
 //!
-//! [`respond`] is the one entry point every transport uses (UDP workers, TCP
+//! [`respond()`] is the one entry point every transport uses (UDP workers, TCP
 //! connections, benchmarks, the fuzz target), so both transports give the
 //! same answers by construction. It parses the question in place for the
 //! common query shape and lets hickory-proto parse everything else; then it

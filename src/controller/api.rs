@@ -1,6 +1,6 @@
 //! Every write the controller makes into a member, behind one small trait
 //! ([`MemberApi`]): the reconcile logic is tested in process against a fake
-//! member ([`fake`]), and the real one ([`KubeMember`]) adds what a fleet
+//! member (`fake`, in tests), and the real one ([`KubeMember`]) adds what a fleet
 //! needs around kube's client: a deadline on every call, an end to every
 //! call once the member is found unreachable, and per-member write latency.
 //!

@@ -169,7 +169,7 @@ fn slice_name(key: &ServiceKey, cluster: &ClusterId, source: &str) -> String {
 /// The names of the MCS EndpointSlices mirroring `sources` (cluster, source
 /// slice) of `key`, in their order. [`Naming::Long`] gives each a name with a
 /// 64-bit digest of the service, cluster and source. [`Naming::Short`] gives
-/// [`slice_name`]'s, except that where several sources would share a name
+/// `slice_name`'s, except that where several sources would share a name
 /// (its digest is 32 bits, and the EndpointSlice controller's own names
 /// collide: `web-h6kvr` and `web-efi2a` of one cluster do), only the first
 /// of them by (cluster, source) keeps it and the others get a 64-bit digest

@@ -9,7 +9,7 @@
 //!
 //! Members are checked every second: a member whose watches fail or whose
 //! API server stops answering a probe (a partition, a frozen process) is
-//! marked unreachable after [`UNREACHABLE_AFTER`]; its writes under way end
+//! marked unreachable after `UNREACHABLE_AFTER`; its writes under way end
 //! at once and no more are sent until it answers again.
 //!
 //! Every replica runs the watches; it reconciles only the services of the

@@ -90,8 +90,8 @@ pub async fn connect(connection: &Connection, agent: &str) -> Result<Client, Cli
 /// 5 ms to 1,000 s with up to 2× jitter on top, so against an API server that
 /// refuses most requests one request waited minutes, and the controller with
 /// it (measured: `sync_throttle`, 30 services, nothing written for 4 min).
-/// Ours waits at least the server's Retry-After, and at most [`RETRY_MAX`]
-/// between attempts, [`RETRIES`] times; a request still refused then fails
+/// Ours waits at least the server's Retry-After, and at most `RETRY_MAX`
+/// between attempts, `RETRIES` times; a request still refused then fails
 /// its reconcile, which the controller retries with its own backoff. Retries
 /// are outside the bucket, so they take tokens too (as client-go's): the rate
 /// limit bounds what the API server sees, retries included.

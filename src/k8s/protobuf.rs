@@ -7,7 +7,7 @@
 //!
 //! - [`decode`]: the wire format as Kubernetes uses it (envelope, lists,
 //!   watch events, Status).
-//! - [`slice`]: an EndpointSlice message as [`crate::k8s::convert::SliceFields`],
+//! - [`slice`](mod@slice): an EndpointSlice message as [`crate::k8s::convert::SliceFields`],
 //!   converted by the same rules as a JSON one.
 //! - [`stream`]: lists and watches asking for protobuf, read as JSON where
 //!   the server answers JSON.

@@ -150,7 +150,7 @@ impl Reporter {
     }
 
     /// The watch (or discovery) failed with `error`; logged at once, then at
-    /// most every [`STALE_LOG_EVERY`] while it stays down.
+    /// most every `STALE_LOG_EVERY` while it stays down.
     pub fn failed(&mut self, error: &str) {
         self.health.errors.fetch_add(1, Ordering::Relaxed);
         let first = self

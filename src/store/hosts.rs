@@ -500,7 +500,7 @@ impl Ptrs {
     }
 }
 
-/// A [`PtrTarget`] borrowed from a [`Ptrs`].
+/// A `PtrTarget` borrowed from a [`Ptrs`].
 #[derive(Debug, Clone, Copy)]
 pub struct PtrTargetRef<'a> {
     hosts: &'a Arc<Hosts>,

@@ -13,7 +13,7 @@
 //!   backing Service with an address the import answers NODATA.
 //! - Without a ServiceImport, only a `CrossCluster` MultiClusterService's
 //!   Service makes a service exist.
-//! - Slices: only those of the first origin present ([`SliceOrigin`]'s
+//! - Slices: only those of the first origin present ([`SliceOrigin`](crate::model::SliceOrigin)'s
 //!   order: MCS first), so a name never mixes two fleet managers' views
 //!   and never depends on which object arrived last.
 

@@ -2,7 +2,7 @@
 //! question is (a zone transfer, a debug name, the zone's data, or
 //! unreadable) and so what answers it; [`rate_limit`] decides whether the
 //! response goes out whole, truncated, as BADCOOKIE, or not at all;
-//! [`write`] writes it and counts what was answered.
+//! [`write()`] writes it and counts what was answered.
 
 use std::net::IpAddr;
 

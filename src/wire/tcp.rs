@@ -304,7 +304,7 @@ const OTHER_FILES: u64 = 256;
 /// `cfg` with `max_connections` lowered when the process's limit on open
 /// files (the soft `RLIMIT_NOFILE`, read from `/proc/self/limits`) cannot
 /// hold that many connections on each of `listeners` listeners, with those
-/// closing and [`OTHER_FILES`]; then also the limit read. Past the limit
+/// closing and `OTHER_FILES`; then also the limit read. Past the limit
 /// accept() fails (EMFILE) and a connection waits in the kernel's queue,
 /// behind whatever is there, until a timeout frees a descriptor: a cap
 /// that fits keeps shedding in charge instead. systemd's default soft
