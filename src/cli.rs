@@ -636,7 +636,7 @@ pub struct SyncOptions {
     /// server is sized to take from each of its nodes; it binds when one
     /// member gets a storm (a start or relist with thousands of services),
     /// which then takes minutes instead of flooding that server.
-    #[arg(long, value_name = "QPS", default_value_t = 50.0, value_parser = parse::rate)]
+    #[arg(long, value_name = "QPS", default_value_t = 50.0, value_parser = parse::rate, allow_negative_numbers = true)]
     pub kube_qps: f64,
     /// Requests each member's client may send at once after a quiet spell,
     /// beyond --kube-qps: 100 lets about 20 services change together (a

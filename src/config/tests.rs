@@ -454,3 +454,10 @@ fn a_bad_label_is_named_once() {
         assert_eq!(e.to_string(), want);
     }
 }
+
+#[test]
+fn a_negative_rate_after_a_space_is_the_flags_value() {
+    // Not an unknown flag `-1`: the refusal names --kube-qps.
+    let text = refused(&["sync", "--kube-qps", "-1"], "--kube-qps");
+    assert!(text.contains("-1 is not a rate"), "{text}");
+}
