@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::warn;
 
 use super::crd;
@@ -73,21 +74,30 @@ impl Ctx<'_> {
 
 /// Converts a ServiceImport object.
 pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, ConvertError> {
+    service_import_of(&obj.metadata, &obj.spec)
+}
+
+/// [`service_import`] of an import's parts: a watched import's metadata and
+/// its spec, parsed apart ([`crd::WatchedImport`]).
+pub fn service_import_of(
+    metadata: &ObjectMeta,
+    spec: &crd::ServiceImportSpec,
+) -> Result<ServiceImport, ConvertError> {
     let cx = Ctx {
         kind: "ServiceImport",
-        namespace: obj.metadata.namespace.as_deref().unwrap_or(""),
-        name: obj.metadata.name.as_deref().unwrap_or(""),
+        namespace: metadata.namespace.as_deref().unwrap_or(""),
+        name: metadata.name.as_deref().unwrap_or(""),
     };
     let key = cx.key()?;
-    let kind = match obj.spec.type_.as_str() {
+    let kind = match spec.type_.as_str() {
         "ClusterSetIP" => ImportType::ClusterSetIp,
         "Headless" => ImportType::Headless,
         other => {
             return Err(cx.err("spec.type", format!("{other:?} is not ClusterSetIP or Headless")));
         }
     };
-    let mut ips: Vec<IpAddr> = Vec::with_capacity(obj.spec.ips.len());
-    for (i, ip) in obj.spec.ips.iter().enumerate() {
+    let mut ips: Vec<IpAddr> = Vec::with_capacity(spec.ips.len());
+    for (i, ip) in spec.ips.iter().enumerate() {
         let field = format!("spec.ips[{i}]");
         let ip: IpAddr =
             ip.trim().parse().map_err(|_| cx.err(&field, format!("{ip:?} is not an IP address")))?;
@@ -96,10 +106,10 @@ pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, Convert
         }
         ips.push(ip);
     }
-    let ports = exactly(obj.spec.ports.iter().enumerate().map(|(i, p)| {
+    let ports = exactly(spec.ports.iter().enumerate().map(|(i, p)| {
         port(&cx, &format!("spec.ports[{i}]"), p.name.as_deref(), p.protocol.as_deref(), p.port)
     }))?;
-    let (answers, problems) = answer_overrides(obj);
+    let (answers, problems) = answer_overrides_of(metadata, spec);
     for problem in problems {
         // A bad annotation must not take the service away: it is served
         // with the global settings for what the annotation would change.
@@ -111,10 +121,16 @@ pub fn service_import(obj: &crd::ServiceImport) -> Result<ServiceImport, Convert
 /// The `clusterset-dns.io/…` annotations and `spec.trafficDistribution`,
 /// with the annotations that could not be used.
 pub fn answer_overrides(obj: &crd::ServiceImport) -> (AnswerOverrides, Vec<crate::model::AnnotationError>) {
-    let annotations = obj.metadata.annotations.iter().flatten().map(|(k, v)| (k.as_str(), v.as_str()));
+    answer_overrides_of(&obj.metadata, &obj.spec)
+}
+
+fn answer_overrides_of(
+    metadata: &ObjectMeta,
+    spec: &crd::ServiceImportSpec,
+) -> (AnswerOverrides, Vec<crate::model::AnnotationError>) {
+    let annotations = metadata.annotations.iter().flatten().map(|(k, v)| (k.as_str(), v.as_str()));
     let (mut o, problems) = AnswerOverrides::from_annotations(annotations);
-    o.prefer_close =
-        matches!(obj.spec.traffic_distribution.as_deref(), Some("PreferClose" | "PreferSameZone"));
+    o.prefer_close = matches!(spec.traffic_distribution.as_deref(), Some("PreferClose" | "PreferSameZone"));
     (o, problems)
 }
 

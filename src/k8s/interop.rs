@@ -32,6 +32,7 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::warn;
 
 use super::convert::{self, ConvertError, Ctx, SliceFields, SliceOutcome, meta_value};
@@ -67,9 +68,19 @@ pub const KOSMOS_DISCONNECTED: &str = "kosmos.io/disconnected-address";
 /// Kosmos is read. A bad address in the annotation is logged and left out;
 /// it never takes the service away.
 pub fn service_import(obj: &crd::ServiceImport, interop: Interop) -> Result<ServiceImport, ConvertError> {
-    let mut import = convert::service_import(obj)?;
+    service_import_of(&obj.metadata, &obj.spec, interop)
+}
+
+/// [`service_import`] of an import's parts (a watched import's metadata
+/// and its spec, parsed apart).
+pub fn service_import_of(
+    metadata: &ObjectMeta,
+    spec: &crd::ServiceImportSpec,
+    interop: Interop,
+) -> Result<ServiceImport, ConvertError> {
+    let mut import = convert::service_import_of(metadata, spec)?;
     if interop.kosmos {
-        let value = meta_value(obj.metadata.annotations.as_ref(), KOSMOS_DISCONNECTED).unwrap_or("");
+        let value = meta_value(metadata.annotations.as_ref(), KOSMOS_DISCONNECTED).unwrap_or("");
         let (mut addresses, bad) = disconnected(value);
         for b in bad {
             warn!(service = %import.key, "ServiceImport {}: {KOSMOS_DISCONNECTED}: {b:?} is not an IP address; ignoring it", import.key);

@@ -19,14 +19,14 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::k8s::client::Connection;
 use crate::k8s::convert::{self, SliceFields, SliceOutcome};
-use crate::k8s::crd;
+use crate::k8s::crd::WatchedImport;
 use crate::k8s::interop::{self, KARMADA_DISPATCH_CONTROLLER, KARMADA_SLICE_CONTROLLER};
 use crate::k8s::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, discover_mcs};
 use crate::k8s::protobuf::{self, Encoding, SliceObject, SliceWatch};
@@ -137,7 +137,7 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
         }
         Kind::ServiceImport => {
             let resource = discover_mcs(&client, "ServiceImport", "serviceimports", &mut reporter).await;
-            let api: Api<DynamicObject> = watch::scoped_with(client, scope, &resource);
+            let api: Api<WatchedImport> = watch::scoped_with(client, scope, &resource);
             let to_store = watch.to_store(import_object, import_id);
             watch::relist(api, base, lists, reporter, to_store, updates).await;
         }
@@ -262,22 +262,21 @@ fn slice_id(s: &SliceObject) -> Option<ObjectId> {
     Some(ObjectId::Slice(key))
 }
 
-fn import_object(o: &DynamicObject, interop: Interop) -> Result<Option<Object>, String> {
-    let name = |o: &DynamicObject| {
+fn import_object(o: &WatchedImport, interop: Interop) -> Result<Option<Object>, String> {
+    let name = |o: &WatchedImport| {
         format!(
             "ServiceImport {}/{}",
             o.metadata.namespace.as_deref().unwrap_or(""),
             o.metadata.name.as_deref().unwrap_or("")
         )
     };
-    let spec = o.data.get("spec").cloned().unwrap_or_default();
-    let spec: crd::ServiceImportSpec = serde_path_to_error::deserialize(spec)
-        .map_err(|e| format!("{}: spec.{}: {}", name(o), e.path(), e.inner()))?;
-    let import = crd::ServiceImport { metadata: o.metadata.clone(), spec };
-    interop::service_import(&import, interop).map(|i| Some(Object::Import(i))).map_err(|e| e.to_string())
+    let spec = o.spec().map_err(|e| format!("{}: {e}", name(o)))?;
+    interop::service_import_of(&o.metadata, &spec, interop)
+        .map(|i| Some(Object::Import(i)))
+        .map_err(|e| e.to_string())
 }
 
-fn import_id(o: &DynamicObject) -> Option<ObjectId> {
+fn import_id(o: &WatchedImport) -> Option<ObjectId> {
     Some(ObjectId::Import(ServiceKey {
         namespace: DnsLabel::parse(o.metadata.namespace.as_deref()?).ok()?,
         name: DnsLabel::parse(o.metadata.name.as_deref()?).ok()?,
