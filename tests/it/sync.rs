@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -340,7 +341,7 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
     let mut first = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "first"]);
     eventually("first leads", || first.leading());
     let second = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "second"]);
-    std::thread::sleep(Duration::from_secs(1));
+    went_round(&rt, &r[0], "second");
     assert!(!second.leading(), "two leaders:\n{}", second.log());
 
     // Many exports; the leader is killed (no Lease release) mid-reconcile.
@@ -365,8 +366,8 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
     }
     // A restarted replica stands by; nothing is duplicated.
     let mut third = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "third"]);
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(!third.leading());
+    went_round(&rt, &r[0], "third");
+    assert!(!third.leading(), "two leaders:\n{}", third.log());
     for reader in &r {
         assert_eq!(rt.block_on(reader.ours()), (N - 1, N - 1, N - 1));
     }
@@ -402,6 +403,40 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
         eventually("all gone", || rt.block_on(reader.ours()) == (0, 0, 0));
     }
     eprintln!("failover in {failover:?}");
+}
+
+/// The `renewTime` of the Lease a replica (`--identity`) writes of itself
+/// beside the shards' (in the Leases' cluster, the first member: `r`'s).
+fn replica_renewed(rt: &tokio::runtime::Runtime, r: &Reader, identity: &str) -> Option<String> {
+    rt.block_on(async {
+        let leases: Api<Lease> = Api::namespaced(r.client.clone(), "clusterset-dns");
+        let lp = ListParams::default().labels("clusterset-dns.io/lease-role=replica");
+        let l = leases
+            .list(&lp)
+            .await
+            .expect("list Leases")
+            .items
+            .into_iter()
+            .find(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(identity))?;
+        serde_json::to_value(l.spec?.renew_time?).ok()?.as_str().map(str::to_owned)
+    })
+}
+
+/// Waits until replica `identity` has had a whole round of its election:
+/// its own Lease written, then renewed in a later round (a third of the
+/// Lease duration on). The first round took every shard it could (its
+/// steps run in order: its own Lease first, then the shards'), so a
+/// standby that is not leading by then stands by.
+fn went_round(rt: &tokio::runtime::Runtime, r: &Reader, identity: &str) {
+    let mut first = None;
+    eventually(&format!("{identity}'s election went round"), || {
+        let now = replica_renewed(rt, r, identity);
+        if first.is_none() {
+            first = now;
+            return false;
+        }
+        now.is_some() && now != first
+    });
 }
 
 /// Watches the API server of cluster `i` is serving now, from its own
