@@ -43,7 +43,7 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
-    async fn new(clusters: &TestClusters, i: usize, ns: &str) -> Self {
+    pub(crate) async fn new(clusters: &TestClusters, i: usize, ns: &str) -> Self {
         Self { client: clusters.client(i).await, ns: ns.into() }
     }
 
