@@ -531,7 +531,11 @@ fn a_leader_paused_past_its_lease_writes_nothing_once_it_knows() {
         slices.delete(&name, &Default::default()).await.expect("delete slice");
     });
     eventually("second synced 7 services", || rt.block_on(r[0].ours()) == (7, 7, 7));
-    std::thread::sleep(Duration::from_secs(3));
+    // The second has had every change (it acted on them), so the first's
+    // watches have been sent them too: the API server hands each event to
+    // all the watches of its kind at once. Once the first is idle, any
+    // reconcile they started in it has ended, its writes counted.
+    first.settle(0.0, 0.0, "the old leader after the changes");
     assert!(writes(&second) > 0.0, "the new leader wrote the changes");
     assert!(second.leading(), "the second still leads:\n{}", second.log());
     assert_eq!(writes(&first), at_loss, "the old leader wrote after it lost the Lease:\n{}", first.log());

@@ -12,6 +12,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
+use crate::deploy::kubectl_ok;
 use crate::fleet::export_resource;
 use crate::harness::clusters::{TestClusters, shared};
 use crate::harness::eventually;
@@ -192,6 +193,18 @@ fn drift_made_while_no_controller_ran_is_repaired_and_an_idle_restart_writes_not
     assert!(sync.metric("clusterset_dns_sync_unchanged_total").is_some_and(|n| n > 0.0));
 }
 
+/// ServiceExport events the API server of cluster `i` has sent to its
+/// watchers (its `apiserver_watch_events_total`, read as admin).
+fn export_events_sent(clusters: &TestClusters, i: usize) -> f64 {
+    let (scrape, _) = kubectl_ok(&clusters.kubeconfig(i), &["get", "--raw", "/metrics"], "");
+    scrape
+        .lines()
+        .filter(|l| l.starts_with("apiserver_watch_events_total{"))
+        .filter(|l| l.contains("kind=\"ServiceExport\"") || l.contains("resource=\"serviceexports\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[test]
 fn a_leader_cut_off_from_its_lease_leads_nothing_once_the_lease_runs_out() {
     // Its own clusters: the Lease's cluster is frozen.
@@ -239,8 +252,13 @@ fn a_leader_cut_off_from_its_lease_leads_nothing_once_the_lease_runs_out() {
     assert!(lost >= Duration::from_secs(3), "gave up a Lease still valid after {lost:?}");
     let (code, body) = crate::harness::http::http_get(sync.http(), "/ready");
     assert!(code == 503 && body.contains("cannot read the Leases"), "/ready: {code} {body}");
+    let sent = export_events_sent(&clusters, 0);
     export("after");
-    std::thread::sleep(Duration::from_secs(3));
+    // Sent to the controller's export watch (the only one in cluster-1),
+    // and the controller idle since (a reconcile it started would have
+    // ended, its writes made).
+    eventually("the new export sent to the controller's watch", || export_events_sent(&clusters, 0) > sent);
+    sync.settle(0.0, 0.0, "after the new export");
     assert!(
         import(&rt, &clusters, 0, ns, "after").is_none(),
         "written {:?} after the Lease's cluster stopped answering:\n{}",
