@@ -120,11 +120,13 @@ impl Syncing {
     /// Waits (up to 60 s) until at least `since + passes` reconciles have
     /// started and the controller is idle in two scrapes in a row with no
     /// reconcile started between them: every change it had received by the
-    /// time the wait began is reconciled (its writes made), and what those
-    /// writes brought back by the watches is reconciled too. Callers make
-    /// sure the change they care about was received first (a later change
-    /// from the same watch observed done, or the reconciles it causes).
-    /// Panics naming `what` with the log otherwise.
+    /// time the wait began is reconciled (its writes made). What those
+    /// writes bring back by the watches is covered only as far as the
+    /// 0.1 s between the two scrapes goes, and a service waiting out a
+    /// retry's backoff is not counted as busy. Callers make sure the change
+    /// they care about was received first (a later change from the same
+    /// watch observed done, or the reconciles it causes). Panics naming
+    /// `what` with the log otherwise.
     pub fn settle(&self, since: f64, passes: f64, what: &str) {
         let mut last = None;
         let settled = super::within(Duration::from_secs(60), || {
