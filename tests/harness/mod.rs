@@ -60,6 +60,17 @@ pub fn eventually(what: &str, mut f: impl FnMut() -> bool) -> Duration {
     panic!("{what}: not within 20 s");
 }
 
+/// Waits until the wall clock is in a later second than the RFC 3339
+/// time `t` (an object's `creationTimestamp`, a condition's
+/// `lastTransitionTime`: whole seconds), so that whatever is created or
+/// stamped from now on is strictly later than `t` (the API servers and
+/// the controller stamp from this machine's clock). At most a second.
+pub fn past_second_of(t: &str) {
+    use k8s_openapi::jiff::Timestamp;
+    let t: Timestamp = t.parse().unwrap_or_else(|e| panic!("{t:?}: {e}"));
+    eventually(&format!("the clock past {t}"), || Timestamp::now().as_second() > t.as_second());
+}
+
 /// One line of a `DIR/state` file the scripts write (`scripts/clusters.sh`,
 /// `scripts/dataplane.sh`): `key=value` words.
 pub struct StateLine<'a> {

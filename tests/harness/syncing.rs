@@ -99,6 +99,48 @@ impl Syncing {
         metric_value(&self.get("/metrics"), line)
     }
 
+    /// Reconciles started (`clusterset_dns_sync_reconciles_total`); 0
+    /// before the first scrape answers it.
+    pub fn reconciles(&self) -> f64 {
+        self.metric("clusterset_dns_sync_reconciles_total").unwrap_or(0.0)
+    }
+
+    /// Idle in one scrape: nothing queued, and every reconcile started has
+    /// ended (`clusterset_dns_sync_reconciles_total`, counted as one starts,
+    /// equals the count of `clusterset_dns_sync_reconcile_seconds`,
+    /// observed as one ends). Returns the reconciles then.
+    fn idle(&self) -> Option<f64> {
+        let scrape = self.get("/metrics");
+        let started = metric_value(&scrape, "clusterset_dns_sync_reconciles_total")?;
+        let ended = metric_value(&scrape, "clusterset_dns_sync_reconcile_seconds_count")?;
+        let depth = metric_value(&scrape, "clusterset_dns_sync_queue_depth")?;
+        (depth == 0.0 && started == ended).then_some(started)
+    }
+
+    /// Waits (up to 60 s) until at least `since + passes` reconciles have
+    /// started and the controller is idle in two scrapes in a row with no
+    /// reconcile started between them: every change it had received by the
+    /// time the wait began is reconciled (its writes made). What those
+    /// writes bring back by the watches is covered only as far as the
+    /// 0.1 s between the two scrapes goes, and a service waiting out a
+    /// retry's backoff is not counted as busy. Callers make sure the change
+    /// they care about was received first (a later change from the same
+    /// watch observed done, or the reconciles it causes). Panics naming
+    /// `what` with the log otherwise.
+    pub fn settle(&self, since: f64, passes: f64, what: &str) {
+        let mut last = None;
+        let settled = super::within(Duration::from_secs(60), || {
+            let now = self.idle().filter(|&n| n >= since + passes);
+            let twice = now.is_some() && now == last;
+            last = now;
+            if !twice {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            twice
+        });
+        assert!(settled, "{what}: the controller not idle within 60 s:\n{}", self.log());
+    }
+
     /// Whether it holds the Lease (by its log).
     pub fn leading(&self) -> bool {
         self.log().contains("leading: syncing") && !self.log().contains("lost the Lease")

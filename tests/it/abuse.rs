@@ -243,8 +243,16 @@ fn thousands_of_idle_tcp_connections_do_not_keep_fresh_queries_out() {
     // One address may hold 8; its 9th and later are closed at once.
     let mut mine: Vec<TcpStream> =
         (0..20).filter_map(|_| connect_from(Ipv4Addr::new(127, 11, 0, 1), s.addr)).collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let closed_now = mine.iter_mut().map(closed).filter(|&c| c).count();
+    // Read until 12 have found their end (each read waits up to 200 ms; a
+    // connection closed stays closed), for up to 5 s.
+    let mut shut = vec![false; mine.len()];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while shut.iter().filter(|&&c| c).count() < 12 && Instant::now() < deadline {
+        for (c, shut) in mine.iter_mut().zip(&mut shut) {
+            *shut = *shut || closed(c);
+        }
+    }
+    let closed_now = shut.iter().filter(|&&c| c).count();
     assert!(closed_now >= 12, "{closed_now} of 20 from one address closed");
     drop(idle);
     all_answered(s.addr, 5, "the idle connections went");
@@ -326,6 +334,35 @@ fn sockets_of(pid: u32) -> usize {
         .count()
 }
 
+/// Connections waiting in the accept queues of the TCP listeners on
+/// `port` (`/proc/net/tcp` and `tcp6`: a listening socket's `rx_queue`),
+/// if there is one.
+fn accept_backlog(port: u16) -> Option<u64> {
+    let mut waiting = None;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st tx_queue:rx_queue ...
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(&"0A"), Some(queues)) = (w.get(1), w.get(3), w.get(4)) else { continue };
+            if !local.ends_with(&format!(":{port:04X}")) {
+                continue;
+            }
+            let rx = queues.split(':').nth(1).and_then(|q| u64::from_str_radix(q, 16).ok())?;
+            waiting = Some(waiting.unwrap_or(0) + rx);
+        }
+    }
+    waiting
+}
+
+/// Waits (up to 10 s) until the server has accepted every connection
+/// made to `to`: what it holds open then is what it chose to keep.
+#[track_caller]
+fn accepted(to: SocketAddr) {
+    let drained = crate::harness::within(Duration::from_secs(10), || accept_backlog(to.port()) == Some(0));
+    assert!(drained, "connections still waiting to be accepted: {:?}", accept_backlog(to.port()));
+}
+
 /// Opens `n` TCP connections to `to` from `addresses` addresses
 /// 127.30.0.x (each socket bound to its address before connecting), each
 /// sending the first byte of a length prefix and then nothing. Bounded in
@@ -382,7 +419,7 @@ fn a_fresh_tcp_client_is_answered_within_a_second_behind_thousands_of_half_open_
     let s = Served::start(&[]);
     let baseline = sockets_of(s.pid());
     let held = half_open(s.addr, HOLD, 250);
-    std::thread::sleep(Duration::from_millis(200));
+    accepted(s.addr);
     // The cap still holds: connections are closed to make room, not kept.
     let open = sockets_of(s.pid()) - baseline;
     assert!(open <= 1024 + 64, "{open} TCP connections open in the server");
@@ -404,7 +441,7 @@ fn under_a_low_open_files_limit_the_cap_fits_it_and_a_fresh_client_still_gets_in
     );
     let baseline = sockets_of(s.pid());
     let held = half_open(s.addr, 2049, 250);
-    std::thread::sleep(Duration::from_millis(200));
+    accepted(s.addr);
     let open = sockets_of(s.pid()) - baseline;
     // 512 - 256 kept for the rest - 64 that may be closing, plus those.
     assert!(open <= 192 + 64, "{open} TCP connections open in the server");

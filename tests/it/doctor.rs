@@ -12,9 +12,9 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 
 use crate::fleet::User;
-use crate::harness::BIN;
 use crate::harness::clusters::{TestClusters, shared};
 use crate::harness::syncing::Syncing;
+use crate::harness::{BIN, past_second_of};
 use crate::watch::{import_resource, runtime, serve, wait_ready};
 
 const NS: &str = "doctor";
@@ -123,7 +123,13 @@ fn doctor_passes_a_healthy_service_and_names_what_is_broken_in_the_others() {
             u[0].service(name, json!({})).await;
             u[0].export(name).await;
         }
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+    });
+    // cluster-2's exports in a later second than cluster-1's last.
+    let r0 = rt.block_on(crate::sync::Reader::new(clusters, 0, NS));
+    let last =
+        ["porty", "typey"].map(|name| rt.block_on(r0.export_created(name)).expect("cluster-1's export"));
+    past_second_of(last.iter().max().expect("exports"));
+    rt.block_on(async {
         u[1].service("porty", json!({"ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})).await;
         u[1].export("porty").await;
         u[1].service("typey", json!({"clusterIP": "None"})).await;

@@ -191,7 +191,16 @@ fn centralized_serve_answers_for_the_fleet_from_exports_alone() {
         b.service("ext", json!({"type": "ExternalName", "externalName": "example.com", "ports": []})).await;
         b.export("ext").await;
     });
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // A valid export from the same cluster, made after it: once it is
+    // answered, the server has taken in the ExternalName Service and its
+    // export (each of the member's watches delivers in order).
+    let ip_sentinel = rt.block_on(async {
+        let ip = b.service("sentinel", json!({})).await.expect("cluster IP");
+        b.export("sentinel").await;
+        ip
+    });
+    let sentinel = format!("sentinel.{ns}.svc.clusterset.local");
+    eventually("the later export answered", || short(&s, &sentinel, "A") == [ip_sentinel.clone()]);
     assert_eq!(rcode(&s, &format!("ext.{ns}.svc.clusterset.local")), "NXDOMAIN");
 
     // Endpoints follow the source slices.

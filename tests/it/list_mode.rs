@@ -12,8 +12,8 @@ use serde_json::json;
 use crate::deploy::kubectl_ok;
 use crate::fleet::User;
 use crate::harness::clusters::{Component, TestClusters};
-use crate::harness::eventually;
 use crate::harness::served::Served;
+use crate::harness::{eventually, within};
 use crate::watch::{Kube, headless, runtime, short, status, vip};
 
 const NS: &str = "list-mode";
@@ -180,7 +180,19 @@ fn without_the_watch_list_gate_auto_lists_in_pages_after_one_warning_and_stream_
     // stream insists: never ready, SERVFAIL, and the log says why and what to do.
     let stream = serve(&clusters, "stream");
     assert!(stream.wait_log("--list-mode auto or paged"), "{}", stream.log());
-    std::thread::sleep(Duration::from_secs(3));
+    // Not ready after the retries either: both watches (imports, slices)
+    // refused again.
+    let retried = || {
+        let scrape = stream.get("/metrics").1;
+        let errors: Vec<f64> = scrape
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("clusterset_dns_watch_errors_total{")?.rsplit(' ').next()?.parse().ok()
+            })
+            .collect();
+        errors.iter().filter(|&&n| n >= 2.0).count() >= 2
+    };
+    assert!(within(Duration::from_secs(30), retried), "each watch refused twice:\n{}", stream.log());
     assert!(!stream.is_ready(), "{}", stream.log());
     assert_eq!(status(&stream, WEB), "SERVFAIL");
     let log = stream.log();

@@ -103,6 +103,13 @@ impl Watcher {
         metric_value(&body, "clusterset_dns_wiring_ok{layout=\"corefile\"}")
     }
 
+    /// `clusterset_dns_wiring_rewrites_total{layout="corefile"}`: in
+    /// report mode, one more per check that finds the wiring changed.
+    fn rewrites(&self) -> Option<f64> {
+        let (_, body) = try_http_get(self.http, "/metrics")?;
+        metric_value(&body, "clusterset_dns_wiring_rewrites_total{layout=\"corefile\"}")
+    }
+
     fn log(&self) -> String {
         self.log.lock().expect("log").clone()
     }
@@ -246,7 +253,13 @@ fn setup_dns_watch_repairs_a_removed_stanza_reports_it_in_report_mode_and_backs_
         rt.block_on(k.events("WiringChanged")),
         w.log()
     );
-    std::thread::sleep(two_intervals);
+    // A later check found it changed too, and reported it again.
+    let reported = w.rewrites().expect("rewrites");
+    assert!(
+        within(2 * two_intervals, || w.rewrites().is_some_and(|n| n > reported)),
+        "no check after the report:\n{}",
+        w.log()
+    );
     assert!(!rt.block_on(k.corefile()).contains(BEGIN), "report mode wrote:\n{}", w.log());
     // CoreDNS reloaded without the stanza: the proof query fails there now
     // (so the proofs above and below are the ConfigMap's doing).

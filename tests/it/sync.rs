@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -16,7 +17,7 @@ use crate::fleet::{User, export_resource};
 use crate::harness::clusters::{Component, TestClusters, shared};
 use crate::harness::served::Served;
 use crate::harness::syncing::Syncing;
-use crate::harness::{eventually, within};
+use crate::harness::{eventually, past_second_of, within};
 use crate::watch::{import_resource, runtime, serve, short, status as rcode, wait_ready};
 
 const OURS: &str = "app.kubernetes.io/managed-by=clusterset-dns-sync";
@@ -42,7 +43,7 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
-    async fn new(clusters: &TestClusters, i: usize, ns: &str) -> Self {
+    pub(crate) async fn new(clusters: &TestClusters, i: usize, ns: &str) -> Self {
         Self { client: clusters.client(i).await, ns: ns.into() }
     }
 
@@ -76,6 +77,13 @@ impl Reader {
             .flatten()
             .find(|c| c["type"] == type_)
             .map(|c| c["status"].as_str().unwrap_or("").to_owned())
+    }
+
+    /// The export's `creationTimestamp`, if there is one.
+    pub(crate) async fn export_created(&self, name: &str) -> Option<String> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &export_resource());
+        let o = api.get_opt(name).await.expect("get ServiceExport")?;
+        Some(serde_json::to_value(o.metadata.creation_timestamp?).expect("json").as_str()?.to_owned())
     }
 
     /// The export's conditions as `type=status reason: message`.
@@ -236,7 +244,11 @@ fn conflicts_show_the_kep_conditions_and_the_oldest_export_wins() {
             u[0].service(name, a.clone()).await;
             u[0].export(name).await;
         }
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+    });
+    let last =
+        cases.iter().map(|(name, ..)| rt.block_on(r[0].export_created(name)).expect("A's export")).max();
+    past_second_of(&last.expect("exports"));
+    rt.block_on(async {
         for (name, _, b, _) in &cases {
             u[1].service(name, b.clone()).await;
             u[1].export(name).await;
@@ -329,7 +341,7 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
     let mut first = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "first"]);
     eventually("first leads", || first.leading());
     let second = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "second"]);
-    std::thread::sleep(Duration::from_secs(1));
+    went_round(&rt, &r[0], "second");
     assert!(!second.leading(), "two leaders:\n{}", second.log());
 
     // Many exports; the leader is killed (no Lease release) mid-reconcile.
@@ -354,8 +366,8 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
     }
     // A restarted replica stands by; nothing is duplicated.
     let mut third = syncing(clusters, ns, &["--lease-duration", "5", "--identity", "third"]);
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(!third.leading());
+    went_round(&rt, &r[0], "third");
+    assert!(!third.leading(), "two leaders:\n{}", third.log());
     for reader in &r {
         assert_eq!(rt.block_on(reader.ours()), (N - 1, N - 1, N - 1));
     }
@@ -367,12 +379,13 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
             rt.block_on(r[0].conditions(&format!("svc-{i}"))).iter().any(|c| c.starts_with("Ready=True"))
         })
     });
-    std::thread::sleep(Duration::from_secs(1));
+    // Its writes done, and what they brought back by the watches seen.
+    second.settle(0.0, 1.0, "the second's reconciles");
     drop(second);
     eventually("third leads", || third.leading());
     let reconciled = || third.metric("clusterset_dns_sync_reconciles_total").unwrap_or(0.0);
     eventually("third reconciled every service", || reconciled() >= (N - 1) as f64);
-    std::thread::sleep(Duration::from_secs(2));
+    third.settle(0.0, (N - 1) as f64, "the third's reconciles");
     let writes = third.metric("clusterset_dns_sync_writes_total");
     let unchanged = third.metric("clusterset_dns_sync_unchanged_total").unwrap_or(0.0);
     eprintln!("after failover: writes {writes:?}, unchanged {unchanged}");
@@ -390,6 +403,40 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
         eventually("all gone", || rt.block_on(reader.ours()) == (0, 0, 0));
     }
     eprintln!("failover in {failover:?}");
+}
+
+/// The `renewTime` of the Lease a replica (`--identity`) writes of itself
+/// beside the shards' (in the Leases' cluster, the first member: `r`'s).
+fn replica_renewed(rt: &tokio::runtime::Runtime, r: &Reader, identity: &str) -> Option<String> {
+    rt.block_on(async {
+        let leases: Api<Lease> = Api::namespaced(r.client.clone(), "clusterset-dns");
+        let lp = ListParams::default().labels("clusterset-dns.io/lease-role=replica");
+        let l = leases
+            .list(&lp)
+            .await
+            .expect("list Leases")
+            .items
+            .into_iter()
+            .find(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(identity))?;
+        serde_json::to_value(l.spec?.renew_time?).ok()?.as_str().map(str::to_owned)
+    })
+}
+
+/// Waits until replica `identity` has had a whole round of its election:
+/// its own Lease written, then renewed in a later round (a third of the
+/// Lease duration on). The first round took every shard it could (its
+/// steps run in order: its own Lease first, then the shards'), so a
+/// standby that is not leading by then stands by.
+fn went_round(rt: &tokio::runtime::Runtime, r: &Reader, identity: &str) {
+    let mut first = None;
+    eventually(&format!("{identity}'s election went round"), || {
+        let now = replica_renewed(rt, r, identity);
+        if first.is_none() {
+            first = now;
+            return false;
+        }
+        now.is_some() && now != first
+    });
 }
 
 /// Watches the API server of cluster `i` is serving now, from its own
@@ -432,7 +479,8 @@ fn a_leader_paused_past_its_lease_writes_nothing_once_it_knows() {
     }
     eventually("first synced 5 services", || rt.block_on(r[0].ours()) == (5, 5, 5));
     let writes = |s: &Syncing| s.metric("clusterset_dns_sync_writes_total").unwrap_or(-1.0);
-    std::thread::sleep(Duration::from_secs(1));
+    // Its writes so far counted: every reconcile ended.
+    first.settle(0.0, 5.0, "the first's reconciles");
     let before = writes(&first);
     // Every replica runs the watches once: a standby's view of the fleet is
     // current when it takes over, and two replicas keep twice one's open.
@@ -452,7 +500,9 @@ fn a_leader_paused_past_its_lease_writes_nothing_once_it_knows() {
     eventually("first learns it lost the Lease", || first.log().contains("lost the Lease"));
     let noticed = resumed.elapsed();
     assert_eq!(first.metric("clusterset_dns_sync_leader"), Some(0.0));
-    std::thread::sleep(Duration::from_secs(1));
+    // Whatever it started since it was resumed has ended (and its writes,
+    // had it sent any, are counted).
+    first.settle(0.0, 0.0, "the old leader's reconciles");
     let at_loss = writes(&first);
     // Fenced: once resumed, before it learnt it lost the Lease, it sent
     // nothing (its fence had run out with the Lease).
@@ -481,7 +531,11 @@ fn a_leader_paused_past_its_lease_writes_nothing_once_it_knows() {
         slices.delete(&name, &Default::default()).await.expect("delete slice");
     });
     eventually("second synced 7 services", || rt.block_on(r[0].ours()) == (7, 7, 7));
-    std::thread::sleep(Duration::from_secs(3));
+    // The second has had every change (it acted on them), so the first's
+    // watches have been sent them too: the API server hands each event to
+    // all the watches of its kind at once. Once the first is idle, any
+    // reconcile they started in it has ended, its writes counted.
+    first.settle(0.0, 0.0, "the old leader after the changes");
     assert!(writes(&second) > 0.0, "the new leader wrote the changes");
     assert!(second.leading(), "the second still leads:\n{}", second.log());
     assert_eq!(writes(&first), at_loss, "the old leader wrote after it lost the Lease:\n{}", first.log());
@@ -497,7 +551,7 @@ fn services_asking_for_it_are_exported_and_unexported() {
     let r = readers(&rt, clusters, ns);
     let t = rt.block_on(User::new(clusters, 0, team));
     let rt_team = rt.block_on(Reader::new(clusters, 0, team));
-    let _sync = syncing(
+    let sync = syncing(
         clusters,
         ns,
         &["--no-leader-election", "--namespace", team, "--auto-export-namespace-prefix", "autoexp-"],
@@ -521,13 +575,17 @@ fn services_asking_for_it_are_exported_and_unexported() {
     assert!(rt.block_on(r[2].import("plain")).is_none(), "a Service not asking is not exported");
 
     // Removing the annotation removes the export the controller made, and
-    // the import with it; a user's own export is never touched.
+    // the import with it; a user's own export is never touched. `manual`
+    // first: once `annotated`'s import is gone, the controller has had
+    // both changes (one watch, in order), and once it is idle it has
+    // reconciled `manual` (and removed its export, were it to).
     rt.block_on(async {
-        u[0].annotated_service("annotated", json!({}), json!({})).await;
         u[0].annotated_service("manual", json!({}), json!({})).await;
+        u[0].annotated_service("annotated", json!({}), json!({})).await;
     });
     eventually("annotated unexported", || rt.block_on(r[2].import("annotated")).is_none());
-    std::thread::sleep(Duration::from_millis(500));
+    sync.settle(0.0, 1.0, "the annotations' removal reconciled");
+    assert!(rt.block_on(r[0].export_created("manual")).is_some(), "the user's export was removed");
     assert!(rt.block_on(r[2].import("manual")).is_some(), "the user's export was removed");
 }
 

@@ -12,6 +12,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
+use crate::deploy::kubectl_ok;
 use crate::fleet::export_resource;
 use crate::harness::clusters::{TestClusters, shared};
 use crate::harness::eventually;
@@ -185,13 +186,23 @@ fn drift_made_while_no_controller_ran_is_repaired_and_an_idle_restart_writes_not
     // An idle restart: everything is as wanted, nothing is written.
     sync.stop();
     let sync = Syncing::start(clusters, &args, &[]);
-    eventually("the restarted controller reconciled the service", || {
-        sync.metric("clusterset_dns_sync_reconciles_total").is_some_and(|n| n >= 1.0)
-            && sync.metric("clusterset_dns_sync_queue_depth") == Some(0.0)
-    });
-    std::thread::sleep(Duration::from_secs(2));
+    // Every reconcile it started has ended, nothing queued, twice in a row:
+    // whatever it was to write is written (and counted).
+    sync.settle(0.0, 1.0, "the restarted controller reconciled the service");
     assert_eq!(sync.metric("clusterset_dns_sync_writes_total"), Some(0.0), "{}", sync.log());
     assert!(sync.metric("clusterset_dns_sync_unchanged_total").is_some_and(|n| n > 0.0));
+}
+
+/// ServiceExport events the API server of cluster `i` has sent to its
+/// watchers (its `apiserver_watch_events_total`, read as admin).
+fn export_events_sent(clusters: &TestClusters, i: usize) -> f64 {
+    let (scrape, _) = kubectl_ok(&clusters.kubeconfig(i), &["get", "--raw", "/metrics"], "");
+    scrape
+        .lines()
+        .filter(|l| l.starts_with("apiserver_watch_events_total{"))
+        .filter(|l| l.contains("kind=\"ServiceExport\"") || l.contains("resource=\"serviceexports\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 #[test]
@@ -241,8 +252,13 @@ fn a_leader_cut_off_from_its_lease_leads_nothing_once_the_lease_runs_out() {
     assert!(lost >= Duration::from_secs(3), "gave up a Lease still valid after {lost:?}");
     let (code, body) = crate::harness::http::http_get(sync.http(), "/ready");
     assert!(code == 503 && body.contains("cannot read the Leases"), "/ready: {code} {body}");
+    let sent = export_events_sent(&clusters, 0);
     export("after");
-    std::thread::sleep(Duration::from_secs(3));
+    // Sent to the controller's export watch (the only one in cluster-1),
+    // and the controller idle since (a reconcile it started would have
+    // ended, its writes made).
+    eventually("the new export sent to the controller's watch", || export_events_sent(&clusters, 0) > sent);
+    sync.settle(0.0, 0.0, "after the new export");
     assert!(
         import(&rt, &clusters, 0, ns, "after").is_none(),
         "written {:?} after the Lease's cluster stopped answering:\n{}",

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::fleet::{User, export_resource};
 use crate::harness::clusters::{TestClusters, shared};
 use crate::harness::syncing::Syncing;
-use crate::harness::{eventually, within};
+use crate::harness::{eventually, past_second_of, within};
 use crate::sync::users;
 use crate::watch::{import_resource, runtime};
 
@@ -44,6 +44,14 @@ async fn client(clusters: &TestClusters, i: usize) -> kube::Client {
 async fn get(c: &kube::Client, ns: &str, ar: &kube::api::ApiResource, name: &str) -> Option<Value> {
     let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), ns, ar);
     api.get_opt(name).await.expect("get").map(|o| serde_json::to_value(o).expect("json"))
+}
+
+/// The `creationTimestamp` of the export `name` in member `i`.
+fn created(rt: &tokio::runtime::Runtime, clusters: &TestClusters, i: usize, ns: &str, name: &str) -> String {
+    rt.block_on(async {
+        let o = get(&client(clusters, i).await, ns, &export_resource(), name).await.expect("export");
+        o["metadata"]["creationTimestamp"].as_str().expect("creationTimestamp").to_owned()
+    })
 }
 
 async fn import(c: &kube::Client, ns: &str, name: &str) -> Option<Value> {
@@ -81,7 +89,7 @@ fn auto_export_of_a_namespace_exports_its_services_and_never_our_own() {
     for i in 1..clusters.len() {
         rt.block_on(User::new(clusters, i, ns));
     }
-    let _sync = syncing(clusters, &[ns], &["--auto-export-namespace-prefix", "autoexp-"]);
+    let sync = syncing(clusters, &[ns], &["--auto-export-namespace-prefix", "autoexp-"]);
     rt.block_on(async {
         for i in 0..n {
             u.service(&format!("svc-{i:03}"), json!({})).await;
@@ -112,8 +120,18 @@ fn auto_export_of_a_namespace_exports_its_services_and_never_our_own() {
         (0..clusters.len()).all(|i| imports(i) == n && vips(i) == n)
     });
     // Before the fix, each VIP Service was exported in turn, which made a
-    // VIP Service of its own, and so on: give a runaway time to show.
-    std::thread::sleep(Duration::from_secs(5));
+    // VIP Service of its own, and so on. One more Service, made after every
+    // VIP Service of the exporting member: once it is imported everywhere,
+    // the controller has received the events of those VIP Services (one
+    // watch, in order), and once it is idle it has reconciled them (and
+    // would have exported them, its write made before the reconcile ends).
+    let since = sync.reconciles();
+    rt.block_on(u.service("sentinel", json!({})));
+    let n = n + 1;
+    until(60, "the sentinel imported in every member", || {
+        (0..clusters.len()).all(|i| imports(i) == n && vips(i) == n)
+    });
+    sync.settle(since, 1.0, "the VIP Services' events reconciled");
     assert_eq!(exports(0), n, "exports in the exporting member");
     for i in 0..clusters.len() {
         assert_eq!((imports(i), vips(i)), (n, n), "imports and VIP Services in {}", clusters.name(i));
@@ -224,11 +242,21 @@ fn a_re_created_export_gets_fresh_conditions() {
     until(30, "conditions on the export", || {
         rt.block_on(conditions(&c, ns, "web")).iter().any(|c| c.starts_with("Ready=True"))
     });
+    // The first export's last transition (its times, as creation
+    // timestamps, in whole seconds): the new export must come a second
+    // later, so that its transitions, were they carried over, are older.
+    let old = rt.block_on(get(&c, ns, &export_resource(), "web")).expect("export");
+    let last = old["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .filter_map(|c| c["lastTransitionTime"].as_str())
+        .max()
+        .expect("a transition")
+        .to_owned();
     rt.block_on(u.unexport("web"));
     until(30, "import gone", || rt.block_on(import(&c, ns, "web")).is_none());
-    // Creation timestamps have one-second resolution: the new export's
-    // transitions must not be older than it.
-    std::thread::sleep(Duration::from_millis(1100));
+    past_second_of(&last);
     rt.block_on(u.export("web"));
     until(30, "conditions on the re-created export", || {
         rt.block_on(conditions(&c, ns, "web")).iter().any(|c| c.starts_with("Ready=True"))
@@ -270,8 +298,9 @@ fn exported_labels_annotations_and_internal_traffic_policy_reach_the_import() {
     assert_eq!(o["metadata"]["labels"]["app.kubernetes.io/managed-by"], "clusterset-dns-sync");
 
     // A second, newer export with other labels and another policy: the
-    // oldest wins, and both exports say so.
-    std::thread::sleep(Duration::from_millis(1100));
+    // oldest wins, and both exports say so. Newer by its creationTimestamp
+    // (whole seconds): made in a later second than the first.
+    past_second_of(&created(&rt, clusters, 0, ns, "web"));
     rt.block_on(async {
         u[1].service("web", json!({"internalTrafficPolicy": "Local"})).await;
         u[1].export_with(
@@ -615,7 +644,7 @@ fn exports_of_different_ip_families_conflict_and_the_oldest_family_is_imported()
         family_slice(&c[0], ns, "web", "IPv4", "10.1.0.1").await;
         u[0].export("web").await;
     });
-    std::thread::sleep(Duration::from_millis(1100));
+    past_second_of(&created(&rt, &clusters, 0, ns, "web"));
     rt.block_on(async {
         u[1].service("web", single("IPv6")).await;
         family_slice(&c[1], ns, "web", "IPv6", "fd00:2::1").await;
@@ -708,7 +737,7 @@ fn names_whose_digests_collide_get_objects_of_their_own() {
         rt.block_on(User::new(clusters, i, ns));
     }
     let c1 = rt.block_on(client(clusters, 1));
-    let _sync = syncing(clusters, &[ns], &[]);
+    let sync = syncing(clusters, &[ns], &[]);
     // One service, two source slices whose mirrors would share a name.
     let (x, y) = TWIN_SOURCES;
     rt.block_on(async {
@@ -761,7 +790,7 @@ fn names_whose_digests_collide_get_objects_of_their_own() {
     });
     until(30, "the elder's VIP", || vips(elder).len() == 1);
     // A later second: the younger export's creationTimestamp is later.
-    std::thread::sleep(Duration::from_millis(1100));
+    past_second_of(&created(&rt, clusters, 0, ns, elder));
     rt.block_on(async {
         u.service(younger, json!({})).await;
         u.endpoints(&format!("{younger}-a"), younger, json!([{"addresses": ["10.7.1.2"]}])).await;
@@ -784,8 +813,10 @@ fn names_whose_digests_collide_get_objects_of_their_own() {
         assert_eq!(m.len(), 1, "{service}: {m:?}");
         assert_eq!(m[0].1, [addr], "{service}: {m:?}");
     }
-    // Names stay put: the elder's VIP is not taken over later.
-    std::thread::sleep(Duration::from_secs(2));
+    // Names stay put: the elder's VIP is not taken over later, by the
+    // reconciles that the writes above bring back through the watches
+    // (waited for: the controller idle, twice in a row).
+    sync.settle(0.0, 1.0, "the writes' own events reconciled");
     assert_eq!(vips(elder), e);
     assert_eq!(vips(younger), y);
 }

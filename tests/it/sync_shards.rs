@@ -122,7 +122,9 @@ fn two_replicas_split_the_shards_and_the_survivor_takes_them_all() {
             rt.block_on(r[0].conditions(&format!("svc-{i}"))).iter().any(|c| c.starts_with("Ready=True"))
         })
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // Every write of both made (and in the API servers' audit logs).
+    a.settle(0.0, 1.0, "a's reconciles");
+    b.settle(0.0, 1.0, "b's reconciles");
     // Both wrote, and no object was written by both.
     let split = writers(&clusters, ns);
     let who: BTreeSet<&String> = split.values().flatten().collect();
@@ -135,11 +137,16 @@ fn two_replicas_split_the_shards_and_the_survivor_takes_them_all() {
     // for them (nothing changed).
     let writes = |s: &Syncing| s.metric("clusterset_dns_sync_writes_total").unwrap_or(-1.0);
     let before = writes(&b);
+    // A shard taken is read from every member, then its services are
+    // queued, which b logs per shard.
+    let read = |s: &Syncing| s.log().matches("leading the shard: reconciling its services").count();
+    let (held, read_before, since) = (led(&b, 4).len(), read(&b), b.reconciles());
     a.kill();
     let killed = Instant::now();
     eventually("b leads every shard", || led(&b, 4).len() == 4);
     let took = killed.elapsed();
-    std::thread::sleep(Duration::from_secs(3));
+    eventually("b read the shards it took", || read(&b) >= read_before + 4 - held);
+    b.settle(since, 1.0, "b reconciled the services of the shards it took");
     assert_eq!(writes(&b), before, "writes after taking over shards with nothing changed:\n{}", b.log());
     // It keeps converging: one export more, one gone.
     export(N);

@@ -244,7 +244,12 @@ fn unready_until_first_list_then_survives_apiserver_and_etcd_restarts() {
 
     // etcd down: same.
     clusters.stop(0, Component::Etcd);
-    std::thread::sleep(Duration::from_secs(2));
+    // The outage in effect: the API server's own check of etcd fails.
+    eventually("the API server finds etcd down", || {
+        !crate::deploy::kubectl(&clusters.kubeconfig(0), &["get", "--raw", "/readyz/etcd"], "")
+            .status
+            .success()
+    });
     assert_eq!(short(&s, &web, "A"), ["10.80.0.2"]);
     clusters.start_component(0, Component::Etcd);
     rt.block_on(k.import("api", vip(&["10.80.0.3"])));
