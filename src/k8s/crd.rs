@@ -70,7 +70,7 @@ pub struct ServicePort {
 #[derive(Debug, Clone, Deserialize)]
 pub struct WatchedImport {
     /// The object metadata conversion and the watch read: name, namespace,
-    /// annotations, uid and resourceVersion ([`read_meta`]).
+    /// annotations, uid and resourceVersion (`read_meta`).
     #[serde(default, deserialize_with = "read_meta")]
     pub metadata: ObjectMeta,
     /// The spec's JSON text, as it came.
