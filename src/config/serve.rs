@@ -108,9 +108,8 @@ impl ServeConfig {
         let cluster_id = a
             .cluster_id
             .as_deref()
-            .map(ClusterId::parse)
-            .transpose()
-            .map_err(|e| bad("--cluster-id", not_a_label(a.cluster_id.as_deref().unwrap_or(""), &e)))?;
+            .map(|id| ClusterId::parse(id).map_err(|e| bad("--cluster-id", not_a_label(id, &e))))
+            .transpose()?;
         // clap holds --udp-workers to at least 1.
         let udp_workers = a
             .udp_workers

@@ -79,13 +79,18 @@ pub struct WatchedImport {
 }
 
 impl WatchedImport {
-    /// The spec, parsed: `Err` names the field that does not fit
-    /// (`spec.ports[0].port: invalid type …`). No spec is the default one
-    /// (no type), which conversion refuses by name.
+    /// The spec, parsed: `Err` names the import and the field that does
+    /// not fit (`ServiceImport ns/name: spec.ports[0].port: invalid type
+    /// …`), as conversion errors do. No spec is the default one (no type),
+    /// which conversion refuses by name.
     pub fn spec(&self) -> Result<ServiceImportSpec, String> {
         let Some(raw) = &self.spec else { return Ok(ServiceImportSpec::default()) };
         let mut json = serde_json::Deserializer::from_str(raw.get());
-        serde_path_to_error::deserialize(&mut json).map_err(|e| format!("spec.{}: {}", e.path(), e.inner()))
+        serde_path_to_error::deserialize(&mut json).map_err(|e| {
+            let (ns, name) = (self.metadata.namespace.as_deref(), self.metadata.name.as_deref());
+            let at = format!("ServiceImport {}/{}", ns.unwrap_or(""), name.unwrap_or(""));
+            format!("{at}: spec.{}: {}", e.path(), e.inner())
+        })
     }
 }
 
@@ -174,7 +179,10 @@ mod tests {
         let from_parts = convert::service_import_of(&web.metadata, &web.spec().expect("spec"));
         assert_eq!(from_parts.expect("web"), convert::service_import(&typed).expect("web"));
         let why = bad.spec().expect_err("a port that is not a number");
-        assert!(why.starts_with("spec.ports[0].port: invalid type: string \"eighty\""), "{why}");
+        assert!(
+            why.starts_with("ServiceImport shop/bad: spec.ports[0].port: invalid type: string \"eighty\""),
+            "{why}"
+        );
         for empty in [bare, null] {
             let spec = empty.spec().expect("no spec is the default");
             assert_eq!(spec.type_, "");

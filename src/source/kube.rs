@@ -263,14 +263,7 @@ fn slice_id(s: &SliceObject) -> Option<ObjectId> {
 }
 
 fn import_object(o: &WatchedImport, interop: Interop) -> Result<Option<Object>, String> {
-    let name = |o: &WatchedImport| {
-        format!(
-            "ServiceImport {}/{}",
-            o.metadata.namespace.as_deref().unwrap_or(""),
-            o.metadata.name.as_deref().unwrap_or("")
-        )
-    };
-    let spec = o.spec().map_err(|e| format!("{}: {e}", name(o)))?;
+    let spec = o.spec()?;
     interop::service_import_of(&o.metadata, &spec, interop)
         .map(|i| Some(Object::Import(i)))
         .map_err(|e| e.to_string())
