@@ -96,6 +96,15 @@ impl Cidr {
         self.0.contains(&ip)
     }
 
+    /// The rule of an access list (`--allow-debug`, `--allow-transfer`):
+    /// `ip` is in one of `nets`, an IPv4 client of a dual-stack socket
+    /// (`::ffff:a.b.c.d`) matched as the IPv4 address it is, or a
+    /// loopback-only default would refuse 127.0.0.1 seen through `[::]`.
+    pub fn allows(nets: &[Self], ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        nets.iter().any(|c| c.contains(ip))
+    }
+
     /// The network address (host bits zero).
     pub fn addr(&self) -> IpAddr {
         self.0.addr()

@@ -43,13 +43,10 @@ pub struct DebugAnswers {
 impl DebugAnswers {
     /// Whether a client at `ip` may ask (`--allow-debug`). The one rule for
     /// every debug door, DNS names here and HTTP `/debug/` in `ops::debug`,
-    /// so that the flag means the same wherever it is asked. An IPv4 client
-    /// of a dual-stack socket (`::ffff:a.b.c.d`) is matched as the IPv4
-    /// address it is, or a loopback-only default would refuse 127.0.0.1
-    /// seen through `[::]`.
+    /// so that the flag means the same wherever it is asked; the access
+    /// list rule is [`Cidr::allows`], as `--allow-transfer`'s.
     pub fn allows(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        self.allow.iter().any(|c| c.contains(ip))
+        Cidr::allows(&self.allow, ip)
     }
 }
 

@@ -15,6 +15,7 @@ use super::stats::{self, Limited, Outcome, TransferAsk};
 use super::{Transport, WireConfig};
 use crate::answer::{self, Answer, Picks, Question, Rcode, class, rtype};
 use crate::fault::Point;
+use crate::model::Cidr;
 use crate::store::{Client, Records, Snapshot};
 
 /// Largest response over TCP (RFC 1035 §4.2.2: a two-byte length).
@@ -254,9 +255,7 @@ fn route<'q>(
     };
     let zone = &*snap.zone().wire;
     if matches!(req.qtype, rtype::AXFR | rtype::IXFR) && req.qclass == class::IN && name == zone {
-        // An IPv4 client of a dual-stack socket is matched as the IPv4
-        // address it is, as `--allow-debug`'s clients are.
-        let allowed = peer.is_none_or(|ip| cfg.allow_transfer.iter().any(|c| c.contains(ip.to_canonical())));
+        let allowed = peer.is_none_or(|ip| Cidr::allows(&cfg.allow_transfer, ip));
         let ask = match (allowed, transport) {
             (false, _) => TransferAsk::Refused,
             (true, Transport::Udp) => TransferAsk::Udp,
@@ -378,7 +377,6 @@ mod tests {
     use hickory_proto::rr::{Name, RecordType};
 
     use super::*;
-    use crate::model::Cidr;
     use crate::store::{self, AnswerConfig, ZoneConfig};
 
     #[test]
