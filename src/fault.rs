@@ -37,11 +37,14 @@ pub enum Task {
     /// The sync controller while leading (fatal: a new process, or the
     /// standby, takes over from complete lists).
     Controller,
+    /// The sync controller's election, on its own thread (fatal: the
+    /// shards' fences close on their own, another replica takes them).
+    Election,
 }
 
 impl Task {
     /// Every task, in metric order.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::Udp,
         Self::Tcp,
         Self::TcpAccept,
@@ -53,6 +56,7 @@ impl Task {
         Self::Probe,
         Self::Http,
         Self::Controller,
+        Self::Election,
     ];
 
     /// The `task` label.
@@ -69,6 +73,7 @@ impl Task {
             Self::Probe => "probe",
             Self::Http => "http",
             Self::Controller => "controller",
+            Self::Election => "election",
         }
     }
 

@@ -6,6 +6,7 @@
 //! - `client`: where an API server is, and a client for it.
 //! - `watch`: the one relist-after-error watcher, with its health.
 //! - `throttle`: the client-side rate limit (a token bucket layer).
+//! - `fence`: a write gate open until a deadline, checked at the wire.
 //! - `mcs`: the MCS API group, its labels, ClusterProperty, version discovery.
 //! - `crd`: the ServiceImport object, reduced to the fields DNS uses.
 //! - `convert`: API object → model value, or an error naming object and field.
@@ -15,6 +16,7 @@
 pub mod client;
 pub mod convert;
 pub mod crd;
+pub mod fence;
 pub mod interop;
 pub mod inventory;
 pub mod mcs;

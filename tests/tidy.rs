@@ -39,7 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Active probes: read the store, feed it updates like a source.
     ("health", &["model", "store", "pace"]),
     // The sync controller: writes Kubernetes objects, never touches the store.
-    ("controller", &["model", "k8s", "fleet", "pace", "scrape"]),
+    ("controller", &["model", "k8s", "fleet", "pace", "scrape", "fault"]),
     // `doctor`: reads members (list only), asks DNS, judges by the fleet's rules.
     ("diagnose", &["model", "k8s", "fleet"]),
     // `setup-dns`: reads and edits the cluster DNS's configuration, asks DNS.

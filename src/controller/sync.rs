@@ -38,6 +38,7 @@ use super::shard::Shards;
 use super::stats::SyncStats;
 use crate::fleet::member::{self, Member};
 use crate::fleet::state::FleetState;
+use crate::k8s::fence::WriteFence;
 use crate::k8s::mcs::{discover_mcs, mcs_resource};
 use crate::k8s::watch::{Lists, Reporter, WatchHealth, scopes};
 use crate::model::{ClusterId, ServiceKey};
@@ -860,7 +861,7 @@ fn build_env(
                 members: members.clone(),
                 auto_export_prefixes: behaviour.auto_export_prefixes.clone(),
                 stats: stats.clone(),
-                fence: shards.fence(i).clone(),
+                fence: WriteFence::new(shards.fence(i).clone(), i as u32),
             })
         })
         .collect()
