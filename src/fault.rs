@@ -37,6 +37,8 @@ pub enum Task {
     /// The sync controller while leading (fatal: a new process, or the
     /// standby, takes over from complete lists).
     Controller,
+    /// API discovery of a sync member (restarted).
+    Discovery,
     /// The sync controller's election, on its own thread (fatal: the
     /// shards' fences close on their own, another replica takes them).
     Election,
@@ -44,7 +46,7 @@ pub enum Task {
 
 impl Task {
     /// Every task, in metric order.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::Udp,
         Self::Tcp,
         Self::TcpAccept,
@@ -56,6 +58,7 @@ impl Task {
         Self::Probe,
         Self::Http,
         Self::Controller,
+        Self::Discovery,
         Self::Election,
     ];
 
@@ -73,6 +76,7 @@ impl Task {
             Self::Probe => "probe",
             Self::Http => "http",
             Self::Controller => "controller",
+            Self::Discovery => "discovery",
             Self::Election => "election",
         }
     }

@@ -292,6 +292,43 @@ mod tests {
         handle.abort();
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_set_restarts_its_tasks_counts_panics_and_ends_only_aborted_ones() {
+        let failures = Failures::new();
+        let mut set = TaskSet::new(failures.clone());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let flaky: Maker = Arc::new(move || {
+            let n = counted.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async move {
+                match n {
+                    0 => panic!("first run dies"),
+                    1 => {}
+                    _ => std::future::pending().await,
+                }
+            })
+        });
+        set.spawn(Task::Watch, "flaky".into(), flaky);
+        let stopped = Arc::new(AtomicUsize::new(0));
+        let started = stopped.clone();
+        let idle: Maker = Arc::new(move || {
+            started.fetch_add(1, Ordering::Relaxed);
+            Box::pin(std::future::pending())
+        });
+        let id = set.spawn(Task::Probe, "idle".into(), idle);
+        assert_eq!(set.len(), 2);
+        set.abort(id);
+        assert_eq!(set.len(), 1);
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(5), set.restart_next()).await.expect("restarted");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(runs.load(Ordering::Relaxed), 3, "started three times");
+        assert_eq!(failures.panics(Task::Watch), 1);
+        assert_eq!(stopped.load(Ordering::Relaxed), 1, "the aborted one not restarted");
+        assert!(tokio::time::timeout(Duration::from_secs(60), set.restart_next()).await.is_err());
+    }
+
     #[tokio::test]
     async fn a_fatal_task_that_panics_fails_the_server_with_its_reason() {
         let sup = Supervisor::new(Failures::new());

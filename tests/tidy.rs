@@ -38,8 +38,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("source", &["model", "store", "k8s", "fleet"]),
     // Active probes: read the store, feed it updates like a source.
     ("health", &["model", "store", "pace"]),
-    // The sync controller: writes Kubernetes objects, never touches the store.
-    ("controller", &["model", "k8s", "fleet", "pace", "scrape", "fault"]),
+    // The sync controller: writes Kubernetes objects, never touches the store;
+    // its watches, probes and discoveries run in a supervised set.
+    ("controller", &["model", "k8s", "fleet", "pace", "scrape", "fault", "supervise"]),
     // `doctor`: reads members (list only), asks DNS, judges by the fleet's rules.
     ("diagnose", &["model", "k8s", "fleet"]),
     // `setup-dns`: reads and edits the cluster DNS's configuration, asks DNS.

@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::Process;
 use crate::config::SyncConfig;
 use crate::controller::election::{self, ElectionConfig, ElectionError, ElectionStatus};
+use crate::controller::link::{KubeLink, MemberLink};
 use crate::controller::shard::Shards;
 use crate::controller::stats::SyncStats;
 use crate::controller::sync::Syncer;
@@ -175,9 +176,11 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
     // exits and the other replicas (or the restarted Pod) take its shards.
     let start_controller = |members: &[member::Member]| {
         let faults = cfg.faults.clone();
-        let syncer = Syncer::new(members.to_vec(), cfg.behaviour.clone(), stats.clone(), shards.clone());
+        let links: Vec<Arc<dyn MemberLink>> =
+            members.iter().map(|m| Arc::new(KubeLink(m.clone())) as Arc<dyn MemberLink>).collect();
+        let syncer =
+            Syncer::new(links, cfg.behaviour.clone(), stats.clone(), shards.clone(), failures.clone());
         sup.fatal(Task::Controller, async move {
-            let syncer = syncer.await;
             faults.point(Point::Controller, &[]);
             syncer.run().await;
         })

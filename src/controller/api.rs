@@ -475,8 +475,18 @@ pub mod fake {
         Status(u16),
         /// Never answer.
         Hang,
-        /// Wait until the gate is notified (`notify_waiters`), then go on.
-        Wait(Arc<tokio::sync::Notify>),
+        /// Wait until the gate opens (`send_replace(true)`), then go on.
+        Wait(Gate),
+        /// The same, for lists only (writes go on).
+        ListWait(Gate),
+    }
+
+    /// A gate calls wait at: closed (`false`) until opened.
+    pub type Gate = Arc<watch::Sender<bool>>;
+
+    /// A closed gate.
+    pub fn gate() -> Gate {
+        Arc::new(watch::channel(false).0)
     }
 
     /// One call as the fake saw it.
@@ -542,12 +552,16 @@ pub mod fake {
                 .lock()
                 .unwrap()
                 .iter()
-                .find(|(k, _)| k.is_none_or(|k| k == kind))
+                .find(|(k, f)| {
+                    k.is_none_or(|k| k == kind) && (verb == "list" || !matches!(f, Fault::ListWait(_)))
+                })
                 .map(|(_, f)| f.clone());
             match fault {
                 None => {}
                 Some(Fault::Hang) => futures::future::pending().await,
-                Some(Fault::Wait(gate)) => gate.notified().await,
+                Some(Fault::Wait(gate) | Fault::ListWait(gate)) => {
+                    let _ = gate.subscribe().wait_for(|open| *open).await;
+                }
                 Some(Fault::Status(code)) => {
                     self.calls.lock().unwrap().push(Call { verb, kind, name: name.into() });
                     return Err(ApiError::Kube(kube::Error::Api(
@@ -737,7 +751,7 @@ mod tests {
         use crate::k8s::fence::{Fence, WriteFence};
         let (builder, seen) = api_server();
         let limits = crate::k8s::throttle::Limits { qps: 1.0, burst: 1 };
-        let client = crate::k8s::client::limited(builder, limits, "m", Arc::default()).unwrap();
+        let client = crate::k8s::client::limited(builder, Some(limits), "m", Arc::default()).unwrap();
         let (_down, rx) = watch::channel(false);
         let m = KubeMember::new(
             "m".into(),

@@ -50,6 +50,9 @@ pub struct SyncStats {
     pub write_seconds: HistogramVec,
     /// The members now, as `/metrics` reads them ([`SyncStats::set_members`]).
     members: ArcSwap<Vec<MemberView>>,
+    /// Every watch, probe and API discovery of the controller now
+    /// ([`SyncStats::set_watches`]).
+    watches: ArcSwap<Vec<Arc<WatchHealth>>>,
 }
 
 /// What `/metrics` reads of one member.
@@ -103,6 +106,7 @@ impl SyncStats {
                 &["member"],
             )?,
             members: ArcSwap::from_pointee(Vec::new()),
+            watches: ArcSwap::from_pointee(Vec::new()),
         })
     }
 
@@ -239,6 +243,19 @@ impl SyncStats {
             &["member"],
             members(|m| Sample::new(&[("member", &m.name)], m.throttle.waited_seconds())),
         );
+        let (w, errors) = (self.clone(), self.clone());
+        f.gauge(
+            "clusterset_dns_watch_stale_seconds",
+            "Seconds a watch (of a member's objects, of our own objects), a member's API probe or its MCS API discovery has been failing; 0 while it is current.",
+            &["watch"],
+            move || w.watches.load().iter().map(|h| Sample::new(&[("watch", &h.name)], h.stale_seconds())).collect(),
+        )
+        .counter(
+            "clusterset_dns_watch_errors_total",
+            "Errors of a watch, probe or API discovery (each retried with backoff): a member whose discovery answers garbage counts here.",
+            &["watch"],
+            move || errors.watches.load().iter().map(|h| Sample::count(&[("watch", &h.name)], h.errors())).collect(),
+        );
         if let Some(e) = election {
             let checks = e.clone();
             f.counter(
@@ -260,6 +277,12 @@ impl SyncStats {
             );
         }
         f
+    }
+
+    /// The controller's watches, probes and discoveries, whose health
+    /// `/metrics` shows (`clusterset_dns_watch_*`, as `serve`'s watches).
+    pub fn set_watches(&self, watches: &[Arc<WatchHealth>]) {
+        self.watches.store(Arc::new(watches.to_vec()));
     }
 
     /// Counts a failed reconcile.

@@ -82,9 +82,11 @@ pub async fn connect(connection: &Connection, agent: &str) -> Result<Client, Cli
         .build())
 }
 
-/// [`connect`], every request of the client (and of its clones), and every
-/// retry of one, first taking a token of its own bucket (`limits`); `stats`
-/// counts the waits, `name` says whose they are in the log.
+/// A client of a member the sync controller writes: [`connect`] with the
+/// write fence at the wire ([`super::fence`]) always, and with `limits`,
+/// every request of the client (and of its clones), and every retry of
+/// one, first taking a token of its own bucket; `stats` counts the waits,
+/// `name` says whose they are in the log.
 ///
 /// The retries of 429, 503 and 504 are ours, not kube's default: kube's
 /// (`RetryPolicy::server_retry`) makes 15 attempts whose backoff doubles from
@@ -99,7 +101,7 @@ pub async fn connect(connection: &Connection, agent: &str) -> Result<Client, Cli
 pub async fn connect_limited(
     connection: &Connection,
     agent: &str,
-    limits: Limits,
+    limits: Option<Limits>,
     name: &str,
     stats: Arc<ThrottleStats>,
 ) -> Result<Client, ClientError> {
@@ -111,13 +113,13 @@ pub async fn connect_limited(
 /// The stack of [`connect_limited`] over `builder`'s (kube's own, or a
 /// test's in-process API server). From the outside in: retries of 429, 503
 /// and 504; a buffer (retry needs a service it can clone; kube's stack is
-/// not one); the rate limit, whose wait happens in the buffer's worker; and
-/// innermost the write fence ([`super::fence`]), so each attempt of a
-/// fenced write is checked after its token was waited for, just before it
-/// is sent.
+/// not one); the rate limit (with `limits`), whose wait happens in the
+/// buffer's worker; and innermost the write fence ([`super::fence`]), so
+/// each attempt of a fenced write is checked after its token was waited
+/// for, just before it is sent.
 pub fn limited<S, B>(
     builder: ClientBuilder<S>,
-    limits: Limits,
+    limits: Option<Limits>,
     name: &str,
     stats: Arc<ThrottleStats>,
 ) -> Result<Client, ClientError>
@@ -128,9 +130,10 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<tower::BoxError>,
 {
+    let throttle = limits.map(|l| ThrottleLayer::new(l, name, stats));
     Ok(builder
         .with_layer(&FenceLayer::default())
-        .with_layer(&ThrottleLayer::new(limits, name, stats))
+        .with_layer(&tower::util::option_layer(throttle))
         .with_layer(&BufferLayer::new(1024))
         .with_layer(&RetryLayer::new(retry_policy()?))
         .build())
@@ -243,7 +246,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn writes_reaching_the_wire_after_the_tenure_are_refused_there() {
         let (builder, seen) = server(0);
-        let client = limited(builder, Limits { qps: 1.0, burst: 1 }, "m", Arc::default()).unwrap();
+        let client = limited(builder, Some(Limits { qps: 1.0, burst: 1 }), "m", Arc::default()).unwrap();
         let fence = Arc::new(Fence::closed());
         fence.held(Instant::now(), Duration::from_secs(5));
         let sends = (0..20).map(|_| client.request_text(write(&fence)));
@@ -260,7 +263,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_retry_after_the_tenure_is_refused_at_the_wire() {
         let (builder, seen) = server(3);
-        let client = limited(builder, Limits { qps: 100.0, burst: 10 }, "m", Arc::default()).unwrap();
+        let client = limited(builder, Some(Limits { qps: 100.0, burst: 10 }), "m", Arc::default()).unwrap();
         let fence = Arc::new(Fence::closed());
         fence.held(Instant::now(), Duration::from_millis(2800));
         let r = client.request_text(write(&fence)).await;

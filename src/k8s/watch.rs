@@ -66,7 +66,7 @@ const STALE_LOG_EVERY: Duration = Duration::from_secs(30);
 /// The wait between attempts (a watch, or API discovery): from 0.5 s,
 /// doubled per failure up to 30 s, up to a fifth more so that many servers
 /// do not retry in lockstep.
-pub(super) const WATCH_BACKOFF: Backoff =
+pub const WATCH_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(500), Duration::from_secs(30), Jitter::Add);
 
 /// The health of one watch, shared with the metrics endpoint.
@@ -291,6 +291,35 @@ enum Refusal {
     FallBack,
     /// Refused and the mode insists: report this and retry as usual.
     Failed(String),
+}
+
+/// Makes one run of a task that is restarted whenever it ends.
+pub type Maker = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// A watch as a task its owner runs and restarts: what it watches (its
+/// [`WatchHealth`], exported by name) and how to start a run of it.
+#[derive(Clone)]
+pub struct WatchTask {
+    /// Its health, named after what it watches.
+    pub health: Arc<WatchHealth>,
+    /// Starts one run.
+    pub run: Maker,
+}
+
+impl WatchTask {
+    /// A task whose runs are `make()`, reporting into `health`.
+    pub fn new<F, Fut>(health: Arc<WatchHealth>, make: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        Self { health, run: Arc::new(move || Box::pin(make())) }
+    }
+
+    /// What it watches.
+    pub fn name(&self) -> &str {
+        &self.health.name
+    }
 }
 
 /// The scopes watches run in: each namespace, or all namespaces at once.

@@ -462,3 +462,38 @@ fn a_panic_in_the_election_fails_the_process() {
     assert!(reason.contains("election") && reason.contains("the elector died"), "{reason}");
     assert_eq!(failures.panics(Task::Election), 1);
 }
+
+/// The election runs on a thread of its own: a runtime of the controller's
+/// that blocks (a join that hangs, a reconcile that spins) delays no
+/// renewal. Real time: the blocking is a real thread's.
+#[test]
+fn renewals_go_on_while_the_controllers_runtime_is_blocked() {
+    let api = Arc::new(FakeLeases::default());
+    let cfg = ElectionConfig {
+        namespace: "ns".into(),
+        name: "sync".into(),
+        identity: "a".into(),
+        shards: 1,
+        duration: Duration::from_secs(5),
+    };
+    let leases: Arc<dyn LeaseApi> = api.clone();
+    let connect: Connect = Box::new(move || Box::pin(async move { Ok(leases) }));
+    let shards = Shards::elected(1);
+    let running = spawn(cfg, connect, shards.clone(), Arc::default(), Failures::new()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !shards.leads(0) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(shards.leads(0), "the shard taken");
+        let before = api.get("sync").unwrap().metadata.resource_version;
+        // This runtime's only thread is blocked for longer than the Lease.
+        std::thread::sleep(Duration::from_secs(6));
+        let after = api.get("sync").unwrap().metadata.resource_version;
+        assert_ne!(before, after, "renewed meanwhile");
+        assert!(shards.leads(0) && shards.fence(0).may_write(), "still the holder");
+        running.stop(Duration::from_secs(5)).await;
+        assert_eq!(api.holder("sync"), "", "released at the stop");
+    });
+}
