@@ -41,6 +41,7 @@ mod sync_faults;
 mod sync_kep;
 mod sync_profiles;
 mod sync_shards;
+mod sync_tenure;
 mod sync_throttle;
 mod transfer;
 mod watch;
