@@ -500,6 +500,42 @@ pub mod fake {
         pub name: String,
     }
 
+    /// What reached an in-process API server ([`api_server`]): method and
+    /// path, Audit-ID.
+    pub type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
+    /// A client builder over an in-process API server.
+    pub type Server = kube::client::ClientBuilder<
+        tower::util::BoxService<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+            std::convert::Infallible,
+        >,
+    >;
+
+    /// A member API server in process, for a real client stack over it:
+    /// answers a list with nothing and a write with the object it names,
+    /// at once, and records what reached it (method, path, Audit-ID), in
+    /// order.
+    pub fn api_server() -> (Server, Seen) {
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let server = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let id = req.headers().get(crate::k8s::fence::AUDIT_ID).and_then(|v| v.to_str().ok());
+            log.lock()
+                .unwrap()
+                .push((format!("{} {}", req.method(), req.uri().path()), id.unwrap_or("").to_owned()));
+            let name = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
+            let body = if req.method() == http::Method::GET {
+                serde_json::json!({"metadata": {}, "items": []}).to_string()
+            } else {
+                serde_json::json!({"metadata": {"name": name, "resourceVersion": "7"}}).to_string()
+            };
+            std::future::ready(Ok(http::Response::new(kube::client::Body::from(body.into_bytes()))))
+        });
+        (kube::client::ClientBuilder::new(tower::util::BoxService::new(server), "default"), seen)
+    }
+
     /// The fake member.
     #[derive(Default)]
     pub struct FakeMember {
@@ -709,39 +745,6 @@ mod tests {
         assert!(api(404).is_not_found());
     }
 
-    /// What reached the API server: method and path, Audit-ID.
-    type Seen = Arc<std::sync::Mutex<Vec<(String, String)>>>;
-
-    type Server = kube::client::ClientBuilder<
-        tower::util::BoxService<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-            std::convert::Infallible,
-        >,
-    >;
-
-    /// A member API server in process: answers every request at once with
-    /// the object it names, and records what reached it (method, path,
-    /// Audit-ID), in order.
-    fn api_server() -> (Server, Seen) {
-        let seen: Arc<std::sync::Mutex<Vec<(String, String)>>> = Arc::default();
-        let log = seen.clone();
-        let server = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let id = req.headers().get(crate::k8s::fence::AUDIT_ID).and_then(|v| v.to_str().ok());
-            log.lock()
-                .unwrap()
-                .push((format!("{} {}", req.method(), req.uri().path()), id.unwrap_or("").to_owned()));
-            let name = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
-            let body = if req.method() == http::Method::GET {
-                json!({"metadata": {}, "items": []}).to_string()
-            } else {
-                json!({"metadata": {"name": name, "resourceVersion": "7"}}).to_string()
-            };
-            std::future::ready(Ok(http::Response::new(kube::client::Body::from(body.into_bytes()))))
-        });
-        (kube::client::ClientBuilder::new(tower::util::BoxService::new(server), "default"), seen)
-    }
-
     /// A takeover while the member's rate limit holds writes back: those
     /// that reach the wire after the tenure ended are never sent, whatever
     /// the call's own deadline. Checked before the queue only (as before
@@ -749,7 +752,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn writes_queued_in_the_rate_limit_are_not_sent_once_the_tenure_ends() {
         use crate::k8s::fence::{Fence, WriteFence};
-        let (builder, seen) = api_server();
+        let (builder, seen) = fake::api_server();
         let limits = crate::k8s::throttle::Limits { qps: 1.0, burst: 1 };
         let client = crate::k8s::client::limited(builder, Some(limits), "m", Arc::default()).unwrap();
         let (_down, rx) = watch::channel(false);

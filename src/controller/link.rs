@@ -213,6 +213,10 @@ pub mod fake {
         pub asked: Mutex<u32>,
         /// The next discovery panics.
         pub panic_on_discovery: Mutex<bool>,
+        /// Writes go through a real member client over an in-process API
+        /// server (its stack: retries, rate limit, fence) instead of
+        /// landing in `api`.
+        wire: Option<kube::Client>,
     }
 
     impl FakeLink {
@@ -230,7 +234,22 @@ pub mod fake {
                 discovery: watch::channel(None).0,
                 asked: Mutex::new(0),
                 panic_on_discovery: Mutex::new(false),
+                wire: None,
             })
+        }
+
+        /// A member whose writes go through a member client with the rate
+        /// limit `limits` to an in-process API server; what reached that
+        /// server is recorded in the second value.
+        pub fn over_the_wire(
+            name: &str,
+            limits: crate::k8s::throttle::Limits,
+        ) -> (Arc<Self>, crate::controller::api::fake::Seen) {
+            let (builder, seen) = crate::controller::api::fake::api_server();
+            let client = crate::k8s::client::limited(builder, Some(limits), name, Arc::default()).unwrap();
+            let mut link = Arc::try_unwrap(Self::new(name)).ok().unwrap();
+            link.wire = Some(client);
+            (Arc::new(link), seen)
         }
 
         /// Discovery answers with `version` for both kinds from now on.
@@ -322,11 +341,21 @@ pub mod fake {
         fn api(
             &self,
             apis: &MemberApis,
-            _: watch::Receiver<bool>,
+            down: watch::Receiver<bool>,
             _: Option<prometheus::Histogram>,
         ) -> SharedApi {
             self.built.lock().unwrap().push(apis.import.api_version.clone());
-            self.api.clone()
+            match &self.wire {
+                Some(client) => Arc::new(KubeMember::new(
+                    self.name.clone(),
+                    client.clone(),
+                    (apis.import.clone(), apis.export.clone()),
+                    CALL_DEADLINE,
+                    down,
+                    None,
+                )),
+                None => self.api.clone(),
+            }
         }
     }
 }
