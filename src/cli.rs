@@ -591,7 +591,8 @@ pub struct SyncOptions {
     #[arg(long, value_name = "NAME", default_value = "clusterset-dns-sync")]
     pub lease_name: String,
     /// Seconds a leader holds the Lease without renewing it, 5-3600; a
-    /// standby takes over within this time after the leader dies.
+    /// standby takes over within this time after the leader dies (the
+    /// longer of the leader's and its own, if they differ).
     #[arg(long, value_name = "SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=3600))]
     pub lease_duration: u64,
     /// This replica's identity in the Lease (default: $POD_NAME, else the

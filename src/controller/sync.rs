@@ -195,8 +195,12 @@ pub struct Syncer {
     behaviour: SyncBehaviour,
     /// Members currently unreachable, and since when (RFC 3339).
     unreachable: Vec<Option<String>>,
-    /// Members whose MCS API versions are known (writes wait for it).
+    /// Members whose MCS API versions are known.
     discovered: Vec<bool>,
+    /// Members whose objects of ours have been read once since they were
+    /// discovered: only then are they written (what they hold is compared
+    /// first, so a restart writes nothing unchanged).
+    read: Vec<bool>,
     /// Members whose endpoints are removed (`MemberLost::Remove`).
     removed: Vec<bool>,
     /// Cluster ids that more than one member has, with what to tell users.
@@ -262,6 +266,7 @@ impl Syncer {
             queue: WorkQueue::default(),
             unreachable: vec![None; n],
             discovered: vec![false; n],
+            read: vec![false; n],
             removed: vec![false; n],
             duplicates,
             namespaces_listed: vec![false; n],
@@ -477,7 +482,7 @@ impl Syncer {
             exports,
             members: (0..n)
                 .map(|i| MemberInput {
-                    writable: self.unreachable[i].is_none() && self.discovered[i],
+                    writable: self.unreachable[i].is_none() && self.discovered[i] && self.read[i],
                     removed: self.removed[i],
                     unreachable_since: self.unreachable[i].clone(),
                     service: self.state.service_of(i, key).cloned(),
@@ -533,6 +538,7 @@ impl Syncer {
                 }
             }
             Done::Adopted { member, found, listed, began, all, gained } => {
+                self.read[member] = true;
                 let seen: BTreeSet<ObjectRef> =
                     found.values().flat_map(|ks| ks.owned.iter().cloned()).collect();
                 self.adopted(found, all, began);

@@ -37,6 +37,7 @@ mod setup_dns;
 mod setup_dns_watch;
 mod supervise;
 mod sync;
+mod sync_clock;
 mod sync_faults;
 mod sync_kep;
 mod sync_profiles;
