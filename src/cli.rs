@@ -622,6 +622,11 @@ pub struct SyncOptions {
     /// leadership change this happens anyway). At least 10.
     #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..))]
     pub resync_interval: u64,
+    /// Services reconciled at once, 1-1024 (each writes its members, every
+    /// member in a lane of its own): the members' API servers, not the
+    /// controller, should set the pace.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub concurrent_syncs: u64,
     /// Export every Service in namespaces whose name starts with this
     /// (repeatable). Services annotated `clusterset-dns.io/export: "true"`
     /// (or Kosmos's `kosmos.io/auto-create-mcs: "true"`) are exported

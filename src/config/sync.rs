@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::cli::{OnMemberLost, ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
-use crate::controller::sync::{MemberLost, SyncBehaviour};
+use crate::controller::sync::{CONCURRENCY, MemberLost, SyncBehaviour};
 use crate::fault::Faults;
 use crate::fleet::inventory::InventoryConfig;
 use crate::fleet::member::MemberConfig;
@@ -131,6 +131,8 @@ pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour
         lost_after: Duration::from_secs(o.member_lost_after),
         resync: Duration::from_secs(o.resync_interval),
         auto_export_prefixes: o.auto_export_namespace_prefixes.clone(),
+        // clap holds it to 1-1024.
+        concurrency: usize::try_from(o.concurrent_syncs).unwrap_or(CONCURRENCY),
     })
 }
 

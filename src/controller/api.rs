@@ -654,6 +654,12 @@ pub mod fake {
                 {
                     stored["spec"]["clusterIPs"] = old["spec"]["clusterIPs"].clone();
                 }
+                // As the API server: writing an object leaves its status.
+                if let Some(old) = objects.get(&key)
+                    && !old["status"].is_null()
+                {
+                    stored["status"] = old["status"].clone();
+                }
                 let out = Stored::of(&stored);
                 objects.insert(key, stored);
                 Ok(out)

@@ -262,6 +262,13 @@ pub mod fake {
             self.discovery.send_replace(Some(Ok(apis)));
         }
 
+        /// Forgets the controller's senders (it was stopped; the next one
+        /// gives its own).
+        pub fn restarted(&self) {
+            *self.events.lock().unwrap() = None;
+            *self.own.lock().unwrap() = None;
+        }
+
         /// Sends an event of its watches, once the controller started them.
         pub async fn send(&self, e: MemberEvent) {
             started(&self.events).await.send(e).await.unwrap();

@@ -245,13 +245,13 @@ impl SyncStats {
         );
         let (w, errors) = (self.clone(), self.clone());
         f.gauge(
-            "clusterset_dns_watch_stale_seconds",
+            "clusterset_dns_sync_watch_stale_seconds",
             "Seconds a watch (of a member's objects, of our own objects), a member's API probe or its MCS API discovery has been failing; 0 while it is current.",
             &["watch"],
             move || w.watches.load().iter().map(|h| Sample::new(&[("watch", &h.name)], h.stale_seconds())).collect(),
         )
         .counter(
-            "clusterset_dns_watch_errors_total",
+            "clusterset_dns_sync_watch_errors_total",
             "Errors of a watch, probe or API discovery (each retried with backoff): a member whose discovery answers garbage counts here.",
             &["watch"],
             move || errors.watches.load().iter().map(|h| Sample::count(&[("watch", &h.name)], h.errors())).collect(),
@@ -280,7 +280,8 @@ impl SyncStats {
     }
 
     /// The controller's watches, probes and discoveries, whose health
-    /// `/metrics` shows (`clusterset_dns_watch_*`, as `serve`'s watches).
+    /// `/metrics` shows (`clusterset_dns_sync_watch_*`: apart from `serve`'s
+    /// `clusterset_dns_watch_*`, which `run` registers beside them).
     pub fn set_watches(&self, watches: &[Arc<WatchHealth>]) {
         self.watches.store(Arc::new(watches.to_vec()));
     }
@@ -393,10 +394,18 @@ mod tests {
             (0..n).for_each(|_| election.count(anomaly));
         }
         election.set_checks(145);
+        let (w1, w2) = (Arc::new(WatchHealth::new("w1".into())), Arc::new(WatchHealth::new("w2".into())));
+        for _ in 0..151 {
+            Reporter::new(w2.clone()).failed("refused");
+        }
+        Reporter::new(w2.clone()).failed("refused");
+        s.set_watches(&[w1, w2]);
         s.register(&registry, shards, Some(election)).unwrap();
 
         let mut got = sync_series(&registry);
         let stale = got.remove(r#"clusterset_dns_sync_member_stale_seconds{member="b"}"#);
+        let w2 = got.remove(r#"clusterset_dns_sync_watch_stale_seconds{watch="w2"}"#);
+        assert!(w2.is_some_and(|v| v >= 0.0), "w2's staleness: {w2:?}");
         assert!(stale.is_some_and(|v| v > 0.0 && v < 60.0), "b's staleness: {stale:?}");
         let want: BTreeMap<String, f64> = [
             ("clusterset_dns_sync_leader", 1.0),
@@ -432,6 +441,9 @@ mod tests {
             (r#"clusterset_dns_sync_lease_anomalies_total{anomaly="other_shards"}"#, 143.0),
             (r#"clusterset_dns_sync_lease_anomalies_total{anomaly="clock_step"}"#, 144.0),
             ("clusterset_dns_sync_election_checks_total", 145.0),
+            (r#"clusterset_dns_sync_watch_stale_seconds{watch="w1"}"#, 0.0),
+            (r#"clusterset_dns_sync_watch_errors_total{watch="w1"}"#, 0.0),
+            (r#"clusterset_dns_sync_watch_errors_total{watch="w2"}"#, 152.0),
             ("clusterset_dns_sync_reconcile_seconds_sum", 0.25),
             ("clusterset_dns_sync_reconcile_seconds_count", 1.0),
             (r#"clusterset_dns_sync_member_write_seconds_sum{member="a"}"#, 0.5),
@@ -461,6 +473,8 @@ mod tests {
             ("clusterset_dns_sync_client_throttled_total", "counter"),
             ("clusterset_dns_sync_client_throttled_seconds_total", "counter"),
             ("clusterset_dns_sync_lease_anomalies_total", "counter"),
+            ("clusterset_dns_sync_watch_stale_seconds", "gauge"),
+            ("clusterset_dns_sync_watch_errors_total", "counter"),
             ("clusterset_dns_sync_election_checks_total", "counter"),
             ("clusterset_dns_sync_reconcile_seconds", "histogram"),
             ("clusterset_dns_sync_member_write_seconds", "histogram"),

@@ -1,6 +1,6 @@
 //! The controller's event loop. Member watches feed a [`FleetState`]; each
 //! event names the services it touched, and only those are reconciled.
-//! Reconciles run continuously, up to [`CONCURRENCY`] at once, from a
+//! Reconciles run continuously, up to `--concurrent-syncs` at once, from a
 //! [`WorkQueue`]: the loop keeps reading events, firing retries and checking
 //! members while they run, and a service touched while it runs runs again
 //! when it ends. Startup work (every exported service, and objects of ours
@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::api::{ApiError, Kind, SharedApi};
-use super::desired::Stems;
+use super::desired::has_elder;
 use super::link::{MemberApis, MemberLink, undiscovered};
 use super::own::{OwnEvent, Seen};
 use super::queue::WorkQueue;
@@ -61,8 +61,9 @@ mod repair;
 #[cfg(test)]
 mod tests;
 
-/// Services reconciled at once (each writes to its members, every member in
-/// its own lane). The members' API servers, not the controller, set the pace.
+/// Services reconciled at once by default (`--concurrent-syncs`; each writes
+/// to its members, every member in its own lane). The members' API servers,
+/// not the controller, set the pace.
 pub const CONCURRENCY: usize = 64;
 
 /// What to do about a member whose API stays unreachable.
@@ -93,6 +94,8 @@ pub struct SyncBehaviour {
     /// event announces (an edit while a watch was down and its relist
     /// raced our write) is repaired by then.
     pub resync: Duration,
+    /// Services reconciled at once (`--concurrent-syncs`).
+    pub concurrency: usize,
 }
 
 /// How long the first lists of every member are waited for.
@@ -300,7 +303,7 @@ impl Syncer {
         loop {
             self.start(&mut running);
             self.stats.queue_depth.store(self.queue.depth() as u64, Ordering::Relaxed);
-            let wake = self.queue.next_retry().map_or(next_tick, |t| t.min(next_tick)).min(next_resync);
+            let wake = next_tick.min(next_resync);
             tokio::select! {
                 Some(e) = inbox.events.recv() => {
                     let mut touched = BTreeSet::new();
@@ -314,10 +317,10 @@ impl Syncer {
                 Some(done) = running.next(), if !running.is_empty() => self.finished(done),
                 Ok(()) = self.led.changed() => self.follow_shards(&mut running, &scopes),
                 () = self.tasks.restart_next() => {}
+                () = self.queue.due() => {}
                 () = tokio::time::sleep_until(wake) => {}
             }
             let now = Instant::now();
-            self.queue.due(now);
             if now >= next_tick {
                 self.check_members();
                 if !complete && self.state.synced_except(&self.removed) {
@@ -336,15 +339,18 @@ impl Syncer {
     }
 
     /// First: every member's complete lists, so nothing is deleted for
-    /// lack of knowledge. A member still silent after FIRST_SYNC_TIMEOUT
-    /// does not hold the others up: until it lists, nothing is deleted
-    /// anywhere (see `reconcile`).
+    /// lack of knowledge, and its MCS versions, so the first take of the
+    /// shards reads it and nothing names it as not reached. A member still
+    /// silent after FIRST_SYNC_TIMEOUT does not hold the others up: until
+    /// it lists, nothing is deleted anywhere (see `reconcile`), and until it
+    /// is discovered and read, it is not written.
     async fn first_lists(&mut self, inbox: &mut Inbox) {
         let deadline = Instant::now() + FIRST_SYNC_TIMEOUT;
         let mut touched = BTreeSet::new();
         loop {
             self.mark_removed();
-            if self.state.synced_except(&self.removed) {
+            let discovered = self.discovered.iter().zip(&self.removed).all(|(d, r)| *d || *r);
+            if self.state.synced_except(&self.removed) && discovered {
                 break;
             }
             if Instant::now() >= deadline {
@@ -355,12 +361,22 @@ impl Syncer {
                     .filter(|(_, s)| !s.synced())
                     .map(|(m, _)| m.name())
                     .collect();
-                warn!(members = ?silent, "members not listed within {FIRST_SYNC_TIMEOUT:?}: syncing the others, deleting nothing until they list");
+                let undiscovered: Vec<&str> = self
+                    .members
+                    .iter()
+                    .zip(&self.discovered)
+                    .filter(|(_, d)| !**d)
+                    .map(|(m, _)| m.name())
+                    .collect();
+                warn!(members = ?silent, undiscovered = ?undiscovered, "members not listed, or their MCS API not discovered, within {FIRST_SYNC_TIMEOUT:?}: syncing the others, deleting nothing until they list, writing each once discovered");
                 break;
             }
             let wake = (Instant::now() + TICK).min(deadline);
             tokio::select! {
                 Some(e) = inbox.events.recv() => self.state.apply(e, &mut touched),
+                Some(news) = inbox.news.recv() => {
+                    self.learn(news, &inbox.own_tx);
+                }
                 () = self.tasks.restart_next() => {}
                 () = tokio::time::sleep_until(wake) => {}
             }
@@ -436,13 +452,12 @@ impl Syncer {
         }
     }
 
-    /// Tops the running reconciles up to [`CONCURRENCY`] from the queue.
+    /// Tops the running reconciles up to the concurrency from the queue.
     fn start(&mut self, running: &mut FuturesUnordered<BoxFuture<'static, Done>>) {
-        if running.len() >= CONCURRENCY {
+        if running.len() >= self.behaviour.concurrency {
             return;
         }
-        let stems = Stems::of(&self.state);
-        while running.len() < CONCURRENCY {
+        while running.len() < self.behaviour.concurrency {
             let Some(key) = self.queue.pop() else { break };
             if !self.leads(&key) {
                 // Another replica's, or being read: queued again if taken.
@@ -450,7 +465,7 @@ impl Syncer {
                 continue;
             }
             let ks = self.keys.remove(&key).unwrap_or_default();
-            let input = self.input(&key, &stems);
+            let input = self.input(&key);
             let env = self.envs[self.shards.of(&key)].clone();
             running.push(Box::pin(async move {
                 let (ks, result) = reconcile(ks, input, env).await;
@@ -460,7 +475,7 @@ impl Syncer {
     }
 
     /// What a reconcile of `key` reads of the fleet, taken now.
-    fn input(&self, key: &ServiceKey, stems: &Stems) -> Input {
+    fn input(&self, key: &ServiceKey) -> Input {
         let n = self.members.len();
         let mut exports: Vec<_> = self
             .state
@@ -491,7 +506,7 @@ impl Syncer {
                 .collect(),
             sources,
             synced: self.state.synced_except(&self.removed),
-            has_elder: stems.has_elder(&self.state, key),
+            has_elder: has_elder(&self.state, key),
         }
     }
 
@@ -506,7 +521,7 @@ impl Syncer {
                         let reason = e.reason();
                         self.stats.error(reason);
                         let asked = Duration::from_secs(e.retry_after().into());
-                        let (wait, n) = self.queue.failed(&key, asked, Instant::now());
+                        let (wait, n) = self.queue.failed(&key, asked);
                         warn!(service = %key, reason = reason.as_str(), failures = n, error = %e, "sync failed, retrying in {wait:?}");
                     }
                 }

@@ -221,6 +221,7 @@ fn values_clap_refuses_exit_64_naming_the_flag() {
         (&["sync", "--shards", "65"], "--shards"),
         (&["sync", "--lease-duration", "4"], "--lease-duration"),
         (&["sync", "--member-lost-after", "0"], "--member-lost-after"),
+        (&["sync", "--concurrent-syncs", "0"], "--concurrent-syncs"),
         (&["sync", "--kube-qps=-1"], "--kube-qps"),
         (&["doctor", "web.shop", "--output", "yaml"], "--output"),
         (&["doctor", "web.shop", "--dns", "a=nowhere"], "--dns"),

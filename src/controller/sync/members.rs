@@ -62,9 +62,22 @@ impl Syncer {
         running: &mut FuturesUnordered<BoxFuture<'static, Done>>,
         scopes: &[Option<String>],
     ) {
+        if let Some(i) = self.learn(news, own_tx) {
+            self.read_members(running, scopes, Some(i), &[]);
+        }
+    }
+
+    /// Takes in news without reading the member (before the loop runs, the
+    /// first take of the shards reads every member discovered by then).
+    /// Returns the member whose versions were learned or changed.
+    pub(super) fn learn(
+        &mut self,
+        news: News,
+        own_tx: &mpsc::Sender<crate::controller::own::OwnEvent>,
+    ) -> Option<usize> {
         let News::Discovered(i, apis) = news;
         if self.discovered[i] && self.apis[i] == apis {
-            return;
+            return None;
         }
         let m = self.members[i].clone();
         info!(member = %m.name(), import = %apis.import.api_version, export = %apis.export.api_version, "MCS API discovered: reconciling everything it takes part in");
@@ -92,7 +105,7 @@ impl Syncer {
             &self.stats,
             &self.shards,
         );
-        self.read_members(running, scopes, Some(i), &[]);
+        Some(i)
     }
 
     /// Takes in what [`adopt`] found in a member, in a read begun at

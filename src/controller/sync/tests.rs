@@ -55,6 +55,7 @@ impl Run {
             auto_export_prefixes: vec![],
             namespaces: vec![],
             resync: Duration::from_secs(600),
+            concurrency: CONCURRENCY,
         };
         let members = links.iter().map(|l| Arc::new(l.clone()) as Arc<dyn MemberLink>).collect();
         let syncer = Syncer::new(members, behaviour, stats.clone(), shards.clone(), failures.clone());
@@ -69,6 +70,14 @@ impl Run {
     /// Member `i`'s complete lists: shop/web exported when `exports`.
     async fn list(&self, i: usize, exports: bool) {
         let (e, s, sl) = if exports { web() } else { (vec![], vec![], vec![]) };
+        // The user's exports are objects of the member too (their status
+        // is written there).
+        for export in &e {
+            let name = export.metadata.name.clone().unwrap();
+            if self.member(i).get(Kind::ServiceExport, "shop", &name).is_none() {
+                self.member(i).put(Kind::ServiceExport, "shop", &name, serde_json::to_value(export).unwrap());
+            }
+        }
         let cluster = ClusterId::parse(&format!("cluster-{}", i + 1)).unwrap();
         for event in member::listed(i, &cluster, &e, &s, &sl) {
             self.links[i].send(event).await;
@@ -216,7 +225,7 @@ async fn a_member_whose_discovery_answers_garbage_is_counted_and_asked_again() {
     r.stats.register(&registry, r.shards.clone(), None).unwrap();
     let text = crate::scrape::render(&registry);
     let errors = crate::scrape::series(&text);
-    let key = r#"clusterset_dns_watch_errors_total{watch="API discovery of member cluster-2"}"#;
+    let key = r#"clusterset_dns_sync_watch_errors_total{watch="API discovery of member cluster-2"}"#;
     assert!(errors.get(key).is_some_and(|n| *n >= 4.0), "{text}");
     assert!(r.imported(1).is_none());
     r.task.abort();
@@ -298,4 +307,40 @@ async fn a_takeover_with_writes_waiting_in_the_rate_limit_sends_nothing_more() {
     let fenced = ErrorReason::ALL.iter().position(|e| *e == ErrorReason::Fenced).unwrap();
     assert!(r.stats.errors[fenced].load(Ordering::Relaxed) > 0, "the waiting writes ended as fenced");
     r.task.abort();
+}
+
+/// A restart with nothing changed writes nothing: the members' objects are
+/// read (their versions discovered first) before anything is written, and
+/// no member is named as not reached meanwhile.
+#[tokio::test(start_paused = true)]
+async fn an_idle_restart_writes_nothing() {
+    let links = vec![FakeLink::new("cluster-1"), FakeLink::new("cluster-2")];
+    for l in &links {
+        l.serves("v1beta1");
+    }
+    let first = Run::with(links.clone());
+    first.list(0, true).await;
+    first.list(1, false).await;
+    first.lead();
+    until("imported in both", || first.imported(0).is_some() && first.imported(1).is_some()).await;
+    pass(10).await;
+    first.task.abort();
+    let _ = first.task.await;
+    for l in &links {
+        l.restarted();
+    }
+    let before: usize = links.iter().map(|l| l.api.writes().len()).sum();
+    // The second run's discovery of cluster-2 answers a little later.
+    links[1].discovery.send_replace(None);
+    let second = Run::with(links.clone());
+    second.list(0, true).await;
+    second.list(1, false).await;
+    second.lead();
+    pass(1).await;
+    links[1].serves("v1beta1");
+    pass(20).await;
+    let after: usize = links.iter().map(|l| l.api.writes().len()).sum();
+    let written: Vec<_> = links.iter().map(|l| l.api.writes()).collect();
+    assert_eq!(after, before, "an idle restart wrote (all writes per member): {written:?}");
+    second.task.abort();
 }
