@@ -1,4 +1,4 @@
-//! Tenure under a fault schedule: three `sync --shards 4` replicas on three
+//! Tenure under a fault schedule: three `sync --shards 6` replicas on three
 //! loopback clusters with audit logging, for `TENURE_MINUTES` (default 30)
 //! while exports are created, changed and deleted, one fault at a time from
 //! a seeded schedule (`TENURE_SEED`, default 1): a replica frozen past its
@@ -42,7 +42,7 @@ fn tenure_bench(rt: &tokio::runtime::Runtime) -> Result<()> {
         seed,
         run_for: Duration::from_secs(minutes * 60),
         replicas: 3,
-        shards: 4,
+        shards: 6,
         lease: 5,
         services: 24,
         namespace: "tenure".into(),

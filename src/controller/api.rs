@@ -458,7 +458,8 @@ impl MemberApi for KubeMember {
 /// A member API shared by the reconciles of every service.
 pub type SharedApi = Arc<dyn MemberApi>;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "fakes"))]
+#[allow(clippy::unwrap_used, missing_docs)]
 pub mod fake {
     //! A member API in memory: objects by (kind, namespace, name), every
     //! call recorded, and faults to inject per call (a status error, a hang).

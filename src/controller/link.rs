@@ -183,7 +183,8 @@ pub fn discovery_health(name: &str) -> Arc<WatchHealth> {
     Arc::new(WatchHealth::new(format!("API discovery of member {name}")))
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "fakes"))]
+#[allow(clippy::unwrap_used, missing_docs)]
 pub mod fake {
     //! A member in process: the test sends its watches' events, answers its
     //! discovery, sets its staleness; its writes land in a `FakeMember`.

@@ -164,9 +164,21 @@ pub fn run(clusters: &TestClusters, plan: &Plan) -> Ran {
     while start.elapsed() < plan.run_for {
         let at = start.elapsed().as_secs_f64();
         let began = Instant::now();
+        // A replica fault hits one that leads a shard, when one does: a
+        // replica leading nothing moves no shard when it stops.
+        let leading: Vec<usize> = (0..replicas.len())
+            .filter(|&r| replicas[r].metric("clusterset_dns_sync_leader") == Some(1.0))
+            .collect();
+        let victim = |rng: &mut fastrand::Rng| {
+            if leading.is_empty() {
+                rng.usize(0..plan.replicas)
+            } else {
+                leading[rng.usize(0..leading.len())]
+            }
+        };
         let what = match rng.u32(0..5) {
             0 => {
-                let r = rng.usize(0..replicas.len());
+                let r = victim(&mut rng);
                 let d = lease + Duration::from_millis(rng.u64(500..=plan.lease * 1500));
                 eprintln!("[tenure] {at:.0} s: replica-{r} frozen for {:.1} s", d.as_secs_f64());
                 replicas[r].signal("STOP");
@@ -175,7 +187,7 @@ pub fn run(clusters: &TestClusters, plan: &Plan) -> Ran {
                 format!("replica-{r} frozen {:.1} s", d.as_secs_f64())
             }
             1 => {
-                let r = rng.usize(0..replicas.len());
+                let r = victim(&mut rng);
                 let d = Duration::from_millis(rng.u64(0..=plan.lease * 1000));
                 eprintln!("[tenure] {at:.0} s: replica-{r} killed, restarted after {:.1} s", d.as_secs_f64());
                 replicas[r].kill();

@@ -1,6 +1,6 @@
 //! A replica that lost its Lease sends nothing, checked from the API
 //! servers' own audit logs under a seeded schedule of faults
-//! (`harness::tenure`): three `sync --shards 4` replicas on three clusters
+//! (`harness::tenure`): three `sync --shards 6` replicas on three clusters
 //! for two and a half minutes while exports are created, changed and
 //! deleted; replicas frozen past their Lease and killed, member API
 //! servers frozen and restarted, the Leases' cluster frozen. The long run
@@ -24,7 +24,7 @@ fn no_replica_writes_a_shard_after_another_took_its_lease_under_a_fault_schedule
         seed,
         run_for: Duration::from_secs(150),
         replicas: 3,
-        shards: 4,
+        shards: 6,
         lease: 5,
         services: 12,
         namespace: "tenure".into(),
