@@ -40,7 +40,7 @@ pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};
 pub use snapshot::{Identity, NameTable, ServiceNames, Snapshot, Zone, ZoneConfig, version};
 pub use transfer::ZoneWalk;
-pub use writer::Writer;
+pub use writer::{Growth, Kinds, Writer};
 
 use std::sync::Arc;
 

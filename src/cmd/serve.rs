@@ -20,7 +20,7 @@ use crate::ops::{debug, http, metrics::Metrics};
 use crate::source::files::{self, FileSlots, FileSource, LoadError};
 use crate::source::objects::ParseError;
 use crate::source::{centralized, embedded, kube};
-use crate::store::{self, Reader, SourceId, Update, Writer};
+use crate::store::{self, Growth, Reader, SourceId, Update, Writer};
 use crate::supervise::Supervisor;
 use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
@@ -407,11 +407,18 @@ fn write_loop(
         let mut next = Some(update);
         while let Some(update) = next.take().or_else(|| rx.try_recv().ok()) {
             if let Some(g) = guard.as_ref().filter(|_| keep_serving && writer.is_ready()) {
-                let added = writer.growth(&update);
+                // An edit of an object its source holds, or a removal,
+                // adds nothing: never weighed, never refused.
+                let Growth::Adds(added) = writer.growth(&update) else {
+                    // The rest of a list a refusal cut short.
+                    writer.refused(&update);
+                    continue;
+                };
                 let key = update_source(&update);
-                let what = || format!("{added} objects more from {key}");
-                if added > 0
-                    && let Err(e) = g.admit(&key, what, added as u64 * OBJECT_BYTES)
+                let what = || format!("{added} more from {key}");
+                let needs = (added.total() as u64).saturating_mul(OBJECT_BYTES);
+                if needs > 0
+                    && let Err(e) = g.admit(&key, what, needs)
                 {
                     error!(error = %e, "update refused");
                     writer.refused(&update);
