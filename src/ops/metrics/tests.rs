@@ -122,7 +122,7 @@ fn each_family_shows_its_own_values() {
     m.register_udp_workers(vec![("dns://:53".into(), Arc::new(AtomicUsize::new(241)))]).unwrap();
     let guard =
         Guard::new(MemoryBudget { limit: 1 << 30, source: LimitSource::Flag }, OnMemoryLimit::KeepServing);
-    guard.set("objects.yaml", true);
+    guard.refused(crate::store::SourceId::File { path: 0, file: 0 }, Some(1), true);
     m.register_memory(Some(Arc::new(guard))).unwrap();
     let clusters = [("c1", true), ("c2", false)]
         .map(|(c, alive)| (ArcSwap::from_pointee(ClusterId::parse(c).unwrap()), AtomicBool::new(alive)));
