@@ -40,7 +40,8 @@ pub struct Cli {
 /// `--on-memory-limit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnMemoryLimit {
-    /// Refuse the update, keep serving the last good state.
+    /// Refuse the update, keep serving the last good state, list its
+    /// source again once it fits.
     KeepServing,
     /// Stop the server.
     Exit,
@@ -418,14 +419,17 @@ pub struct ServeArgs {
     /// Memory the server may use: a size (512Mi, 2Gi, bytes), `auto` (the
     /// container's limit: the cgroup's memory.max), or `none`. An update that
     /// would take the server past 90 % of it is weighed before it is read
-    /// and refused (see --on-memory-limit); a first load that does not fit
-    /// fails the start, naming the size reached, rather than be OOM-killed.
+    /// and refused, its source listed again once it fits (see
+    /// --on-memory-limit); an edit or a removal is never refused. A first
+    /// load that does not fit fails the start, naming the size reached,
+    /// rather than be OOM-killed.
     #[arg(long, value_name = "SIZE", default_value = "auto")]
     pub memory_limit: MemoryLimit,
     /// What to do when an update would take the server past 90 % of
-    /// --memory-limit once it serves: refuse that update whole and keep
-    /// serving the last good state (`keep-serving`), or stop (`exit`). A
-    /// first load that does not fit always fails the start.
+    /// --memory-limit once it serves: refuse that update and keep serving
+    /// the last good state, listing its source again once it fits
+    /// (`keep-serving`), or stop (`exit`). A first load that does not fit
+    /// always fails the start.
     #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnMemoryLimit::KeepServing)]
     pub on_memory_limit: OnMemoryLimit,
     /// Probe every ready endpoint actively (TCP connect to its port) and

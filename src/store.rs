@@ -21,6 +21,7 @@ mod localities;
 mod names;
 mod owners;
 mod records;
+mod relist;
 mod resolve;
 mod reverse;
 mod shards;
@@ -38,9 +39,10 @@ pub use hosts::{HostSrv, Hosts, PtrTargetRef, Ptrs, address_len, write_address, 
 pub use input::{Object, ObjectId, SourceId, Update};
 pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};
+pub use relist::Relists;
 pub use snapshot::{Identity, NameTable, ServiceNames, Snapshot, Zone, ZoneConfig, version};
 pub use transfer::ZoneWalk;
-pub use writer::Writer;
+pub use writer::{Growth, Kinds, Writer};
 
 use std::sync::Arc;
 

@@ -122,7 +122,7 @@ impl Metrics {
         let mut f = Families::new();
         f.gauge(
             "clusterset_dns_memory_over_budget",
-            "1 while an update is refused because it would take the server past 90 % of --memory-limit (the last good state is served); 0 once an update fits again, and without a limit.",
+            "1 while the memory budget refuses updates: the resident size is over 90 % of --memory-limit, or a source whose update was refused has not been listed back in yet (it is listed again once it fits; the last good state is served meanwhile). 0 without a limit.",
             &[],
             move || {
                 let over = guard.as_ref().is_some_and(|g| g.is_over());

@@ -149,6 +149,10 @@ macro_rules! layout {
             pub(crate) debug: [$t; 2],
             /// Zone transfer requests by [`TransferAsk`] slot.
             pub(crate) transfers: [$t; 3],
+            /// TCP connections closed at `--tcp-max-connections` to make
+            /// room for a new one (counted by the accept loop, straight
+            /// into the shared atomics: once per connection, not per query).
+            pub(crate) tcp_shed: [$t; 1],
         }
     };
 }
@@ -171,6 +175,7 @@ impl Default for LocalStats {
             limited: [0; 2],
             debug: [0; 2],
             transfers: [0; 3],
+            tcp_shed: [0; 1],
         }
     }
 }
@@ -190,6 +195,7 @@ impl Default for QueryStats {
             limited: std::array::from_fn(|_| AtomicU64::new(0)),
             debug: std::array::from_fn(|_| AtomicU64::new(0)),
             transfers: std::array::from_fn(|_| AtomicU64::new(0)),
+            tcp_shed: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -283,6 +289,7 @@ impl LocalStats {
         add(&mut self.limited, &shared.limited);
         add(&mut self.debug, &shared.debug);
         add(&mut self.transfers, &shared.transfers);
+        add(&mut self.tcp_shed, &shared.tcp_shed);
         for (l, s) in self.duration.iter_mut().zip(&shared.duration) {
             add(l, s);
         }

@@ -26,6 +26,7 @@ mod image;
 mod incumbent;
 mod interop;
 mod list_mode;
+mod memory_budget;
 mod metrics;
 mod monitoring;
 mod policy;

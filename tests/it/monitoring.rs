@@ -228,6 +228,7 @@ fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
         "clusterset_dns_sync_writes_total",
         "clusterset_dns_sync_conflicts",
         "clusterset_dns_udp_workers",
+        "clusterset_dns_tcp_connections_shed_total",
     ] {
         assert!(used.contains(m), "the dashboard shows no {m}");
     }

@@ -88,6 +88,7 @@ fn queries() -> Arc<QueryStats> {
     for (c, n) in s.transfers.iter().zip([215, 216, 217]) {
         set(c, n);
     }
+    set(&s.tcp_shed[0], 218);
     Arc::new(s)
 }
 
@@ -121,7 +122,7 @@ fn each_family_shows_its_own_values() {
     m.register_udp_workers(vec![("dns://:53".into(), Arc::new(AtomicUsize::new(241)))]).unwrap();
     let guard =
         Guard::new(MemoryBudget { limit: 1 << 30, source: LimitSource::Flag }, OnMemoryLimit::KeepServing);
-    guard.set("objects.yaml", true);
+    guard.refused(crate::store::SourceId::File { path: 0, file: 0 }, Some(1), true);
     m.register_memory(Some(Arc::new(guard))).unwrap();
     let clusters = [("c1", true), ("c2", false)]
         .map(|(c, alive)| (ArcSwap::from_pointee(ClusterId::parse(c).unwrap()), AtomicBool::new(alive)));
@@ -166,6 +167,7 @@ fn each_family_shows_its_own_values() {
         (r#"clusterset_dns_transfers_total{result="streamed",server="dns://:53"}"#, 215.0),
         (r#"clusterset_dns_transfers_total{result="udp",server="dns://:53"}"#, 216.0),
         (r#"clusterset_dns_transfers_total{result="refused",server="dns://:53"}"#, 217.0),
+        (r#"clusterset_dns_tcp_connections_shed_total{server="dns://:53"}"#, 218.0),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -215,6 +217,7 @@ fn each_family_shows_its_own_values() {
         ("clusterset_dns_rrl_responses_total", "counter"),
         ("clusterset_dns_debug_queries_total", "counter"),
         ("clusterset_dns_transfers_total", "counter"),
+        ("clusterset_dns_tcp_connections_shed_total", "counter"),
         ("coredns_dns_requests_total", "counter"),
         ("coredns_dns_do_requests_total", "counter"),
         ("coredns_dns_responses_total", "counter"),
