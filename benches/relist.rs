@@ -122,7 +122,8 @@ fn one_round(f: &ServedFleet, names: &[Name], watches: usize) -> Result<String> 
                     let last = listed.iter().max().copied().unwrap_or(first);
                     // Queries go on past the publish, so the window is whole.
                     std::thread::sleep(
-                        (last + PUBLISH + Duration::from_millis(200)).saturating_duration_since(Instant::now()),
+                        (last + PUBLISH + Duration::from_millis(200))
+                            .saturating_duration_since(Instant::now()),
                     );
                     return Ok((stopped, first, last + PUBLISH));
                 }

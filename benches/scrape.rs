@@ -60,7 +60,8 @@ fn scrape() -> Result<()> {
     let dir = PathBuf::from(std::env::var("SCRAPE_OBJECTS").context(
         "SCRAPE_OBJECTS=DIR: a directory from ../shared/bench/gen_workload.py DIR --services 100000 --namespaces 100 --clusters 10",
     )?);
-    let seconds: u64 = std::env::var("SCRAPE_SECONDS").map_or(Ok(10), |s| s.parse()).context("SCRAPE_SECONDS")?;
+    let seconds: u64 =
+        std::env::var("SCRAPE_SECONDS").map_or(Ok(10), |s| s.parse()).context("SCRAPE_SECONDS")?;
     let phase = Duration::from_secs(seconds);
     let configs = std::env::var("SCRAPE_CONFIGS").unwrap_or_else(|_| "default".to_owned());
     let configs = configs
