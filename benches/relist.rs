@@ -4,10 +4,11 @@
 //! EndpointSlices each, streaming lists), UDP and TCP A queries at a
 //! steady rate, and the API server stopped and started again
 //! `RELIST_ROUNDS` times (default 2), so that every watch fails and lists
-//! everything again. The relist is the window from the first watch's
-//! "watch listing" to the last one's "watch listed" in the server's log,
-//! plus 1 s for the last publish; its latencies are reported beside those
-//! of the 5 s before the API server stopped.
+//! everything again. The relist is the window from the start of the first
+//! list that completed to the end of the last (each "watch listed" line in
+//! the server's log says how long its list took), plus 1 s for the last
+//! publish; its latencies are reported beside those of the 5 s before the
+//! API server stopped, and the server's log of its watches follows.
 //!
 //! `cargo bench --bench relist`; bounded: one UDP and one TCP query every
 //! 2 ms, each waiting 1 s at most, a round ends at the latest 600 s after
@@ -74,18 +75,28 @@ fn relist(f: &ServedFleet, rounds: usize) -> Result<()> {
         QUERY_EVERY.as_millis()
     );
     println!(
-        "\n| round | listing → listed | server CPU in it | UDP before: n, p50, p99, max | UDP relisting | TCP before | TCP relisting | load avg |"
+        "\n| round | relist from the API server's return | relist took | server CPU in it | UDP before: n, p50, p99, max | UDP relisting | TCP before | TCP relisting | load avg |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut logs = Vec::new();
     for round in 1..=rounds {
-        let row = one_round(f, &names, watches)?;
+        let (row, log) = one_round(f, &names, watches)?;
         println!("| {round} | {row} |");
+        logs.push(log);
+    }
+    for (round, log) in logs.iter().enumerate() {
+        println!("\nround {}: the server's watch log, s from the API server's return:\n\n```", round + 1);
+        for line in log {
+            println!("{line}");
+        }
+        println!("```");
     }
     Ok(())
 }
 
-/// One restart of the API server under query load; the table row.
-fn one_round(f: &ServedFleet, names: &[Name], watches: usize) -> Result<String> {
+/// One restart of the API server under query load; the table row and
+/// the server's log of it.
+fn one_round(f: &ServedFleet, names: &[Name], watches: usize) -> Result<(String, Vec<String>)> {
     let server = &f.server;
     let stop = AtomicBool::new(false);
     let started = Instant::now();
@@ -109,23 +120,36 @@ fn one_round(f: &ServedFleet, names: &[Name], watches: usize) -> Result<String> 
             let stopped = Instant::now();
             f.clusters.stop(0, Component::ApiServer);
             f.clusters.start_component(0, Component::ApiServer);
-            eprintln!("[bench] API server stopped and back in {:.1} s", secs(stopped.elapsed()));
-            // Every watch lists once more; the relist is from the first
-            // start of a list to the end of the last.
+            let back = Instant::now();
+            // Every watch lists once more. A list's "watch listed" line
+            // says how long it took: the relist is from the start of the
+            // first list that completed to the end of the last (lists the
+            // API server broke off before are not in it).
             loop {
                 let log = server.log_lines();
                 let new = &log[seen.min(log.len())..];
-                let listing = new.iter().find(|(_, l)| l.contains("watch listing")).map(|(t, _)| at(*t));
-                let listed: Vec<Instant> =
-                    new.iter().filter(|(_, l)| l.contains("watch listed")).map(|(t, _)| at(*t)).collect();
-                if let (Some(first), true) = (listing, listed.len() >= watches) {
-                    let last = listed.iter().max().copied().unwrap_or(first);
+                let lists: Vec<(Instant, Instant)> = new
+                    .iter()
+                    .filter(|(_, l)| l.contains("watch listed"))
+                    .map(|(t, l)| {
+                        let took = Duration::from_secs_f64(field(l, "seconds=").unwrap_or(0.0));
+                        (at(*t) - took, at(*t))
+                    })
+                    .collect();
+                if lists.len() >= watches {
+                    let first = lists.iter().map(|l| l.0).min().unwrap_or(back);
+                    let last = lists.iter().map(|l| l.1).max().unwrap_or(back);
                     // Queries go on past the publish, so the window is whole.
                     std::thread::sleep(
                         (last + PUBLISH + Duration::from_millis(200))
                             .saturating_duration_since(Instant::now()),
                     );
-                    return Ok((stopped, first, last + PUBLISH));
+                    let shown = new
+                        .iter()
+                        .filter(|(_, l)| l.contains("watch"))
+                        .map(|(t, l)| format!("{:>+8.1} s  {l}", signed_secs(at(*t), back)))
+                        .collect();
+                    return Ok(Window { stopped, back, first, end: last + PUBLISH, log: shown });
                 }
                 if stopped.elapsed() > ROUND_TIMEOUT {
                     bail!("no relist within {} s; log:\n{}", ROUND_TIMEOUT.as_secs(), server.log());
@@ -137,7 +161,7 @@ fn one_round(f: &ServedFleet, names: &[Name], watches: usize) -> Result<String> 
         let udp = udp.join().map_err(|_| anyhow!("UDP loop panicked"))??;
         let tcp = tcp.join().map_err(|_| anyhow!("TCP loop panicked"))??;
         let cpu = cpu.join().map_err(|_| anyhow!("CPU sampler panicked"))?;
-        let (stopped, first, end) = window?;
+        let Window { stopped, back, first, end, log } = window?;
         // CPU between the last sample before the window and the first after.
         let cpu_at = |t: Instant, after: bool| {
             let found = if after {
@@ -154,14 +178,40 @@ fn one_round(f: &ServedFleet, names: &[Name], watches: usize) -> Result<String> 
         let (ud, udl) = select(&udp, during);
         let (tb, tbl) = select(&tcp, before);
         let (td, tdl) = select(&tcp, during);
-        Ok(format!(
-            "{:.1} s | {relist_cpu:.1} s | {} | {} | {} | {} | {}",
+        let row = format!(
+            "{:.1} s | {:.1} s | {relist_cpu:.1} s | {} | {} | {} | {} | {}",
+            signed_secs(first, back),
             secs(end - PUBLISH - first),
             cells(&ub, ubl),
             cells(&ud, udl),
             cells(&tb, tbl),
             cells(&td, tdl),
             loadavg()
-        ))
+        );
+        Ok((row, log))
     })
+}
+
+/// One round's relist: when the API server stopped and was back, the
+/// relist's start and end (its last publish included), the server's log
+/// lines about its watches from the stop on.
+struct Window {
+    stopped: Instant,
+    back: Instant,
+    first: Instant,
+    end: Instant,
+    log: Vec<String>,
+}
+
+/// `t - from` in seconds, negative when `t` is earlier.
+fn signed_secs(t: Instant, from: Instant) -> f64 {
+    match t.checked_duration_since(from) {
+        Some(d) => secs(d),
+        None => -secs(from - t),
+    }
+}
+
+/// The number after `name` (e.g. `seconds=`) in a log line.
+fn field(line: &str, name: &str) -> Option<f64> {
+    line.split(name).nth(1)?.split_whitespace().next()?.parse().ok()
 }
