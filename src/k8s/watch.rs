@@ -476,8 +476,9 @@ where
                 }
                 started = true;
                 began = Instant::now();
-                // With "watch listed", when a (re)list ran and how long it took.
-                info!(watch = %reporter.name(), list = how, "watch listing");
+                // With "watch listed" (which says how it listed), when a
+                // (re)list ran and how long it took.
+                info!(watch = %reporter.name(), "watch listing");
                 buffer.clear();
                 parted = false;
                 count = 0;
