@@ -107,6 +107,7 @@ impl Env {
         if !self.fence.fence.may_write() {
             return Err(ApiError::Fenced);
         }
+        debug!(member = %self.members[m].name, %kind, namespace, name, "apply");
         let r = self.members[m].api.apply(&self.fence, kind, namespace, name, body).await;
         self.count(&r);
         r
@@ -117,6 +118,7 @@ impl Env {
         if !self.fence.fence.may_write() {
             return Err(ApiError::Fenced);
         }
+        debug!(member = %self.members[m].name, %kind, namespace, name, "delete");
         let r = self.members[m].api.delete(&self.fence, kind, namespace, name).await;
         self.count(&r);
         r
