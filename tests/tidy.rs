@@ -50,9 +50,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault", "scrape"]),
     // Restarts or fails tasks; used by the command roots.
     ("supervise", &["fault", "pace"]),
-    // The command line: parses values straight into the domain's types
-    // (networks, cluster ids, answer policies), so each has one parser.
-    ("cli", &["model"]),
+    // The command line: parses values straight into the types they
+    // configure (networks, cluster ids, answer policies, list modes, …), so
+    // each has one parser and one definition; nothing it imports imports it.
+    ("cli", &["model", "k8s", "ops", "controller", "diagnose", "cluster_dns"]),
     // Command roots.
     ("config", ANY),
     ("cmd", ANY),
