@@ -32,10 +32,12 @@ pinned to a CPU: the figure is CPU time, which is the same wherever the
 scheduler puts it.
 
 Before anything is measured, the first SAMPLES distinct lines of
-queries.txt are asked of every server with dig, and the rcode and answer
-section (records sorted, names lower-cased) must be the same everywhere;
-otherwise the servers would not be doing the same work, and the script
-stops and prints the difference.
+queries.txt are asked of every server with dig, and besides them, for the
+first service of each kind, its A, its `_http._tcp.` SRV and its bare
+name's SRV, the A of a headless endpoint's name and dns-version's TXT:
+the rcode and answer section (records sorted, names lower-cased) must be
+the same everywhere; otherwise the servers would not be doing the same
+work, and the script stops and prints the difference.
 
 How it counts, for each server in turn (the others idle):
   dnsperf -s 127.0.0.1 -p PORT -d queries.txt -l SECONDS -c 4 -Q 1000000 -q 200
@@ -94,10 +96,12 @@ def install_missing():
     subprocess.run(sudo + ["apt-get", "update", "-qq"], check=True, env=env)
     subprocess.run(sudo + ["apt-get", "install", "-y", "-qq", *missing], check=True, env=env,
                    stdout=subprocess.DEVNULL)
-    # The packages start their own services; ours are started by hand below.
-    for service in ("knot", "nsd"):
-        subprocess.run(sudo + ["systemctl", "disable", "--now", service],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Where systemd runs, the packages start services of their own (on port
+    # 53, not ours); the servers measured are started by hand below.
+    if os.path.isdir("/run/systemd/system"):
+        for service in ("knot", "nsd"):
+            subprocess.run(sudo + ["systemctl", "disable", "--now", service],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def knot(d, port, zone):
@@ -245,16 +249,24 @@ class Server:
                 self.proc.wait()
 
 
-def check_answers(servers, queries, samples):
-    """The first `samples` distinct queries get the same answers everywhere."""
+def check_answers(servers, queries, samples, names):
+    """The first `samples` distinct queries, and a query of every kind, get
+    the same answers everywhere."""
     asked, seen = [], set()
     with open(queries) as f:
         for line in f:
+            if len(asked) == samples:
+                break
             if line not in seen:
                 seen.add(line)
                 asked.append(line.split())
-            if len(asked) == samples:
-                break
+    for kind in ("clusterset_ip", "headless"):
+        for service in names[kind][:1]:
+            name = f"{service}.{workload.ZONE}"
+            asked += [[name, "A"], [f"_{workload.PORT_NAME}._tcp.{name}", "SRV"], [name, "SRV"]]
+    for host in names["hosts"][:1]:
+        asked.append([f"{host}.{workload.ZONE}", "A"])
+    asked.append([f"dns-version.{workload.ZONE}", "TXT"])
     first, differ = servers[0], []
     for name, qtype in asked:
         want = dig(first.port, name, qtype, timeout=2, tries=2)
@@ -305,7 +317,7 @@ def main():
     work = a.workdir or tempfile.mkdtemp(prefix="peers-")
     wl = os.path.join(work, "wl")
     gen = workload.arguments([wl, *shlex.split(a.gen)])
-    objects, queries = workload.write(gen)
+    objects, queries, names = workload.write(gen)
     print(f"workload: {gen.services} services, {objects} objects, {queries} queries in {wl}", flush=True)
     zone = os.path.join(wl, f"{workload.ZONE}.zone")
     peers = [("knot", knot), ("nsd", nsd)]
@@ -326,7 +338,7 @@ def main():
             servers.append(Server("ours", shlex.split(cmd), PORTS["ours"],
                                   open(os.path.join(work, "ours.log"), "w")))
             servers[-1].wait_ready()
-        check_answers(servers[::-1], os.path.join(wl, "queries.txt"), a.samples)
+        check_answers(servers[::-1], os.path.join(wl, "queries.txt"), a.samples, names)
         rows = {s.name: measure(s, os.path.join(wl, "queries.txt"), a.seconds) for s in servers}
     finally:
         for s in servers:

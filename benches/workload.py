@@ -88,7 +88,7 @@ def build(a):
         "ns.dns IN A 127.0.0.1",
         f'dns-version 28800 IN TXT "{SCHEMA_VERSION}"',
     ]
-    clusterset_ip, headless, srv = [], [], []
+    clusterset_ip, headless, srv, hosts = [], [], [], []
     next_pod = POD_BASE
     for i in range(a.services):
         name, namespace = f"svc{i}", f"ns{i % a.namespaces}"
@@ -128,6 +128,7 @@ def build(a):
             for owner in (f"_{PORT_NAME}._tcp.{service}", service):
                 zone.extend(f"{owner} IN SRV 0 {weight} {port} {t}.{ZONE}." for t in targets)
             headless.append(service)
+            hosts.append(targets[0])
         else:
             vip = ipaddress.IPv4Address(VIP_BASE + i)
             spec["ips"] = [str(vip)]
@@ -142,7 +143,9 @@ def build(a):
             "metadata": {"name": name, "namespace": namespace},
             "spec": spec,
         })
-    return objects, zone, {"clusterset_ip": clusterset_ip, "headless": headless, "srv": srv}
+    # hosts: the first endpoint name of each headless service.
+    names = {"clusterset_ip": clusterset_ip, "headless": headless, "srv": srv, "hosts": hosts}
+    return objects, zone, names
 
 
 def queries(a, names):
@@ -161,7 +164,8 @@ def queries(a, names):
 
 
 def write(a):
-    """Writes the three files into OUTDIR; returns (objects, queries) counts."""
+    """Writes the three files into OUTDIR; returns the counts of objects and
+    queries, and the services' names by kind."""
     objects, zone, names = build(a)
     os.makedirs(a.outdir, exist_ok=True)
     with open(os.path.join(a.outdir, "objects.yaml"), "w") as f:
@@ -173,10 +177,10 @@ def write(a):
         for line in queries(a, names):
             f.write(line + "\n")
             n += 1
-    return len(objects), n
+    return len(objects), n, names
 
 
 if __name__ == "__main__":
     args = arguments()
-    count, n = write(args)
+    count, n, _ = write(args)
     print(f"{args.services} services, {count} objects, {n} queries -> {args.outdir}")
