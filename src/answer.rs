@@ -2,8 +2,8 @@
 //! [`Answer`] that borrows pre-encoded records from the snapshot. No I/O, no
 //! allocation; the wire layer turns an `Answer` into bytes.
 //!
-//! The rules are those of `../shared/docs/dns-behaviour.md` (the MCS DNS
-//! specification plus RFC 8020 and RFC 8482 where it is silent).
+//! The rules are the contract of `docs/answers.md` (the MCS DNS
+//! specification, with RFC 8020 and RFC 8482 where it is silent).
 
 pub mod select;
 
