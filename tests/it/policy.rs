@@ -119,6 +119,7 @@ fn malformed_client_subnet_options_get_formerr() {
         p
     };
     for (why, data) in [
+        ("a scope set in a query", vec![0, 1, 24, 24, 198, 51, 100]),
         ("bits set beyond the prefix", vec![0, 1, 12, 0, 10, 0xFF]),
         ("more address bytes than the prefix needs", vec![0, 1, 8, 0, 10, 0]),
         ("prefix longer than IPv4", vec![0, 1, 33, 0, 1, 2, 3, 4, 5]),
