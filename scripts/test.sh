@@ -102,6 +102,9 @@ command -v runc >/dev/null || need_apt+=(runc)
 # nft; the Pods' servers and clients are python3.
 command -v nft >/dev/null || need_apt+=(nftables)
 command -v python3 >/dev/null || need_apt+=(python3)
+# A replica's wall clock stepped while its monotonic clock runs on
+# (tests/it/sync_clock.rs): libfaketime.
+dpkg -s libfaketime >/dev/null 2>&1 || need_apt+=(libfaketime)
 # scripts/conformance.sh by hand (not run here): its Pods' programs come from the host.
 command -v socat >/dev/null || need_apt+=(socat)
 command -v nc >/dev/null || need_apt+=(netcat-openbsd)

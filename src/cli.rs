@@ -40,7 +40,8 @@ pub struct Cli {
 /// `--on-memory-limit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnMemoryLimit {
-    /// Refuse the update, keep serving the last good state.
+    /// Refuse the update, keep serving the last good state, list its
+    /// source again once it fits.
     KeepServing,
     /// Stop the server.
     Exit,
@@ -118,6 +119,14 @@ pub enum Command {
     /// Run the MCS sync controller: every member's ServiceExports become a
     /// ServiceImport, MCS EndpointSlices and a clusterset VIP in every member.
     Sync(Box<SyncArgs>),
+    /// Hub mode: this member's agent. It publishes what its cluster exports
+    /// as ExportRecords in its own namespace of a hub cluster, reads every
+    /// member's records from the hub, and writes ServiceImports, MCS
+    /// EndpointSlices and clusterset VIPs into its own cluster only
+    /// (docs/hub.md).
+    Agent(Box<AgentArgs>),
+    /// Hub mode's administration of the hub cluster.
+    Hub(HubArgs),
     /// Serve DNS and run the sync controller in one process: `--cluster`
     /// names the members synced; DNS answers from this cluster's
     /// ServiceImports (--kubeconfig or --in-cluster).
@@ -266,6 +275,13 @@ pub struct ServeArgs {
     /// HTTP address for /health, /ready and /metrics.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9153")]
     pub http_listen: SocketAddr,
+    /// Also put the per-service series on /metrics:
+    /// clusterset_dns_endpoints{service,cluster,state} and
+    /// clusterset_dns_answers_total{service,cluster}, a series per service
+    /// and cluster (200,000 at 100,000 services in 10 clusters). By default
+    /// /metrics sums them per cluster and /debug/metrics serves them.
+    #[arg(long)]
+    pub metrics_per_service: bool,
     /// Address to answer on, UDP and TCP. Repeatable (e.g. one IPv4, one IPv6).
     /// Port 0 picks a free port (logged at start).
     #[arg(long = "listen", value_name = "ADDR:PORT", default_value = "127.0.0.1:1053")]
@@ -426,14 +442,17 @@ pub struct ServeArgs {
     /// Memory the server may use: a size (512Mi, 2Gi, bytes), `auto` (the
     /// container's limit: the cgroup's memory.max), or `none`. An update that
     /// would take the server past 90 % of it is weighed before it is read
-    /// and refused (see --on-memory-limit); a first load that does not fit
-    /// fails the start, naming the size reached, rather than be OOM-killed.
+    /// and refused, its source listed again once it fits (see
+    /// --on-memory-limit); an edit or a removal is never refused. A first
+    /// load that does not fit fails the start, naming the size reached,
+    /// rather than be OOM-killed.
     #[arg(long, value_name = "SIZE", default_value = "auto")]
     pub memory_limit: MemoryLimit,
     /// What to do when an update would take the server past 90 % of
-    /// --memory-limit once it serves: refuse that update whole and keep
-    /// serving the last good state (`keep-serving`), or stop (`exit`). A
-    /// first load that does not fit always fails the start.
+    /// --memory-limit once it serves: refuse that update and keep serving
+    /// the last good state, listing its source again once it fits
+    /// (`keep-serving`), or stop (`exit`). A first load that does not fit
+    /// always fails the start.
     #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnMemoryLimit::KeepServing)]
     pub on_memory_limit: OnMemoryLimit,
     /// Probe every ready endpoint actively (TCP connect to its port) and
@@ -547,6 +566,72 @@ pub struct SyncArgs {
     pub options: SyncOptions,
 }
 
+/// `clusterset-dns agent`: one per member (hub mode).
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// This member's name on the hub, also its cluster id (a DNS label):
+    /// its hub namespace is clusterset-member-NAME.
+    #[arg(long, value_name = "NAME")]
+    pub member: String,
+    /// Kubeconfig of this member's own cluster (default: the cluster this
+    /// Pod runs in, its service account).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig of the hub, as this member's hub identity (it may write
+    /// only its own namespace there, and read the others').
+    #[arg(long, value_name = "PATH")]
+    pub hub_kubeconfig: PathBuf,
+    /// HTTP address for /health, /ready and /metrics.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9155")]
+    pub http_listen: SocketAddr,
+    /// Namespace to sync (repeatable); all namespaces when none is given.
+    #[arg(long = "namespace", value_name = "NS")]
+    pub namespaces: Vec<String>,
+    /// Leader election (in this member's cluster) and the rest of the
+    /// controller's behaviour.
+    #[command(flatten)]
+    pub options: SyncOptions,
+}
+
+/// `clusterset-dns hub`.
+#[derive(Debug, Args)]
+pub struct HubArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: HubCommand,
+}
+
+/// `clusterset-dns hub …`.
+#[derive(Debug, Subcommand)]
+pub enum HubCommand {
+    /// Enrol a member on the hub: the hub's ExportRecord CRD and roles
+    /// (deploy/hub/), the member's namespace clusterset-member-NAME, its hub
+    /// identity (ServiceAccount clusterset-hub/member-NAME) allowed to write
+    /// that namespace only and read the others', and a kubeconfig of that
+    /// identity for its agent (--out). Enrolling again changes nothing but
+    /// the token.
+    Enrol(EnrolArgs),
+}
+
+/// `clusterset-dns hub enrol`.
+#[derive(Debug, Args)]
+pub struct EnrolArgs {
+    /// The member's name (a DNS label: its cluster id).
+    #[arg(value_name = "NAME")]
+    pub member: String,
+    /// Kubeconfig of the hub, as an identity that may create the objects
+    /// above (cluster admin).
+    #[arg(long, value_name = "PATH")]
+    pub hub_kubeconfig: PathBuf,
+    /// Where to write the agent's hub kubeconfig.
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+    /// Seconds the agent's token is valid, 600-31622400 (the hub may cap
+    /// it; renew by enrolling again before it ends).
+    #[arg(long, value_name = "SECONDS", default_value_t = 31_536_000, value_parser = clap::value_parser!(i64).range(600..=31_622_400))]
+    pub token_seconds: i64,
+}
+
 /// Members from the ClusterProfiles of a hub cluster (sigs.k8s.io
 /// cluster-inventory-api, KEP-4322), reached through the access providers
 /// of KEP-5339.
@@ -599,7 +684,8 @@ pub struct SyncOptions {
     #[arg(long, value_name = "NAME", default_value = "clusterset-dns-sync")]
     pub lease_name: String,
     /// Seconds a leader holds the Lease without renewing it, 5-3600; a
-    /// standby takes over within this time after the leader dies.
+    /// standby takes over within this time after the leader dies (the
+    /// longer of the leader's and its own, if they differ).
     #[arg(long, value_name = "SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=3600))]
     pub lease_duration: u64,
     /// This replica's identity in the Lease (default: $POD_NAME, else the
@@ -629,6 +715,11 @@ pub struct SyncOptions {
     /// leadership change this happens anyway). At least 10.
     #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..))]
     pub resync_interval: u64,
+    /// Services reconciled at once, 1-1024 (each writes its members, every
+    /// member in a lane of its own): the members' API servers, not the
+    /// controller, should set the pace.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub concurrent_syncs: u64,
     /// Export every Service in namespaces whose name starts with this
     /// (repeatable). Services annotated `clusterset-dns.io/export: "true"`
     /// (or Kosmos's `kosmos.io/auto-create-mcs: "true"`) are exported

@@ -7,8 +7,8 @@
 //! - `desired`: the objects to keep, pure functions of the merged import.
 //! - `reconcile`: one service in every member, each member in its own lane.
 //! - `api`: every member write behind one trait, with deadlines.
+//! - `link`: what the controller needs of one member, behind one trait.
 //! - `adopt`: our objects read whole from a member, to repair drift.
-//! - `fence`: writes only while the Lease is surely ours.
 //! - `shard`: services split between replicas by a stable hash.
 //! - `election`: which replica leads which shard, on Leases.
 //! - `own`: watches of our own objects, so what someone else deletes or
@@ -21,7 +21,7 @@ pub mod adopt;
 pub mod api;
 pub mod desired;
 pub mod election;
-pub mod fence;
+pub mod link;
 pub mod own;
 pub mod queue;
 pub mod reconcile;

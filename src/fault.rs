@@ -37,11 +37,16 @@ pub enum Task {
     /// The sync controller while leading (fatal: a new process, or the
     /// standby, takes over from complete lists).
     Controller,
+    /// API discovery of a sync member (restarted).
+    Discovery,
+    /// The sync controller's election, on its own thread (fatal: the
+    /// shards' fences close on their own, another replica takes them).
+    Election,
 }
 
 impl Task {
     /// Every task, in metric order.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 13] = [
         Self::Udp,
         Self::Tcp,
         Self::TcpAccept,
@@ -53,6 +58,8 @@ impl Task {
         Self::Probe,
         Self::Http,
         Self::Controller,
+        Self::Discovery,
+        Self::Election,
     ];
 
     /// The `task` label.
@@ -69,6 +76,8 @@ impl Task {
             Self::Probe => "probe",
             Self::Http => "http",
             Self::Controller => "controller",
+            Self::Discovery => "discovery",
+            Self::Election => "election",
         }
     }
 

@@ -21,6 +21,7 @@ mod localities;
 mod names;
 mod owners;
 mod records;
+mod relist;
 mod resolve;
 mod reverse;
 mod shards;
@@ -32,15 +33,16 @@ mod wire_key;
 mod writer;
 
 pub use answer_config::{AnswerConfig, ClientNet};
-pub use answer_stats::{ANSWER_SLOTS, AnswerStats};
+pub use answer_stats::{ANSWER_SLOTS, AnswerStats, CLUSTER_SLOTS};
 pub use balance::{Balance, BalanceCluster, EndpointMeta};
 pub use hosts::{HostSrv, Hosts, PtrTargetRef, Ptrs, address_len, write_address, write_ptr};
 pub use input::{Object, ObjectId, SourceId, Update};
 pub use localities::{Client, Localities};
 pub use records::{NameNode, RRset, Records};
+pub use relist::Relists;
 pub use snapshot::{Identity, NameTable, ServiceNames, Snapshot, Zone, ZoneConfig, version};
 pub use transfer::ZoneWalk;
-pub use writer::Writer;
+pub use writer::{Growth, Kinds, Writer};
 
 use std::sync::Arc;
 

@@ -109,6 +109,123 @@ impl Supervisor {
     }
 }
 
+/// Makes one run of a restartable task.
+pub type Maker = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// A set of restartable tasks owned by one future (the sync controller's
+/// watches, probes and discoveries): dropped with it, so none keeps running
+/// beside its successor. A task that panics or returns is counted and
+/// started again after its backoff, as [`Supervisor::restartable`] does,
+/// but only while its owner polls [`TaskSet::restart_next`].
+pub struct TaskSet {
+    set: tokio::task::JoinSet<()>,
+    /// By the key [`TaskSet::spawn`] gave, which outlives restarts.
+    tasks: std::collections::HashMap<u64, Entry>,
+    /// The key of each run.
+    runs: std::collections::HashMap<tokio::task::Id, u64>,
+    next: u64,
+    failures: Arc<Failures>,
+}
+
+struct Entry {
+    task: Task,
+    name: String,
+    handle: tokio::task::AbortHandle,
+    make: Maker,
+    backoff: crate::pace::Backoff,
+    started: Instant,
+}
+
+/// A handle to one task of a [`TaskSet`] (across its restarts), to end it
+/// on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskId(u64);
+
+impl TaskSet {
+    /// An empty set counting into `failures`.
+    pub fn new(failures: Arc<Failures>) -> Self {
+        Self {
+            set: tokio::task::JoinSet::new(),
+            tasks: std::collections::HashMap::new(),
+            runs: std::collections::HashMap::new(),
+            next: 0,
+            failures,
+        }
+    }
+
+    /// Starts `make()` as `task` (`name` says which, in the log), and again
+    /// whenever it ends.
+    pub fn spawn(&mut self, task: Task, name: String, make: Maker) -> TaskId {
+        let handle = self.set.spawn(make());
+        let key = self.next;
+        self.next += 1;
+        self.runs.insert(handle.id(), key);
+        let entry = Entry { task, name, handle, make, backoff: RESTART_BACKOFF, started: Instant::now() };
+        self.tasks.insert(key, entry);
+        TaskId(key)
+    }
+
+    /// Ends a task for good (it is not restarted).
+    pub fn abort(&mut self, id: TaskId) {
+        if let Some(entry) = self.tasks.remove(&id.0) {
+            self.runs.remove(&entry.handle.id());
+            entry.handle.abort();
+        }
+    }
+
+    /// How many tasks run.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// True when none runs.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Waits for a task to end, counts it, and starts it again after its
+    /// backoff. Pending while none ends (forever, when the set is empty).
+    pub async fn restart_next(&mut self) {
+        loop {
+            let Some(ended) = self.set.join_next_with_id().await else {
+                return std::future::pending().await;
+            };
+            let (id, panic) = match ended {
+                Ok((id, ())) => (id, None),
+                Err(e) if e.is_cancelled() => continue,
+                Err(e) => {
+                    let id = e.id();
+                    let message = e.try_into_panic().map(|p| panic_message(&*p).to_owned()).ok();
+                    (id, message)
+                }
+            };
+            // Aborted on purpose: gone from the map already.
+            let Some(key) = self.runs.remove(&id) else { continue };
+            let Some(mut entry) = self.tasks.remove(&key) else { continue };
+            match panic {
+                Some(message) => {
+                    self.failures.panicked(entry.task);
+                    error!(task = entry.task.name(), name = %entry.name, panic = %message, "task panicked; restarting it");
+                }
+                None => warn!(task = entry.task.name(), name = %entry.name, "task ended; restarting it"),
+            }
+            if entry.started.elapsed() >= HEALTHY_RUN {
+                entry.backoff.reset();
+            }
+            let wait = entry.backoff.next_wait();
+            let run = (entry.make)();
+            entry.handle = self.set.spawn(async move {
+                tokio::time::sleep(wait).await;
+                run.await;
+            });
+            entry.started = Instant::now();
+            self.runs.insert(entry.handle.id(), key);
+            self.tasks.insert(key, entry);
+            return;
+        }
+    }
+}
+
 /// Replaces the default panic hook, which writes every panic to stderr,
 /// with one that logs through `tracing` at most [`PANIC_LOGS_PER_SECOND`]
 /// a second: a query of death repeated by an attacker must not become a
@@ -173,6 +290,43 @@ mod tests {
         assert_eq!(sup.failures().panics(Task::Probe), 1);
         assert_eq!(sup.failures().fatal_reason(), None);
         handle.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_set_restarts_its_tasks_counts_panics_and_ends_only_aborted_ones() {
+        let failures = Failures::new();
+        let mut set = TaskSet::new(failures.clone());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let flaky: Maker = Arc::new(move || {
+            let n = counted.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async move {
+                match n {
+                    0 => panic!("first run dies"),
+                    1 => {}
+                    _ => std::future::pending().await,
+                }
+            })
+        });
+        set.spawn(Task::Watch, "flaky".into(), flaky);
+        let stopped = Arc::new(AtomicUsize::new(0));
+        let started = stopped.clone();
+        let idle: Maker = Arc::new(move || {
+            started.fetch_add(1, Ordering::Relaxed);
+            Box::pin(std::future::pending())
+        });
+        let id = set.spawn(Task::Probe, "idle".into(), idle);
+        assert_eq!(set.len(), 2);
+        set.abort(id);
+        assert_eq!(set.len(), 1);
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(5), set.restart_next()).await.expect("restarted");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(runs.load(Ordering::Relaxed), 3, "started three times");
+        assert_eq!(failures.panics(Task::Watch), 1);
+        assert_eq!(stopped.load(Ordering::Relaxed), 1, "the aborted one not restarted");
+        assert!(tokio::time::timeout(Duration::from_secs(60), set.restart_next()).await.is_err());
     }
 
     #[tokio::test]

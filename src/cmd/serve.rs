@@ -15,12 +15,13 @@ use crate::config::ServeConfig;
 use crate::fault::{Failures, Faults, Point, Task};
 use crate::fleet::member;
 use crate::k8s;
-use crate::ops::memory::{Guard, OBJECT_BYTES, OnMemoryLimit, PARSE_BYTES_PER_FILE_BYTE};
+use crate::ops::memory::admission::Admission;
+use crate::ops::memory::{Guard, OnMemoryLimit, PARSE_BYTES_PER_FILE_BYTE};
 use crate::ops::{debug, http, metrics::Metrics};
 use crate::source::files::{self, FileSlots, FileSource, LoadError};
 use crate::source::objects::ParseError;
 use crate::source::{centralized, embedded, kube};
-use crate::store::{self, Reader, SourceId, Update, Writer};
+use crate::store::{self, Reader, Relists, SourceId, Update, Writer};
 use crate::supervise::Supervisor;
 use crate::wire::stats::QueryStats;
 use crate::wire::{tcp, udp};
@@ -118,14 +119,15 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     let mut tasks = Started(Vec::new());
 
     let guard = cfg.memory.clone().map(|b| Arc::new(Guard::new(b, cfg.on_memory_limit)));
+    // How the memory budget asks a source it refused to list again.
+    let relists = Relists::default();
     // A changed objects file is weighed by its size before it is read.
     let admit: Option<files::Admit> =
         guard.clone().filter(|g| g.on_limit == OnMemoryLimit::KeepServing).map(|g| {
-            Arc::new(move |file: &std::path::Path, bytes: u64| {
+            Arc::new(move |source: SourceId, file: &std::path::Path, bytes: u64| {
                 let needs = bytes.saturating_mul(PARSE_BYTES_PER_FILE_BYTE);
-                let key = file.display().to_string();
-                g.admit(&key, || format!("objects file {key} ({} MiB)", bytes.div_ceil(1 << 20)), needs)
-                    .map_err(|e| e.to_string())
+                let what = || format!("objects file {} ({} MiB)", file.display(), bytes.div_ceil(1 << 20));
+                g.admit_file(source, what, needs).map_err(|e| e.to_string())
             }) as files::Admit
         });
     let mut healths = Vec::new();
@@ -155,7 +157,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         let paths: Vec<(PathBuf, FileSlots)> =
             sources.iter().map(|s| (s.path().to_owned(), s.slots())).collect();
         let mut first = Some(sources);
-        let (tx, reload, interop) = (tx.clone(), reload.clone(), cfg.interop);
+        let (tx, reload, interop, relists) = (tx.clone(), reload.clone(), cfg.interop, relists.clone());
         tasks.push(sup.restartable(Task::Files, move || {
             let sources = first.take().unwrap_or_else(|| {
                 let restarted = paths.iter().zip(0u16..);
@@ -169,7 +171,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
                     })
                     .collect()
             });
-            files::watch(sources, tx.clone(), reload.clone())
+            files::watch(sources, tx.clone(), reload.clone(), relists.clone())
         }));
     }
     if let Some(src) = &cfg.kube {
@@ -178,10 +180,10 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
             // Registered before the first publish: not ready until it lists.
             writer.apply(Update::Register(watch.source));
             healths.push(watch.health.clone());
-            let (client, tx) = (client.clone(), tx.clone());
-            tasks.push(
-                sup.restartable(Task::Watch, move || kube::run(watch.clone(), client.clone(), tx.clone())),
-            );
+            let (client, tx, relists) = (client.clone(), tx.clone(), relists.clone());
+            tasks.push(sup.restartable(Task::Watch, move || {
+                kube::run(watch.clone(), client.clone(), tx.clone(), relists.clone())
+            }));
         }
     }
     if !cfg.members.is_empty() {
@@ -195,9 +197,10 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         tasks.push(sup.restartable(Task::Liveness, move || {
             centralized::liveness(m.clone(), dead_after, s2.clone(), tx2.clone())
         }));
-        let (tx2, lists) = (tx.clone(), cfg.lists.clone());
+        let (tx2, lists, relists) = (tx.clone(), cfg.lists.clone(), relists.clone());
         tasks.push(sup.restartable(Task::Members, move || {
-            centralized::run(members.clone(), lists.clone(), source, tx2.clone(), state.clone())
+            let to = centralized::To { source, updates: tx2.clone(), relists: relists.clone() };
+            centralized::run(members.clone(), lists.clone(), to, state.clone())
         }));
     }
     if let Some(probe) = cfg.probe {
@@ -211,7 +214,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         }));
     }
     let metrics = Arc::new(Metrics::new(&process.registry, healths)?);
-    metrics.register_health(reader.clone(), liveness)?;
+    metrics.register_health(reader.clone(), liveness, cfg.metrics_per_service)?;
     metrics.register_memory(guard.clone())?;
     let started = std::time::Instant::now();
     writer.publish();
@@ -226,8 +229,12 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     // reload at 100,000 services takes seconds of CPU to apply and build,
     // which would stall TCP answers, /health and every watch meanwhile.
     let (r, m, faults) = (reader.clone(), metrics.clone(), cfg.wire.faults.clone());
+    let budget = guard.map(|g| Admission::new(g, relists));
     tasks.push(
-        sup.fatal(Task::Writer, on_own_thread("writer", move || write_loop(writer, rx, r, m, faults, guard))),
+        sup.fatal(
+            Task::Writer,
+            on_own_thread("writer", move || write_loop(writer, rx, r, m, faults, budget)),
+        ),
     );
 
     let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
@@ -252,8 +259,10 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         }
     };
     let endpoints =
-        http::Endpoints::new(process.registry.clone(), failures.clone(), cfg.wire.faults.clone(), unready)
-            .with(debug::routes(reader.clone(), metrics.clone(), cfg.wire.debug.clone()));
+        http::Endpoints::new(process.registry.clone(), failures.clone(), cfg.wire.faults.clone(), unready);
+    let debug =
+        debug::routes(reader.clone(), metrics.clone(), cfg.wire.debug.clone(), endpoints.exposition());
+    let endpoints = endpoints.with(debug);
     // /health is the liveness probe: if its server is gone, so is the
     // process's usefulness; fatal, and Kubernetes restarts the Pod.
     tasks.push(sup.fatal(Task::Http, endpoints.serve(http_listener)));
@@ -394,38 +403,28 @@ async fn on_own_thread(name: &str, work: impl FnOnce() + Send + 'static) {
 /// The writer: applies updates in batches and publishes once per batch,
 /// so a burst of changes costs one snapshot. Blocks its thread.
 ///
-/// With a memory budget, once the store is ready an update that would add
-/// more objects than fit is refused whole before it is applied (the last
-/// good state keeps being served); with `--on-memory-limit exit`, or
-/// before the store was first ready, a store over the budget ends the
-/// writer instead (failing the server, which exits).
+/// With a memory budget, `budget` decides which updates are applied and
+/// when a source whose update it refused lists again
+/// ([`crate::ops::memory::admission`]); a store over the budget before it
+/// was first ready (or with `--on-memory-limit exit`) ends the writer
+/// (failing the server, which exits).
 fn write_loop(
     mut writer: Writer,
     mut rx: mpsc::Receiver<Update>,
     reader: Reader,
     metrics: Arc<Metrics>,
     faults: Faults,
-    guard: Option<Arc<Guard>>,
+    mut budget: Option<Admission>,
 ) {
     let mut was_ready = reader.load().is_ready();
-    let keep_serving = guard.as_ref().is_some_and(|g| g.on_limit == OnMemoryLimit::KeepServing);
-    while let Some(update) = rx.blocking_recv() {
+    while let Some(update) = receive(&mut rx, budget.as_mut()) {
         faults.point(Point::Writer, &[]);
         let started = std::time::Instant::now();
         let mut next = Some(update);
         while let Some(update) = next.take().or_else(|| rx.try_recv().ok()) {
-            if let Some(g) = guard.as_ref().filter(|_| keep_serving && writer.is_ready()) {
-                let added = writer.growth(&update);
-                let key = update_source(&update);
-                let what = || format!("{added} objects more from {key}");
-                if added > 0
-                    && let Err(e) = g.admit(&key, what, added as u64 * OBJECT_BYTES)
-                {
-                    error!(error = %e, "update refused");
-                    writer.refused(&update);
-                    continue;
-                }
-                g.set(&key, false);
+            if budget.as_mut().is_some_and(|b| !b.admits(&writer, &update)) {
+                writer.refused(&update);
+                continue;
             }
             writer.apply(update);
         }
@@ -437,35 +436,38 @@ fn write_loop(
             }
             let first = !was_ready;
             was_ready = snap.is_ready();
-            match guard.as_ref().map(|g| (g, g.budget.check(snap.service_count()))) {
-                Some((_, Err(e))) if first || !keep_serving => {
-                    error!(error = %e, "stopping before the kernel's OOM killer does");
-                    return;
-                }
-                Some((g, Err(e))) => {
-                    error!(error = %e, "over the memory budget: updates that add objects are refused until it fits");
-                    g.set(RESIDENT, true);
-                }
-                Some((g, Ok(()))) => g.set(RESIDENT, false),
-                None => {}
+            if let Some(Err(e)) = budget.as_mut().map(|b| b.published(snap.service_count(), first)) {
+                error!(error = %e, "stopping before the kernel's OOM killer does");
+                return;
             }
         }
     }
 }
 
-/// The key of the memory guard for "resident over the budget after a publish".
-const RESIDENT: &str = "resident size";
+/// How often the writer looks for an update while the memory budget
+/// refuses updates: it must weigh the store again every
+/// [`crate::ops::memory::admission::RECHECK`] even when no update comes,
+/// and a blocking receive has no timeout. 10 ms: an update waits at most
+/// that long, and looking costs microseconds.
+const RECHECK_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// The source an update came from, for messages.
-fn update_source(update: &Update) -> String {
-    match update {
-        Update::Register(s)
-        | Update::Replace { source: s, .. }
-        | Update::Part { source: s, .. }
-        | Update::LastPart { source: s, .. }
-        | Update::Upsert { source: s, .. }
-        | Update::Remove { source: s, .. } => s.to_string(),
-        _ => "a health update".into(),
+/// The next update; `None` once every sender is gone. While the budget
+/// refuses updates, it is weighed again on time between updates.
+fn receive(rx: &mut mpsc::Receiver<Update>, mut budget: Option<&mut Admission>) -> Option<Update> {
+    loop {
+        let Some(wait) = budget.as_deref().and_then(Admission::recheck_in) else {
+            return rx.blocking_recv();
+        };
+        match rx.try_recv() {
+            Ok(update) => return Some(update),
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            Err(mpsc::error::TryRecvError::Empty) if wait.is_zero() => {
+                if let Some(b) = budget.as_deref_mut() {
+                    b.recheck();
+                }
+            }
+            Err(mpsc::error::TryRecvError::Empty) => std::thread::sleep(wait.min(RECHECK_POLL)),
+        }
     }
 }
 

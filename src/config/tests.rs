@@ -145,6 +145,7 @@ fn numbers_outside_their_range_are_refused_by_clap() {
         ("sync", "--lease-duration", &["5", "3600"], &["4", "3601"]),
         ("sync", "--member-lost-after", &["1"], &["0"]),
         ("sync", "--resync-interval", &["10"], &["9"]),
+        ("sync", "--concurrent-syncs", &["1", "1024"], &["0", "1025"]),
         ("sync", "--kube-qps", &["0", "2.5"], &["-1", "NaN", "inf"]),
         ("setup-dns", "--interval", &["1", "86400"], &["0", "86401"]),
         ("setup-dns", "--verify-timeout", &["1", "3600"], &["0.5", "3601"]),

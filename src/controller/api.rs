@@ -18,6 +18,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::desired::FIELD_MANAGER;
+use crate::k8s::fence::{self, WriteFence};
 
 /// The objects (and the status parts of objects) the controller writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,7 +96,7 @@ pub enum ErrorReason {
     /// No answer: connection, TLS, the call's deadline, or the member found
     /// unreachable while the call waited.
     Unreachable,
-    /// Not sent: this replica's Lease may have run out ([`super::fence`]).
+    /// Not sent: this replica's Lease may have run out (`k8s::fence`, checked at the wire).
     Fenced,
 }
 
@@ -130,7 +131,7 @@ impl ErrorReason {
 pub enum ApiError {
     /// The API server answered with an error, or kube's client failed.
     #[error("{0}")]
-    Kube(#[from] kube::Error),
+    Kube(kube::Error),
     /// No answer within the call's deadline: a partitioned or frozen API
     /// server accepts the connection and never answers.
     #[error("no answer within {0:?}")]
@@ -139,9 +140,16 @@ pub enum ApiError {
     /// written again once it answers.
     #[error("member unreachable")]
     MemberDown,
-    /// Not sent: the Lease may no longer be ours.
+    /// Not sent, or not waited for past the tenure: the Lease may no
+    /// longer be ours (checked at the wire: `k8s::fence`).
     #[error("not sent: this replica's Lease may have run out")]
     Fenced,
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(e: kube::Error) -> Self {
+        if fence::is_fenced(&e) { Self::Fenced } else { Self::Kube(e) }
+    }
 }
 
 impl ApiError {
@@ -224,17 +232,20 @@ pub trait MemberApi: Send + Sync {
     /// Applies `body` as `name` of `kind` in `namespace` (a status kind
     /// writes the status subresource), taking over fields others set,
     /// except for a ServiceExport, which only creates what is missing.
+    /// Sent only through an open `fence`, checked at the wire.
     fn apply<'a>(
         &'a self,
+        fence: &'a WriteFence,
         kind: Kind,
         namespace: &'a str,
         name: &'a str,
         body: &'a Value,
     ) -> BoxFuture<'a, Result<Stored, ApiError>>;
 
-    /// Deletes `name` of `kind` in `namespace`.
+    /// Deletes `name` of `kind` in `namespace`, through an open `fence`.
     fn delete<'a>(
         &'a self,
+        fence: &'a WriteFence,
         kind: Kind,
         namespace: &'a str,
         name: &'a str,
@@ -304,28 +315,61 @@ impl KubeMember {
         &self,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, ApiError> {
+        self.bounded_by(self.deadline, call).await.map_err(|e| match e {
+            Ended::Deadline => {
+                tracing::warn!(member = %self.name, deadline = ?self.deadline, "API call unanswered: counted as unreachable");
+                ApiError::Deadline(self.deadline)
+            }
+            Ended::Api(e) => e,
+        })
+    }
+
+    async fn bounded_by<T>(
+        &self,
+        deadline: Duration,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, Ended> {
         if *self.down.borrow() {
-            return Err(ApiError::MemberDown);
+            return Err(Ended::Api(ApiError::MemberDown));
         }
         let mut down = self.down.clone();
         tokio::select! {
-            r = tokio::time::timeout(self.deadline, call) => match r {
-                Ok(r) => r.map_err(ApiError::from),
-                Err(_) => {
-                    tracing::warn!(member = %self.name, deadline = ?self.deadline, "API call unanswered: counted as unreachable");
-                    Err(ApiError::Deadline(self.deadline))
-                }
+            r = tokio::time::timeout(deadline, call) => match r {
+                Ok(r) => r.map_err(|e| Ended::Api(e.into())),
+                Err(_) => Err(Ended::Deadline),
             },
-            _ = down.wait_for(|d| *d) => Err(ApiError::MemberDown),
+            _ = down.wait_for(|d| *d) => Err(Ended::Api(ApiError::MemberDown)),
         }
     }
 
+    /// A write: its deadline is never later than the end of its fence, and
+    /// it ends as soon as the fence is closed (a call still waiting then, in
+    /// the rate limit or for its answer, is given up as fenced: the tenure
+    /// it was sent under is over, and a call given up before it was sent
+    /// takes no place in the rate limit).
     async fn timed_write<T>(
         &self,
+        fence: &WriteFence,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, ApiError> {
+        let call = async {
+            tokio::select! {
+                r = call => r,
+                () = fence.fence.closing() => Err(kube::Error::Service(Box::new(fence::Fenced { shard: fence.shard }))),
+            }
+        };
         let start = Instant::now();
-        let r = self.bounded(call).await;
+        let tenure = fence.fence.remaining().unwrap_or(self.deadline);
+        let r = if tenure.is_zero() {
+            Err(ApiError::Fenced)
+        } else if tenure < self.deadline {
+            self.bounded_by(tenure, call).await.map_err(|e| match e {
+                Ended::Deadline => ApiError::Fenced,
+                Ended::Api(e) => e,
+            })
+        } else {
+            self.bounded(call).await
+        };
         if let Some(h) = &self.latency {
             h.observe(start.elapsed().as_secs_f64());
         }
@@ -333,9 +377,18 @@ impl KubeMember {
     }
 }
 
+/// How a bounded call ended, when not with its answer.
+enum Ended {
+    /// Its deadline passed.
+    Deadline,
+    /// It failed, or the member was marked down.
+    Api(ApiError),
+}
+
 impl MemberApi for KubeMember {
     fn apply<'a>(
         &'a self,
+        fence: &'a WriteFence,
         kind: Kind,
         namespace: &'a str,
         name: &'a str,
@@ -351,24 +404,38 @@ impl MemberApi for KubeMember {
                 PatchParams::apply(FIELD_MANAGER).force()
             };
             let patch = Patch::Apply(body);
-            let object = if kind.is_status() {
-                self.timed_write(api.patch_status(name, &pp, &patch)).await?
+            // Built as kube's `Api::patch`/`patch_status` build it, with the
+            // fence added for the client's innermost layer.
+            let request = kube::core::Request::new(api.resource_url());
+            let (built, verb) = if kind.is_status() {
+                (request.patch_subresource("status", name, &pp, &patch), "patch_status")
             } else {
-                self.timed_write(api.patch(name, &pp, &patch)).await?
+                (request.patch(name, &pp, &patch), "patch")
             };
+            let mut req = built.map_err(|e| ApiError::Kube(kube::Error::BuildRequest(e)))?;
+            req.extensions_mut().insert(verb);
+            req.extensions_mut().insert(fence.clone());
+            let object: DynamicObject = self.timed_write(fence, self.client.request(req)).await?;
             Ok(Stored::of(&serde_json::to_value(&object).unwrap_or_default()))
         })
     }
 
     fn delete<'a>(
         &'a self,
+        fence: &'a WriteFence,
         kind: Kind,
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(async move {
             let api = self.api(kind, Some(namespace));
-            self.timed_write(api.delete(name, &DeleteParams::default())).await.map(|_| ())
+            let request = kube::core::Request::new(api.resource_url());
+            let mut req = request
+                .delete(name, &DeleteParams::default())
+                .map_err(|e| ApiError::Kube(kube::Error::BuildRequest(e)))?;
+            req.extensions_mut().insert("delete");
+            req.extensions_mut().insert(fence.clone());
+            self.timed_write(fence, self.client.request_text(req)).await.map(|_| ())
         })
     }
 
@@ -391,7 +458,8 @@ impl MemberApi for KubeMember {
 /// A member API shared by the reconciles of every service.
 pub type SharedApi = Arc<dyn MemberApi>;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "fakes"))]
+#[allow(clippy::unwrap_used, missing_docs)]
 pub mod fake {
     //! A member API in memory: objects by (kind, namespace, name), every
     //! call recorded, and faults to inject per call (a status error, a hang).
@@ -408,6 +476,18 @@ pub mod fake {
         Status(u16),
         /// Never answer.
         Hang,
+        /// Wait until the gate opens (`send_replace(true)`), then go on.
+        Wait(Gate),
+        /// The same, for lists only (writes go on).
+        ListWait(Gate),
+    }
+
+    /// A gate calls wait at: closed (`false`) until opened.
+    pub type Gate = Arc<watch::Sender<bool>>;
+
+    /// A closed gate.
+    pub fn gate() -> Gate {
+        Arc::new(watch::channel(false).0)
     }
 
     /// One call as the fake saw it.
@@ -419,6 +499,42 @@ pub mod fake {
         pub kind: Kind,
         /// The object's name ("" for a list).
         pub name: String,
+    }
+
+    /// What reached an in-process API server ([`api_server`]): method and
+    /// path, Audit-ID.
+    pub type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
+    /// A client builder over an in-process API server.
+    pub type Server = kube::client::ClientBuilder<
+        tower::util::BoxService<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+            std::convert::Infallible,
+        >,
+    >;
+
+    /// A member API server in process, for a real client stack over it:
+    /// answers a list with nothing and a write with the object it names,
+    /// at once, and records what reached it (method, path, Audit-ID), in
+    /// order.
+    pub fn api_server() -> (Server, Seen) {
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let server = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let id = req.headers().get(crate::k8s::fence::AUDIT_ID).and_then(|v| v.to_str().ok());
+            log.lock()
+                .unwrap()
+                .push((format!("{} {}", req.method(), req.uri().path()), id.unwrap_or("").to_owned()));
+            let name = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
+            let body = if req.method() == http::Method::GET {
+                serde_json::json!({"metadata": {}, "items": []}).to_string()
+            } else {
+                serde_json::json!({"metadata": {"name": name, "resourceVersion": "7"}}).to_string()
+            };
+            std::future::ready(Ok(http::Response::new(kube::client::Body::from(body.into_bytes()))))
+        });
+        (kube::client::ClientBuilder::new(tower::util::BoxService::new(server), "default"), seen)
     }
 
     /// The fake member.
@@ -459,22 +575,42 @@ pub mod fake {
             self.objects.lock().unwrap().insert((kind, namespace.into(), name.into()), object);
         }
 
-        async fn call(&self, verb: &'static str, kind: Kind, name: &str) -> Result<(), ApiError> {
-            self.calls.lock().unwrap().push(Call { verb, kind, name: name.into() });
+        /// One call: its faults first (a hang, a wait), then for a write the
+        /// fence, as at the wire; recorded once it reaches the "wire".
+        async fn call(
+            &self,
+            verb: &'static str,
+            kind: Kind,
+            name: &str,
+            fence: Option<&WriteFence>,
+        ) -> Result<(), ApiError> {
             let fault = self
                 .faults
                 .lock()
                 .unwrap()
                 .iter()
-                .find(|(k, _)| k.is_none_or(|k| k == kind))
+                .find(|(k, f)| {
+                    k.is_none_or(|k| k == kind) && (verb == "list" || !matches!(f, Fault::ListWait(_)))
+                })
                 .map(|(_, f)| f.clone());
             match fault {
-                None => Ok(()),
+                None => {}
                 Some(Fault::Hang) => futures::future::pending().await,
-                Some(Fault::Status(code)) => Err(ApiError::Kube(kube::Error::Api(
-                    kube::core::Status::failure("injected", "Injected").with_code(code).boxed(),
-                ))),
+                Some(Fault::Wait(gate) | Fault::ListWait(gate)) => {
+                    let _ = gate.subscribe().wait_for(|open| *open).await;
+                }
+                Some(Fault::Status(code)) => {
+                    self.calls.lock().unwrap().push(Call { verb, kind, name: name.into() });
+                    return Err(ApiError::Kube(kube::Error::Api(
+                        kube::core::Status::failure("injected", "Injected").with_code(code).boxed(),
+                    )));
+                }
             }
+            if fence.is_some_and(|f| !f.fence.may_write()) {
+                return Err(ApiError::Fenced);
+            }
+            self.calls.lock().unwrap().push(Call { verb, kind, name: name.into() });
+            Ok(())
         }
 
         fn next_version(&self) -> String {
@@ -487,13 +623,14 @@ pub mod fake {
     impl MemberApi for FakeMember {
         fn apply<'a>(
             &'a self,
+            fence: &'a WriteFence,
             kind: Kind,
             namespace: &'a str,
             name: &'a str,
             body: &'a Value,
         ) -> BoxFuture<'a, Result<Stored, ApiError>> {
             Box::pin(async move {
-                self.call("apply", kind, name).await?;
+                self.call("apply", kind, name, Some(fence)).await?;
                 let version = self.next_version();
                 let mut objects = self.objects.lock().unwrap();
                 let key = (kind.object(), namespace.to_owned(), name.to_owned());
@@ -518,6 +655,12 @@ pub mod fake {
                 {
                     stored["spec"]["clusterIPs"] = old["spec"]["clusterIPs"].clone();
                 }
+                // As the API server: writing an object leaves its status.
+                if let Some(old) = objects.get(&key)
+                    && !old["status"].is_null()
+                {
+                    stored["status"] = old["status"].clone();
+                }
                 let out = Stored::of(&stored);
                 objects.insert(key, stored);
                 Ok(out)
@@ -526,12 +669,13 @@ pub mod fake {
 
         fn delete<'a>(
             &'a self,
+            fence: &'a WriteFence,
             kind: Kind,
             namespace: &'a str,
             name: &'a str,
         ) -> BoxFuture<'a, Result<(), ApiError>> {
             Box::pin(async move {
-                self.call("delete", kind, name).await?;
+                self.call("delete", kind, name, Some(fence)).await?;
                 match self.objects.lock().unwrap().remove(&(kind.object(), namespace.into(), name.into())) {
                     Some(_) => Ok(()),
                     None => Err(ApiError::Kube(kube::Error::Api(
@@ -548,7 +692,7 @@ pub mod fake {
             _labels: &'a str,
         ) -> BoxFuture<'a, Result<Vec<Value>, ApiError>> {
             Box::pin(async move {
-                self.call("list", kind, "").await?;
+                self.call("list", kind, "", None).await?;
                 Ok(self
                     .objects
                     .lock()
@@ -564,6 +708,8 @@ pub mod fake {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -604,6 +750,61 @@ mod tests {
         assert_eq!(ApiError::MemberDown.reason(), ErrorReason::Unreachable);
         assert_eq!(ApiError::Fenced.reason(), ErrorReason::Fenced);
         assert!(api(404).is_not_found());
+    }
+
+    /// A takeover while the member's rate limit holds writes back: those
+    /// that reach the wire after the tenure ended are never sent, whatever
+    /// the call's own deadline. Checked before the queue only (as before
+    /// the fence moved to the wire), all twenty were sent.
+    #[tokio::test(start_paused = true)]
+    async fn writes_queued_in_the_rate_limit_are_not_sent_once_the_tenure_ends() {
+        use crate::k8s::fence::{Fence, WriteFence};
+        let (builder, seen) = fake::api_server();
+        let limits = crate::k8s::throttle::Limits { qps: 1.0, burst: 1 };
+        let client = crate::k8s::client::limited(builder, Some(limits), "m", Arc::default()).unwrap();
+        let (_down, rx) = watch::channel(false);
+        let m = KubeMember::new(
+            "m".into(),
+            client,
+            (ApiResource::erase::<Service>(&()), ApiResource::erase::<Service>(&())),
+            CALL_DEADLINE,
+            rx,
+            None,
+        );
+        let fence = Arc::new(Fence::closed());
+        fence.held(tokio::time::Instant::now(), Duration::from_secs(15));
+        let write = WriteFence::new(fence.clone(), 2);
+        let body = json!({"apiVersion": "v1", "kind": "Service"});
+        let start = tokio::time::Instant::now();
+        // Another replica takes the shard 2.5 s in: this one closes its fence.
+        let takeover = async {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            fence.close();
+        };
+        let names: Vec<String> = (0..20).map(|i| format!("s{i}")).collect();
+        let writes = names.iter().map(|n| m.apply(&write, Kind::Service, "ns", n, &body));
+        let (results, ()) = tokio::join!(futures::future::join_all(writes), takeover);
+        let sent = seen.lock().unwrap().clone();
+        // One token at once, then one a second: at 0, 1 and 2 s.
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        assert!(
+            sent.iter().all(|(call, id)| call.starts_with("PATCH /api/v1/namespaces/ns/services/s")
+                && id.starts_with("fence-2-")),
+            "{sent:?}"
+        );
+        let fenced = results.iter().filter(|r| matches!(r, Err(ApiError::Fenced))).count();
+        assert_eq!(fenced, 17, "{results:?}");
+        assert_eq!(start.elapsed(), Duration::from_millis(2500), "the fenced calls ended with the tenure");
+        // The queued writes of the lost shard took no tokens: a write of a
+        // shard still held is sent at the next token, at 3 s.
+        let held = Arc::new(Fence::closed());
+        held.held(tokio::time::Instant::now(), Duration::from_secs(15));
+        m.apply(&WriteFence::new(held, 1), Kind::Service, "ns", "other", &body).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        // Reads carry no fence.
+        m.list(Kind::Service, Some("ns"), "").await.unwrap();
+        let last = seen.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(last, ("GET /api/v1/namespaces/ns/services".to_owned(), String::new()));
     }
 
     #[tokio::test(start_paused = true)]

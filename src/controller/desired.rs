@@ -2,8 +2,6 @@
 //! bodies: pure functions of the merged import and the source slices, so a
 //! reconcile after a crash at any point writes exactly the same objects.
 
-use std::collections::HashMap;
-
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
@@ -54,11 +52,7 @@ pub const ANNOTATION_APPLIED: &str = "clusterset-dns.io/applied";
 /// A digest of a JSON body (FNV-1a 64 over its text; serde_json writes
 /// object keys sorted, so equal bodies give equal digests in every process).
 pub fn digest_of(body: &Value) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in body.to_string().bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-    }
-    format!("{h:016x}")
+    crate::k8s::digest::of(body)
 }
 
 /// True when the object `live` (as an API server returned it) holds every
@@ -633,43 +627,33 @@ pub fn export_status(api_version: &str, key: &ServiceKey, conditions: &[(Conditi
     })
 }
 
-/// The exported services whose names are longer than their objects' names
-/// can hold ([`stem`]), by namespace and stem, each with its
-/// oldest export's time: what decides a service's [`Naming`].
-/// Built before each round of reconciles, from the fleet's exports.
-pub struct Stems(HashMap<(String, String), Vec<(ServiceKey, i64)>>);
-
-impl Stems {
-    /// The stems of every exported service of `state`.
-    pub fn of(state: &FleetState) -> Self {
-        let mut stems: HashMap<(String, String), Vec<(ServiceKey, i64)>> = HashMap::new();
-        for (key, at) in state.exported_longer_than(STEM_LEN) {
-            let stem = stem(key.name.as_str()).to_owned();
-            stems.entry((key.namespace.to_string(), stem)).or_default().push((key, at));
-        }
-        Self(stems)
+/// True when another exported service of `key`'s namespace shares its
+/// [`stem`] with an older export (the service name breaking ties): `key`'s
+/// objects then take long names, since that service may have the short
+/// ones. Only the services whose names start with the stem are read (an
+/// index by name, not a walk of the fleet): what matters is those longer
+/// than their objects' names can hold with this very stem, and the service
+/// whose name is the stem itself.
+pub fn has_elder(state: &FleetState, key: &ServiceKey) -> bool {
+    let stem = stem(key.name.as_str());
+    let ns = key.namespace.as_str();
+    let long: Vec<ServiceKey> = state
+        .exported_starting_with(ns, stem)
+        .filter(|k| k.name.as_str().len() > STEM_LEN && self::stem(k.name.as_str()) == stem)
+        .collect();
+    if long.is_empty() {
+        return false;
     }
-
-    /// True when another exported service of `key`'s namespace has its
-    /// stem and an older export (the service name breaking ties): `key`'s
-    /// objects then take long names, since that service may have the short
-    /// ones.
-    pub fn has_elder(&self, state: &FleetState, key: &ServiceKey) -> bool {
-        let stem = stem(key.name.as_str());
-        let Some(long) = self.0.get(&(key.namespace.to_string(), stem.to_owned())) else {
-            return false;
-        };
-        // The service whose name is the stem itself shares it too.
-        let named_stem = crate::model::DnsLabel::parse(stem)
-            .ok()
-            .map(|name| ServiceKey { namespace: key.namespace.clone(), name })
-            .and_then(|k| Some((state.oldest_export(&k)?, k)));
-        let mine = (state.oldest_export(key).unwrap_or(i64::MAX), key.name.as_str());
-        long.iter()
-            .map(|(k, at)| (*at, k))
-            .chain(named_stem.as_ref().map(|(at, k)| (*at, k)))
-            .any(|(at, k)| k != key && (at, k.name.as_str()) < mine)
-    }
+    // The service whose name is the stem itself shares it too.
+    let named_stem = crate::model::DnsLabel::parse(stem)
+        .ok()
+        .map(|name| ServiceKey { namespace: key.namespace.clone(), name })
+        .filter(|k| !long.contains(k));
+    let mine = (state.oldest_export(key).unwrap_or(i64::MAX), key.name.as_str());
+    long.iter()
+        .chain(named_stem.as_ref())
+        .filter_map(|k| Some((state.oldest_export(k)?, k)))
+        .any(|(at, k)| k != key && (at, k.name.as_str()) < mine)
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
-//! Which replica leads which shard, on coordination.k8s.io Leases.
+//! Which replica leads which shard, on coordination.k8s.io Leases, and the
+//! one rule that keeps two replicas from writing a shard at once.
 //!
 //! Shard `i` of `N` has the Lease `<name>-i` (`<name>` itself when `N` is
-//! 1, today's single Lease); every replica also keeps a Lease of its own,
+//! 1); every replica also keeps a Lease of its own,
 //! `<name>-replica-<hash of its identity>`, that says it is alive. All are
 //! labelled with the group (`clusterset-dns.io/lease-group: <name>`) and
 //! carry the replica's `--shards` in an annotation, so one list per check
@@ -10,34 +11,84 @@
 //! Every check (a fifth of the lease duration, 1-3 s) a replica: counts the
 //! live replicas `R` and takes `ceil(N / R)` as its fair share; gives up
 //! shards above its share (another replica is waiting); renews the shards
-//! it leads; takes unheld or expired shards while under its share. A Lease
-//! is expired when this replica has seen it unchanged for its duration on
-//! its own clock, as client-go's leader election judges it: clocks of
-//! different machines are never compared. Writes carry the resourceVersion
-//! read, so of two replicas taking one shard exactly one succeeds.
+//! it leads; takes shards it may take while under its share. The writes of
+//! one check go out together, each with its own deadline, so one slow
+//! renewal delays no other. The elector runs on a thread and runtime of its
+//! own ([`spawn`]): no reconcile, member join or discovery of the
+//! controller can delay a renewal.
 //!
-//! A shard's fence ([`super::fence`]) is held open until the wall-clock
-//! time of its last renewal's request plus the duration less a margin: a
-//! replica frozen, or cut off from the Leases' cluster, stops writing that
-//! shard before another may take it, and nothing else stops. Not
-//! kube-lease-manager (used before): it elects one Lease per manager with
-//! no way to give one up for a fair share, and its renewal waited on a
+//! # Tenure
+//!
+//! A replica writes a shard only while it holds the shard's tenure, and a
+//! tenure ends before another replica's may begin:
+//!
+//! - **The holder** may write until the instant it *sent* its last
+//!   successful write of the Lease, plus its lease duration, less
+//!   [`MARGIN`], on its own monotonic clock (the shard's [`Fence`](crate::k8s::fence::Fence)); and not
+//!   at all from the moment it sees the Lease written by anyone else, or
+//!   gone.
+//! - **Another replica** may take the Lease only once it has seen the
+//!   Lease's version unchanged for the longer of the Lease's
+//!   `leaseDurationSeconds` and its own `--lease-duration`, counted on its
+//!   own monotonic clock from when that version reached it; at once when
+//!   the holder released it (no holder, and [`ANNOTATION_RELEASED`]: the
+//!   holder closed its fence before writing that); and a Lease that is
+//!   missing only once it has been missing that long, unless no other
+//!   replica is alive.
+//!
+//! The holder's write was sent before the API server stored it, and any
+//! other replica saw the stored version after that, so the other's wait
+//! starts after the holder's tenure starts, and is no shorter. Only
+//! durations are compared, each measured on one machine's monotonic clock
+//! (client-go's leader election judges expiry the same way): a step of a
+//! wall clock moves nothing (`renewTime` is written for people reading the
+//! Lease). Writes of a Lease carry the resourceVersion read, so of two
+//! replicas taking one, exactly one succeeds. Each write request of a
+//! shard is checked against its fence at the wire (`k8s::fence`), after the
+//! client's rate limit: a write queued while the tenure held is not sent
+//! after it.
+//!
+//! What no clock inside a machine sees: a VM paused with its clocks held
+//! still (QEMU/KVM keep a guest's kvmclock still across a pause), or a host
+//! suspended (the monotonic clock does not count suspend). Such a replica
+//! wakes believing its tenure still runs; the Kubernetes API has no fencing
+//! token to refuse its writes. client-go's leader election has the same
+//! limit.
+//!
+//! Not kube-lease-manager (used before): it elects one Lease per manager
+//! with no way to give one up for a fair share, and its renewal waited on a
 //! frozen API server with no deadline.
 
 use std::collections::HashMap;
 use std::hash::Hasher;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, join_all};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::api::ObjectMeta;
 use siphasher::sip::SipHasher13;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::shard::Shards;
+pub use crate::k8s::fence::MARGIN;
+
+mod leases;
+mod running;
+mod status;
+
+#[cfg(test)]
+pub mod fake;
+#[cfg(test)]
+mod tests;
+
+pub use leases::{CallError, KubeLeases, LeaseApi};
+pub use running::{Connect, Running, connect_leases, spawn};
+pub use status::{Anomaly, ElectionStatus};
 
 /// The label every Lease of one election carries, valued with its name.
 pub const LABEL_GROUP: &str = "clusterset-dns.io/lease-group";
@@ -45,6 +96,14 @@ pub const LABEL_GROUP: &str = "clusterset-dns.io/lease-group";
 pub const LABEL_ROLE: &str = "clusterset-dns.io/lease-role";
 /// The annotation holding the `--shards` of the replica that wrote it.
 pub const ANNOTATION_SHARDS: &str = "clusterset-dns.io/shards";
+/// The annotation a holder sets, with its identity, when it gives a shard
+/// up: its fence is closed, so another replica may take the shard at once.
+/// A Lease emptied by anyone else (by hand) is waited out like any other.
+pub const ANNOTATION_RELEASED: &str = "clusterset-dns.io/released-by";
+
+/// A step of the wall clock larger than this between two checks is named
+/// in the log (it moves no tenure).
+const CLOCK_STEP: Duration = Duration::from_secs(1);
 
 /// Where and how replicas elect.
 #[derive(Debug, Clone)]
@@ -82,7 +141,7 @@ impl ElectionConfig {
     }
 
     /// How long one call may take: a renewal that hangs must not hold the
-    /// others past the point where the fence closes.
+    /// next check past the point where the fence closes.
     fn call_deadline(&self) -> Duration {
         (self.duration / 3).clamp(Duration::from_secs(1), Duration::from_secs(5))
     }
@@ -118,106 +177,39 @@ pub enum ElectionError {
         /// The Lease that says so.
         lease: String,
     },
+    /// The Leases' cluster could not be connected to at all.
+    #[error("the Leases' cluster: {0}")]
+    Connect(String),
 }
-
-/// A call to the Leases' API server that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    /// Someone else wrote the Lease since it was read (409).
-    #[error("changed since read")]
-    Conflict,
-    /// Not answered within the call deadline.
-    #[error("not answered within {0:?}")]
-    Timeout(Duration),
-    /// The API server refused or could not be reached.
-    #[error("{0}")]
-    Api(String),
-}
-
-/// The Leases' API, behind a trait so the election is tested in process.
-pub trait LeaseApi: Send + Sync {
-    /// Every Lease labelled with `selector`.
-    fn list<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, Result<Vec<Lease>, CallError>>;
-    /// Creates `lease`.
-    fn create<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<Lease, CallError>>;
-    /// Replaces `lease` if its resourceVersion is still the stored one.
-    fn replace<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<Lease, CallError>>;
-    /// Deletes `name` if its resourceVersion is still `version`.
-    fn delete<'a>(&'a self, name: &'a str, version: &'a str) -> BoxFuture<'a, Result<(), CallError>>;
-}
-
-/// [`LeaseApi`] on a real API server.
-pub struct KubeLeases(Api<Lease>);
-
-impl KubeLeases {
-    /// The Leases of `namespace`.
-    pub fn new(client: kube::Client, namespace: &str) -> Self {
-        Self(Api::namespaced(client, namespace))
-    }
-}
-
-fn call_error(e: kube::Error) -> CallError {
-    match e {
-        kube::Error::Api(s) if s.code == 409 => CallError::Conflict,
-        e => CallError::Api(e.to_string()),
-    }
-}
-
-impl LeaseApi for KubeLeases {
-    fn list<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, Result<Vec<Lease>, CallError>> {
-        Box::pin(async move {
-            Ok(self.0.list(&ListParams::default().labels(selector)).await.map_err(call_error)?.items)
-        })
-    }
-
-    fn create<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<Lease, CallError>> {
-        Box::pin(async move { self.0.create(&PostParams::default(), lease).await.map_err(call_error) })
-    }
-
-    fn replace<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<Lease, CallError>> {
-        Box::pin(async move {
-            let name = lease.metadata.name.as_deref().unwrap_or_default();
-            self.0.replace(name, &PostParams::default(), lease).await.map_err(call_error)
-        })
-    }
-
-    fn delete<'a>(&'a self, name: &'a str, version: &'a str) -> BoxFuture<'a, Result<(), CallError>> {
-        Box::pin(async move {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions { resource_version: Some(version.to_owned()), uid: None }),
-                ..DeleteParams::default()
-            };
-            self.0.delete(name, &params).await.map(|_| ()).map_err(call_error)
-        })
-    }
-}
-
-/// What this replica knows of the election, for `/ready` and the log.
-#[derive(Debug, Default)]
-pub struct ElectionStatus {
-    /// Why the last check failed, while the Leases cannot be read (a
-    /// replica that cannot reach them leads nothing).
-    unreachable: Mutex<Option<String>>,
-}
-
-impl ElectionStatus {
-    /// `None` while the Leases' cluster answers; else why not.
-    pub fn unreachable(&self) -> Option<String> {
-        self.unreachable.lock().map(|u| u.clone()).unwrap_or(None)
-    }
-
-    fn set(&self, why: Option<String>) {
-        if let Ok(mut u) = self.unreachable.lock() {
-            *u = why;
-        }
-    }
-}
-
-/// When a Lease's resourceVersion was first seen: it is expired once seen
-/// unchanged for its duration.
-struct Seen {
+/// When a Lease's version first reached this replica: it may be taken once
+/// seen unchanged long enough.
+#[derive(Debug)]
+struct FirstSeen {
     version: String,
-    since: Instant,
+    at: Instant,
+}
+
+/// What this replica wrote of one Lease, to tell its own writes from
+/// anyone else's: the version its last answered write gave, and a write
+/// whose answer was lost (it may have landed), by the `renewTime` it wrote
+/// and when it was sent.
+#[derive(Debug, Clone, Default)]
+struct Sent {
+    confirmed: Option<String>,
+    unanswered: Option<(MicroTime, Instant)>,
+}
+
+/// Why a led shard is given up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Loss {
+    /// Its Lease ran out unrenewed (its fence closed).
+    RanOut,
+    /// Another replica holds it now.
+    Taken(String),
+    /// Someone else wrote it while this replica held it.
+    Overwritten,
+    /// Its Lease is gone.
+    Deleted,
 }
 
 /// One step of a check, decided from one list ([`Elector::plan`]).
@@ -225,8 +217,8 @@ struct Seen {
 enum Step {
     /// Write this replica's own Lease (create when `None`).
     Alive(Option<Lease>),
-    /// Shard `i` is led by someone else now, or its fence ran out.
-    Lost(usize),
+    /// Shard `i` is given up at once (nothing written).
+    Lost(usize, Loss),
     /// Give shard `i` up: more than a fair share.
     Release(usize, Lease),
     /// Renew shard `i`.
@@ -237,17 +229,28 @@ enum Step {
     Collect(String, String),
 }
 
+/// A clock of wall time, for the `renewTime` written and for naming steps
+/// of it; the tenure never reads it. A function so tests can step it.
+pub type WallClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
 /// One replica's side of the election.
 pub struct Elector {
     cfg: ElectionConfig,
     api: Arc<dyn LeaseApi>,
     shards: Arc<Shards>,
     status: Arc<ElectionStatus>,
-    seen: HashMap<String, Seen>,
+    wall: WallClock,
+    seen: HashMap<String, FirstSeen>,
+    /// Per shard: since when its Lease has been missing, as seen here.
+    missing: Vec<Option<Instant>>,
+    /// Per Lease name: the last write this replica sent of it.
+    sent: HashMap<String, Sent>,
     /// Per shard: when this replica last renewed it.
     renewed: Vec<Option<Instant>>,
     /// When this replica's own Lease was last written.
     alive: Option<Instant>,
+    /// The clocks at the last check, to name a step of the wall clock.
+    last_check: Option<(Instant, SystemTime)>,
 }
 
 fn holder(l: &Lease) -> &str {
@@ -258,12 +261,34 @@ fn shards_of(l: &Lease) -> Option<u32> {
     l.metadata.annotations.as_ref()?.get(ANNOTATION_SHARDS)?.parse().ok()
 }
 
+fn released(l: &Lease) -> bool {
+    holder(l).is_empty()
+        && l.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_RELEASED))
+}
+
 fn version(l: &Lease) -> &str {
     l.metadata.resource_version.as_deref().unwrap_or("")
 }
 
 fn name(l: &Lease) -> &str {
     l.metadata.name.as_deref().unwrap_or("")
+}
+
+fn lease_duration(l: &Lease) -> Duration {
+    let secs = l.spec.as_ref().and_then(|s| s.lease_duration_seconds).unwrap_or(0);
+    Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+}
+
+fn renew_time(l: &Lease) -> Option<&MicroTime> {
+    l.spec.as_ref()?.renew_time.as_ref()
+}
+
+/// Now on `wall`, to the microsecond: the precision a MicroTime keeps
+/// through the API server, so a `renewTime` this replica wrote compares
+/// equal when it reads it back.
+fn micro_now(wall: &WallClock) -> MicroTime {
+    let t = Timestamp::try_from(wall()).unwrap_or(Timestamp::UNIX_EPOCH);
+    MicroTime(Timestamp::from_microsecond(t.as_microsecond()).unwrap_or(t))
 }
 
 impl Elector {
@@ -275,37 +300,67 @@ impl Elector {
         status: Arc<ElectionStatus>,
     ) -> Self {
         let n = cfg.shards as usize;
-        Self { cfg, api, shards, status, seen: HashMap::new(), renewed: vec![None; n], alive: None }
-    }
-
-    /// Checks every period until an error ends it (another `--shards`).
-    pub async fn run(&mut self) -> ElectionError {
-        loop {
-            if let Err(e) = self.check(Instant::now()).await {
-                return e;
-            }
-            tokio::time::sleep(self.cfg.period()).await;
+        Self {
+            cfg,
+            api,
+            shards,
+            status,
+            wall: Arc::new(SystemTime::now),
+            seen: HashMap::new(),
+            missing: vec![None; n],
+            sent: HashMap::new(),
+            renewed: vec![None; n],
+            alive: None,
+            last_check: None,
         }
     }
 
-    /// Gives up every shard led (their Leases emptied, so another replica
-    /// takes them at once) and this replica's own Lease.
+    /// The same elector, reading wall time from `wall` (tests step it).
+    pub fn with_wall_clock(mut self, wall: WallClock) -> Self {
+        self.wall = wall;
+        self
+    }
+
+    /// Checks every period until `stop` turns true (or its sender is
+    /// dropped), then gives every shard up; ends early only when another
+    /// `--shards` refuses this replica.
+    pub async fn run(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), ElectionError> {
+        while !*stop.borrow_and_update() {
+            self.check().await?;
+            tokio::select! {
+                () = tokio::time::sleep(self.cfg.period()) => {}
+                changed = stop.changed() => if changed.is_err() { break },
+            }
+        }
+        self.release().await;
+        Ok(())
+    }
+
+    /// Gives up every shard led (each fence closed first, then its Lease
+    /// released, so another replica takes it at once) and deletes this
+    /// replica's own Lease.
     pub async fn release(&mut self) {
+        for i in 0..self.cfg.shards as usize {
+            self.shards.set_led(i, false);
+        }
         let deadline = self.cfg.call_deadline();
         let Ok(Ok(listed)) = tokio::time::timeout(deadline, self.api.list(&self.selector())).await else {
             return;
         };
-        for l in listed {
-            let mine = holder(&l) == self.cfg.identity;
-            if let Some(i) = self.cfg.shard_index(name(&l)).filter(|_| role(&l) == Some("shard")) {
-                self.shards.set_led(i, false);
-                if mine && tokio::time::timeout(deadline, self.api.replace(&self.released(l))).await.is_ok() {
-                    info!(shard = i, "released the Lease");
+        let (api, me) = (&*self.api, &*self);
+        let writes = listed.into_iter().filter(|l| holder(l) == me.cfg.identity).map(|l| async move {
+            match me.cfg.shard_index(name(&l)).filter(|_| role(&l) == Some("shard")) {
+                Some(i) => {
+                    if timed(deadline, api.replace(&me.released(l))).await.is_ok() {
+                        info!(shard = i, "released the shard's Lease");
+                    }
                 }
-            } else if mine {
-                let _ = tokio::time::timeout(deadline, self.api.delete(name(&l), version(&l))).await;
+                None => {
+                    let _ = timed(deadline, api.delete(name(&l), version(&l))).await;
+                }
             }
-        }
+        });
+        join_all(writes).await;
     }
 
     fn selector(&self) -> String {
@@ -313,27 +368,50 @@ impl Elector {
     }
 
     /// One check: list, decide, write.
-    async fn check(&mut self, now: Instant) -> Result<(), ElectionError> {
+    async fn check(&mut self) -> Result<(), ElectionError> {
         let deadline = self.cfg.call_deadline();
-        let listed = match tokio::time::timeout(deadline, self.api.list(&self.selector())).await {
-            Ok(Ok(l)) => l,
-            Ok(Err(e)) => {
+        let listed = match timed(deadline, self.api.list(&self.selector())).await {
+            Ok(l) => l,
+            Err(e) => {
                 self.unreachable(&e.to_string());
                 return Ok(());
             }
-            Err(_) => {
-                self.unreachable(&CallError::Timeout(deadline).to_string());
-                return Ok(());
-            }
         };
+        // The list's versions reached this replica now, not when it asked:
+        // a wait counted from the asking could start before a renewal the
+        // list already holds was sent.
+        let now = Instant::now();
+        self.status.checked();
+        self.note_clock(now);
         if self.status.unreachable().is_some() {
             info!("the Leases' cluster answers again");
             self.status.set(None);
         }
-        for step in self.plan(&listed, now)? {
-            self.apply(step).await;
-        }
+        let steps = self.plan(&listed, now)?;
+        self.apply(steps).await;
         Ok(())
+    }
+
+    /// Names a step of the wall clock since the last check: the tenure is
+    /// kept on the monotonic clock and does not move with it.
+    fn note_clock(&mut self, now: Instant) {
+        let wall = (self.wall)();
+        if let Some((then, wall_then)) = self.last_check {
+            let monotonic = now.duration_since(then).as_secs_f64();
+            let walked = match wall.duration_since(wall_then) {
+                Ok(d) => d.as_secs_f64(),
+                Err(e) => -e.duration().as_secs_f64(),
+            };
+            let step = walked - monotonic;
+            if step.abs() > CLOCK_STEP.as_secs_f64() {
+                warn!(
+                    step_seconds = step,
+                    "the wall clock stepped: tenure is kept on the monotonic clock and does not move; the renewTime of the Leases jumps with it"
+                );
+                self.status.count(Anomaly::ClockStep);
+            }
+        }
+        self.last_check = Some((now, wall));
     }
 
     /// The Leases cannot be read: nothing is taken; led shards keep writing
@@ -345,40 +423,50 @@ impl Elector {
         self.status.set(Some(why.to_owned()));
         for i in 0..self.cfg.shards as usize {
             if self.shards.leads(i) && !self.shards.fence(i).may_write() {
-                warn!(shard = i, "shard's Lease ran out unrenewed: stopped writing it");
-                self.shards.set_led(i, false);
+                self.lose(i, &Loss::RanOut);
             }
         }
     }
 
-    /// What to do, from one list at `now`.
+    /// True when `l`'s current version is a write this replica sent (its
+    /// answer may have been lost on the way).
+    fn written_here(&self, l: &Lease) -> bool {
+        holder(l) == self.cfg.identity
+            && self.sent.get(name(l)).is_some_and(|s| {
+                s.confirmed.as_deref() == Some(version(l))
+                    || s.unanswered.as_ref().is_some_and(|(t, _)| Some(t) == renew_time(l))
+            })
+    }
+
+    /// How long `l`'s version must stay unchanged before another replica
+    /// may take it: the longer of what its holder wrote and our own.
+    fn wait_for(&self, l: &Lease) -> Duration {
+        lease_duration(l).max(self.cfg.duration)
+    }
+
+    /// True once `l`'s version has been seen unchanged for its wait.
+    fn ran_out(&self, l: &Lease, now: Instant) -> bool {
+        self.seen.get(name(l)).is_some_and(|s| now.duration_since(s.at) >= self.wait_for(l))
+    }
+
+    /// What to do, from one list that arrived at `now`.
     fn plan(&mut self, listed: &[Lease], now: Instant) -> Result<Vec<Step>, ElectionError> {
         let n = self.cfg.shards as usize;
         let me = self.cfg.identity.clone();
         // Versions first seen now start their clock; Leases gone are forgotten.
         self.seen.retain(|k, _| listed.iter().any(|l| name(l) == k));
         for l in listed {
-            let v = version(l);
-            match self.seen.get(name(l)) {
-                Some(s) if s.version == v => {}
-                _ => {
-                    self.seen.insert(name(l).to_owned(), Seen { version: v.to_owned(), since: now });
-                }
+            if self.seen.get(name(l)).is_none_or(|s| s.version != version(l)) {
+                self.seen.insert(name(l).to_owned(), FirstSeen { version: version(l).to_owned(), at: now });
             }
         }
-        let expired = |l: &Lease| -> bool {
-            let secs = l.spec.as_ref().and_then(|s| s.lease_duration_seconds).unwrap_or(0);
-            let duration = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
-            holder(l).is_empty()
-                || self.seen.get(name(l)).is_none_or(|s| now.duration_since(s.since) >= duration)
-        };
         let mut shard_leases: Vec<Option<&Lease>> = vec![None; n];
         let mut replicas = 1; // this one
         let mut steps = Vec::new();
         let mine = self.cfg.replica_lease();
         let mut own = None;
         for l in listed {
-            let live = !expired(l);
+            let live = !holder(l).is_empty() && !self.ran_out(l, now);
             match role(l) {
                 Some("replica") if name(l) == mine => own = Some(l),
                 Some("replica") => {
@@ -391,7 +479,7 @@ impl Elector {
                         && self
                             .seen
                             .get(name(l))
-                            .is_some_and(|s| now.duration_since(s.since) >= self.cfg.duration * 4)
+                            .is_some_and(|s| now.duration_since(s.at) >= self.wait_for(l) * 4)
                     {
                         steps.push(Step::Collect(name(l).to_owned(), version(l).to_owned()));
                     }
@@ -409,20 +497,58 @@ impl Elector {
                 _ => {}
             }
         }
+        for (i, l) in shard_leases.iter().enumerate() {
+            if l.is_some() {
+                self.missing[i] = None;
+            } else {
+                self.missing[i].get_or_insert(now);
+            }
+        }
+        // Nothing of the election but this replica's own Lease: no writer to
+        // collide with, so a missing shard Lease is created at once (two
+        // creating one: exactly one succeeds).
+        let fresh = listed.iter().all(|l| name(l) == mine);
         if self.alive.is_none_or(|t| now.duration_since(t) >= self.cfg.renew_after()) || own.is_none() {
             steps.insert(0, Step::Alive(own.cloned()));
         }
         let share = n.div_ceil(replicas);
         let mut led: Vec<usize> = (0..n).filter(|i| self.shards.leads(*i)).collect();
-        // Lost: someone else holds it, its Lease is gone, or it ran out.
+        let mut lost_answers = Vec::new();
         led.retain(|&i| {
-            let ours = shard_leases[i].is_some_and(|l| holder(l) == me);
-            if !ours || !self.shards.fence(i).may_write() {
-                steps.push(Step::Lost(i));
-                return false;
+            let loss = match shard_leases[i] {
+                None => Some(Loss::Deleted),
+                Some(l) if holder(l) != me && self.shards.fence(i).may_write() => Some(Loss::Overwritten),
+                Some(l) if holder(l) != me => Some(Loss::Taken(holder(l).to_owned())),
+                Some(l) if !self.written_here(l) => Some(Loss::Overwritten),
+                // A renewal whose answer was lost, and that landed: the
+                // tenure runs from when it was sent.
+                Some(l) if !self.shards.fence(i).may_write() => {
+                    let landed = self.sent.get(name(l)).and_then(|s| s.unanswered.as_ref());
+                    match landed.filter(|(t, _)| Some(t) == renew_time(l)).map(|(_, at)| *at) {
+                        Some(at) if now.duration_since(at) < self.cfg.duration.saturating_sub(MARGIN) => {
+                            lost_answers.push((i, at));
+                            None
+                        }
+                        _ => Some(Loss::RanOut),
+                    }
+                }
+                Some(_) => None,
+            };
+            match loss {
+                Some(loss) => {
+                    steps.push(Step::Lost(i, loss));
+                    false
+                }
+                None => true,
             }
-            true
         });
+        for (i, at) in lost_answers {
+            debug!(
+                shard = i,
+                "a renewal whose answer was lost landed: the shard's tenure runs from when it was sent"
+            );
+            self.confirmed(i, at);
+        }
         // Above the fair share: the highest shards go.
         while led.len() > share {
             let Some(i) = led.pop() else { break };
@@ -437,7 +563,7 @@ impl Elector {
                 steps.push(Step::Renew(i, self.held(Some(l.clone()), i, false)));
             }
         }
-        // Under the share: take what nobody holds, starting at a place of
+        // Under the share: take what may be taken, starting at a place of
         // this replica's own, so that replicas starting together try
         // different shards first.
         let start = {
@@ -451,15 +577,19 @@ impl Elector {
             if count >= share {
                 break;
             }
-            if led.contains(&i) {
+            if led.contains(&i) || steps.iter().any(|s| matches!(s, Step::Lost(j, _) if *j == i)) {
                 continue;
             }
             match shard_leases[i] {
-                None => steps.push(Step::Take(i, self.held(None, i, true))),
-                Some(l) if expired(l) || holder(l) == me => {
+                None if fresh
+                    || self.missing[i].is_some_and(|t| now.duration_since(t) >= self.cfg.duration) =>
+                {
+                    steps.push(Step::Take(i, self.held(None, i, true)));
+                }
+                Some(l) if released(l) || self.written_here(l) || self.ran_out(l, now) => {
                     steps.push(Step::Take(i, self.held(Some(l.clone()), i, true)));
                 }
-                Some(_) => continue,
+                _ => continue,
             }
             count += 1;
         }
@@ -473,6 +603,7 @@ impl Elector {
             holder: holder(l).to_owned(),
             lease: format!("{}/{}", self.cfg.namespace, name(l)),
         };
+        self.status.count(Anomaly::OtherShards);
         if self.shards.led_count() > 0 {
             // We ran first: the newcomer refuses; say so, lead on.
             warn!(error = %e, "a replica with other --shards is starting; it will refuse");
@@ -484,7 +615,7 @@ impl Elector {
     /// The Lease of shard `i` held by this replica from now (`taken`: a
     /// new holder, counted as a transition).
     fn held(&self, lease: Option<Lease>, i: usize, taken: bool) -> Lease {
-        let now = MicroTime(Timestamp::now());
+        let now = micro_now(&self.wall);
         let mut l = lease.unwrap_or_else(|| self.new_lease(&self.cfg.shard_lease(i), "shard"));
         let spec = l.spec.get_or_insert_with(LeaseSpec::default);
         if taken {
@@ -497,14 +628,22 @@ impl Elector {
         spec.lease_duration_seconds = Some(i32::try_from(self.cfg.duration.as_secs()).unwrap_or(i32::MAX));
         spec.renew_time = Some(now);
         annotate(&mut l.metadata, self.cfg.shards);
+        if let Some(a) = l.metadata.annotations.as_mut() {
+            a.remove(ANNOTATION_RELEASED);
+        }
         l
     }
 
-    /// `lease` given up: no holder, so another replica takes it at once.
+    /// `lease` given up: no holder, and marked released by this replica,
+    /// so another replica takes it at once.
     fn released(&self, mut l: Lease) -> Lease {
         let spec = l.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
+        l.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ANNOTATION_RELEASED.to_owned(), self.cfg.identity.clone());
         l
     }
 
@@ -526,71 +665,131 @@ impl Elector {
         }
     }
 
-    /// Carries out one step; what fails is tried again next check.
-    async fn apply(&mut self, step: Step) {
-        let deadline = self.cfg.call_deadline();
-        match step {
-            Step::Alive(own) => {
-                let fresh = own.is_none();
-                let mut l = own.unwrap_or_else(|| self.new_lease(&self.cfg.replica_lease(), "replica"));
-                let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-                spec.holder_identity = Some(self.cfg.identity.clone());
-                spec.lease_duration_seconds =
-                    Some(i32::try_from(self.cfg.duration.as_secs()).unwrap_or(i32::MAX));
-                spec.renew_time = Some(MicroTime(Timestamp::now()));
-                annotate(&mut l.metadata, self.cfg.shards);
-                let sent = Instant::now();
-                let r = if fresh {
-                    timed(deadline, self.api.create(&l)).await
-                } else {
-                    timed(deadline, self.api.replace(&l)).await
-                };
-                match r {
-                    Ok(_) => self.alive = Some(sent),
-                    Err(e) => debug!(error = %e, "cannot write this replica's Lease"),
-                }
+    /// This replica's own Lease (`own`, or a new one), renewed now.
+    fn alive_lease(&self, own: Option<Lease>) -> Lease {
+        let mut l = own.unwrap_or_else(|| self.new_lease(&self.cfg.replica_lease(), "replica"));
+        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(self.cfg.identity.clone());
+        spec.lease_duration_seconds = Some(i32::try_from(self.cfg.duration.as_secs()).unwrap_or(i32::MAX));
+        spec.renew_time = Some(micro_now(&self.wall));
+        annotate(&mut l.metadata, self.cfg.shards);
+        l
+    }
+
+    /// Gives shard `i` up at once (its fence closed first).
+    fn lose(&mut self, i: usize, why: &Loss) {
+        self.shards.set_led(i, false);
+        self.renewed[i] = None;
+        let lease = self.cfg.shard_lease(i);
+        match why {
+            Loss::RanOut => {
+                warn!(shard = i, %lease, "the shard's Lease ran out unrenewed: stopped writing it")
             }
-            Step::Lost(i) => {
-                warn!(shard = i, shards = self.cfg.shards, "lost the shard's Lease: stopped writing it");
-                self.shards.set_led(i, false);
-                self.renewed[i] = None;
+            Loss::Taken(by) => {
+                warn!(shard = i, %lease, holder = %by, "lost the shard's Lease to another replica: stopped writing it");
             }
-            Step::Release(i, l) => {
+            Loss::Overwritten => {
+                self.status.count(Anomaly::Overwritten);
+                warn!(shard = i, %lease, "the shard's Lease was written by someone else while this replica held it (edited by hand, or a replica with the same --identity?): stopped writing it");
+            }
+            Loss::Deleted => {
+                self.status.count(Anomaly::Deleted);
+                warn!(shard = i, %lease, "the shard's Lease was deleted while this replica held it: stopped writing it; it is taken again once missing for the lease duration");
+            }
+        }
+    }
+
+    /// Carries out one check's steps: the shards given up at once, then
+    /// every write together, each under its own deadline.
+    async fn apply(&mut self, steps: Vec<Step>) {
+        let mut writes = Vec::new();
+        for step in steps {
+            match step {
+                Step::Lost(i, why) => self.lose(i, &why),
                 // Stop writing first: the next holder may start at once.
-                self.shards.set_led(i, false);
-                self.renewed[i] = None;
-                match timed(deadline, self.api.replace(&l)).await {
-                    Ok(_) => info!(shard = i, "released the shard to a waiting replica (fair share)"),
-                    Err(e) => warn!(shard = i, error = %e, "releasing the shard failed; it runs out instead"),
+                Step::Release(i, l) => {
+                    self.shards.set_led(i, false);
+                    self.renewed[i] = None;
+                    writes.push(Step::Release(i, l));
                 }
+                Step::Alive(own) => writes.push(Step::Alive(Some(self.alive_lease(own)))),
+                step => writes.push(step),
             }
-            // A Lease never stored has no resourceVersion: created.
+        }
+        let deadline = self.cfg.call_deadline();
+        let api = &*self.api;
+        let sent = join_all(writes.into_iter().map(|step| async move {
+            let at = Instant::now();
+            let r = match &step {
+                // A Lease never stored has no resourceVersion: created.
+                Step::Alive(Some(l)) | Step::Renew(_, l) | Step::Take(_, l)
+                    if l.metadata.resource_version.is_none() =>
+                {
+                    timed(deadline, api.create(l)).await
+                }
+                Step::Alive(Some(l)) | Step::Release(_, l) | Step::Renew(_, l) | Step::Take(_, l) => {
+                    timed(deadline, api.replace(l)).await
+                }
+                Step::Collect(lease, version) => {
+                    timed(deadline, api.delete(lease, version)).await.map(|()| Lease::default())
+                }
+                Step::Alive(None) | Step::Lost(..) => Ok(Lease::default()),
+            };
+            (step, at, r)
+        }))
+        .await;
+        for (step, at, r) in sent {
+            self.absorb(step, at, r);
+        }
+    }
+
+    /// Takes in what one write sent at `at` came to.
+    fn absorb(&mut self, step: Step, at: Instant, r: Result<Lease, CallError>) {
+        match step {
+            Step::Alive(_) => match r {
+                Ok(_) => self.alive = Some(at),
+                Err(e) => debug!(error = %e, "cannot write this replica's Lease"),
+            },
+            Step::Release(i, _) => match r {
+                Ok(_) => info!(shard = i, "released the shard to a waiting replica (fair share)"),
+                Err(e) => warn!(shard = i, error = %e, "releasing the shard failed; it runs out instead"),
+            },
             Step::Renew(i, l) | Step::Take(i, l) => {
-                let taking = !self.shards.leads(i);
-                let (sent, wall) = (Instant::now(), SystemTime::now());
-                let r = if l.metadata.resource_version.is_some() {
-                    timed(deadline, self.api.replace(&l)).await
-                } else {
-                    timed(deadline, self.api.create(&l)).await
-                };
+                // Kept whatever the answer: a write that landed with its
+                // answer lost is recognized as ours by its renewTime.
+                let sent = self.sent.entry(name(&l).to_owned()).or_default();
                 match r {
-                    Ok(_) => {
-                        self.renewed[i] = Some(sent);
-                        self.shards.fence(i).held(wall, self.cfg.duration);
-                        if taking {
-                            info!(shard = i, shards = self.cfg.shards, lease = %self.cfg.shard_lease(i), "leading the shard");
-                            self.shards.set_led(i, true);
-                        }
+                    Ok(stored) => {
+                        *sent = Sent { confirmed: stored.metadata.resource_version, unanswered: None };
+                        self.confirmed(i, at);
                     }
-                    Err(CallError::Conflict) => debug!(shard = i, "the shard's Lease changed meanwhile"),
-                    Err(e) => debug!(shard = i, error = %e, "cannot write the shard's Lease"),
+                    Err(CallError::Conflict) => {
+                        sent.unanswered = None;
+                        debug!(shard = i, "the shard's Lease changed meanwhile");
+                    }
+                    Err(e) => {
+                        // It may have landed: recognized by its renewTime.
+                        sent.unanswered = renew_time(&l).cloned().map(|t| (t, at));
+                        debug!(shard = i, error = %e, "cannot write the shard's Lease");
+                    }
                 }
             }
-            Step::Collect(lease, version) => {
-                if tokio::time::timeout(deadline, self.api.delete(&lease, &version)).await.is_ok() {
+            Step::Collect(lease, _) => {
+                if r.is_ok() {
                     info!(lease = %lease, "deleted the Lease of a replica gone long ago");
                 }
             }
+            Step::Lost(..) => {}
+        }
+    }
+
+    /// Shard `i`'s Lease is this replica's, by a write sent at `at`.
+    fn confirmed(&mut self, i: usize, at: Instant) {
+        self.renewed[i] = Some(at);
+        self.shards.fence(i).held(at, self.cfg.duration);
+        if !self.shards.leads(i) {
+            info!(shard = i, shards = self.cfg.shards, lease = %self.cfg.shard_lease(i), "leading the shard");
+            self.shards.set_led(i, true);
         }
     }
 }
@@ -606,235 +805,4 @@ fn role(l: &Lease) -> Option<&str> {
 
 fn annotate(meta: &mut ObjectMeta, shards: u32) {
     meta.annotations.get_or_insert_default().insert(ANNOTATION_SHARDS.to_owned(), shards.to_string());
-}
-
-#[cfg(test)]
-pub mod fake {
-    //! Leases in memory, with resourceVersions as an API server keeps them.
-
-    use super::*;
-
-    /// The fake.
-    #[derive(Default)]
-    pub struct FakeLeases {
-        stored: Mutex<(u64, HashMap<String, Lease>)>,
-        /// Leases whose writes are refused (as by an admission webhook, or
-        /// RBAC on one name).
-        pub refused: Mutex<Vec<String>>,
-    }
-
-    impl FakeLeases {
-        fn refuses(&self, lease: &Lease) -> bool {
-            self.refused.lock().unwrap().iter().any(|r| r == name(lease))
-        }
-    }
-
-    impl FakeLeases {
-        /// The stored Lease `name`.
-        pub fn get(&self, name: &str) -> Option<Lease> {
-            self.stored.lock().unwrap().1.get(name).cloned()
-        }
-
-        /// Who holds `name`.
-        pub fn holder(&self, name: &str) -> String {
-            self.get(name).map(|l| super::holder(&l).to_owned()).unwrap_or_default()
-        }
-    }
-
-    impl LeaseApi for FakeLeases {
-        fn list<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, Result<Vec<Lease>, CallError>> {
-            let (k, v) = selector.split_once('=').unwrap();
-            let items = self
-                .stored
-                .lock()
-                .unwrap()
-                .1
-                .values()
-                .filter(|l| l.metadata.labels.as_ref().and_then(|m| m.get(k)).is_some_and(|x| x == v))
-                .cloned()
-                .collect();
-            Box::pin(async move { Ok(items) })
-        }
-
-        fn create<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<Lease, CallError>> {
-            let mut s = self.stored.lock().unwrap();
-            let r = if s.1.contains_key(name(lease)) {
-                Err(CallError::Conflict)
-            } else {
-                s.0 += 1;
-                let mut l = lease.clone();
-                l.metadata.resource_version = Some(s.0.to_string());
-                s.1.insert(name(lease).to_owned(), l.clone());
-                Ok(l)
-            };
-            Box::pin(async move { r })
-        }
-
-        fn replace<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<Lease, CallError>> {
-            if self.refuses(lease) {
-                return Box::pin(async { Err(CallError::Api("refused".into())) });
-            }
-            let mut s = self.stored.lock().unwrap();
-            let r = match s.1.get(name(lease)) {
-                Some(old) if old.metadata.resource_version == lease.metadata.resource_version => {
-                    s.0 += 1;
-                    let mut l = lease.clone();
-                    l.metadata.resource_version = Some(s.0.to_string());
-                    s.1.insert(name(lease).to_owned(), l.clone());
-                    Ok(l)
-                }
-                _ => Err(CallError::Conflict),
-            };
-            Box::pin(async move { r })
-        }
-
-        fn delete<'a>(&'a self, lease: &'a str, version: &'a str) -> BoxFuture<'a, Result<(), CallError>> {
-            let mut s = self.stored.lock().unwrap();
-            let r = match s.1.get(lease) {
-                Some(old) if old.metadata.resource_version.as_deref() == Some(version) => {
-                    s.1.remove(lease);
-                    Ok(())
-                }
-                _ => Err(CallError::Conflict),
-            };
-            Box::pin(async move { r })
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fake::FakeLeases;
-    use super::*;
-
-    fn elector(api: &Arc<FakeLeases>, id: &str, shards: u32) -> Elector {
-        let cfg = ElectionConfig {
-            namespace: "ns".into(),
-            name: "sync".into(),
-            identity: id.into(),
-            shards,
-            duration: Duration::from_secs(15),
-        };
-        Elector::new(cfg, api.clone(), Shards::elected(shards), Arc::default())
-    }
-
-    fn led(e: &Elector) -> Vec<usize> {
-        (0..e.cfg.shards as usize).filter(|i| e.shards.leads(*i)).collect()
-    }
-
-    #[tokio::test]
-    async fn one_replica_leads_every_shard_and_a_second_takes_half() {
-        let api = Arc::new(FakeLeases::default());
-        let mut a = elector(&api, "a", 4);
-        let t0 = Instant::now();
-        a.check(t0).await.unwrap();
-        assert_eq!(led(&a), vec![0, 1, 2, 3]);
-        assert!((0..4).all(|i| a.shards.fence(i).may_write()));
-        assert_eq!(api.holder("sync-2"), "a");
-        // B arrives: it sees every shard held (and A alive), takes nothing.
-        let mut b = elector(&api, "b", 4);
-        b.check(t0).await.unwrap();
-        assert_eq!(led(&b), Vec::<usize>::new());
-        // A sees B waiting: keeps its fair share (2), releases the rest.
-        a.check(t0 + Duration::from_secs(3)).await.unwrap();
-        assert_eq!(led(&a), vec![0, 1]);
-        assert!(!a.shards.fence(3).may_write(), "a released shard is fenced at once");
-        assert_eq!(api.holder("sync-3"), "");
-        // B takes the released ones at once: no wait for an expiry.
-        b.check(t0 + Duration::from_secs(3)).await.unwrap();
-        assert_eq!(led(&b), vec![2, 3]);
-        // Stable from then on.
-        for k in 2..6 {
-            let t = t0 + Duration::from_secs(3 * k);
-            a.check(t).await.unwrap();
-            b.check(t).await.unwrap();
-        }
-        assert_eq!((led(&a), led(&b)), (vec![0, 1], vec![2, 3]));
-    }
-
-    #[tokio::test]
-    async fn a_dead_replicas_shards_are_taken_once_seen_unchanged_for_the_duration() {
-        let api = Arc::new(FakeLeases::default());
-        let (mut a, mut b) = (elector(&api, "a", 4), elector(&api, "b", 4));
-        let t0 = Instant::now();
-        a.check(t0).await.unwrap();
-        b.check(t0).await.unwrap();
-        a.check(t0).await.unwrap();
-        b.check(t0).await.unwrap();
-        assert_eq!(led(&a).len() + led(&b).len(), 4);
-        // A dies (no more checks). B waits out A's Leases on its own clock.
-        b.check(t0 + Duration::from_secs(14)).await.unwrap();
-        assert_eq!(led(&b).len(), 2, "not yet expired");
-        b.check(t0 + Duration::from_secs(15)).await.unwrap();
-        b.check(t0 + Duration::from_secs(16)).await.unwrap();
-        assert_eq!(led(&b), vec![0, 1, 2, 3]);
-    }
-
-    #[tokio::test]
-    async fn another_shards_value_is_refused_naming_both() {
-        let api = Arc::new(FakeLeases::default());
-        let mut a = elector(&api, "a", 4);
-        let t0 = Instant::now();
-        a.check(t0).await.unwrap();
-        let mut b = elector(&api, "b", 2);
-        let e = b.check(t0).await.unwrap_err();
-        assert!(matches!(e, ElectionError::Mismatch { mine: 2, theirs: 4, .. }), "{e}");
-        assert!(e.to_string().contains("--shards 2, but replica \"a\" runs with --shards 4"), "{e}");
-        assert_eq!(led(&b), Vec::<usize>::new(), "nothing taken");
-        // The one that ran first leads on.
-        a.check(t0 + Duration::from_secs(3)).await.unwrap();
-        assert_eq!(led(&a).len(), 4);
-    }
-
-    #[tokio::test]
-    async fn a_shard_taken_by_another_is_lost_and_fenced() {
-        let api = Arc::new(FakeLeases::default());
-        let mut a = elector(&api, "a", 1);
-        let t0 = Instant::now();
-        a.check(t0).await.unwrap();
-        assert_eq!(led(&a), vec![0]);
-        // Someone else writes the Lease (a replica that judged it expired).
-        let mut l = api.get("sync").unwrap();
-        l.spec.as_mut().unwrap().holder_identity = Some("z".into());
-        api.replace(&l).await.unwrap();
-        a.check(t0 + Duration::from_secs(1)).await.unwrap();
-        assert_eq!(led(&a), Vec::<usize>::new());
-        assert!(!a.shards.fence(0).may_write());
-    }
-
-    #[tokio::test]
-    async fn a_shard_lease_that_cannot_be_renewed_stops_that_shard_only() {
-        let api = Arc::new(FakeLeases::default());
-        let mut a = elector(&api, "a", 3);
-        // A short lease (fences open 2.5 s after a renewal, renewals due
-        // after 1 s), so that one runs out within the test.
-        a.cfg.duration = Duration::from_secs(3);
-        a.check(Instant::now()).await.unwrap();
-        assert_eq!(led(&a), vec![0, 1, 2]);
-        api.refused.lock().unwrap().push("sync-1".into());
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        // Shards 0 and 2 renewed; 1 refused, its fence still open.
-        a.check(Instant::now()).await.unwrap();
-        assert_eq!(led(&a), vec![0, 1, 2]);
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        // Past shard 1's Lease: it stops; the others write on.
-        assert!(!a.shards.fence(1).may_write(), "shard 1 kept writing past its Lease");
-        a.check(Instant::now()).await.unwrap();
-        assert_eq!(led(&a), vec![0, 2], "only the shard that could not be renewed is given up");
-        assert!(a.shards.fence(0).may_write() && a.shards.fence(2).may_write());
-    }
-
-    #[tokio::test]
-    async fn released_leases_are_taken_at_once() {
-        let api = Arc::new(FakeLeases::default());
-        let (mut a, mut b) = (elector(&api, "a", 2), elector(&api, "b", 2));
-        let t0 = Instant::now();
-        a.check(t0).await.unwrap();
-        b.check(t0).await.unwrap();
-        a.release().await;
-        assert_eq!(led(&a), Vec::<usize>::new());
-        assert!(api.get(&a.cfg.replica_lease()).is_none(), "its own Lease deleted");
-        b.check(t0 + Duration::from_secs(1)).await.unwrap();
-        assert_eq!(led(&b), vec![0, 1]);
-    }
 }

@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -17,14 +18,14 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Resource;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 
 use super::api::Kind;
 use super::desired::{FIELD_MANAGER, LABEL_APP_MANAGED_BY};
 use crate::fleet::member::Member;
 use crate::k8s::mcs::LABEL_SERVICE_NAME;
-use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, scopes};
+use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, WatchTask, scopes};
 
 /// One of our objects as a watch saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +135,7 @@ impl<R: Hash + Eq> Written<R> {
     }
 }
 
+#[derive(Clone)]
 struct ToOwn {
     member: usize,
     kind: Kind,
@@ -204,71 +206,82 @@ impl Translate<Namespace> for ToNamespaces {
     }
 }
 
-/// Starts the watches of our objects in member `index`, in `tasks` (so they
-/// end with the controller that owns the set).
-pub fn spawn(
-    tasks: &mut JoinSet<()>,
+/// The watches of our objects in member `index` that need no MCS version
+/// (its Namespaces, our VIP Services and MCS slices), as tasks for the
+/// controller to run and restart.
+pub fn watches(
+    index: usize,
+    member: &Member,
+    namespaces: &[String],
+    events: mpsc::Sender<OwnEvent>,
+) -> Vec<WatchTask> {
+    let mut out = Vec::new();
+    let (client, out_) = (member.client.clone(), events.clone());
+    let health = Arc::new(WatchHealth::new(format!("Namespaces of member {}", member.name)));
+    out.push(WatchTask::new(health.clone(), move || {
+        let (client, events, health) = (client.clone(), out_.clone(), health.clone());
+        async move {
+            let api: kube::Api<Namespace> = kube::Api::all(client);
+            let to = ToNamespaces { member: index };
+            let lists = watch::Lists::default();
+            watch::relist(api, watcher::Config::default(), &lists, Reporter::new(health), to, events).await;
+        }
+    }));
+    for scope in scopes(namespaces) {
+        let typed = |c, s: Option<&str>| watch::scoped::<Service>(c, s);
+        out.push(own_watch(index, member, &scope, (Kind::Service, "Services"), typed, &events));
+        let typed = |c, s: Option<&str>| watch::scoped::<EndpointSlice>(c, s);
+        out.push(own_watch(index, member, &scope, (Kind::EndpointSlice, "EndpointSlices"), typed, &events));
+    }
+    out
+}
+
+/// The watches of our ServiceImports in member `index`, of the version
+/// `import` its discovery found: started again when discovery learns
+/// another.
+pub fn import_watches(
     index: usize,
     member: &Member,
     import: &ApiResource,
     namespaces: &[String],
     events: mpsc::Sender<OwnEvent>,
-) {
-    let (client, out) = (member.client.clone(), events.clone());
-    let r =
-        Reporter::new(std::sync::Arc::new(WatchHealth::new(format!("Namespaces of member {}", member.name))));
-    tasks.spawn(async move {
-        let api: kube::Api<Namespace> = kube::Api::all(client);
-        watch::relist(
-            api,
-            watcher::Config::default(),
-            &watch::Lists::default(),
-            r,
-            ToNamespaces { member: index },
-            out,
-        )
-        .await;
-    });
+) -> Vec<WatchTask> {
+    scopes(namespaces)
+        .into_iter()
+        .map(|scope| {
+            let what = format!("ServiceImports ({})", import.api_version);
+            let import = import.clone();
+            let dynamic = move |c, s: Option<&str>| watch::scoped_with::<DynamicObject>(c, s, &import);
+            own_watch(index, member, &scope, (Kind::ServiceImport, &what), dynamic, &events)
+        })
+        .collect()
+}
+
+/// One watch of our objects of one kind in one scope, through `api`.
+fn own_watch<K, A>(
+    index: usize,
+    member: &Member,
+    scope: &Option<String>,
+    (kind, what): (Kind, &str),
+    api: A,
+    events: &mpsc::Sender<OwnEvent>,
+) -> WatchTask
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    A: Fn(kube::Client, Option<&str>) -> kube::Api<K> + Send + Sync + 'static,
+{
+    let within = scope.as_deref().map_or_else(String::new, |ns| format!(" in {ns}"));
+    let health = Arc::new(WatchHealth::new(format!("our {what}{within} of member {}", member.name)));
     let cfg = watcher::Config::default().labels(&format!("{LABEL_APP_MANAGED_BY}={FIELD_MANAGER}"));
-    for scope in scopes(namespaces) {
-        let within = scope.as_deref().map_or_else(String::new, |ns| format!(" in {ns}"));
-        let reporter = |what: &str| {
-            Reporter::new(std::sync::Arc::new(WatchHealth::new(format!(
-                "our {what}{within} of member {}",
-                member.name
-            ))))
-        };
-        let to = |kind| ToOwn { member: index, kind, scope: scope.clone() };
-        let (client, cfg_, out, r, t) = (
-            member.client.clone(),
-            cfg.clone(),
-            events.clone(),
-            reporter("ServiceImports"),
-            to(Kind::ServiceImport),
-        );
-        let import = import.clone();
-        tasks.spawn(async move {
-            let api: kube::Api<DynamicObject> = watch::scoped_with(client, t.scope.as_deref(), &import);
-            watch::relist(api, cfg_, &watch::Lists::default(), r, t, out).await;
-        });
-        let (client, cfg_, out, r, t) =
-            (member.client.clone(), cfg.clone(), events.clone(), reporter("Services"), to(Kind::Service));
-        tasks.spawn(async move {
-            let api: kube::Api<Service> = watch::scoped(client, t.scope.as_deref());
-            watch::relist(api, cfg_, &watch::Lists::default(), r, t, out).await;
-        });
-        let (client, cfg_, out, r, t) = (
-            member.client.clone(),
-            cfg.clone(),
-            events.clone(),
-            reporter("EndpointSlices"),
-            to(Kind::EndpointSlice),
-        );
-        tasks.spawn(async move {
-            let api: kube::Api<EndpointSlice> = watch::scoped(client, t.scope.as_deref());
-            watch::relist(api, cfg_, &watch::Lists::default(), r, t, out).await;
-        });
-    }
+    let to = ToOwn { member: index, kind, scope: scope.clone() };
+    let (client, events) = (member.client.clone(), events.clone());
+    WatchTask::new(health.clone(), move || {
+        let (cfg, events, to, health) = (cfg.clone(), events.clone(), to.clone(), health.clone());
+        let api = api(client.clone(), to.scope.as_deref());
+        async move {
+            watch::relist(api, cfg, &watch::Lists::default(), Reporter::new(health), to, events).await;
+        }
+    })
 }
 
 #[cfg(test)]

@@ -27,13 +27,13 @@ use tracing::{debug, info, warn};
 
 use super::api::{ApiError, Kind, SharedApi, Stored};
 use super::desired::{self, Consumers};
-use super::fence::Fence;
 use super::own::Written;
 use super::stats::SyncStats;
 use crate::fleet::export::{ClusterExport, Exported};
 use crate::fleet::merge::{Condition, ImportSpec, Status, condition, merge};
 use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
 use crate::fleet::state::{ExportInfo, ServiceInfo};
+use crate::k8s::fence::WriteFence;
 use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
 
 /// Which object of which member.
@@ -87,8 +87,9 @@ pub struct Env {
     pub auto_export_prefixes: Vec<String>,
     /// Counters.
     pub stats: Arc<SyncStats>,
-    /// Writes are sent only while it is open (the shard's Lease is ours).
-    pub fence: Arc<Fence>,
+    /// Writes are sent only while its fence is open (the shard's Lease is
+    /// ours), checked at the wire.
+    pub fence: WriteFence,
 }
 
 impl Env {
@@ -101,20 +102,31 @@ impl Env {
         name: &str,
         body: &Value,
     ) -> Result<Stored, ApiError> {
-        if !self.fence.may_write() {
+        // Checked here to queue nothing doomed; what counts is the check
+        // at the wire, after the rate limit's wait (`k8s::fence`).
+        if !self.fence.fence.may_write() {
             return Err(ApiError::Fenced);
         }
-        self.stats.writes.fetch_add(1, Ordering::Relaxed);
-        self.members[m].api.apply(kind, namespace, name, body).await
+        let r = self.members[m].api.apply(&self.fence, kind, namespace, name, body).await;
+        self.count(&r);
+        r
     }
 
     /// Deletes in member `m`, counted, if the fence is open.
     async fn remove(&self, m: usize, kind: Kind, namespace: &str, name: &str) -> Result<(), ApiError> {
-        if !self.fence.may_write() {
+        if !self.fence.fence.may_write() {
             return Err(ApiError::Fenced);
         }
-        self.stats.writes.fetch_add(1, Ordering::Relaxed);
-        self.members[m].api.delete(kind, namespace, name).await
+        let r = self.members[m].api.delete(&self.fence, kind, namespace, name).await;
+        self.count(&r);
+        r
+    }
+
+    /// Counts a write that was sent (refused at the wire: not sent).
+    fn count<T>(&self, r: &Result<T, ApiError>) {
+        if !matches!(r, Err(ApiError::Fenced)) {
+            self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -123,6 +135,9 @@ impl Env {
 pub struct MemberInput {
     /// Reachable and its API versions known: written to.
     pub writable: bool,
+    /// Another writer's (hub mode: another member's agent): read, never
+    /// written, never named as not reached.
+    pub remote: bool,
     /// Lost past `--member-lost-after` with `--on-member-lost=remove`.
     pub removed: bool,
     /// Unreachable since (RFC 3339).
@@ -336,7 +351,7 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
         .members
         .iter()
         .zip(&input.members)
-        .filter(|(m, mi)| !mi.writable && !mi.removed && consumers.includes(&m.cluster))
+        .filter(|(m, mi)| !mi.writable && !mi.remote && !mi.removed && consumers.includes(&m.cluster))
         .map(|(m, _)| m.name.as_str())
         .collect();
     // Which of each exporting cluster's ports it serves behind the VIP, and

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use siphasher::sip::SipHasher13;
 use tokio::sync::watch;
 
-use super::fence::Fence;
+use crate::k8s::fence::Fence;
 use crate::model::ServiceKey;
 
 /// The most shards `--shards` takes: every shard renews a Lease, and a
@@ -146,7 +146,7 @@ mod tests {
     fn losing_a_shard_closes_its_fence() {
         let s = Shards::elected(2);
         let mut led = s.led();
-        s.fence(1).held(std::time::SystemTime::now(), std::time::Duration::from_secs(15));
+        s.fence(1).held(tokio::time::Instant::now(), std::time::Duration::from_secs(15));
         s.set_led(1, true);
         assert!(led.has_changed().unwrap());
         assert_eq!(*led.borrow_and_update(), vec![false, true]);

@@ -12,6 +12,7 @@ use arc_swap::ArcSwap;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, Registry};
 
 use super::api::{ErrorReason, Kind};
+use super::election::{Anomaly, ElectionStatus};
 use super::shard::Shards;
 use crate::fleet::member::Member;
 use crate::k8s::throttle::ThrottleStats;
@@ -49,6 +50,9 @@ pub struct SyncStats {
     pub write_seconds: HistogramVec,
     /// The members now, as `/metrics` reads them ([`SyncStats::set_members`]).
     members: ArcSwap<Vec<MemberView>>,
+    /// Every watch, probe and API discovery of the controller now
+    /// ([`SyncStats::set_watches`]).
+    watches: ArcSwap<Vec<Arc<WatchHealth>>>,
 }
 
 /// What `/metrics` reads of one member.
@@ -102,6 +106,7 @@ impl SyncStats {
                 &["member"],
             )?,
             members: ArcSwap::from_pointee(Vec::new()),
+            watches: ArcSwap::from_pointee(Vec::new()),
         })
     }
 
@@ -126,13 +131,14 @@ impl SyncStats {
         self: &Arc<Self>,
         registry: &Registry,
         shards: Arc<Shards>,
+        election: Option<Arc<ElectionStatus>>,
     ) -> Result<(), prometheus::Error> {
         registry.register(Box::new(self.reconcile_seconds.clone()))?;
         registry.register(Box::new(self.write_seconds.clone()))?;
-        self.families(shards).register(registry)
+        self.families(shards, election).register(registry)
     }
 
-    fn families(self: &Arc<Self>, shards: Arc<Shards>) -> Families {
+    fn families(self: &Arc<Self>, shards: Arc<Shards>, election: Option<Arc<ElectionStatus>>) -> Families {
         let total = |counter: fn(&Self) -> &AtomicU64| {
             let s = self.clone();
             move || vec![Sample::count(&[], counter(&s).load(Ordering::Relaxed))]
@@ -237,7 +243,47 @@ impl SyncStats {
             &["member"],
             members(|m| Sample::new(&[("member", &m.name)], m.throttle.waited_seconds())),
         );
+        let (w, errors) = (self.clone(), self.clone());
+        f.gauge(
+            "clusterset_dns_sync_watch_stale_seconds",
+            "Seconds a watch (of a member's objects, of our own objects), a member's API probe or its MCS API discovery has been failing; 0 while it is current.",
+            &["watch"],
+            move || w.watches.load().iter().map(|h| Sample::new(&[("watch", &h.name)], h.stale_seconds())).collect(),
+        )
+        .counter(
+            "clusterset_dns_sync_watch_errors_total",
+            "Errors of a watch, probe or API discovery (each retried with backoff): a member whose discovery answers garbage counts here.",
+            &["watch"],
+            move || errors.watches.load().iter().map(|h| Sample::count(&[("watch", &h.name)], h.errors())).collect(),
+        );
+        if let Some(e) = election {
+            let checks = e.clone();
+            f.counter(
+                "clusterset_dns_sync_lease_anomalies_total",
+                "What the election's rules did not expect, each named in the log: a Lease of a shard this replica led deleted or written by someone else while it held it (it stops writing that shard at once), a live replica with another --shards, a step of the wall clock (the tenure is kept on the monotonic clock and does not move).",
+                &["anomaly"],
+                move || {
+                    Anomaly::ALL
+                        .iter()
+                        .map(|a| Sample::count(&[("anomaly", a.as_str())], e.anomalies(*a)))
+                        .collect()
+                },
+            )
+            .counter(
+                "clusterset_dns_sync_election_checks_total",
+                "Checks of the election whose list of the Leases was answered (one every fifth of the lease duration, 1-3 s, while the Leases' cluster answers).",
+                &[],
+                move || vec![Sample::count(&[], checks.checks())],
+            );
+        }
         f
+    }
+
+    /// The controller's watches, probes and discoveries, whose health
+    /// `/metrics` shows (`clusterset_dns_sync_watch_*`: apart from `serve`'s
+    /// `clusterset_dns_watch_*`, which `run` registers beside them).
+    pub fn set_watches(&self, watches: &[Arc<WatchHealth>]) {
+        self.watches.store(Arc::new(watches.to_vec()));
     }
 
     /// Counts a failed reconcile.
@@ -338,10 +384,28 @@ mod tests {
         let shards = Shards::elected(3);
         shards.set_led(1, true);
         let registry = Registry::new();
-        s.register(&registry, shards).unwrap();
+        let election = Arc::new(ElectionStatus::default());
+        for (anomaly, n) in [
+            (Anomaly::Deleted, 141),
+            (Anomaly::Overwritten, 142),
+            (Anomaly::OtherShards, 143),
+            (Anomaly::ClockStep, 144),
+        ] {
+            (0..n).for_each(|_| election.count(anomaly));
+        }
+        election.set_checks(145);
+        let (w1, w2) = (Arc::new(WatchHealth::new("w1".into())), Arc::new(WatchHealth::new("w2".into())));
+        for _ in 0..151 {
+            Reporter::new(w2.clone()).failed("refused");
+        }
+        Reporter::new(w2.clone()).failed("refused");
+        s.set_watches(&[w1, w2]);
+        s.register(&registry, shards, Some(election)).unwrap();
 
         let mut got = sync_series(&registry);
         let stale = got.remove(r#"clusterset_dns_sync_member_stale_seconds{member="b"}"#);
+        let w2 = got.remove(r#"clusterset_dns_sync_watch_stale_seconds{watch="w2"}"#);
+        assert!(w2.is_some_and(|v| v >= 0.0), "w2's staleness: {w2:?}");
         assert!(stale.is_some_and(|v| v > 0.0 && v < 60.0), "b's staleness: {stale:?}");
         let want: BTreeMap<String, f64> = [
             ("clusterset_dns_sync_leader", 1.0),
@@ -372,6 +436,14 @@ mod tests {
             (r#"clusterset_dns_sync_client_throttled_total{member="b"}"#, 132.0),
             (r#"clusterset_dns_sync_client_throttled_seconds_total{member="a"}"#, 2.5),
             (r#"clusterset_dns_sync_client_throttled_seconds_total{member="b"}"#, 0.75),
+            (r#"clusterset_dns_sync_lease_anomalies_total{anomaly="deleted"}"#, 141.0),
+            (r#"clusterset_dns_sync_lease_anomalies_total{anomaly="overwritten"}"#, 142.0),
+            (r#"clusterset_dns_sync_lease_anomalies_total{anomaly="other_shards"}"#, 143.0),
+            (r#"clusterset_dns_sync_lease_anomalies_total{anomaly="clock_step"}"#, 144.0),
+            ("clusterset_dns_sync_election_checks_total", 145.0),
+            (r#"clusterset_dns_sync_watch_stale_seconds{watch="w1"}"#, 0.0),
+            (r#"clusterset_dns_sync_watch_errors_total{watch="w1"}"#, 0.0),
+            (r#"clusterset_dns_sync_watch_errors_total{watch="w2"}"#, 152.0),
             ("clusterset_dns_sync_reconcile_seconds_sum", 0.25),
             ("clusterset_dns_sync_reconcile_seconds_count", 1.0),
             (r#"clusterset_dns_sync_member_write_seconds_sum{member="a"}"#, 0.5),
@@ -400,6 +472,10 @@ mod tests {
             ("clusterset_dns_sync_member_stale_seconds", "gauge"),
             ("clusterset_dns_sync_client_throttled_total", "counter"),
             ("clusterset_dns_sync_client_throttled_seconds_total", "counter"),
+            ("clusterset_dns_sync_lease_anomalies_total", "counter"),
+            ("clusterset_dns_sync_watch_stale_seconds", "gauge"),
+            ("clusterset_dns_sync_watch_errors_total", "counter"),
+            ("clusterset_dns_sync_election_checks_total", "counter"),
             ("clusterset_dns_sync_reconcile_seconds", "histogram"),
             ("clusterset_dns_sync_member_write_seconds", "histogram"),
         ] {
@@ -412,7 +488,7 @@ mod tests {
     async fn a_member_gone_takes_its_series_and_one_joined_has_them_at_once() {
         let s = Arc::new(SyncStats::new().unwrap());
         let registry = Registry::new();
-        s.register(&registry, Shards::alone()).unwrap();
+        s.register(&registry, Shards::alone(), None).unwrap();
         s.set_members(&[member("a", 1, 0), member("b", 2, 0)]);
         s.set_members(&[member("b", 2, 0), member("c", 3, 0)]);
         let members = |family: &str| -> Vec<String> {

@@ -3,8 +3,10 @@
 //! into a member (`k8s::inventory::access`: its cluster, the exec plugin of
 //! the provider file). [`follow`] publishes the whole set whenever a member
 //! joins, leaves, changes how it is reached or its `ControlPlaneHealthy`;
-//! `cmd::sync` connects and restarts the controller on the first three and
-//! marks the member for the last.
+//! [`join`] connects the members of each set (and marks them for the last)
+//! and publishes the connected ones, on which `cmd::sync` restarts its
+//! controller. Joining runs in a task of its own: a member that takes its
+//! whole connect timeout to answer delays nothing else.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -190,6 +192,52 @@ fn report(
     for name in before.keys().filter(|n| !now.contains_key(*n)) {
         info!(profile = format!("{namespace}/{name}"), "ClusterProfile deleted: member leaves");
     }
+}
+
+/// Follows the profiles of `cfg` (as [`follow`]) and connects their
+/// members ([`Joined::update`], skipping names in `taken`), publishing the
+/// connected members on `out` (`None` until the first list has been joined)
+/// whenever they change. Never returns (unless `out` has no receiver left).
+pub async fn join(
+    cfg: InventoryConfig,
+    client: Client,
+    health: Arc<WatchHealth>,
+    how: JoinAs,
+    out: watch::Sender<Option<Vec<Member>>>,
+) {
+    let (tx, mut profiles) = watch::channel(None);
+    let following = follow(cfg, client, health, tx);
+    let joining = async {
+        let mut joined = Joined::default();
+        while profiles.changed().await.is_ok() {
+            let Some(now) = profiles.borrow_and_update().clone() else { continue };
+            let changed = joined.update(&now, &how.taken, &how.agent, &how.namespaces, how.limits).await;
+            if changed || out.borrow().is_none() {
+                out.send_replace(Some(joined.members().cloned().collect()));
+            }
+            if out.is_closed() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = following => {}
+        () = joining => {}
+    }
+}
+
+/// How [`join`] connects members.
+#[derive(Debug, Clone)]
+pub struct JoinAs {
+    /// Names of members configured otherwise (`--cluster`): a profile of one
+    /// of these names is skipped.
+    pub taken: Vec<String>,
+    /// The User-Agent's agent part.
+    pub agent: String,
+    /// The namespaces watched.
+    pub namespaces: Vec<String>,
+    /// The members' client rate limit.
+    pub limits: Option<Limits>,
 }
 
 /// The members of the inventory that are connected, each with the mark of

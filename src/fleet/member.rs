@@ -23,7 +23,7 @@ use super::state::{Change, Delta, ExportInfo, MemberEvent, ServiceInfo};
 use crate::k8s::client::{self, ClientError, Connection};
 use crate::k8s::mcs::{CLUSTER_ID_PROPERTY, LABEL_K8S_SERVICE_NAME, cluster_property, discover_mcs};
 use crate::k8s::throttle::{Limits, ThrottleStats};
-use crate::k8s::watch::{self, Lists, Reporter, Translate, WatchHealth, scopes};
+use crate::k8s::watch::{self, Lists, Reporter, Translate, WatchHealth, WatchTask, scopes};
 use crate::model::{ClusterId, ServiceKey, SliceKey};
 
 /// A member as configured: `--cluster NAME=KUBECONFIG`.
@@ -101,13 +101,8 @@ pub async fn connect(
     limits: Option<Limits>,
 ) -> Result<Member, ClientError> {
     let throttle = Arc::new(ThrottleStats::default());
-    let client = match limits {
-        Some(l) => {
-            let name = format!("member {}", cfg.name);
-            client::connect_limited(&cfg.connection, agent, l, &name, throttle.clone()).await?
-        }
-        None => client::connect(&cfg.connection, agent).await?,
-    };
+    let name = format!("member {}", cfg.name);
+    let client = client::connect_limited(&cfg.connection, agent, limits, &name, throttle.clone()).await?;
     let named = ClusterId::parse(&cfg.name).map_err(|e| ClientError::Kubeconfig {
         path: format!("--cluster {}", cfg.name).into(),
         source: format!("member name: {e}").into(),
@@ -212,6 +207,21 @@ pub fn spawn_watches(
     lists: &Lists,
     events: mpsc::Sender<MemberEvent>,
 ) {
+    for w in watch_tasks(index, member, namespaces, lists, events) {
+        tasks.spawn((w.run)());
+    }
+}
+
+/// The three watches of member `index` in every scope, as tasks for an
+/// owner that restarts them ([`spawn_watches`] runs each once).
+pub fn watch_tasks(
+    index: usize,
+    member: &Member,
+    namespaces: &[String],
+    lists: &Lists,
+    events: mpsc::Sender<MemberEvent>,
+) -> Vec<WatchTask> {
+    let mut out = Vec::new();
     for (s, scope) in scopes(namespaces).into_iter().enumerate() {
         let health =
             |k: usize| member.health.get(s * 3 + k).cloned().unwrap_or_else(|| member.health[k].clone());
@@ -222,12 +232,16 @@ pub fn spawn_watches(
             health(0),
         );
         let lists_ = lists.clone();
-        tasks.spawn(async move {
-            let mut reporter = Reporter::new(h);
-            let resource = discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
-            let api: Api<DynamicObject> = watch::scoped_with(client, exports.scope.as_deref(), &resource);
-            watch::relist(api, watcher::Config::default(), &lists_, reporter, exports, events_).await;
-        });
+        out.push(WatchTask::new(h.clone(), move || {
+            let (exports, client, events, lists, h) =
+                (exports.clone(), client.clone(), events_.clone(), lists_.clone(), h.clone());
+            async move {
+                let mut reporter = Reporter::new(h);
+                let resource = discover_mcs(&client, "ServiceExport", "serviceexports", &mut reporter).await;
+                let api: Api<DynamicObject> = watch::scoped_with(client, exports.scope.as_deref(), &resource);
+                watch::relist(api, watcher::Config::default(), &lists, reporter, exports, events).await;
+            }
+        }));
         let (services, client, events_, h) = (
             ToFleet::new(index, member, &scope, service_entry, Change::Services),
             member.client.clone(),
@@ -235,11 +249,15 @@ pub fn spawn_watches(
             health(1),
         );
         let lists_ = lists.clone();
-        tasks.spawn(async move {
-            let api: Api<Service> = watch::scoped(client, services.scope.as_deref());
-            watch::relist(api, watcher::Config::default(), &lists_, Reporter::new(h), services, events_)
-                .await;
-        });
+        out.push(WatchTask::new(h.clone(), move || {
+            let (services, client, events, lists, h) =
+                (services.clone(), client.clone(), events_.clone(), lists_.clone(), h.clone());
+            async move {
+                let api: Api<Service> = watch::scoped(client, services.scope.as_deref());
+                watch::relist(api, watcher::Config::default(), &lists, Reporter::new(h), services, events)
+                    .await;
+            }
+        }));
         let (slices, client, events_, h) = (
             ToFleet::new(index, member, &scope, slice_entry, Change::Slices),
             member.client.clone(),
@@ -247,12 +265,96 @@ pub fn spawn_watches(
             health(2),
         );
         let lists_ = lists.clone();
-        tasks.spawn(async move {
-            let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
-            let api: Api<EndpointSlice> = watch::scoped(client, slices.scope.as_deref());
-            watch::relist(api, cfg, &lists_, Reporter::new(h), slices, events_).await;
-        });
+        out.push(WatchTask::new(h.clone(), move || {
+            let (slices, client, events, lists, h) =
+                (slices.clone(), client.clone(), events_.clone(), lists_.clone(), h.clone());
+            async move {
+                let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
+                let api: Api<EndpointSlice> = watch::scoped(client, slices.scope.as_deref());
+                watch::relist(api, cfg, &lists, Reporter::new(h), slices, events).await;
+            }
+        }));
     }
+    out
+}
+
+/// One object of member `index` changed (`deleted`: gone), as its watch
+/// reports it: the same conversion, for a reader of the member's objects
+/// that are not watched directly (hub mode's records).
+pub enum Object<'a> {
+    /// A ServiceExport.
+    Export(&'a DynamicObject),
+    /// A Service.
+    Service(&'a Service),
+    /// One of a Service's own EndpointSlices.
+    Slice(&'a EndpointSlice),
+}
+
+/// The event of `object` of member `index` applied or `deleted`.
+pub fn event(index: usize, cluster: &ClusterId, object: Object<'_>, deleted: bool) -> Option<MemberEvent> {
+    fn delta<K: Resource, V>(
+        cluster: &ClusterId,
+        k: &K,
+        entry: fn(&ClusterId, &K) -> Option<Entry<V>>,
+        deleted: bool,
+    ) -> Option<Delta<V>> {
+        if deleted {
+            return Some(Delta::Deleted(object_id(k)?));
+        }
+        Some(match entry(cluster, k) {
+            Some((id, key, v)) => Delta::Applied(id, key, v),
+            None => Delta::Deleted(object_id(k)?),
+        })
+    }
+    let change = match object {
+        Object::Export(o) => Change::Exports(delta(cluster, o, export_entry, deleted)?),
+        Object::Service(o) => Change::Services(delta(cluster, o, service_entry, deleted)?),
+        Object::Slice(o) => Change::Slices(delta(cluster, o, slice_entry, deleted)?),
+    };
+    Some(MemberEvent { member: index, change })
+}
+
+/// A member's complete lists of exports, Services and their slices as its
+/// watches report them (the same conversion), for a controller run in
+/// process on objects of a test's.
+pub fn listed(
+    index: usize,
+    cluster: &ClusterId,
+    exports: &[DynamicObject],
+    services: &[Service],
+    slices: &[EndpointSlice],
+) -> [MemberEvent; 3] {
+    listed_in(index, cluster, None, (exports, services, slices))
+}
+
+/// [`listed`] for one scope (`None`: every namespace).
+pub fn listed_in(
+    index: usize,
+    cluster: &ClusterId,
+    scope: Option<String>,
+    (exports, services, slices): (&[DynamicObject], &[Service], &[EndpointSlice]),
+) -> [MemberEvent; 3] {
+    fn all<K, V>(
+        cluster: &ClusterId,
+        objects: &[K],
+        entry: fn(&ClusterId, &K) -> Option<Entry<V>>,
+    ) -> Vec<Entry<V>> {
+        objects.iter().filter_map(|o| entry(cluster, o)).collect()
+    }
+    [
+        MemberEvent {
+            member: index,
+            change: Change::Exports(Delta::Listed(scope.clone(), all(cluster, exports, export_entry))),
+        },
+        MemberEvent {
+            member: index,
+            change: Change::Services(Delta::Listed(scope.clone(), all(cluster, services, service_entry))),
+        },
+        MemberEvent {
+            member: index,
+            change: Change::Slices(Delta::Listed(scope, all(cluster, slices, slice_entry))),
+        },
+    ]
 }
 
 type Entry<V> = (SliceKey, ServiceKey, V);
@@ -334,6 +436,18 @@ impl<K: Resource, V: Send> Translate<K> for ToFleet<K, V> {
     }
 }
 
+impl<K, V> Clone for ToFleet<K, V> {
+    fn clone(&self) -> Self {
+        Self {
+            index: self.index,
+            cluster: self.cluster.clone(),
+            scope: self.scope.clone(),
+            entry: self.entry,
+            wrap: self.wrap,
+        }
+    }
+}
+
 impl<K, V> ToFleet<K, V> {
     fn new(
         index: usize,
@@ -351,10 +465,12 @@ impl<K, V> ToFleet<K, V> {
 }
 
 /// Cluster ids more than one member has, each with a message naming them.
-pub fn duplicate_ids(members: &[Member]) -> std::collections::HashMap<ClusterId, String> {
+pub fn duplicate_ids<'a>(
+    members: impl IntoIterator<Item = (&'a str, &'a ClusterId)>,
+) -> std::collections::HashMap<ClusterId, String> {
     let mut by_id: std::collections::BTreeMap<&ClusterId, Vec<&str>> = std::collections::BTreeMap::new();
-    for m in members {
-        by_id.entry(&m.cluster).or_default().push(m.name.as_str());
+    for (name, cluster) in members {
+        by_id.entry(cluster).or_default().push(name);
     }
     by_id
         .into_iter()

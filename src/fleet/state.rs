@@ -166,6 +166,8 @@ impl MemberObjects {
 #[derive(Debug)]
 pub struct FleetState {
     members: Vec<MemberObjects>,
+    /// The names of the services some member exports, by namespace.
+    exported: HashMap<String, BTreeSet<String>>,
 }
 
 impl FleetState {
@@ -182,7 +184,7 @@ impl FleetState {
                 slices: Index::default(),
             })
             .collect();
-        Self { members }
+        Self { members, exported: HashMap::new() }
     }
 
     /// The members.
@@ -204,10 +206,49 @@ impl FleetState {
     pub fn apply(&mut self, event: MemberEvent, dirty: &mut BTreeSet<ServiceKey>) {
         let Some(m) = self.members.get_mut(event.member) else { return };
         match event.change {
-            Change::Exports(d) => m.exports.apply(d, dirty),
+            Change::Exports(d) => {
+                let mut touched = BTreeSet::new();
+                m.exports.apply(d, &mut touched);
+                // The index by name follows, for the services this event
+                // touched only: its cost does not grow with the fleet.
+                for key in &touched {
+                    let exported = self.members.iter().any(|m| m.exports.by_service.contains_key(key));
+                    let names = self.exported.entry(key.namespace.to_string()).or_default();
+                    if exported {
+                        names.insert(key.name.to_string());
+                    } else {
+                        names.remove(key.name.as_str());
+                    }
+                }
+                dirty.extend(touched);
+            }
             Change::Services(d) => m.services.apply(d, dirty),
             Change::Slices(d) => m.slices.apply(d, dirty),
         }
+    }
+
+    /// The services of `namespace` some member exports whose names start
+    /// with `prefix`, in name order: found by range, not by a walk of the
+    /// fleet.
+    pub fn exported_starting_with<'a>(
+        &'a self,
+        namespace: &str,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = ServiceKey> + 'a {
+        let names = self.exported.get(namespace);
+        let namespace = crate::model::DnsLabel::parse(namespace).ok();
+        names
+            .into_iter()
+            .flat_map(move |n| {
+                n.range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            })
+            .take_while(move |n| n.starts_with(prefix))
+            .filter_map(move |n| {
+                Some(ServiceKey {
+                    namespace: namespace.clone()?,
+                    name: crate::model::DnsLabel::parse(n).ok()?,
+                })
+            })
     }
 
     /// Every member's export of `key`, with what stands behind it.
@@ -246,21 +287,6 @@ impl FleetState {
             keys.extend(m.services.by_service.keys().cloned());
         }
         keys
-    }
-
-    /// Every service some member exports whose name is longer than `len`
-    /// characters, with its oldest export's creation time (Unix seconds).
-    pub fn exported_longer_than(&self, len: usize) -> HashMap<ServiceKey, i64> {
-        let mut found: HashMap<ServiceKey, i64> = HashMap::new();
-        for m in &self.members {
-            for key in m.exports.by_service.keys().filter(|k| k.name.as_str().len() > len) {
-                for e in m.exports.of(key) {
-                    let at = found.entry(key.clone()).or_insert(e.exported_at);
-                    *at = (*at).min(e.exported_at);
-                }
-            }
-        }
-        found
     }
 
     /// The creation time of the oldest export of `key` (Unix seconds), if
@@ -341,6 +367,27 @@ mod tests {
             metadata: Default::default(),
             uid: None,
         }
+    }
+
+    #[test]
+    fn the_index_of_exported_names_follows_every_member_and_finds_by_prefix() {
+        let mut s = state();
+        let mut dirty = BTreeSet::new();
+        s.apply(
+            export(0, Delta::Listed(None, vec![(id("web-a"), key("web-a"), 1), (id("db"), key("db"), 2)])),
+            &mut dirty,
+        );
+        s.apply(export(1, Delta::Applied(id("web-a"), key("web-a"), 3)), &mut dirty);
+        s.apply(export(1, Delta::Applied(id("web-b"), key("web-b"), 4)), &mut dirty);
+        let found = |s: &FleetState, p: &str| s.exported_starting_with("shop", p).collect::<Vec<_>>();
+        assert_eq!(found(&s, "web"), [key("web-a"), key("web-b")]);
+        assert_eq!(found(&s, "d"), [key("db")]);
+        assert!(s.exported_starting_with("other", "web").next().is_none());
+        // Still exported by member 1 after member 0's relist drops it.
+        s.apply(export(0, Delta::Listed(None, vec![(id("db"), key("db"), 2)])), &mut dirty);
+        assert_eq!(found(&s, "web"), [key("web-a"), key("web-b")]);
+        s.apply(export(1, Delta::Deleted(id("web-a"))), &mut dirty);
+        assert_eq!(found(&s, "web"), [key("web-b")]);
     }
 
     #[test]

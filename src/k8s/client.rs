@@ -14,6 +14,7 @@ use kube::{Client, Config};
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 
+use super::fence::FenceLayer;
 use super::throttle::{Limits, ThrottleLayer, ThrottleStats};
 
 /// Where to reach the API server.
@@ -81,9 +82,11 @@ pub async fn connect(connection: &Connection, agent: &str) -> Result<Client, Cli
         .build())
 }
 
-/// [`connect`], every request of the client (and of its clones), and every
-/// retry of one, first taking a token of its own bucket (`limits`); `stats`
-/// counts the waits, `name` says whose they are in the log.
+/// A client of a member the sync controller writes: [`connect`] with the
+/// write fence at the wire ([`super::fence`]) always, and with `limits`,
+/// every request of the client (and of its clones), and every retry of
+/// one, first taking a token of its own bucket; `stats` counts the waits,
+/// `name` says whose they are in the log.
 ///
 /// The retries of 429, 503 and 504 are ours, not kube's default: kube's
 /// (`RetryPolicy::server_retry`) makes 15 attempts whose backoff doubles from
@@ -98,15 +101,39 @@ pub async fn connect(connection: &Connection, agent: &str) -> Result<Client, Cli
 pub async fn connect_limited(
     connection: &Connection,
     agent: &str,
-    limits: Limits,
+    limits: Option<Limits>,
     name: &str,
     stats: Arc<ThrottleStats>,
 ) -> Result<Client, ClientError> {
     let mut config = config(connection, agent).await?;
     config.default_retry = false;
-    Ok(ClientBuilder::try_from(config)?
-        .with_layer(&ThrottleLayer::new(limits, name, stats))
-        // Retry needs a service it can clone; kube's stack is not one.
+    limited(ClientBuilder::try_from(config)?, limits, name, stats)
+}
+
+/// The stack of [`connect_limited`] over `builder`'s (kube's own, or a
+/// test's in-process API server). From the outside in: retries of 429, 503
+/// and 504; a buffer (retry needs a service it can clone; kube's stack is
+/// not one); the rate limit (with `limits`), whose wait happens in the
+/// buffer's worker; and innermost the write fence ([`super::fence`]), so
+/// each attempt of a fenced write is checked after its token was waited
+/// for, just before it is sent.
+pub fn limited<S, B>(
+    builder: ClientBuilder<S>,
+    limits: Option<Limits>,
+    name: &str,
+    stats: Arc<ThrottleStats>,
+) -> Result<Client, ClientError>
+where
+    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<tower::BoxError>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    let throttle = limits.map(|l| ThrottleLayer::new(l, name, stats));
+    Ok(builder
+        .with_layer(&FenceLayer::default())
+        .with_layer(&tower::util::option_layer(throttle))
         .with_layer(&BufferLayer::new(1024))
         .with_layer(&RetryLayer::new(retry_policy()?))
         .build())
@@ -162,4 +189,90 @@ async fn config(connection: &Connection, agent: &str) -> Result<Config, ClientEr
         config.headers.push((http::header::USER_AGENT, value));
     }
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+
+    use kube::client::Body;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::k8s::fence::{AUDIT_ID, Fence, WriteFence, is_fenced};
+
+    /// What reached the API server: when, and its Audit-ID.
+    type Seen = Arc<Mutex<Vec<(Duration, String)>>>;
+
+    type Server =
+        ClientBuilder<tower::util::BoxService<http::Request<Body>, http::Response<Body>, Infallible>>;
+
+    /// An API server in process: the first `refuse` requests get 429 with
+    /// `Retry-After: 1`, the rest 200; each is recorded with the paused
+    /// clock's time and its Audit-ID.
+    fn server(refuse: usize) -> (Server, Seen) {
+        let seen: Arc<Mutex<Vec<(Duration, String)>>> = Arc::default();
+        let (log, start) = (seen.clone(), Instant::now());
+        let svc = tower::service_fn(move |req: http::Request<Body>| {
+            let id = req.headers().get(AUDIT_ID).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+            let mut log = log.lock().unwrap();
+            log.push((start.elapsed(), id));
+            let response = if log.len() <= refuse {
+                http::Response::builder()
+                    .status(429)
+                    .header("Retry-After", "1")
+                    .body(Body::from(b"{}".to_vec()))
+            } else {
+                http::Response::builder().status(200).body(Body::from(b"{}".to_vec()))
+            };
+            std::future::ready(Ok::<_, Infallible>(response.unwrap()))
+        });
+        (ClientBuilder::new(tower::util::BoxService::new(svc), "default"), seen)
+    }
+
+    fn write(fence: &Arc<Fence>) -> http::Request<Vec<u8>> {
+        let mut r = http::Request::patch("/api/v1/namespaces/ns/services/web").body(b"{}".to_vec()).unwrap();
+        r.extensions_mut().insert(WriteFence::new(fence.clone(), 0));
+        r
+    }
+
+    /// The fence is checked at the wire, after the rate limit's wait: of
+    /// twenty writes queued at once behind one token a second, under a
+    /// tenure that ends at 4.5 s, the five that reach the wire before are
+    /// sent and the rest refused, each where it would have been sent. (With
+    /// the fence checked only before the queue, all twenty were sent, over
+    /// twenty seconds.)
+    #[tokio::test(start_paused = true)]
+    async fn writes_reaching_the_wire_after_the_tenure_are_refused_there() {
+        let (builder, seen) = server(0);
+        let client = limited(builder, Some(Limits { qps: 1.0, burst: 1 }), "m", Arc::default()).unwrap();
+        let fence = Arc::new(Fence::closed());
+        fence.held(Instant::now(), Duration::from_secs(5));
+        let sends = (0..20).map(|_| client.request_text(write(&fence)));
+        let results = futures::future::join_all(sends).await;
+        let sent = seen.lock().unwrap().clone();
+        assert_eq!(sent.iter().map(|(t, _)| t.as_secs()).collect::<Vec<_>>(), [0, 1, 2, 3, 4], "{sent:?}");
+        assert!(sent.iter().all(|(_, id)| id.starts_with("fence-0-")), "{sent:?}");
+        let refused = results.iter().filter(|r| r.as_ref().is_err_and(is_fenced)).count();
+        assert_eq!(refused, 15, "{results:?}");
+    }
+
+    /// Each attempt is checked: a write refused with 429 and retried after
+    /// the tenure ended is not sent again.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_the_tenure_is_refused_at_the_wire() {
+        let (builder, seen) = server(3);
+        let client = limited(builder, Some(Limits { qps: 100.0, burst: 10 }), "m", Arc::default()).unwrap();
+        let fence = Arc::new(Fence::closed());
+        fence.held(Instant::now(), Duration::from_millis(2800));
+        let r = client.request_text(write(&fence)).await;
+        assert!(r.as_ref().is_err_and(is_fenced), "{r:?}");
+        let sent = seen.lock().unwrap().clone();
+        // Attempts at 0, 1 and 2 s (Retry-After: 1 each); the fourth, at
+        // 3 s, is past the tenure (2.3 s).
+        assert_eq!(sent.iter().map(|(t, _)| t.as_secs()).collect::<Vec<_>>(), [0, 1, 2], "{sent:?}");
+        let ids: std::collections::BTreeSet<&String> = sent.iter().map(|(_, id)| id).collect();
+        assert_eq!(ids.len(), 3, "each attempt stamped when it passed: {sent:?}");
+    }
 }

@@ -39,22 +39,34 @@ pub async fn discover_mcs(client: &Client, kind: &str, plural: &str, reporter: &
     // The watches' backoff: API discovery is the first step of a watch.
     let mut backoff = WATCH_BACKOFF;
     loop {
-        let mut last_error = String::new();
-        for version in MCS_VERSIONS {
-            let api_version = format!("{MCS_GROUP}/{version}");
-            match client.list_api_group_resources(&api_version).await {
-                Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
-                    info!(%api_version, watch = %reporter.name(), "watching {kind}s");
-                    reporter.ok();
-                    return mcs_resource(version, kind, plural);
-                }
-                Ok(_) => last_error = format!("{api_version} has no {plural}"),
-                Err(e) => last_error = format!("{api_version}: {e}"),
+        match find_mcs(client, kind, plural).await {
+            Ok(found) => {
+                info!(api_version = %found.api_version, watch = %reporter.name(), "watching {kind}s");
+                reporter.ok();
+                return found;
             }
+            Err(e) => reporter.failed(&e),
         }
-        reporter.failed(&format!("{kind} API not found (is the CRD installed?): {last_error}"));
         tokio::time::sleep(backoff.next_wait()).await;
     }
+}
+
+/// The newest served version of an MCS kind (`plural`), asked once; the
+/// error says what each version answered (not served, or the request's
+/// error: a discovery document that does not parse is one).
+pub async fn find_mcs(client: &Client, kind: &str, plural: &str) -> Result<ApiResource, String> {
+    let mut last_error = String::new();
+    for version in MCS_VERSIONS {
+        let api_version = format!("{MCS_GROUP}/{version}");
+        match client.list_api_group_resources(&api_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
+                return Ok(mcs_resource(version, kind, plural));
+            }
+            Ok(_) => last_error = format!("{api_version} has no {plural}"),
+            Err(e) => last_error = format!("{api_version}: {e}"),
+        }
+    }
+    Err(format!("{kind} API not found (is the CRD installed?): {last_error}"))
 }
 
 /// The ClusterProperty naming a cluster (KEP-2149).

@@ -10,7 +10,11 @@
 //! a watch fails, [`WatchHealth`] says how stale its data is.
 //!
 //! What a watch sends is its consumer's business ([`Translate`]); this
-//! module knows nothing of the store or the fleet.
+//! module knows nothing of the store or the fleet. A consumer may also ask
+//! for a complete list again ([`Translate::relist`]: the store refused
+//! some of what the watch sent, for want of memory); the watcher is then
+//! started afresh at once, as after an error but with no backoff and no
+//! error counted.
 //!
 //! How a watch gets its complete list is [`Lists`] (`--list-mode`,
 //! `--list-page-size`): list requests in pages, or a streaming list
@@ -36,6 +40,7 @@
 //! converges either way; only the first moment differs.
 
 use std::fmt::Debug;
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -66,7 +71,7 @@ const STALE_LOG_EVERY: Duration = Duration::from_secs(30);
 /// The wait between attempts (a watch, or API discovery): from 0.5 s,
 /// doubled per failure up to 30 s, up to a fifth more so that many servers
 /// do not retry in lockstep.
-pub(super) const WATCH_BACKOFF: Backoff =
+pub const WATCH_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(500), Duration::from_secs(30), Jitter::Add);
 
 /// The health of one watch, shared with the metrics endpoint.
@@ -293,6 +298,35 @@ enum Refusal {
     Failed(String),
 }
 
+/// Makes one run of a task that is restarted whenever it ends.
+pub type Maker = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// A watch as a task its owner runs and restarts: what it watches (its
+/// [`WatchHealth`], exported by name) and how to start a run of it.
+#[derive(Clone)]
+pub struct WatchTask {
+    /// Its health, named after what it watches.
+    pub health: Arc<WatchHealth>,
+    /// Starts one run.
+    pub run: Maker,
+}
+
+impl WatchTask {
+    /// A task whose runs are `make()`, reporting into `health`.
+    pub fn new<F, Fut>(health: Arc<WatchHealth>, make: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        Self { health, run: Arc::new(move || Box::pin(make())) }
+    }
+
+    /// What it watches.
+    pub fn name(&self) -> &str {
+        &self.health.name
+    }
+}
+
 /// The scopes watches run in: each namespace, or all namespaces at once.
 pub fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
     if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() }
@@ -354,6 +388,13 @@ pub trait Translate<K>: Send {
     fn applied(&self, object: &K) -> Option<Self::Message>;
     /// An object deleted; `None` sends nothing.
     fn deleted(&self, object: &K) -> Option<Self::Message>;
+    /// Ends when the consumer wants a complete list again (it lost some
+    /// of what was sent); made as each watcher starts, so an ask made
+    /// before a list began may be dropped here: that list answers it.
+    /// Never ends, by default.
+    fn relist(&self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
 }
 
 /// Runs one watch until `out`'s receiver is gone, restarting it with a
@@ -407,6 +448,7 @@ pub async fn relist_with<K, S, T>(
             End::Closed => return,
             // Refused a streaming list: list in pages at once.
             End::FallBack => {}
+            End::Relist => info!(watch = %reporter.name(), "listing again, as the consumer asked"),
             End::Failed { listed } => {
                 if listed {
                     backoff.reset();
@@ -425,6 +467,8 @@ enum End {
     Failed { listed: bool },
     /// The API server refused a streaming list; the next list is paged.
     FallBack,
+    /// The consumer asked for a complete list again.
+    Relist,
 }
 
 /// Turns watch events into messages until the watch fails; `streaming`
@@ -451,7 +495,14 @@ where
     let mut parted = false;
     let mut count = 0usize;
     let how = if streaming { "streamed" } else { "paged" };
-    while let Some(event) = stream.next().await {
+    let mut relist = std::pin::pin!(translate.relist());
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            () = &mut relist => return End::Relist,
+        };
+        // A watcher stream does not end by itself; treat it as a failure.
+        let Some(event) = event else { return End::Failed { listed } };
         let (message, complete) = match event {
             Err(e) => {
                 // Only the first watch of a streaming list asks for its
@@ -476,6 +527,9 @@ where
                 }
                 started = true;
                 began = Instant::now();
+                // With "watch listed" (which says how it listed), when a
+                // (re)list ran and how long it took.
+                info!(watch = %reporter.name(), "watch listing");
                 buffer.clear();
                 parted = false;
                 count = 0;
@@ -500,7 +554,8 @@ where
             Ok(Event::InitDone) => {
                 started = false;
                 let items = std::mem::take(&mut buffer);
-                info!(watch = %reporter.name(), objects = count, list = how, "watch listed");
+                let seconds = began.elapsed().as_secs_f64();
+                info!(watch = %reporter.name(), objects = count, list = how, seconds, "watch listed");
                 listed = true;
                 let message = if std::mem::take(&mut parted) {
                     translate.rest(items, began)
@@ -526,8 +581,6 @@ where
             reporter.ok();
         }
     }
-    // A watcher stream does not end by itself; treat it as a failure.
-    End::Failed { listed }
 }
 
 #[cfg(test)]
@@ -619,6 +672,7 @@ mod tests {
         match end {
             End::Closed => "closed".to_owned(),
             End::FallBack => "fall back".to_owned(),
+            End::Relist => "relist".to_owned(),
             End::Failed { listed } => format!("failed, listed {listed}"),
         }
     }
@@ -737,5 +791,77 @@ mod tests {
         let (_, sent, _) = run_with(&lists, false, list(n), &Strings { parts: false });
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].matches(',').count(), n - 1);
+    }
+}
+
+#[cfg(test)]
+mod relist_tests {
+    use super::*;
+
+    /// Strings as in `tests`, and a consumer that asks for a list again
+    /// once it has seen `after` changes.
+    struct Asking {
+        after: usize,
+        seen: std::sync::atomic::AtomicUsize,
+        asked: tokio::sync::Notify,
+    }
+
+    impl Translate<String> for Asking {
+        type Item = String;
+        type Message = String;
+        fn item(&self, object: &String) -> Option<String> {
+            Some(object.clone())
+        }
+        fn listed(&self, items: Vec<String>, _: Instant) -> String {
+            format!("listed {}", items.join(","))
+        }
+        fn applied(&self, object: &String) -> Option<String> {
+            if self.seen.fetch_add(1, Ordering::Relaxed) + 1 == self.after {
+                self.asked.notify_one();
+            }
+            Some(format!("applied {object}"))
+        }
+        fn deleted(&self, _: &String) -> Option<String> {
+            None
+        }
+        fn relist(&self) -> impl Future<Output = ()> + Send + '_ {
+            self.asked.notified()
+        }
+    }
+
+    #[test]
+    fn a_consumer_that_asks_for_a_list_again_gets_a_new_watcher_at_once_and_no_error() {
+        let asking = Asking { after: 1, seen: Default::default(), asked: tokio::sync::Notify::new() };
+        let health = Arc::new(WatchHealth::new("test".to_owned()));
+        let (tx, mut rx) = mpsc::channel(16);
+        let lists = Lists::new(ListMode::Paged, None);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        // Each watcher lists `a` (then `b` in the second), sends one
+        // change, and then waits forever.
+        let mut started = 0;
+        let start = |_| {
+            started += 1;
+            let events: Vec<Result<Event<String>, watcher::Error>> = vec![
+                Ok(Event::Init),
+                Ok(Event::InitApply(if started == 1 { "a" } else { "b" }.to_owned())),
+                Ok(Event::InitDone),
+                Ok(Event::Apply(format!("change {started}"))),
+            ];
+            futures::stream::iter(events).chain(futures::stream::pending())
+        };
+        let run = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_millis(300),
+                relist_with(start, &lists, Reporter::new(health.clone()), asking, tx),
+            )
+            .await
+        });
+        assert!(run.is_err(), "the watch ended");
+        let mut sent = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            sent.push(m);
+        }
+        assert_eq!(sent, ["listed a", "applied change 1", "listed b", "applied change 2"]);
+        assert_eq!(health.errors(), 0, "an asked relist is not a watch error");
     }
 }

@@ -1,22 +1,43 @@
 //! The memory budget (`--memory-limit`). A first load that does not fit
 //! fails the start with a message naming the size it reached. Once
-//! serving, an update that would not fit is refused whole and the last
-//! good state keeps being served (`--on-memory-limit keep-serving`, the
-//! default): every replica of every cluster gets the same update at once,
-//! and exiting on it would take DNS away from the whole fleet, where Knot
-//! and NSD keep serving the last good zone when a reload fails.
+//! serving, an update that would not fit is refused before it is applied
+//! and the last good state keeps being served (`--on-memory-limit
+//! keep-serving`, the default): every replica of every cluster gets the
+//! same update at once, and exiting on it would take DNS away from the
+//! whole fleet, where Knot and NSD keep serving the last good zone when a
+//! reload fails.
 //!
 //! The limit is the flag's value, else the memory limit of the process's
 //! own cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`: a container's
 //! `resources.limits.memory`). An update is weighed before the memory is
-//! spent: an objects file by its size ([`PARSE_BYTES_PER_FILE_BYTE`]), a
-//! batch of objects by their number ([`OBJECT_BYTES`]), against
-//! [`HEADROOM`] of the limit less what is resident now. The writer also
-//! compares the resident size with it after every publish.
+//! spent: an objects file by its size ([`PARSE_BYTES_PER_FILE_BYTE`]), the
+//! objects an update adds by their number ([`OBJECT_BYTES`]), against
+//! [`HEADROOM`] of the limit less what is resident now. Only growth is
+//! weighed: an edit of an object its source holds, and a removal, are
+//! always applied, so that an endpoint turning not-ready stops being
+//! answered whatever the budget. The writer also compares the resident
+//! size with it after every publish.
+//!
+//! **Nothing refused is lost.** A refused update leaves the store behind
+//! its source, and no later change of that source brings back what was
+//! refused: the source has *diverged* ([`Guard`] keeps which, and what its
+//! refused update needed). `admission.rs` is the writer's side: once the
+//! store fits what a diverged source needs (after a publish, or on its own
+//! re-weighing every [`admission::RECHECK`] while anything is refused, as
+//! freed memory goes back to the kernel after the publish that freed it),
+//! it asks that source to list again (`store::Relists`). Only a complete
+//! list of the source admitted by the writer ends its divergence, and
+//! `clusterset_dns_memory_over_budget` stays 1 until every diverged source
+//! has been listed back in (and while the resident size is over the
+//! headroom).
 
-use std::collections::BTreeSet;
+pub mod admission;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use crate::store::SourceId;
 
 /// The share of the limit the resident size may reach.
 pub const HEADROOM: f64 = 0.9;
@@ -26,7 +47,8 @@ pub const HEADROOM: f64 = 0.9;
 /// bench counts 2,325 heap bytes per service at 1,000 services (an import
 /// and its slices) and `serve` holds 100,000 services (400,000 objects) in
 /// 229 MB resident; 4 KiB an object is above both, so a refused update is
-/// refused early rather than late.
+/// refused early rather than late. One figure for every kind: no
+/// measurement says how much one kind costs beside the others.
 pub const OBJECT_BYTES: u64 = 4 << 10;
 
 /// Bytes held at the peak of reading and parsing an objects file, per byte
@@ -38,28 +60,60 @@ pub const PARSE_BYTES_PER_FILE_BYTE: u64 = 2;
 /// What the server does when an update would not fit (`--on-memory-limit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnMemoryLimit {
-    /// Refuse the update, keep serving the last good state, say so in the
-    /// log and in `clusterset_dns_memory_over_budget`.
+    /// Refuse the update, keep serving the last good state, list its
+    /// source again once it fits, say so in the log and in
+    /// `clusterset_dns_memory_over_budget`.
     KeepServing,
     /// Stop the server (before the kernel's OOM killer does).
     Exit,
 }
 
+/// Reads the process's resident size ([`resident_bytes`]; tests give
+/// their own).
+type Resident = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
 /// The budget as the running server keeps it: the limit, what to do past
-/// it, and what is refused now (by a key per source or file).
-#[derive(Debug)]
+/// it, and what is refused now. Shared by the writer, the objects files
+/// (weighed before they are read) and the metrics.
 pub struct Guard {
     /// The limit.
     pub budget: MemoryBudget,
     /// What to do past it.
     pub on_limit: OnMemoryLimit,
-    refused: Mutex<BTreeSet<String>>,
+    refusals: Mutex<Refusals>,
+    resident: Resident,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard").field("budget", &self.budget).field("on_limit", &self.on_limit).finish()
+    }
+}
+
+/// What is refused now.
+#[derive(Debug, Default)]
+struct Refusals {
+    /// The resident size was over [`HEADROOM`] at the last weighing.
+    resident_over: bool,
+    /// The sources that diverged: an update of theirs was refused, and
+    /// they have not been listed back in since.
+    diverged: BTreeMap<SourceId, Diverged>,
+}
+
+/// One diverged source.
+#[derive(Debug, Clone, Copy)]
+struct Diverged {
+    /// Bytes its refused updates needed: it is asked to list again once
+    /// they fit.
+    needs: u64,
+    /// Asked to list again, and that list has not come yet.
+    asked: bool,
 }
 
 /// An update that would take the process past the budget.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "memory: {what} needs about {needs_mib} MiB more and {resident_mib} MiB are resident, over {pct} % of the {limit_mib} MiB limit ({source}); refused whole, the last good state is served: raise the limit or split the fleet across servers",
+    "memory: {what} needs about {needs_mib} MiB more and {resident_mib} MiB are resident, over {pct} % of the {limit_mib} MiB limit ({source}); refused, the last good state is served and the source is listed again once it fits: raise the limit or split the fleet across servers",
     needs_mib = needs.div_ceil(1 << 20),
     resident_mib = resident / (1 << 20),
     limit_mib = budget.limit / (1 << 20),
@@ -80,37 +134,132 @@ pub struct WouldNotFit {
 impl Guard {
     /// The running server's budget.
     pub fn new(budget: MemoryBudget, on_limit: OnMemoryLimit) -> Self {
-        Self { budget, on_limit, refused: Mutex::new(BTreeSet::new()) }
+        Self { budget, on_limit, refusals: Mutex::default(), resident: Box::new(resident_bytes) }
     }
 
-    /// `Err` when `needs` more bytes for `key` (a source, a file) would
-    /// take the process past [`HEADROOM`] of the limit (`what` names it in
-    /// the message); `key` then counts as refused until it is admitted or
-    /// cleared.
-    pub fn admit(&self, key: &str, what: impl FnOnce() -> String, needs: u64) -> Result<(), WouldNotFit> {
-        let resident = resident_bytes().unwrap_or(0);
-        if (resident + needs) as f64 > self.budget.limit as f64 * HEADROOM {
-            self.set(key, true);
-            return Err(WouldNotFit { what: what(), needs, resident, budget: self.budget.clone() });
+    /// The same, reading the resident size from `resident` instead of
+    /// `/proc`: for tests of what the budget decides.
+    #[cfg(test)]
+    pub(crate) fn with_resident(self, resident: impl Fn() -> Option<u64> + Send + Sync + 'static) -> Self {
+        Self { resident: Box::new(resident), ..self }
+    }
+
+    /// Bytes resident now; 0 when that cannot be read (no /proc).
+    pub fn resident(&self) -> u64 {
+        (self.resident)().unwrap_or(0)
+    }
+
+    fn refusals(&self) -> std::sync::MutexGuard<'_, Refusals> {
+        // A poisoned lock means a panic in one of these short methods; the
+        // state is whole.
+        self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `needs` more bytes fit now: `Err` with the resident size
+    /// when they would take the process past [`HEADROOM`] of the limit.
+    fn fits(&self, needs: u64) -> Result<(), u64> {
+        let resident = self.resident();
+        let over = resident.saturating_add(needs) as f64 > self.budget.limit as f64 * HEADROOM;
+        if over { Err(resident) } else { Ok(()) }
+    }
+
+    /// `Err` when `needs` more bytes (`what` names them in the message)
+    /// would take the process past [`HEADROOM`] of the limit. Marks nothing.
+    pub fn weigh(&self, what: impl FnOnce() -> String, needs: u64) -> Result<(), WouldNotFit> {
+        self.fits(needs).map_err(|resident| WouldNotFit {
+            what: what(),
+            needs,
+            resident,
+            budget: self.budget.clone(),
+        })
+    }
+
+    /// An objects file of `source` is weighed by `needs` before it is read:
+    /// refused, the source diverged; admitted, whatever diverged it before
+    /// is answered by this read (the writer weighs the objects it brings).
+    pub fn admit_file(
+        &self,
+        source: SourceId,
+        what: impl FnOnce() -> String,
+        needs: u64,
+    ) -> Result<(), WouldNotFit> {
+        match self.weigh(what, needs) {
+            Ok(()) => {
+                self.listed(source);
+                Ok(())
+            }
+            Err(e) => {
+                self.refused(source, Some(needs), true);
+                Err(e)
+            }
         }
-        self.set(key, false);
-        Ok(())
     }
 
-    /// `key` is refused (`true`) or no longer (`false`: admitted, gone).
-    pub fn set(&self, key: &str, refused: bool) {
-        // A poisoned lock means a panic in one of these lines; the set is whole.
-        let mut set = self.refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let changed = if refused { set.insert(key.to_owned()) } else { set.remove(key) };
-        if changed && !refused && set.is_empty() {
-            tracing::info!("every update fits the memory budget again");
+    /// An update of `source` was refused: it diverged. `needs`: the bytes
+    /// the update needed (`None`: the rest of a list cut short, which
+    /// needs what its refused part did). `list`: the update was a
+    /// complete state (a list, a file read), which answers an ask to list
+    /// again. True when the source had not diverged before.
+    pub fn refused(&self, source: SourceId, needs: Option<u64>, list: bool) -> bool {
+        let mut r = self.refusals();
+        let new = !r.diverged.contains_key(&source);
+        let d = r.diverged.entry(source).or_insert(Diverged { needs: 0, asked: false });
+        match needs {
+            // A list brings everything its source holds: its need replaces
+            // those of the changes refused before it.
+            Some(n) if list => d.needs = n,
+            Some(n) => d.needs = d.needs.saturating_add(n),
+            None => {}
+        }
+        if list {
+            d.asked = false;
+        }
+        new
+    }
+
+    /// A complete state of `source` was admitted: it is listed back in.
+    pub fn listed(&self, source: SourceId) {
+        let mut r = self.refusals();
+        if r.diverged.remove(&source).is_some() {
+            tracing::info!(%source, "listed back in after a refusal of the memory budget");
+            if r.diverged.is_empty() && !r.resident_over {
+                tracing::info!("every update fits the memory budget again");
+            }
         }
     }
 
-    /// True while an update is refused for want of memory
-    /// (`clusterset_dns_memory_over_budget`).
+    /// Records whether the resident size is over [`HEADROOM`] of the limit;
+    /// true when that changed.
+    pub fn set_resident_over(&self, over: bool) -> bool {
+        let mut r = self.refusals();
+        std::mem::replace(&mut r.resident_over, over) != over
+    }
+
+    /// The diverged sources not asked yet whose needs fit now, marked as
+    /// asked: the writer asks them to list again.
+    pub fn due(&self) -> Vec<SourceId> {
+        let mut r = self.refusals();
+        let mut due = Vec::new();
+        for (source, d) in r.diverged.iter_mut().filter(|(_, d)| !d.asked) {
+            if self.fits(d.needs).is_ok() {
+                d.asked = true;
+                due.push(*source);
+            }
+        }
+        due
+    }
+
+    /// True while anything is refused: the resident size was over the
+    /// headroom at the last weighing, or a source diverged and has not
+    /// been listed back in (`clusterset_dns_memory_over_budget`).
     pub fn is_over(&self) -> bool {
-        !self.refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+        let r = self.refusals();
+        r.resident_over || !r.diverged.is_empty()
+    }
+
+    /// The sources diverged now, for messages and tests.
+    pub fn diverged(&self) -> Vec<SourceId> {
+        self.refusals().diverged.keys().copied().collect()
     }
 }
 
@@ -173,7 +322,12 @@ impl MemoryBudget {
     /// `Err` when the process's resident size is over [`HEADROOM`] of the
     /// limit; `Ok` also when it cannot be read (no /proc).
     pub fn check(&self, services: usize) -> Result<(), OverBudget> {
-        match resident_bytes() {
+        self.check_resident(resident_bytes(), services)
+    }
+
+    /// [`MemoryBudget::check`] of `resident` bytes (`None`: unknown, `Ok`).
+    pub fn check_resident(&self, resident: Option<u64>, services: usize) -> Result<(), OverBudget> {
+        match resident {
             Some(resident) if resident as f64 > self.limit as f64 * HEADROOM => {
                 Err(OverBudget { resident, services, budget: self.clone() })
             }
@@ -224,6 +378,9 @@ fn cgroup_limit_in(root: &Path, cgroups: &str) -> Option<MemoryBudget> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
     use super::*;
 
     #[test]
@@ -244,20 +401,35 @@ mod tests {
         let resident = resident_bytes().expect("/proc/self/status");
         let limit = (resident + (64 << 20)) * 10 / 9;
         let g = Guard::new(MemoryBudget { limit, source: LimitSource::Flag }, OnMemoryLimit::KeepServing);
-        assert!(g.admit("a", || "small".into(), 1 << 20).is_ok());
-        assert!(!g.is_over());
-        let e = g.admit("big", || "objects file big.yaml".into(), 256 << 20).unwrap_err();
+        assert!(g.weigh(|| "small".into(), 1 << 20).is_ok());
+        let e = g.weigh(|| "objects file big.yaml".into(), 256 << 20).unwrap_err();
         let text = e.to_string();
         assert!(text.contains("objects file big.yaml needs about 256 MiB more"), "{text}");
-        assert!(text.contains("--memory-limit") && text.contains("refused whole"), "{text}");
-        assert!(g.is_over());
-        // Another key admitted: the refused one still counts.
-        assert!(g.admit("a", || "small".into(), 1 << 20).is_ok());
-        assert!(g.is_over());
-        g.set("big", false);
-        assert!(!g.is_over());
+        assert!(text.contains("--memory-limit") && text.contains("listed again once it fits"), "{text}");
+        assert!(!g.is_over(), "weighing alone marks nothing");
     }
 
+    #[test]
+    fn a_file_refused_before_it_is_read_diverges_until_a_read_is_admitted() {
+        let resident = Arc::new(AtomicU64::new(100 << 20));
+        let r = resident.clone();
+        let g = Guard::new(
+            MemoryBudget { limit: 200 << 20, source: LimitSource::Flag },
+            OnMemoryLimit::KeepServing,
+        )
+        .with_resident(move || Some(r.load(Ordering::Relaxed)));
+        let file = SourceId::File { path: 0, file: 2 };
+        assert!(g.admit_file(file, || "f".into(), 150 << 20).is_err());
+        assert!(g.is_over());
+        assert_eq!(g.diverged(), [file]);
+        // Not yet: 100 + 150 MiB is over 180.
+        assert_eq!(g.due(), []);
+        resident.store(20 << 20, Ordering::Relaxed);
+        assert_eq!(g.due(), [file], "fits now: asked to be read again");
+        assert_eq!(g.due(), [], "asked once");
+        assert!(g.admit_file(file, || "f".into(), 150 << 20).is_ok());
+        assert!(!g.is_over());
+    }
     #[test]
     fn the_cgroups_limit_is_found_for_v2_and_v1() {
         let dir = tempfile::tempdir().unwrap();

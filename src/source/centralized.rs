@@ -22,24 +22,39 @@ use crate::fleet::merge::merge;
 use crate::fleet::state::{FleetState, MemberEvent};
 use crate::k8s::watch::Lists;
 use crate::model::{ClusterId, ImportType, Port, ServiceImport, ServiceKey};
-use crate::store::{Object, ObjectId, SourceId, Update};
+use crate::store::{Object, ObjectId, Relists, SourceId, Update};
 
 /// How long a member may take to answer its first lists before the store is
 /// declared ready without it (its objects arrive when it does).
 pub const FIRST_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Where the fleet source sends: its store source, the store's queue, and
+/// where the store asks it to list again.
+pub struct To {
+    /// The store source.
+    pub source: SourceId,
+    /// The store's queue.
+    pub updates: mpsc::Sender<Update>,
+    /// Where the store's memory budget asks for a complete state again.
+    pub relists: Relists,
+}
+
+/// Why a listing of the fleet ended without shutting down.
+enum Again {
+    /// A member's cluster id changed: the new ids.
+    Ids(Vec<ClusterId>),
+    /// The store asked for the fleet's complete state again.
+    Asked,
+}
+
 /// Runs the fleet source: watches every member and sends the merged view to
-/// the store as `source`. Each member's cluster id is read again every
+/// the store as `to.source`. Each member's cluster id is read again every
 /// [`member::ID_RECHECK`] (a ClusterProperty created after start, or first
 /// read after a member that did not answer at start); when one changes,
 /// the fleet is listed again under the new ids and replaces what was sent,
-/// and `liveness` follows the new id.
-pub async fn run(
-    members: Vec<Member>,
-    lists: Lists,
-    source: SourceId,
-    updates: mpsc::Sender<Update>,
-    liveness: Arc<Liveness>,
-) {
+/// and `liveness` follows the new id. When the store asks (`to.relists`:
+/// it refused some of what was sent, and fits again), the fleet is listed
+/// again the same way.
+pub async fn run(members: Vec<Member>, lists: Lists, to: To, liveness: Arc<Liveness>) {
     let (ids_tx, mut ids) = tokio::sync::watch::channel(members.iter().map(|m| m.cluster.clone()).collect());
     // Dropped (aborted) with this source.
     let mut follow = tokio::task::JoinSet::new();
@@ -47,7 +62,15 @@ pub async fn run(
     let mut members = members;
     // Each member's API server allows streaming lists or not by itself.
     let lists: Vec<Lists> = members.iter().map(|_| lists.for_another_server()).collect();
-    while let Some(now) = fleet(&members, &lists, source, &updates, &mut ids).await {
+    let updates = &to.updates;
+    while let Some(again) = fleet(&members, &lists, &to, &mut ids).await {
+        let now = match again {
+            Again::Ids(now) => now,
+            Again::Asked => {
+                info!("listing the fleet again, as the store asked");
+                continue;
+            }
+        };
         for (i, (m, id)) in members.iter_mut().zip(now).enumerate() {
             if m.cluster == id {
                 continue;
@@ -80,15 +103,18 @@ pub async fn run(
 }
 
 /// Watches every member and sends the merged view until the watches end
-/// (`None`: shutting down) or a member's cluster id changes (`Some`: the
-/// new ids).
+/// (`None`: shutting down), a member's cluster id changes or the store
+/// asks for the fleet again (`Some`).
 async fn fleet(
     members: &[Member],
     lists: &[Lists],
-    source: SourceId,
-    updates: &mpsc::Sender<Update>,
+    to: &To,
     ids: &mut tokio::sync::watch::Receiver<Vec<ClusterId>>,
-) -> Option<Vec<ClusterId>> {
+) -> Option<Again> {
+    let (source, updates) = (to.source, &to.updates);
+    // This listing answers every ask made before it.
+    to.relists.take(|s| s == source);
+    let mut asked = std::pin::pin!(to.relists.asked(|s| s == source));
     let (tx, mut rx) = mpsc::channel::<MemberEvent>(1024);
     // The watches live as long as this listing.
     let mut watches = tokio::task::JoinSet::new();
@@ -123,10 +149,11 @@ async fn fleet(
         let event = tokio::select! {
             e = next => e,
             changed = ids.changed() => match changed {
-                Ok(()) => return Some(ids.borrow_and_update().clone()),
+                Ok(()) => return Some(Again::Ids(ids.borrow_and_update().clone())),
                 // The id follower is gone: end, so that `run` reports it.
                 Err(_) => return None,
             },
+            _ = &mut asked => return Some(Again::Asked),
         };
         if let Some(event) = event {
             state.apply(event, &mut dirty);

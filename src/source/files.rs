@@ -7,6 +7,12 @@
 //! a file's last good objects, so this module keeps none (at fleet scale a
 //! second copy of every object would double the memory), and a file whose
 //! bytes did not change is neither parsed nor sent again.
+//!
+//! With a memory budget, a changed file is weighed by its size before it
+//! is read ([`Admit`]). A file refused there, or whose objects the store's
+//! writer refused, is read again when the budget asks for its source
+//! (`store::Relists`: the store fits again), even if its bytes did not
+//! change since.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
@@ -21,7 +27,7 @@ use tracing::{error, info, warn};
 
 use super::objects::{self, ParseError};
 use crate::model::Interop;
-use crate::store::{SourceId, Update};
+use crate::store::{Relists, SourceId, Update};
 
 /// How long a burst of file events settles before the reload.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -72,14 +78,13 @@ pub struct FileSource {
     /// Weighs a changed file by its size before it is read (the memory
     /// budget); `Err` says why it is not loaded.
     admit: Option<Admit>,
-    /// Files `admit` refused, not read since.
-    refused: BTreeSet<PathBuf>,
 }
 
-/// A file's size in bytes → whether it may be read now, and why not. A
-/// file refused and then removed is admitted with size 0, so whoever
-/// counts refusals forgets it.
-pub type Admit = std::sync::Arc<dyn Fn(&Path, u64) -> Result<(), String> + Send + Sync>;
+/// A file (its store source, its path) and its size in bytes → whether
+/// it may be read now, and why not. A file refused is read again once the
+/// budget asks for its source, or when it changes; one refused and then
+/// removed sends its source's empty state like any removed file.
+pub type Admit = std::sync::Arc<dyn Fn(SourceId, &Path, u64) -> Result<(), String> + Send + Sync>;
 
 impl FileSource {
     /// A source for the `index`th `--objects` path (nothing is read yet).
@@ -98,14 +103,15 @@ impl FileSource {
     /// The same, for a restarted watch: the files keep the sources `slots`
     /// gave them (every file is read again).
     pub fn with_slots(index: u16, path: PathBuf, slots: FileSlots) -> Self {
-        Self {
-            index,
-            path,
-            digests: BTreeMap::new(),
-            slots,
-            interop: Interop::NONE,
-            admit: None,
-            refused: BTreeSet::new(),
+        Self { index, path, digests: BTreeMap::new(), slots, interop: Interop::NONE, admit: None }
+    }
+
+    /// Files of `sources` (this path's) are read again by the next load,
+    /// changed or not: the store lacks what it refused of them.
+    pub fn forget(&mut self, sources: &BTreeSet<SourceId>) {
+        let slots = self.slots.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (path, _) in slots.of.iter().filter(|(_, s)| sources.contains(s)) {
+            self.digests.remove(path);
         }
     }
 
@@ -171,12 +177,6 @@ impl FileSource {
         // itself is still whole.
         let slots = self.slots.0.clone();
         let mut slots = slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(admit) = &self.admit {
-            for path in self.refused.iter().filter(|p| !listed.contains(*p)) {
-                let _ = admit(path, 0);
-            }
-        }
-        self.refused.retain(|p| listed.contains(p));
         let gone: Vec<PathBuf> = slots.of.keys().filter(|p| !listed.contains(p)).cloned().collect();
         for path in gone {
             self.digests.remove(&path);
@@ -194,16 +194,27 @@ impl FileSource {
             if !force && known.is_some() && digest_of_file(&file).ok() == known {
                 continue;
             }
+            // The file's source before it is weighed, so that a refusal
+            // names the source the budget asks to list again.
+            let source = match slots.of.get(&file) {
+                Some(source) => *source,
+                None => {
+                    let source = slots.free.pop().unwrap_or_else(|| {
+                        slots.next += 1;
+                        SourceId::File { path: self.index, file: slots.next - 1 }
+                    });
+                    slots.of.insert(file.clone(), source);
+                    source
+                }
+            };
             if !strict
                 && let Some(admit) = &self.admit
                 && let Ok(meta) = std::fs::metadata(&file)
-                && let Err(why) = admit(&file, meta.len())
+                && let Err(why) = admit(source, &file, meta.len())
             {
                 error!(file = %file.display(), bytes = meta.len(), error = %why, "objects file not loaded");
-                self.refused.insert(file);
                 continue;
             }
-            self.refused.remove(&file);
             let text = match std::fs::read_to_string(&file) {
                 Ok(t) => t,
                 Err(e) if strict => return Err(io_err(&file)(e)),
@@ -218,17 +229,6 @@ impl FileSource {
             }
             let parsed = objects::parse_with(&text, &file.display().to_string(), self.interop);
             drop(text);
-            let source = match slots.of.get(&file) {
-                Some(source) => *source,
-                None => {
-                    let source = slots.free.pop().unwrap_or_else(|| {
-                        slots.next += 1;
-                        SourceId::File { path: self.index, file: slots.next - 1 }
-                    });
-                    slots.of.insert(file.clone(), source);
-                    source
-                }
-            };
             // Remember the digest even of broken bytes, so they are reported once.
             self.digests.insert(file.clone(), digest);
             match parsed {
@@ -331,8 +331,17 @@ pub async fn load_blocking(
 }
 
 /// Keeps the sources' files watched and sends a `Replace` for each source
-/// after every change; `reload` (SIGHUP) forces a full re-read.
-pub async fn watch(mut sources: Vec<FileSource>, updates: mpsc::Sender<Update>, reload: Arc<Notify>) {
+/// after every change; `reload` (SIGHUP) forces a full re-read, and an ask
+/// of `relists` for a file's source a re-read of that file.
+pub async fn watch(
+    mut sources: Vec<FileSource>,
+    updates: mpsc::Sender<Update>,
+    reload: Arc<Notify>,
+    relists: Relists,
+) {
+    let files = |s: SourceId| matches!(s, SourceId::File { .. });
+    // Every file is read below: asks made before are answered by that.
+    relists.take(files);
     let changed = Arc::new(Notify::new());
     let signal = changed.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -376,6 +385,14 @@ pub async fn watch(mut sources: Vec<FileSource>, updates: mpsc::Sender<Update>, 
         force = tokio::select! {
             _ = changed.notified() => false,
             _ = reload.notified() => true,
+            asked = relists.asked(files) => {
+                let asked: BTreeSet<SourceId> = asked.into_iter().collect();
+                info!(sources = ?asked, "reading objects files again: the store fits what it refused of them");
+                for s in &mut sources {
+                    s.forget(&asked);
+                }
+                false
+            }
         };
     }
 }
@@ -432,6 +449,39 @@ mod tests {
         std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
         let mut restarted = FileSource::with_slots(2, dir.path().to_owned(), src.slots());
         assert_eq!(replaced(restarted.load(false, false).unwrap()), [(a, 0), (b, 1)]);
+    }
+
+    #[test]
+    fn a_file_whose_source_the_budget_asks_for_is_read_again_unchanged() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.yaml");
+        std::fs::write(&file, IMPORT).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), IMPORT.replace("web", "api")).unwrap();
+        let refuse = Arc::new(AtomicBool::new(false));
+        let weighed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (r, w) = (refuse.clone(), weighed.clone());
+        let admit: Admit = Arc::new(move |source, _: &Path, _| {
+            w.lock().unwrap().push(source);
+            if r.load(Ordering::Relaxed) { Err("no room".into()) } else { Ok(()) }
+        });
+        let mut src = FileSource::new(0, dir.path().to_owned()).with_admit(admit);
+        let (a, b) = (SourceId::File { path: 0, file: 0 }, SourceId::File { path: 0, file: 1 });
+        assert_eq!(replaced(src.load(true, false).unwrap()), [(a, 1), (b, 1)]);
+        assert!(weighed.lock().unwrap().is_empty(), "the first load is not weighed: it must fit whole");
+        // Refused before it is read: nothing sent, its source named.
+        refuse.store(true, Ordering::Relaxed);
+        std::fs::write(&file, IMPORT.replace("web", "db")).unwrap();
+        assert!(src.load(false, false).unwrap().is_empty());
+        assert_eq!(*weighed.lock().unwrap(), [a]);
+        refuse.store(false, Ordering::Relaxed);
+        assert_eq!(replaced(src.load(false, false).unwrap()), [(a, 1)]);
+        // Read, but (say) its objects refused by the store's writer: an
+        // unchanged file is not read again, unless its source is asked for.
+        assert!(src.load(false, false).unwrap().is_empty());
+        src.forget(&BTreeSet::from([a]));
+        assert_eq!(replaced(src.load(false, false).unwrap()), [(a, 1)]);
+        assert!(src.load(false, false).unwrap().is_empty());
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //! failing). A relist after an outage or a 410 Gone replaces the state
 //! again, so objects deleted meanwhile disappear. While a watch fails, the
 //! last known data keeps being served and [`WatchHealth`] says how stale it
-//! is (the loop itself is [`crate::k8s::watch::relist`]).
+//! is (the loop itself is [`crate::k8s::watch::relist`]). When the store's
+//! memory budget refused some of what a watch sent, it asks that watch's
+//! source to list again (`store::Relists`) once the store fits: the watch
+//! then starts again with a complete list, as after an error.
 
 use std::sync::Arc;
 
@@ -32,7 +35,7 @@ use crate::k8s::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SERVICE_NA
 use crate::k8s::protobuf::{self, Encoding, SliceObject, SliceWatch};
 use crate::k8s::watch::{self, Reporter, Translate, WatchHealth};
 use crate::model::{DnsLabel, Interop, ServiceKey, SliceKey};
-use crate::store::{Object, ObjectId, SourceId, Update};
+use crate::store::{Object, ObjectId, Relists, SourceId, Update};
 
 /// What to watch.
 #[derive(Debug, Clone)]
@@ -104,9 +107,9 @@ pub fn plan(src: &KubeSource) -> Vec<Watch> {
     watches
 }
 
-/// Runs one watch forever, sending its updates to the store; returns when
-/// the store is gone.
-pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
+/// Runs one watch forever, sending its updates to the store and listing
+/// again when `relists` asks for its source; returns when the store is gone.
+pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>, relists: Relists) {
     let mut reporter = Reporter::new(watch.health.clone());
     let scope = watch.namespace.as_deref();
     let base = watcher::Config::default();
@@ -126,19 +129,19 @@ pub async fn run(watch: Watch, client: Client, updates: mpsc::Sender<Update>) {
                     (format!("{LABEL_MANAGED_BY} in ({managed}),!{LABEL_SERVICE_NAME}"), foreign_slice_object)
                 };
             let slices = watch.slices(client, labels);
-            let to_store = watch.to_store(convert, slice_id);
+            let to_store = watch.to_store(convert, slice_id, relists);
             let start = |streaming| protobuf::slices(slices.clone(), streaming);
             watch::relist_with(start, lists, reporter, to_store, updates).await;
         }
         Kind::Service => {
             let api: Api<Service> = watch::scoped(client, scope);
-            let to_store = watch.to_store(service_object, service_id);
+            let to_store = watch.to_store(service_object, service_id, relists);
             watch::relist(api, base, lists, reporter, to_store, updates).await;
         }
         Kind::ServiceImport => {
             let resource = discover_mcs(&client, "ServiceImport", "serviceimports", &mut reporter).await;
             let api: Api<WatchedImport> = watch::scoped_with(client, scope, &resource);
-            let to_store = watch.to_store(import_object, import_id);
+            let to_store = watch.to_store(import_object, import_id, relists);
             watch::relist(api, base, lists, reporter, to_store, updates).await;
         }
     }
@@ -158,8 +161,13 @@ impl Watch {
         }
     }
 
-    fn to_store<K>(&self, object: Convert<K>, id: fn(&K) -> Option<ObjectId>) -> ToStore<K> {
-        ToStore { source: self.source, interop: self.interop, object, id }
+    fn to_store<K>(
+        &self,
+        object: Convert<K>,
+        id: fn(&K) -> Option<ObjectId>,
+        relists: Relists,
+    ) -> ToStore<K> {
+        ToStore { source: self.source, interop: self.interop, object, id, relists }
     }
 }
 
@@ -174,6 +182,8 @@ struct ToStore<K> {
     interop: Interop,
     object: Convert<K>,
     id: fn(&K) -> Option<ObjectId>,
+    /// Where the store asks this source to list again.
+    relists: Relists,
 }
 
 impl<K> ToStore<K> {
@@ -224,6 +234,15 @@ impl<K> Translate<K> for ToStore<K> {
 
     fn deleted(&self, k: &K) -> Option<Update> {
         Some(Update::Remove { source: self.source, id: (self.id)(k)? })
+    }
+
+    fn relist(&self) -> impl Future<Output = ()> + Send + '_ {
+        let source = self.source;
+        // A watch starting lists anyway: the asks made before are answered.
+        self.relists.take(|s| s == source);
+        async move {
+            self.relists.asked(|s| s == source).await;
+        }
     }
 }
 

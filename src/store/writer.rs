@@ -45,9 +45,9 @@ struct Listing {
     /// list began: then nothing can be gone, and no set is kept.
     seen: Option<foldhash::HashSet<ObjectId>>,
     /// Objects the source held as the list began.
-    held: usize,
+    held: Kinds,
     /// Objects the list has brought so far.
-    listed: usize,
+    listed: Kinds,
     /// A part was refused (memory budget): the rest of the list is refused
     /// too, and nothing is removed at its end.
     abandoned: bool,
@@ -55,11 +55,94 @@ struct Listing {
 
 impl Listing {
     /// Objects a part of `n` adds to the source: what the list brings
-    /// beyond what the source held (a relist mostly replaces objects one
-    /// for one).
-    fn growth(&self, n: usize) -> usize {
-        (self.listed + n).saturating_sub(self.held.max(self.listed))
+    /// beyond what the source held, kind by kind (a relist mostly replaces
+    /// objects one for one).
+    fn growth(&self, n: Kinds) -> Kinds {
+        let grows = |listed: usize, n: usize, held: usize| (listed + n).saturating_sub(held.max(listed));
+        Kinds {
+            imports: grows(self.listed.imports, n.imports, self.held.imports),
+            slices: grows(self.listed.slices, n.slices, self.held.slices),
+            services: grows(self.listed.services, n.services, self.held.services),
+        }
     }
+}
+
+/// Objects of each kind: what an update adds to the store
+/// ([`Writer::growth`]), what a source holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kinds {
+    /// ServiceImports.
+    pub imports: usize,
+    /// EndpointSlices.
+    pub slices: usize,
+    /// Services backing an import (`--interop`).
+    pub services: usize,
+}
+
+impl Kinds {
+    /// The objects of `objects`, by kind.
+    fn of<'a>(objects: impl IntoIterator<Item = &'a Object>) -> Self {
+        let mut kinds = Self::default();
+        for object in objects {
+            match object {
+                Object::Import(_) => kinds.imports += 1,
+                Object::Slice(_) => kinds.slices += 1,
+                Object::Service(_) => kinds.services += 1,
+            }
+        }
+        kinds
+    }
+
+    /// What `self` has beyond `held`, kind by kind.
+    fn beyond(self, held: Self) -> Self {
+        Self {
+            imports: self.imports.saturating_sub(held.imports),
+            slices: self.slices.saturating_sub(held.slices),
+            services: self.services.saturating_sub(held.services),
+        }
+    }
+
+    fn add(&mut self, other: Self) {
+        self.imports += other.imports;
+        self.slices += other.slices;
+        self.services += other.services;
+    }
+
+    /// Objects of every kind.
+    pub fn total(self) -> usize {
+        self.imports.saturating_add(self.slices).saturating_add(self.services)
+    }
+}
+
+impl std::fmt::Display for Kinds {
+    /// `2 ServiceImports, 1 EndpointSlice`; `no objects`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds =
+            [(self.imports, "ServiceImport"), (self.slices, "EndpointSlice"), (self.services, "Service")];
+        let mut first = true;
+        for (n, kind) in kinds.into_iter().filter(|(n, _)| *n > 0) {
+            let plural = if n == 1 { "" } else { "s" };
+            write!(f, "{}{n} {kind}{plural}", if first { "" } else { ", " })?;
+            first = false;
+        }
+        if first {
+            f.write_str("no objects")?;
+        }
+        Ok(())
+    }
+}
+
+/// What an update would add to the store: what the memory budget weighs
+/// before the writer applies it ([`Writer::growth`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Growth {
+    /// Objects its source does not hold yet, by kind. A list counts what it
+    /// brings beyond what its source held; an edit of an object the source
+    /// holds, and a removal, add none.
+    Adds(Kinds),
+    /// Part of a list a refusal already cut short: refused with it,
+    /// whatever it holds (see [`Writer::refused`]).
+    CutShort,
 }
 
 #[derive(Default)]
@@ -162,33 +245,57 @@ impl Writer {
         }
     }
 
-    /// How many objects `update` adds, net of those of its source it
-    /// replaces: what a memory budget weighs before it is applied.
-    pub fn growth(&self, update: &Update) -> usize {
-        match update {
-            Update::Replace { source, objects } => objects.len().saturating_sub(self.held_by(*source)),
-            Update::Part { source, objects, first } => {
-                match self.sources.get(source).and_then(|s| s.listing.as_ref()).filter(|_| !*first) {
-                    Some(l) if l.abandoned => usize::MAX,
-                    Some(l) => l.growth(objects.len()),
-                    None => objects.len().saturating_sub(self.held_by(*source)),
-                }
+    /// What `update` adds to its source, kind by kind: what a memory
+    /// budget weighs before it is applied. An object the source already
+    /// holds (found by its kind's identity: an import by its service, a
+    /// slice or a backing Service by namespace and name) adds nothing when
+    /// it changes, so an edit is never weighed as growth; nor is a removal.
+    pub fn growth(&self, update: &Update) -> Growth {
+        let listing = |source: &SourceId| self.sources.get(source).and_then(|s| s.listing.as_ref());
+        let kinds = match update {
+            Update::Replace { source, objects } => Kinds::of(objects).beyond(self.held_by(*source)),
+            Update::Part { source, objects, first } => match listing(source).filter(|_| !*first) {
+                Some(l) if l.abandoned => return Growth::CutShort,
+                Some(l) => l.growth(Kinds::of(objects)),
+                None => Kinds::of(objects).beyond(self.held_by(*source)),
+            },
+            Update::LastPart { source, objects } => match listing(source) {
+                Some(l) if l.abandoned => return Growth::CutShort,
+                Some(l) => l.growth(Kinds::of(objects)),
+                None => Kinds::of(objects),
+            },
+            Update::Upsert { source, object } if !self.holds_object(*source, object) => Kinds::of([object]),
+            _ => Kinds::default(),
+        };
+        Growth::Adds(kinds)
+    }
+
+    /// Whether `source` holds an object with `object`'s identity.
+    fn holds_object(&self, source: SourceId, object: &Object) -> bool {
+        match object.id() {
+            ObjectId::Import(key) => {
+                self.services.get(&key).is_some_and(|s| s.imports.get(&source).is_some())
             }
-            Update::LastPart { source, objects } => {
-                match self.sources.get(source).and_then(|s| s.listing.as_ref()) {
-                    Some(l) if l.abandoned => usize::MAX,
-                    Some(l) => l.growth(objects.len()),
-                    None => objects.len(),
-                }
-            }
-            Update::Upsert { .. } => 1,
-            _ => 0,
+            // A slice relabelled to another service is held under its old
+            // one: found through the source's owners, as `upsert` finds it.
+            id => self
+                .sources
+                .get(&source)
+                .is_some_and(|src| src.owners.get(&id, holder(&self.services, source, &id)).is_some()),
         }
     }
 
-    /// How many objects `source` holds.
-    fn held_by(&self, source: SourceId) -> usize {
-        self.services.iter().map(|(key, s)| s.ids_of(key, source).count()).sum()
+    /// How many objects of each kind `source` holds.
+    fn held_by(&self, source: SourceId) -> Kinds {
+        let mut held = Kinds::default();
+        for service in self.services.values() {
+            held.add(Kinds {
+                imports: usize::from(service.imports.get(&source).is_some()),
+                slices: service.slices.of(source).count(),
+                services: service.backing.keys().filter(|(s, _)| *s == source).count(),
+            });
+        }
+        held
     }
 
     /// The ids of every object `source` holds (found among the services:
@@ -219,7 +326,12 @@ impl Writer {
         };
         let held = self.held_by(*source);
         let state = self.sources.entry(*source).or_default();
-        let listing = state.listing.get_or_insert(Listing { seen: None, held, listed: 0, abandoned: true });
+        let listing = state.listing.get_or_insert(Listing {
+            seen: None,
+            held,
+            listed: Kinds::default(),
+            abandoned: true,
+        });
         listing.abandoned = true;
         if matches!(update, Update::LastPart { .. }) {
             state.listing = None;
@@ -239,9 +351,9 @@ impl Writer {
                 if starts {
                     let held = self.held_by(source);
                     let listing = Listing {
-                        seen: (held > 0).then(Default::default),
+                        seen: (held.total() > 0).then(Default::default),
                         held,
-                        listed: 0,
+                        listed: Kinds::default(),
                         abandoned: false,
                     };
                     self.sources.entry(source).or_default().listing = Some(listing);
@@ -250,7 +362,7 @@ impl Writer {
                     if listing.abandoned {
                         return;
                     }
-                    listing.listed += objects.len();
+                    listing.listed.add(Kinds::of(&objects));
                     if let Some(seen) = listing.seen.as_mut() {
                         seen.extend(objects.iter().map(Object::id));
                     }

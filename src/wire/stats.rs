@@ -16,7 +16,7 @@ use std::time::Duration;
 use tracing::warn;
 
 use crate::answer::{Pick, Rcode};
-use crate::store::{AnswerStats, Balance};
+use crate::store::{AnswerStats, Balance, BalanceCluster};
 
 /// Query types CoreDNS reports by name; every other type is `other`.
 pub const TYPES: [(u16, &str); 19] = [
@@ -177,6 +177,10 @@ macro_rules! layout {
             pub(crate) transfers: [$t; 3],
             /// Queries with an EDNS Client Subnet by [`EcsUse`] slot.
             pub(crate) ecs: [$t; 2],
+            /// TCP connections closed at `--tcp-max-connections` to make
+            /// room for a new one (counted by the accept loop, straight
+            /// into the shared atomics: once per connection, not per query).
+            pub(crate) tcp_shed: [$t; 1],
         }
     };
 }
@@ -200,6 +204,7 @@ impl Default for LocalStats {
             debug: [0; 2],
             transfers: [0; 3],
             ecs: [0; 2],
+            tcp_shed: [0; 1],
         }
     }
 }
@@ -220,6 +225,7 @@ impl Default for QueryStats {
             debug: std::array::from_fn(|_| AtomicU64::new(0)),
             transfers: std::array::from_fn(|_| AtomicU64::new(0)),
             ecs: std::array::from_fn(|_| AtomicU64::new(0)),
+            tcp_shed: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -328,6 +334,7 @@ impl LocalStats {
             );
         }
         add(&mut self.ecs, &shared.ecs);
+        add(&mut self.tcp_shed, &shared.tcp_shed);
         for (l, s) in self.duration.iter_mut().zip(&shared.duration) {
             add(l, s);
         }
@@ -340,10 +347,12 @@ impl LocalStats {
     }
 }
 
-/// Distinct (service, cluster) slots one thread counts between flushes.
+/// Distinct slots (a (service, cluster) or a cluster) one thread counts
+/// between flushes.
 const HIT_SLOTS: usize = 64;
 
-/// One thread's `clusterset_dns_answers_total` counts: a small open-
+/// One thread's `clusterset_dns_answers_total` and
+/// `clusterset_dns_cluster_answers_total` counts: a small open-
 /// addressed table of (slot, count), inline (no allocation), flushed to
 /// [`AnswerStats`] when full and whenever the thread flushes its query
 /// counters.
@@ -366,7 +375,7 @@ impl AnswerHits {
         match pick {
             Pick::All | Pick::Rotate(_) => {
                 for c in b.clusters.iter().filter(|c| c.records[fam].1 > c.records[fam].0) {
-                    self.hit(shared, c.stat);
+                    self.hit_cluster(shared, c);
                 }
             }
             Pick::Listed => {
@@ -385,10 +394,17 @@ impl AnswerHits {
                         }
                         *s = true;
                     }
-                    self.hit(shared, b.clusters[ci].stat);
+                    self.hit_cluster(shared, &b.clusters[ci]);
                 }
             }
         }
+    }
+
+    /// One answer held cluster `c`'s endpoints: counted for the service
+    /// and for the cluster.
+    fn hit_cluster(&mut self, shared: &AnswerStats, c: &BalanceCluster) {
+        self.hit(shared, c.stat);
+        self.hit(shared, AnswerStats::cluster_slot(c.id));
     }
 
     fn hit(&mut self, shared: &AnswerStats, slot: u32) {

@@ -18,7 +18,9 @@
 //!   the longest waiting. A fresh client, one connection that has just
 //!   arrived, is the last such choice. The cap is fitted to the open files
 //!   limit at start ([`fit_open_files`]), so that accept() does not fail
-//!   below it.
+//!   below it. Each connection closed so is counted
+//!   (`clusterset_dns_tcp_connections_shed_total{server}`); shedding is
+//!   logged at most every 10 s, with the number shed since.
 //!
 //! A panic while serving one connection closes that connection only; it is
 //! counted (task `tcp`).
@@ -127,6 +129,7 @@ impl TcpServer {
         if let Some(victim) = victim {
             // A permit is stored if its task is not waiting right now.
             victim.shed.notify_one();
+            self.stats.tcp_shed[0].fetch_add(1, Ordering::Relaxed);
         }
         if let Some(shed) = shed_since_log {
             warn!(

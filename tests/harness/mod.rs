@@ -26,6 +26,7 @@ pub mod process;
 pub mod procfs;
 pub mod served;
 pub mod syncing;
+pub mod tenure;
 
 use std::path::Path;
 use std::str::FromStr;

@@ -239,7 +239,16 @@ fn thousands_of_idle_tcp_connections_do_not_keep_fresh_queries_out() {
         }
     }
     assert!(idle.len() >= 1900, "{} connections made", idle.len());
+    // Every connection past the 256th closed one to make room, counted:
+    // all of them but those refused while too many were still closing
+    // (at most 64 behind), which close no other.
+    let series = format!("clusterset_dns_tcp_connections_shed_total{{server=\"dns://{}\"}}", s.addr);
+    let shed = |s: &Served| metric(s, &series).unwrap_or_else(|| panic!("no {series}")) as usize;
+    let past_the_cap = idle.len() - 256;
+    crate::harness::eventually("the connections past the cap shed", || shed(&s) >= past_the_cap - 64);
+    assert!(shed(&s) <= past_the_cap, "{} shed, {past_the_cap} past the cap", shed(&s));
     all_answered(s.addr, 20, "2,000 idle TCP connections");
+    let before = shed(&s);
     // One address may hold 8; its 9th and later are closed at once.
     let mut mine: Vec<TcpStream> =
         (0..20).filter_map(|_| connect_from(Ipv4Addr::new(127, 11, 0, 1), s.addr)).collect();
@@ -254,6 +263,13 @@ fn thousands_of_idle_tcp_connections_do_not_keep_fresh_queries_out() {
     }
     let closed_now = shut.iter().filter(|&&c| c).count();
     assert!(closed_now >= 12, "{closed_now} of 20 from one address closed");
+    // Each of its connections admitted at the cap made room: the 8 it may
+    // hold (but the first, when the last query's connection had already
+    // closed its own), and each let in after one of its own was closed to
+    // make room (holding the most, it is the address that pays). One each
+    // at most; the ones refused closed none.
+    let made_room = shed(&s) - before;
+    assert!((7..=20).contains(&made_room), "{made_room} shed for 20 connections from one address");
     drop(idle);
     all_answered(s.addr, 5, "the idle connections went");
 }

@@ -221,6 +221,7 @@ fn values_clap_refuses_exit_64_naming_the_flag() {
         (&["sync", "--shards", "65"], "--shards"),
         (&["sync", "--lease-duration", "4"], "--lease-duration"),
         (&["sync", "--member-lost-after", "0"], "--member-lost-after"),
+        (&["sync", "--concurrent-syncs", "0"], "--concurrent-syncs"),
         (&["sync", "--kube-qps=-1"], "--kube-qps"),
         (&["doctor", "web.shop", "--output", "yaml"], "--output"),
         (&["doctor", "web.shop", "--dns", "a=nowhere"], "--dns"),
@@ -373,8 +374,9 @@ fn ipv4_and_ipv6_wildcards_bind_the_same_port() {
 /// not start, naming the size it reached. Once serving, an update that
 /// would not fit is refused whole and the last good state is served
 /// (`/health` and `/ready` stay 200, `clusterset_dns_memory_over_budget` is
-/// 1 until an update fits again): a file weighed by its size before it is
-/// read, a source's objects by their number before they are applied. With
+/// 1 until the refused file is read back in, or gone): a file weighed by
+/// its size before it is read, a source's objects by their number before
+/// they are applied. With
 /// `--on-memory-limit exit` the server exits instead. The limit is set from
 /// this machine's own figure for the small start, so the test does not
 /// depend on the build.
@@ -414,7 +416,7 @@ fn a_workload_over_the_memory_limit_is_refused_and_the_last_good_state_served() 
     // objects do not fit (the writer's weighing).
     write(&dir.path().join("bulk.yaml"), &crate::support::many_services(20_000));
     eventually("the bulk refused", || s.log().contains("update refused"));
-    assert!(s.log().contains("20000 objects more from"), "{}", s.log());
+    assert!(s.log().contains("20000 ServiceImports more from --objects #0"), "{}", s.log());
     assert_eq!(over(&s).as_deref(), Some("1"));
     assert_eq!(s.get("/health").0, 200);
     assert_eq!(s.get("/ready").0, 200);

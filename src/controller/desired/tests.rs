@@ -295,3 +295,61 @@ fn the_digest_of_a_body_is_pinned() {
     );
     assert_eq!(digest_of(&body), "3bc615025f4df24c");
 }
+
+/// Two services whose names share their first 40 characters: the younger
+/// export takes long names, the elder and every other service keep short
+/// ones; once the elder stops exporting, the younger has no elder.
+#[test]
+fn the_younger_of_two_services_sharing_a_stem_has_an_elder() {
+    use crate::fleet::state::{Change, Delta, ExportInfo, FleetState, MemberEvent};
+    use crate::model::{ClusterId, SliceKey};
+    let long = |suffix: &str| format!("{}{suffix}", "a".repeat(40));
+    let mut state = FleetState::new(vec![ClusterId::parse("c1").unwrap()], 1);
+    let export = |name: &str, at: i64| MemberEvent {
+        member: 0,
+        change: Change::Exports(Delta::Applied(
+            SliceKey { namespace: "shop".into(), name: name.into() },
+            key(name),
+            ExportInfo {
+                exported_at: at,
+                ours: false,
+                annotations: Default::default(),
+                metadata: Default::default(),
+                uid: None,
+            },
+        )),
+    };
+    let mut dirty = std::collections::BTreeSet::new();
+    state.apply(export(&long("-old"), 100), &mut dirty);
+    state.apply(export(&long("-new"), 200), &mut dirty);
+    state.apply(export("web", 50), &mut dirty);
+    state.apply(export(&"b".repeat(45), 10), &mut dirty);
+    assert!(has_elder(&state, &key(&long("-new"))));
+    assert!(!has_elder(&state, &key(&long("-old"))));
+    assert!(!has_elder(&state, &key("web")));
+    assert!(!has_elder(&state, &key(&"b".repeat(45))));
+    // The service named the stem itself, exported earlier, is an elder too.
+    state.apply(export(&"a".repeat(40), 1), &mut dirty);
+    assert!(has_elder(&state, &key(&long("-old"))));
+    state.apply(
+        MemberEvent {
+            member: 0,
+            change: Change::Exports(Delta::Deleted(SliceKey {
+                namespace: "shop".into(),
+                name: "a".repeat(40),
+            })),
+        },
+        &mut dirty,
+    );
+    state.apply(
+        MemberEvent {
+            member: 0,
+            change: Change::Exports(Delta::Deleted(SliceKey {
+                namespace: "shop".into(),
+                name: long("-old"),
+            })),
+        },
+        &mut dirty,
+    );
+    assert!(!has_elder(&state, &key(&long("-new"))), "its elder stopped exporting");
+}

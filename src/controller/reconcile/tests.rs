@@ -10,6 +10,7 @@ use crate::controller::adopt::adopt;
 use crate::controller::api::fake::{FakeMember, Fault};
 use crate::controller::api::{ErrorReason, MemberApi};
 use crate::fleet::export::{ExportedService, ServicePortSpec};
+use crate::k8s::fence::Fence;
 use crate::model::{DnsLabel, Protocol};
 
 const IMPORT_V: &str = "multicluster.x-k8s.io/v1alpha1";
@@ -51,7 +52,7 @@ fn fleet() -> Fleet {
             .collect(),
         auto_export_prefixes: vec![],
         stats: Arc::new(SyncStats::new().unwrap()),
-        fence: Arc::new(Fence::open()),
+        fence: WriteFence::new(Arc::new(Fence::open()), 0),
     });
     Fleet { fakes, env }
 }
@@ -254,7 +255,7 @@ async fn a_new_leader_repairs_drift_and_writes_nothing_else() {
     import["spec"] = json!("garbage");
     f.fakes[2].put(Kind::ServiceImport, "shop", "web", import);
     let vip = vip_name(&f.fakes[0]);
-    f.fakes[0].delete(Kind::Service, "shop", &vip).await.unwrap();
+    f.fakes[0].delete(&f.env.fence, Kind::Service, "shop", &vip).await.unwrap();
     let mut export = f.fakes[0].get(Kind::ServiceExport, "shop", "web").unwrap();
     export.as_object_mut().unwrap().remove("status");
     f.fakes[0].put(Kind::ServiceExport, "shop", "web", export);
@@ -313,14 +314,14 @@ async fn behind_a_closed_fence_nothing_is_sent() {
             .collect(),
         auto_export_prefixes: vec![],
         stats: f.env.stats.clone(),
-        fence: Arc::new(Fence::closed()),
+        fence: WriteFence::new(Arc::new(Fence::closed()), 0),
     });
     let (ks, r) = reconcile(KeyState::default(), input("10.1.0.5"), env.clone()).await;
     assert_eq!(r.unwrap_err().reason(), ErrorReason::Fenced);
     assert_eq!(writes(&f), 0, "{:?}", f.fakes[0].writes());
     assert_eq!(env.stats.writes.load(Ordering::Relaxed), 0, "fenced writes are not counted as sent");
     // Nothing was recorded as applied: once the fence opens, all is written.
-    env.fence.held(std::time::SystemTime::now(), Duration::from_secs(15));
+    env.fence.fence.held(tokio::time::Instant::now(), Duration::from_secs(15));
     let (_, r) = reconcile(ks, input("10.1.0.5"), env).await;
     r.unwrap();
     assert!(f.fakes.iter().all(|m| m.get(Kind::ServiceImport, "shop", "web").is_some()));

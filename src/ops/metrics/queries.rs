@@ -1,7 +1,7 @@
 //! The listeners' query counters ([`QueryStats`]) read at scrape time into
 //! CoreDNS's metric families (names, help and labels of CoreDNS 1.14,
 //! `plugin/metrics/vars`), and our own beside them: rate limiting, debug
-//! queries and zone transfers.
+//! queries, zone transfers and TCP connections shed at the cap.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -208,11 +208,21 @@ pub(super) fn families(zone: String, servers: Vec<(String, Arc<QueryStats>)>) ->
         &["server", "result"],
         move || q.per_server("result", EcsUse::LABELS, |s| &s.ecs),
     );
+    let q = l.clone();
     f.counter(
         "clusterset_dns_transfers_total",
         "Zone transfer requests (AXFR, IXFR): streamed over TCP, answered over UDP (IXFR: the SOA; AXFR: FORMERR), or refused to clients outside --allow-transfer.",
         &["server", "result"],
-        move || l.per_server("result", TransferAsk::LABELS, |s| &s.transfers),
+        move || q.per_server("result", TransferAsk::LABELS, |s| &s.transfers),
+    );
+    f.counter(
+        "clusterset_dns_tcp_connections_shed_total",
+        "TCP connections closed to make room for a new one while every slot of --tcp-max-connections was taken (one waiting for its client, from the address holding the most).",
+        &["server"],
+        move || {
+            let shed = |s: &QueryStats| load(&s.tcp_shed[0]);
+            l.servers.iter().map(|(server, s)| Sample::count(&[("server", server.as_str())], shed(s))).collect()
+        },
     );
     f
 }

@@ -660,21 +660,83 @@ fn a_list_with_a_refused_part_removes_nothing_and_refuses_its_rest() {
     w.publish();
     // A relist of three objects where two were held grows the source by one.
     let first = Update::Part { source: s, objects: vec![one("a"), one("c"), one("d")], first: true };
-    assert_eq!(w.growth(&first), 1);
+    assert_eq!(w.growth(&first), Growth::Adds(Kinds { imports: 1, ..Kinds::default() }));
     w.refused(&first);
     let rest = Update::Part { source: s, objects: vec![one("e")], first: false };
-    assert_eq!(w.growth(&rest), usize::MAX, "the rest of a list cut by the budget is refused too");
+    assert_eq!(w.growth(&rest), Growth::CutShort, "the rest of a list cut by the budget is refused too");
     w.refused(&rest);
     let last = Update::LastPart { source: s, objects: vec![] };
-    assert_eq!(w.growth(&last), usize::MAX);
+    assert_eq!(w.growth(&last), Growth::CutShort);
     w.refused(&last);
     w.publish();
     assert_eq!(served(&reader, &["a", "b", "c", "d", "e"]), [true, true, false, false, false]);
     // The next list starts afresh.
     let next = Update::Part { source: s, objects: vec![one("a")], first: true };
-    assert_eq!(w.growth(&next), 0);
+    assert_eq!(w.growth(&next), Growth::Adds(Kinds::default()));
     w.apply(next);
     w.apply(Update::LastPart { source: s, objects: vec![] });
     w.publish();
     assert_eq!(served(&reader, &["a", "b"]), [true, false]);
+}
+
+/// `Growth::Adds` of these counts.
+fn adds(imports: usize, slices: usize) -> Growth {
+    Growth::Adds(Kinds { imports, slices, services: 0 })
+}
+
+#[test]
+fn an_edit_or_a_removal_adds_nothing_and_a_new_object_adds_one_of_its_kind() {
+    let (_, mut w) = store();
+    let (s, other) = (SourceId::Watch(1), SourceId::Watch(2));
+    let web = service_key("ns", "web");
+    let upsert = |object: Object| Update::Upsert { source: s, object };
+    w.apply(Update::Replace {
+        source: s,
+        objects: vec![import("ns", "web", "10.0.0.1"), v4_slice("ns", "web-a", web.clone(), "10.1.0.1")],
+    });
+    // Edits of held objects: the endpoint turned not-ready, a new VIP.
+    let Object::Slice(mut set) = v4_slice("ns", "web-a", web.clone(), "10.1.0.1") else { unreachable!() };
+    set.endpoints[0] = crate::model::Endpoint::new(vec![IpAddr::from_str("10.1.0.1").unwrap()].into(), false);
+    assert_eq!(w.growth(&upsert(Object::Slice(set))), adds(0, 0), "an endpoint turned not-ready");
+    assert_eq!(w.growth(&upsert(import("ns", "web", "10.0.0.2"))), adds(0, 0));
+    // A slice relabelled to another service is still the one held.
+    assert_eq!(w.growth(&upsert(v4_slice("ns", "web-a", service_key("ns", "api"), "10.1.0.1"))), adds(0, 0));
+    let removal = Update::Remove { source: s, id: ObjectId::Import(web.clone()) };
+    assert_eq!(w.growth(&removal), adds(0, 0));
+    // New objects, each counted as its kind.
+    assert_eq!(w.growth(&upsert(import("ns", "api", "10.0.0.3"))), adds(1, 0));
+    assert_eq!(w.growth(&upsert(v4_slice("ns", "web-b", web.clone(), "10.1.0.2"))), adds(0, 1));
+    // Held by another source only: new to this one.
+    let theirs = Update::Upsert { source: other, object: import("ns", "web", "10.0.0.1") };
+    assert_eq!(w.growth(&theirs), adds(1, 0));
+}
+
+#[test]
+fn a_list_counts_what_it_brings_beyond_what_its_source_held_kind_by_kind() {
+    let (_, mut w) = store();
+    let s = SourceId::Watch(1);
+    let web = service_key("ns", "web");
+    let slice = |n: &str| v4_slice("ns", n, web.clone(), "10.1.0.1");
+    w.apply(Update::Replace {
+        source: s,
+        objects: vec![import("ns", "web", "10.0.0.1"), import("ns", "api", "10.0.0.2"), slice("a")],
+    });
+    // One import fewer does not pay for two slices more.
+    let relist = Update::Replace {
+        source: s,
+        objects: vec![import("ns", "web", "10.0.0.1"), slice("a"), slice("b"), slice("c")],
+    };
+    assert_eq!(w.growth(&relist), adds(0, 2));
+    assert_eq!(
+        format!("{}", Kinds { imports: 1, slices: 2, services: 0 }),
+        "1 ServiceImport, 2 EndpointSlices"
+    );
+    assert_eq!(format!("{}", Kinds::default()), "no objects");
+    // The same list in parts: the slices beyond the one held count as they come.
+    let first =
+        Update::Part { source: s, objects: vec![import("ns", "web", "10.0.0.1"), slice("a")], first: true };
+    assert_eq!(w.growth(&first), adds(0, 0));
+    w.apply(first);
+    let rest = Update::LastPart { source: s, objects: vec![slice("b"), slice("c")] };
+    assert_eq!(w.growth(&rest), adds(0, 2));
 }
