@@ -242,6 +242,7 @@ fn counting(c: &mut Criterion) {
         limited: Limited::No,
         debug: None,
         transfer: None,
+        ecs: None,
     };
     let arrival = Arrival { proto: 0, family: 0 };
     c.bench_function("stats/record", |b| b.iter(|| local.record(black_box(&outcome), arrival, 47, 63)));

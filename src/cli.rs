@@ -332,6 +332,14 @@ pub struct ServeArgs {
     /// TCP. Others are refused. Repeatable. Default: loopback only.
     #[arg(long = "allow-transfer", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1"])]
     pub allow_transfer: Vec<Cidr>,
+    /// Resolvers in CIDR are believed when a query carries an EDNS Client
+    /// Subnet: the answer policies and consumer-clusters then see the
+    /// subnet's cluster. From any other sender the option is ignored and
+    /// the packet's source address decides. Trust only resolvers that set
+    /// the option themselves: one that passes its clients' on lets them
+    /// claim any cluster. Repeatable. Default: loopback only.
+    #[arg(long = "trust-ecs-from", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1"])]
+    pub trust_ecs_from: Vec<Cidr>,
     /// Buckets of the rate-limiting table (8 bytes each), 1-16777216.
     #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 24))]
     pub rrl_table_size: usize,

@@ -206,7 +206,16 @@ pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
         explain: Arc::new(crate::ops::explain::Report),
     }));
     let allow_transfer = a.allow_transfer.clone();
-    Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug, allow_transfer })
+    let trust_ecs = a.trust_ecs_from.clone();
+    Ok(WireConfig {
+        max_udp_payload: a.max_udp_payload,
+        cookies,
+        rrl,
+        faults,
+        debug,
+        allow_transfer,
+        trust_ecs,
+    })
 }
 
 /// The `--probe-…` flags (clap checks them even without `--probe`: a typo

@@ -293,7 +293,12 @@ fn network_flags_take_networks_and_hosts_and_refuse_host_bits() {
     let loopback: Vec<String> =
         d.wire.allow_transfer.iter().map(|n| format!("{}/{}", n.addr(), n.prefix_len())).collect();
     assert_eq!(loopback, ["127.0.0.0/8", "::1/128"], "the default: loopback only");
-    for flag in ["--allow-debug", "--allow-transfer", "--rrl-exempt"] {
+    let trusted: Vec<String> =
+        d.wire.trust_ecs.iter().map(|n| format!("{}/{}", n.addr(), n.prefix_len())).collect();
+    assert_eq!(trusted, ["127.0.0.0/8", "::1/128"], "ECS believed from loopback only by default");
+    let t = config(&["--trust-ecs-from", "10.96.0.0/16", "--trust-ecs-from", "fd00::53"]).unwrap();
+    assert_eq!(t.wire.trust_ecs.iter().map(|n| n.prefix_len()).collect::<Vec<_>>(), [16, 128], "replaces it");
+    for flag in ["--allow-debug", "--allow-transfer", "--rrl-exempt", "--trust-ecs-from"] {
         let text = refused(&["serve", flag, "10.1.2.3/16"], flag);
         assert!(text.contains("did you mean 10.1.0.0/16?"), "{text}");
         refused(&["serve", flag, "nonsense"], flag);
