@@ -9,6 +9,25 @@
 //! error so the process exits non-zero and Kubernetes restarts the Pod.
 //! A half-dead server, answering nothing while its probes say it is fine,
 //! is the outcome this exists to prevent.
+//!
+//! | task | on panic (or, for a loop, on return) | why |
+//! |---|---|---|
+//! | answering one UDP query | that query gets no answer; counted | the worker's buffers are rebuilt; losing one packet is what UDP allows |
+//! | a UDP worker's loop | restarted on the same socket | the socket is the state; the kernel keeps hashing that share of clients to it |
+//! | one TCP connection | closed; counted | RFC 7766 clients reconnect |
+//! | TCP accept loop | restarted on the same listener | the listener and the connection limits (`TcpServer`) outlive it |
+//! | files, Kubernetes and member watches, liveness | restarted with backoff ([`RESTART_BACKOFF`]) | a restart re-reads or relists: the same path as recovery from an API error |
+//! | probes | restarted with backoff | probe state is a cache; endpoints start healthy again, as at start |
+//! | store writer | fatal | it holds every source's objects; nothing in the process can rebuild them, and a server that can no longer change is silently stale |
+//! | HTTP server | fatal | it answers the liveness probe; without it Kubernetes cannot see the process |
+//!
+//! A restart rather than an exit where state can be rebuilt, because an
+//! exit drops every answer for the seconds a Pod takes to restart, and one
+//! packet that triggers a bug would then be a denial of service; an exit
+//! where it cannot, because serving forever from a frozen store is worse.
+//! The panic hook ([`install_panic_hook`]) logs at most
+//! [`PANIC_LOGS_PER_SECOND`]. Never build with `panic = "abort"`:
+//! supervision relies on unwinding.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
