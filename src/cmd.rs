@@ -1,8 +1,17 @@
-//! The commands' composition roots: each composes the modules into one
-//! command and does nothing else (`serve`, `sync`, `agent`, `run`, `check`,
-//! `explain`, `doctor`). A running process has one [`Process`]: one metrics registry
-//! and one record of failures, shared by every part of it (`run` is DNS and
-//! the controller in one process, with one `/metrics` view).
+//! The commands' composition roots (`serve`, `sync`, `agent`, `run`, `hub`,
+//! `check`, `explain`, `doctor`, `setup-dns`): each connects the modules
+//! into one command, and the loop that ties one command's parts together
+//! lives here too: `serve`'s writer loop (updates in batches, one publish
+//! per batch), the `select!` loops of `sync` and `agent` (signals; a change
+//! of members, or in `sync` of a cluster id, restarts the controller), `setup-dns
+//! --watch`'s checks with their metric and Events. What those loops decide
+//! by is the modules': which update the memory budget admits is
+//! `ops::memory::admission`, what a `--watch` check does
+//! `cluster_dns::watch`.
+//!
+//! A running process has one [`Process`]: one metrics registry and one
+//! record of failures, shared by every part of it (`run` is DNS and the
+//! controller in one process, with one `/metrics` view).
 
 pub mod agent;
 pub mod check;

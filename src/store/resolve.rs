@@ -3,7 +3,7 @@
 //! fleet managers write (`--interop`). Pure; the writer calls it for every
 //! service it rebuilds.
 //!
-//! The rules, in order (ARCHITECTURE.md and docs/answers.md repeat them):
+//! The rules, in order (docs/interop.md says them for operators):
 //! - A ServiceImport with `spec.ips`, or a Headless one, is served as it is.
 //! - A ClusterSetIP ServiceImport without `spec.ips` takes the cluster IPs
 //!   and ports of its backing Service (Karmada's `derived-<svc>`, else the
