@@ -4,6 +4,20 @@
 //!
 //! The rules are the contract of `docs/answers.md` (the MCS DNS
 //! specification, with RFC 8020 and RFC 8482 where it is silent).
+//!
+//! The search, in order ([`lookup_for`]): CHAOS names go to the debug
+//! answers, a class other than IN or ANY is REFUSED. Names of the zone come
+//! first, the common case; only for a name outside it are the `svc`
+//! subtree of `--also-zone` and the reverse names of the addresses the
+//! services name (PTR) looked at, and anything else is REFUSED. In the
+//! zone: the service map (a service restricted to consumer clusters does
+//! not exist for other clients, and every answer under its name is
+//! `client_dependent`), then the service's own names, then its endpoint
+//! names (`Hosts`: their records, PTR records and a headless service's SRV
+//! records are [`Answer::synth`], written per query by the wire layer).
+//! A name not found is SERVFAIL until every source has synced, NXDOMAIN
+//! after; ANY gets RFC 8482's one HINFO. A balanced A/AAAA answer is
+//! chosen by the service's policy (`select`), into the caller's [`Picks`].
 
 pub mod select;
 

@@ -16,7 +16,7 @@
 //! | a UDP worker's loop | restarted on the same socket | the socket is the state; the kernel keeps hashing that share of clients to it |
 //! | one TCP connection | closed; counted | RFC 7766 clients reconnect |
 //! | TCP accept loop | restarted on the same listener | the listener and the connection limits (`TcpServer`) outlive it |
-//! | files, Kubernetes and member watches, liveness | restarted with backoff ([`RESTART_BACKOFF`]) | a restart re-reads or relists: the same path as recovery from an API error |
+//! | files, Kubernetes and member watches, liveness | restarted with backoff (100 ms doubling to 10 s) | a restart re-reads or relists: the same path as recovery from an API error |
 //! | probes | restarted with backoff | probe state is a cache; endpoints start healthy again, as at start |
 //! | store writer | fatal | it holds every source's objects; nothing in the process can rebuild them, and a server that can no longer change is silently stale |
 //! | HTTP server | fatal | it answers the liveness probe; without it Kubernetes cannot see the process |
