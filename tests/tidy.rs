@@ -6,6 +6,8 @@
 //!   ARCHITECTURE.md shows the same table.
 //! - Every file opens with a `//!` doc comment saying what it is for.
 //! - The repository stands alone: no file names a path outside it.
+//! - ARCHITECTURE.md stays a map: at most [`ARCHITECTURE_MAX_BYTES`], and
+//!   every path it names exists.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -436,4 +438,130 @@ fn the_outside_path_reader_sees_climbs_and_joins() {
     assert_eq!(climbing_paths(text), ["../shared/docs/x.md", "../../shared/gen.py", ".."]);
     assert_eq!(normalize(Path::new("/a/b/../../../c")), None);
     assert_eq!(normalize(Path::new("/a/b/../c")), Some(PathBuf::from("/a/c")));
+}
+
+/// ARCHITECTURE.md is a map that names things and leaves the detail to the
+/// `//!` docs of what it names; past this size it has become a second copy
+/// of them (it was 63 KB when this limit was set).
+const ARCHITECTURE_MAX_BYTES: usize = 25_000;
+
+#[test]
+fn the_architecture_stays_a_short_map() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let arch = fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    assert!(
+        arch.len() <= ARCHITECTURE_MAX_BYTES,
+        "ARCHITECTURE.md is {} bytes, over {ARCHITECTURE_MAX_BYTES}: move detail into the `//!` docs of \
+         the modules it names instead of adding it here",
+        arch.len()
+    );
+}
+
+/// Folders of the repository whose paths ARCHITECTURE.md names from the root.
+const ROOTS: &[&str] =
+    &["src/", "tests/", "benches/", "docs/", "scripts/", "deploy/", "charts/", "fuzz/", "zones/"];
+
+/// A code span that names a file or folder: a Rust file, a folder (`x/`),
+/// or anything under one of [`ROOTS`].
+fn is_path(token: &str) -> bool {
+    !token.is_empty()
+        && !token.starts_with(['/', '.'])
+        && token.chars().all(|c| c.is_ascii_alphanumeric() || "_-./*".contains(c))
+        && (token.ends_with(".rs") || token.ends_with('/') || ROOTS.iter().any(|r| token.starts_with(r)))
+}
+
+/// The paths ARCHITECTURE.md names, each with the folders it may be read
+/// from: the root, `src/`, and, under a `###` heading that names
+/// `src/x.rs` or `src/x/`, the folder `src/x` (so `client.rs` under
+/// `src/k8s/` is `src/k8s/client.rs`). Paths are code spans, and in prose
+/// words that start with one of [`ROOTS`]; fenced blocks are diagrams.
+fn architecture_paths(text: &str) -> Vec<(Vec<String>, String)> {
+    let plain = vec![String::new(), "src".to_owned()];
+    let mut bases = plain.clone();
+    let mut found = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let spans: Vec<&str> = line.split('`').skip(1).step_by(2).collect();
+        if line.starts_with("## ") {
+            bases = plain.clone();
+        } else if line.starts_with("### ") {
+            bases = plain.clone();
+            for s in spans.iter().filter(|s| s.starts_with("src/")) {
+                bases.push(s.trim_end_matches('/').trim_end_matches(".rs").to_owned());
+            }
+        }
+        for span in spans.iter().filter(|s| is_path(s)) {
+            found.push((bases.clone(), (*span).to_owned()));
+        }
+        for prose in line.split('`').step_by(2) {
+            for word in prose.split(|c: char| !(c.is_ascii_alphanumeric() || "_-./*".contains(c))) {
+                let word = word.trim_end_matches(['.', ',']);
+                if ROOTS.iter().any(|r| word.starts_with(r)) {
+                    found.push((vec![String::new()], word.to_owned()));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Whether `path` (a `*` matching any part of one name) exists under `base`.
+fn exists_under(root: &Path, base: &str, path: &str) -> bool {
+    let full = root.join(base).join(path.trim_end_matches('/'));
+    let Some((head, tail)) = path.split_once('*') else { return full.exists() };
+    let (dir, prefix) = match head.rsplit_once('/') {
+        Some((d, p)) => (root.join(base).join(d), p),
+        None => (root.join(base), head),
+    };
+    fs::read_dir(dir).into_iter().flatten().flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.len() >= prefix.len() + tail.len() && name.starts_with(prefix) && name.ends_with(tail)
+    })
+}
+
+#[test]
+fn every_path_the_architecture_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let arch = fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let named = architecture_paths(&arch);
+    assert!(named.len() > 50, "read only {} paths: {named:?}", named.len());
+    let missing: Vec<String> = named
+        .iter()
+        .filter(|(bases, path)| !bases.iter().any(|b| exists_under(root, b, path)))
+        .map(|(bases, path)| format!("{path} (looked under {bases:?})"))
+        .collect();
+    assert!(missing.is_empty(), "ARCHITECTURE.md names paths that do not exist:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn the_architecture_path_reader_reads_sections_spans_and_prose() {
+    let text = "## Code map\n\n### `src/k8s/`\n\nclients (`client.rs`, `protobuf/`), see docs/sync.md.\n\
+                ```\n `diagram.rs`\n```\n`k8s::fence` and `--flag` are not paths; `tests/it/sync*.rs` is.\n\
+                ## Invariants\n\n`supervise.rs`\n";
+    let found = architecture_paths(text);
+    let plain = vec![String::new(), "src".to_owned()];
+    let k8s = vec![String::new(), "src".to_owned(), "src/k8s".to_owned()];
+    assert_eq!(
+        found,
+        [
+            (k8s.clone(), "src/k8s/".to_owned()),
+            (k8s.clone(), "client.rs".to_owned()),
+            (k8s.clone(), "protobuf/".to_owned()),
+            (vec![String::new()], "docs/sync.md".to_owned()),
+            (k8s, "tests/it/sync*.rs".to_owned()),
+            (plain, "supervise.rs".to_owned()),
+        ]
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert!(exists_under(root, "src/k8s", "client.rs"));
+    assert!(exists_under(root, "", "tests/it/sync*.rs"));
+    assert!(!exists_under(root, "src/k8s", "no_such_file.rs"));
+    assert!(!exists_under(root, "", "tests/it/nothing*.rs"));
 }
