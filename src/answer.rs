@@ -531,6 +531,7 @@ mod consumer_tests {
                     None,
                 )],
                 origin: SliceOrigin::Mcs,
+                trigger: Default::default(),
             }));
         }
         w.apply(Update::Replace { source: SourceId::Watch(1), objects });
