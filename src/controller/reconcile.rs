@@ -34,6 +34,7 @@ use crate::fleet::merge::{Condition, ImportSpec, Status, condition, merge};
 use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
 use crate::fleet::state::{ExportInfo, ServiceInfo};
 use crate::k8s::fence::WriteFence;
+use crate::k8s::mcs::ANNOTATION_TRIGGER_TIME;
 use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
 
 /// Which object of which member.
@@ -311,6 +312,8 @@ struct Plan<'a> {
     consumers: &'a Consumers,
     naming: desired::Naming,
     sources: &'a HashMap<ClusterId, BTreeMap<String, Arc<EndpointSlice>>>,
+    /// When each exporting cluster's ServiceExport was created.
+    exported_at: HashMap<&'a ClusterId, i64>,
 }
 
 /// Brings every member in line with the exports of `input.key`; returns
@@ -371,6 +374,7 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
         consumers: &consumers,
         naming: ks.naming(key, input.has_elder),
         sources: &input.sources,
+        exported_at: input.exports.iter().map(|e| (&e.cluster, e.exported_at)).collect(),
     };
     // Each writable member's writes in a lane of its own; what we own in
     // the others stays until they answer again.
@@ -589,7 +593,8 @@ impl KeyState {
             );
             let r = ObjectRef::new(i, Kind::EndpointSlice, key, name);
             want.insert(r.clone());
-            self.apply(env, &r, &body).await?;
+            let trigger = desired::trigger_time(source, plan.exported_at.get(cluster).copied());
+            self.apply_carrying(env, &r, &body, trigger.as_deref()).await?;
         }
         let r = ObjectRef::new(i, Kind::ServiceImport, key, key.name.to_string());
         want.insert(r.clone());
@@ -612,6 +617,21 @@ impl KeyState {
     /// and the object, if it was found live since, still holds it. Returns
     /// what was stored when it was written.
     async fn apply(&mut self, env: &Env, r: &ObjectRef, body: &Value) -> Result<Option<Stored>, ApiError> {
+        self.apply_carrying(env, r, body, None).await
+    }
+
+    /// [`Self::apply`] of a slice that carries `trigger`
+    /// ([`desired::trigger_time`]) when it is written: the time is no part
+    /// of what decides whether it is (neither of the digest nor of the
+    /// comparison with the live object), and a write without one removes
+    /// the one written before.
+    async fn apply_carrying(
+        &mut self,
+        env: &Env,
+        r: &ObjectRef,
+        body: &Value,
+        trigger: Option<&str>,
+    ) -> Result<Option<Stored>, ApiError> {
         let m = &env.members[r.member];
         let digest = desired::digest_of(body);
         // The live body stays until it is written over: a write that fails
@@ -631,6 +651,9 @@ impl KeyState {
         }
         let mut body = body.clone();
         body["metadata"]["annotations"][desired::ANNOTATION_APPLIED] = Value::String(digest.clone());
+        if let Some(t) = trigger {
+            body["metadata"]["annotations"][ANNOTATION_TRIGGER_TIME] = Value::String(t.to_owned());
+        }
         let stored = env.write(r.member, r.kind, &r.namespace, &r.name, &body).await?;
         if self.live.remove(r).is_some() && drift.is_some() && self.applied.get(r) == Some(&digest) {
             env.stats.drift(r.kind);
