@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use futures::future::join_all;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::Value;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::api::{ApiError, Kind, SharedApi, Stored};
 use super::desired::{self, Consumers};
@@ -108,7 +108,8 @@ impl Env {
         if !self.fence.fence.may_write() {
             return Err(ApiError::Fenced);
         }
-        let r = self.members[m].api.apply(&self.fence, kind, namespace, name, body).await;
+        let span = self.span("apply", m, kind, namespace, name);
+        let r = self.members[m].api.apply(&self.fence, kind, namespace, name, body).instrument(span).await;
         self.count(&r);
         r
     }
@@ -118,9 +119,16 @@ impl Env {
         if !self.fence.fence.may_write() {
             return Err(ApiError::Fenced);
         }
-        let r = self.members[m].api.delete(&self.fence, kind, namespace, name).await;
+        let span = self.span("delete", m, kind, namespace, name);
+        let r = self.members[m].api.delete(&self.fence, kind, namespace, name).instrument(span).await;
         self.count(&r);
         r
+    }
+
+    /// The span of one write: a child of its member's lane in its
+    /// reconcile's span, so a trace shows every member's writes.
+    fn span(&self, verb: &'static str, m: usize, kind: Kind, namespace: &str, name: &str) -> tracing::Span {
+        tracing::info_span!("write", verb, member = %self.members[m].name, kind = %kind, object = %format_args!("{namespace}/{name}"))
     }
 
     /// Counts a write that was sent (refused at the wire: not sent).
@@ -184,6 +192,9 @@ pub struct KeyState {
     pub transitions: HashMap<(usize, &'static str), (Status, String)>,
     /// Counted in [`SyncStats::conflicts`].
     pub conflicted: bool,
+    /// Writes this member's part made in the reconcile under way (for its
+    /// span; never carried from one reconcile to the next).
+    pub sent: u32,
     /// The uid of each member's export whose conditions `transitions` and
     /// `applied` hold.
     pub export_uids: HashMap<usize, Option<String>>,
@@ -259,6 +270,7 @@ impl KeyState {
             owned,
             transitions,
             conflicted: false,
+            sent: 0,
             export_uids,
             written: self.written.take(|r| r.member == m),
             live: split(&mut self.live, m),
@@ -320,7 +332,6 @@ struct Plan<'a> {
 /// the service's state and the first error (every member had its turn).
 pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeyState, Result<(), ApiError>) {
     let started = std::time::Instant::now();
-    env.stats.reconciles.fetch_add(1, Ordering::Relaxed);
     let key = &input.key;
     let merged = merge(&input.exports);
     let consumers = merged.spec.as_ref().map_or(Consumers::All, |s| Consumers::of(&s.annotations));
@@ -380,10 +391,18 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     // the others stays until they answer again.
     let lanes = (0..env.members.len()).filter(|i| input.members[*i].writable).map(|i| {
         let part = ks.take_member(i);
-        lane(part, i, &input, &env, &plan)
+        let (input, env, plan) = (&input, &env, &plan);
+        async move {
+            let (part, result) = lane(part, i, input, env, plan).await;
+            (i, part, result)
+        }
+        .instrument(member_span(&env.members[i]))
     });
     let mut failed: Option<ApiError> = None;
-    for (part, result) in join_all(lanes).await {
+    // Writes made per member, for the span.
+    let mut written: BTreeMap<usize, u32> = BTreeMap::new();
+    for (i, mut part, result) in join_all(lanes).await {
+        *written.entry(i).or_default() += std::mem::take(&mut part.sent);
         ks.absorb(part);
         if let Err(e) = result {
             failed = Some(e);
@@ -405,17 +424,34 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
         let (env, input, imported, consumers) = (&env, &input, &imported, &consumers);
         async move {
             let r = part.conditions(env, input, i, conds, ready, (consumers, imported)).await;
-            (part, r)
+            (i, part, r)
         }
+        .instrument(member_span(&env.members[i]))
     });
-    for (part, result) in join_all(lanes).await {
+    for (i, mut part, result) in join_all(lanes).await {
+        *written.entry(i).or_default() += std::mem::take(&mut part.sent);
         ks.absorb(part);
         if let Err(e) = result {
             failed = Some(e);
         }
     }
     env.stats.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+    // What the reconcile did, on its span (`sync` opens it, with the service,
+    // shard and reason).
+    let members_written = written.values().filter(|n| **n > 0).count();
+    let writes: u32 = written.values().sum();
+    let outcome = failed.as_ref().map_or("ok", |e| e.reason().as_str());
+    let span = tracing::Span::current();
+    span.record("members_written", members_written);
+    span.record("writes", writes);
+    span.record("outcome", outcome);
+    debug!(members_written, writes, outcome, "reconciled");
     (ks, failed.map_or(Ok(()), Err))
+}
+
+/// The span of one member's lane in a reconcile.
+fn member_span(m: &MemberEnv) -> tracing::Span {
+    tracing::info_span!("member", member = %m.name, cluster = %m.cluster)
 }
 
 /// "Imported into every member cluster …, except cluster-3: …".
@@ -446,9 +482,12 @@ async fn lane(
     let m = &env.members[i];
     let key = plan.key;
     let mut failed = None;
-    if let Err(e) = auto_export(env, input, i).await {
-        warn!(member = %m.name, service = %key, error = %e, "cannot auto-export");
-        failed = Some(e);
+    match auto_export(env, input, i).await {
+        Ok(wrote) => part.sent += u32::from(wrote),
+        Err(e) => {
+            warn!(member = %m.name, service = %key, error = %e, "cannot auto-export");
+            failed = Some(e);
+        }
     }
     let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
     // Members outside the consumer clusters import nothing: what we own
@@ -489,8 +528,8 @@ async fn lane(
 
 /// Creates or removes the ServiceExport of the service in member `i` for
 /// Services that ask to be exported (annotation or namespace prefix). Only
-/// exports the controller created are ever removed.
-async fn auto_export(env: &Env, input: &Input, i: usize) -> Result<(), ApiError> {
+/// exports the controller created are ever removed. True when it wrote.
+async fn auto_export(env: &Env, input: &Input, i: usize) -> Result<bool, ApiError> {
     let key = &input.key;
     let m = &env.members[i];
     let prefixed = env.auto_export_prefixes.iter().any(|p| key.namespace.as_str().starts_with(p.as_str()));
@@ -512,18 +551,21 @@ async fn auto_export(env: &Env, input: &Input, i: usize) -> Result<(), ApiError>
         env.write(i, Kind::ServiceExport, ns, name, &desired::export(&m.export_version, key, consumers))
             .await?;
         info!(member = %m.name, service = %key, consumers = ?consumers, "{done}");
-        return Ok(());
+        return Ok(true);
     }
     if let (false, Some(e)) = (wants, has)
         && e.ours
     {
         match env.remove(i, Kind::ServiceExport, ns, name).await {
-            Ok(()) => info!(member = %m.name, service = %key, "auto-export removed"),
+            Ok(()) => {
+                info!(member = %m.name, service = %key, "auto-export removed");
+                return Ok(true);
+            }
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 impl KeyState {
@@ -605,6 +647,7 @@ impl KeyState {
         let digest = desired::digest_of(&status["status"]);
         if self.applied.get(&sr) != Some(&digest) {
             let stored = env.write(i, Kind::ImportStatus, &sr.namespace, &sr.name, &status).await?;
+            self.sent += 1;
             // The status write gives the import a new version too.
             self.written
                 .record(ObjectRef { kind: Kind::ServiceImport, ..sr.clone() }, stored.version.as_deref());
@@ -655,6 +698,7 @@ impl KeyState {
             body["metadata"]["annotations"][ANNOTATION_TRIGGER_TIME] = Value::String(t.to_owned());
         }
         let stored = env.write(r.member, r.kind, &r.namespace, &r.name, &body).await?;
+        self.sent += 1;
         if self.live.remove(r).is_some() && drift.is_some() && self.applied.get(r) == Some(&digest) {
             env.stats.drift(r.kind);
         }
@@ -670,6 +714,7 @@ impl KeyState {
         match result {
             Ok(()) => {
                 info!(member = %m.name, kind = %r.kind, object = %r.path(), "deleted");
+                self.sent += 1;
                 Ok(())
             }
             Err(e) if e.is_not_found() => Ok(()),
@@ -737,6 +782,7 @@ impl KeyState {
         match env.write(i, Kind::ExportStatus, &r.namespace, &r.name, &body).await {
             Ok(_) => {
                 self.applied.insert(r, text);
+                self.sent += 1;
                 Ok(())
             }
             // The export went meanwhile.
