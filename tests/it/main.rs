@@ -45,6 +45,7 @@ mod sync_profiles;
 mod sync_shards;
 mod sync_tenure;
 mod sync_throttle;
+mod traces;
 mod transfer;
 mod watch;
 mod workload;
