@@ -30,6 +30,7 @@ mod memory_budget;
 mod metrics;
 mod monitoring;
 mod policy;
+mod programming;
 mod protobuf;
 mod readiness;
 mod reverse;
