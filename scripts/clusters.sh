@@ -404,7 +404,7 @@ install() {
         die "cluster-$i: CRDs not established"
     # One identity per component, each with exactly its deploy/<component>/rbac.yaml.
     local role sa
-    for role in serve centralized sync; do
+    for role in serve centralized sync agent; do
         [ -f "$DEPLOY/$role/rbac.yaml" ] || continue
         sa="$SERVE_SA"
         [ "$role" = serve ] || sa="$SERVE_SA-$role"

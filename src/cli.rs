@@ -119,6 +119,14 @@ pub enum Command {
     /// Run the MCS sync controller: every member's ServiceExports become a
     /// ServiceImport, MCS EndpointSlices and a clusterset VIP in every member.
     Sync(Box<SyncArgs>),
+    /// Hub mode: this member's agent. It publishes what its cluster exports
+    /// as ExportRecords in its own namespace of a hub cluster, reads every
+    /// member's records from the hub, and writes ServiceImports, MCS
+    /// EndpointSlices and clusterset VIPs into its own cluster only
+    /// (docs/hub.md).
+    Agent(Box<AgentArgs>),
+    /// Hub mode's administration of the hub cluster.
+    Hub(HubArgs),
     /// Serve DNS and run the sync controller in one process: `--cluster`
     /// names the members synced; DNS answers from this cluster's
     /// ServiceImports (--kubeconfig or --in-cluster).
@@ -267,6 +275,13 @@ pub struct ServeArgs {
     /// HTTP address for /health, /ready and /metrics.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9153")]
     pub http_listen: SocketAddr,
+    /// Also put the per-service series on /metrics:
+    /// clusterset_dns_endpoints{service,cluster,state} and
+    /// clusterset_dns_answers_total{service,cluster}, a series per service
+    /// and cluster (200,000 at 100,000 services in 10 clusters). By default
+    /// /metrics sums them per cluster and /debug/metrics serves them.
+    #[arg(long)]
+    pub metrics_per_service: bool,
     /// Address to answer on, UDP and TCP. Repeatable (e.g. one IPv4, one IPv6).
     /// Port 0 picks a free port (logged at start).
     #[arg(long = "listen", value_name = "ADDR:PORT", default_value = "127.0.0.1:1053")]
@@ -541,6 +556,72 @@ pub struct SyncArgs {
     /// Leader election and the rest of the controller's behaviour.
     #[command(flatten)]
     pub options: SyncOptions,
+}
+
+/// `clusterset-dns agent`: one per member (hub mode).
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// This member's name on the hub, also its cluster id (a DNS label):
+    /// its hub namespace is clusterset-member-NAME.
+    #[arg(long, value_name = "NAME")]
+    pub member: String,
+    /// Kubeconfig of this member's own cluster (default: the cluster this
+    /// Pod runs in, its service account).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig of the hub, as this member's hub identity (it may write
+    /// only its own namespace there, and read the others').
+    #[arg(long, value_name = "PATH")]
+    pub hub_kubeconfig: PathBuf,
+    /// HTTP address for /health, /ready and /metrics.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9155")]
+    pub http_listen: SocketAddr,
+    /// Namespace to sync (repeatable); all namespaces when none is given.
+    #[arg(long = "namespace", value_name = "NS")]
+    pub namespaces: Vec<String>,
+    /// Leader election (in this member's cluster) and the rest of the
+    /// controller's behaviour.
+    #[command(flatten)]
+    pub options: SyncOptions,
+}
+
+/// `clusterset-dns hub`.
+#[derive(Debug, Args)]
+pub struct HubArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: HubCommand,
+}
+
+/// `clusterset-dns hub …`.
+#[derive(Debug, Subcommand)]
+pub enum HubCommand {
+    /// Enrol a member on the hub: the hub's ExportRecord CRD and roles
+    /// (deploy/hub/), the member's namespace clusterset-member-NAME, its hub
+    /// identity (ServiceAccount clusterset-hub/member-NAME) allowed to write
+    /// that namespace only and read the others', and a kubeconfig of that
+    /// identity for its agent (--out). Enrolling again changes nothing but
+    /// the token.
+    Enrol(EnrolArgs),
+}
+
+/// `clusterset-dns hub enrol`.
+#[derive(Debug, Args)]
+pub struct EnrolArgs {
+    /// The member's name (a DNS label: its cluster id).
+    #[arg(value_name = "NAME")]
+    pub member: String,
+    /// Kubeconfig of the hub, as an identity that may create the objects
+    /// above (cluster admin).
+    #[arg(long, value_name = "PATH")]
+    pub hub_kubeconfig: PathBuf,
+    /// Where to write the agent's hub kubeconfig.
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+    /// Seconds the agent's token is valid, 600-31622400 (the hub may cap
+    /// it; renew by enrolling again before it ends).
+    #[arg(long, value_name = "SECONDS", default_value_t = 31_536_000, value_parser = clap::value_parser!(i64).range(600..=31_622_400))]
+    pub token_seconds: i64,
 }
 
 /// Members from the ClusterProfiles of a hub cluster (sigs.k8s.io

@@ -1,12 +1,14 @@
 //! The commands' composition roots: each composes the modules into one
-//! command and does nothing else (`serve`, `sync`, `run`, `check`,
+//! command and does nothing else (`serve`, `sync`, `agent`, `run`, `check`,
 //! `explain`, `doctor`). A running process has one [`Process`]: one metrics registry
 //! and one record of failures, shared by every part of it (`run` is DNS and
 //! the controller in one process, with one `/metrics` view).
 
+pub mod agent;
 pub mod check;
 pub mod doctor;
 pub mod explain;
+pub mod hub;
 pub mod run;
 pub mod serve;
 pub mod setup_dns;

@@ -15,7 +15,7 @@ mod sync;
 mod tools;
 
 pub use serve::ServeConfig;
-pub use sync::{LeaseConfig, RunConfig, SyncConfig, behaviour, kube_limits, lease};
+pub use sync::{AgentConfig, LeaseConfig, RunConfig, SyncConfig, behaviour, kube_limits, lease};
 pub use tools::{DoctorConfig, SetupDnsConfig, WatchConfig};
 
 /// A configuration value that cannot be used.

@@ -10,12 +10,14 @@
 //! - `mcs`: the MCS API group, its labels, ClusterProperty, version discovery.
 //! - `crd`: the ServiceImport object, reduced to the fields DNS uses.
 //! - `convert`: API object → model value, or an error naming object and field.
+//! - `digest`: the digest of a body written, to skip writing it again.
 //! - `inventory`: ClusterProfiles (KEP-4322) and their access providers (KEP-5339).
 //! - `interop`: the same for Karmada's and Kosmos's shapes (`--interop`).
 
 pub mod client;
 pub mod convert;
 pub mod crd;
+pub mod digest;
 pub mod fence;
 pub mod interop;
 pub mod inventory;

@@ -15,6 +15,7 @@ pub mod diagnose;
 pub mod fault;
 pub mod fleet;
 pub mod health;
+pub mod hub;
 pub mod k8s;
 pub mod model;
 pub mod ops;

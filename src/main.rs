@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clusterset_dns::cli::{Cli, Command, LogFormat};
-use clusterset_dns::config::{DoctorConfig, RunConfig, ServeConfig, SetupDnsConfig, SyncConfig};
+use clusterset_dns::config::{AgentConfig, DoctorConfig, RunConfig, ServeConfig, SetupDnsConfig, SyncConfig};
 use clusterset_dns::ops::traces::Traces;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -64,6 +64,20 @@ fn main() -> ExitCode {
         Command::Sync(args) => match SyncConfig::from_args(&args) {
             Ok(cfg) => block_on(format, clusterset_dns::cmd::sync::run(cfg)),
             Err(e) => usage(format, &e),
+        },
+        Command::Agent(args) => match AgentConfig::from_args(&args) {
+            Ok(cfg) => block_on(format, clusterset_dns::cmd::agent::run(cfg)),
+            Err(e) => usage(format, &e),
+        },
+        Command::Hub(args) => match block_on_value(clusterset_dns::cmd::hub::run(&args)) {
+            Ok(report) => {
+                let _ = std::io::stdout().write_all(report.as_bytes());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("clusterset-dns hub: {e:#}");
+                ExitCode::FAILURE
+            }
         },
         Command::Run(args) => match RunConfig::from_args(&args) {
             Ok(cfg) => block_on(format, clusterset_dns::cmd::run::run(cfg)),
@@ -190,4 +204,9 @@ fn block_on<E: std::fmt::Display>(
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a one-shot command's future to its value on a current-thread runtime.
+fn block_on_value<T>(command: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(command)
 }

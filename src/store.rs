@@ -34,7 +34,7 @@ mod wire_key;
 mod writer;
 
 pub use answer_config::{AnswerConfig, ClientNet};
-pub use answer_stats::{ANSWER_SLOTS, AnswerStats};
+pub use answer_stats::{ANSWER_SLOTS, AnswerStats, CLUSTER_SLOTS};
 pub use balance::{Balance, BalanceCluster, EndpointMeta};
 pub use hosts::{HostSrv, Hosts, PtrTargetRef, Ptrs, address_len, write_address, write_ptr};
 pub use input::{Object, ObjectId, SourceId, Update};

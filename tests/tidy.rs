@@ -34,13 +34,16 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("k8s", &["model", "pace", "fault"]),
     // The multi-cluster model and member watches, shared by centralized serve and sync.
     ("fleet", &["model", "k8s"]),
+    // Hub mode's records: a member's exports published on the hub, read back
+    // as the member's objects.
+    ("hub", &["model", "k8s", "fleet"]),
     // Everything that feeds the store (centralized mode through `fleet`).
     ("source", &["model", "store", "k8s", "fleet"]),
     // Active probes: read the store, feed it updates like a source.
     ("health", &["model", "store", "pace"]),
     // The sync controller: writes Kubernetes objects, never touches the store;
     // its watches, probes and discoveries run in a supervised set.
-    ("controller", &["model", "k8s", "fleet", "pace", "scrape", "fault", "supervise"]),
+    ("controller", &["model", "k8s", "fleet", "pace", "scrape", "fault", "supervise", "hub"]),
     // `doctor`: reads members (list only), asks DNS, judges by the fleet's rules.
     ("diagnose", &["model", "k8s", "fleet"]),
     // `setup-dns`: reads and edits the cluster DNS's configuration, asks DNS.

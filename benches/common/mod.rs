@@ -1,7 +1,8 @@
 //! What the Kubernetes benchmarks (`propagation`, `update_load`, `scale`,
 //! `sync`) share beyond the fleet harness of `tests/harness/`: a fleet of
 //! ServiceImports and EndpointSlices written with bounded concurrency, a UDP
-//! poller that times answers to the millisecond, the incumbent (CoreDNS's
+//! poller that times answers to the millisecond, query loops over UDP and
+//! TCP that keep every latency with its moment (`load`), the incumbent (CoreDNS's
 //! `kubernetes` plugin with `multicluster`), and the report's format.
 //! The clusters and the server processes are the tests' own
 //! (`tests/harness/`, included by each bench next to this module).
@@ -18,6 +19,7 @@
 
 pub mod coredns;
 pub mod dns;
+pub mod load;
 pub mod objects;
 pub mod report;
 

@@ -214,7 +214,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         }));
     }
     let metrics = Arc::new(Metrics::new(&process.registry, healths)?);
-    metrics.register_health(reader.clone(), liveness)?;
+    metrics.register_health(reader.clone(), liveness, cfg.metrics_per_service)?;
     metrics.register_memory(guard.clone())?;
     let started = std::time::Instant::now();
     writer.publish();
@@ -259,8 +259,10 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         }
     };
     let endpoints =
-        http::Endpoints::new(process.registry.clone(), failures.clone(), cfg.wire.faults.clone(), unready)
-            .with(debug::routes(reader.clone(), metrics.clone(), cfg.wire.debug.clone()));
+        http::Endpoints::new(process.registry.clone(), failures.clone(), cfg.wire.faults.clone(), unready);
+    let debug =
+        debug::routes(reader.clone(), metrics.clone(), cfg.wire.debug.clone(), endpoints.exposition());
+    let endpoints = endpoints.with(debug);
     // /health is the liveness probe: if its server is gone, so is the
     // process's usefulness; fatal, and Kubernetes restarts the Pod.
     tasks.push(sup.fatal(Task::Http, endpoints.serve(http_listener)));

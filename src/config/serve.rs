@@ -63,6 +63,8 @@ pub struct ServeConfig {
     pub on_memory_limit: OnMemoryLimit,
     /// Which fleet managers' shapes are read (`--interop`).
     pub interop: Interop,
+    /// The per-service families on `/metrics` too (`--metrics-per-service`).
+    pub metrics_per_service: bool,
 }
 
 impl ServeConfig {
@@ -173,6 +175,7 @@ impl ServeConfig {
             probe: probe_config(a),
             memory,
             on_memory_limit: a.on_memory_limit.into(),
+            metrics_per_service: a.metrics_per_service,
         })
     }
 }

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::cli::{OnMemberLost, ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
+use crate::cli::{AgentArgs, OnMemberLost, ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
 use crate::controller::sync::{CONCURRENCY, MemberLost, SyncBehaviour};
 use crate::fault::Faults;
 use crate::fleet::inventory::InventoryConfig;
@@ -109,6 +109,59 @@ impl RunConfig {
             faults: serve.wire.faults.clone(),
         };
         Ok(Self { serve, sync })
+    }
+}
+
+/// Everything `agent` needs (hub mode).
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This member: its name and its own cluster.
+    pub member: MemberConfig,
+    /// The hub.
+    pub hub: Connection,
+    /// Address of the HTTP endpoints.
+    pub http_listen: SocketAddr,
+    /// Leader election of this member's agents (in its own cluster by
+    /// default), unless disabled.
+    pub lease: Option<LeaseConfig>,
+    /// The controller's behaviour.
+    pub behaviour: SyncBehaviour,
+    /// The rate limit of the member's and the hub's clients.
+    pub kube_limits: Option<Limits>,
+}
+
+impl AgentConfig {
+    /// Validates command-line values.
+    pub fn from_args(a: &AgentArgs) -> Result<Self, ConfigError> {
+        ClusterId::parse(&a.member).map_err(|e| bad("--member", not_a_label(&a.member, &e)))?;
+        let connection = match &a.kubeconfig {
+            Some(path) if !path.is_file() => {
+                return Err(bad("--kubeconfig", format!("{} is not a readable file", path.display())));
+            }
+            Some(path) => Connection::Kubeconfig { path: path.clone(), context: None },
+            None => Connection::InCluster,
+        };
+        if !a.hub_kubeconfig.is_file() {
+            return Err(bad(
+                "--hub-kubeconfig",
+                format!("{} is not a readable file", a.hub_kubeconfig.display()),
+            ));
+        }
+        if a.options.shards > 1 {
+            return Err(bad(
+                "--shards",
+                "an agent writes one member: its replicas share one Lease (--shards 1)",
+            ));
+        }
+        let member = MemberConfig { name: a.member.clone(), connection };
+        Ok(Self {
+            lease: lease(&a.options, Some(&member.connection))?,
+            behaviour: behaviour(&a.options, &a.namespaces)?,
+            kube_limits: kube_limits(&a.options)?,
+            hub: Connection::Kubeconfig { path: a.hub_kubeconfig.clone(), context: None },
+            member,
+            http_listen: a.http_listen,
+        })
     }
 }
 

@@ -55,11 +55,7 @@ pub const ANNOTATION_APPLIED: &str = "clusterset-dns.io/applied";
 /// A digest of a JSON body (FNV-1a 64 over its text; serde_json writes
 /// object keys sorted, so equal bodies give equal digests in every process).
 pub fn digest_of(body: &Value) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in body.to_string().bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-    }
-    format!("{h:016x}")
+    crate::k8s::digest::of(body)
 }
 
 /// True when the object `live` (as an API server returned it) holds every

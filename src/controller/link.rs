@@ -20,6 +20,8 @@ use crate::k8s::mcs::find_mcs;
 use crate::k8s::watch::{Lists, Reporter, WatchHealth, WatchTask};
 use crate::model::ClusterId;
 
+pub mod hub;
+
 /// The MCS API versions a member serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberApis {
@@ -77,6 +79,17 @@ pub trait MemberLink: Send + Sync {
         down: watch::Receiver<bool>,
         latency: Option<prometheus::Histogram>,
     ) -> SharedApi;
+    /// True for a member this controller reads but never writes (hub mode:
+    /// another member's agent writes it); it is not named as not reached.
+    fn remote(&self) -> bool {
+        false
+    }
+    /// Seconds it has been gone, for `--on-member-lost=remove`: by default
+    /// as long as it has not answered. A remote member is gone only while
+    /// what says so (the hub) answers: an unreachable hub removes nothing.
+    fn gone_seconds(&self) -> f64 {
+        self.stale_seconds()
+    }
 }
 
 /// A connected member.

@@ -144,6 +144,9 @@ impl Env {
 pub struct MemberInput {
     /// Reachable and its API versions known: written to.
     pub writable: bool,
+    /// Another writer's (hub mode: another member's agent): read, never
+    /// written, never named as not reached.
+    pub remote: bool,
     /// Lost past `--member-lost-after` with `--on-member-lost=remove`.
     pub removed: bool,
     /// Unreachable since (RFC 3339).
@@ -362,7 +365,7 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
         .members
         .iter()
         .zip(&input.members)
-        .filter(|(m, mi)| !mi.writable && !mi.removed && consumers.includes(&m.cluster))
+        .filter(|(m, mi)| !mi.writable && !mi.remote && !mi.removed && consumers.includes(&m.cluster))
         .map(|(m, _)| m.name.as_str())
         .collect();
     // Which of each exporting cluster's ports it serves behind the VIP, and

@@ -515,7 +515,11 @@ impl Syncer {
             exports,
             members: (0..n)
                 .map(|i| MemberInput {
-                    writable: self.unreachable[i].is_none() && self.discovered[i] && self.read[i],
+                    writable: !self.members[i].remote()
+                        && self.unreachable[i].is_none()
+                        && self.discovered[i]
+                        && self.read[i],
+                    remote: self.members[i].remote(),
                     removed: self.removed[i],
                     unreachable_since: self.unreachable[i].clone(),
                     service: self.state.service_of(i, key).cloned(),

@@ -278,6 +278,42 @@ pub fn watch_tasks(
     out
 }
 
+/// One object of member `index` changed (`deleted`: gone), as its watch
+/// reports it: the same conversion, for a reader of the member's objects
+/// that are not watched directly (hub mode's records).
+pub enum Object<'a> {
+    /// A ServiceExport.
+    Export(&'a DynamicObject),
+    /// A Service.
+    Service(&'a Service),
+    /// One of a Service's own EndpointSlices.
+    Slice(&'a EndpointSlice),
+}
+
+/// The event of `object` of member `index` applied or `deleted`.
+pub fn event(index: usize, cluster: &ClusterId, object: Object<'_>, deleted: bool) -> Option<MemberEvent> {
+    fn delta<K: Resource, V>(
+        cluster: &ClusterId,
+        k: &K,
+        entry: fn(&ClusterId, &K) -> Option<Entry<V>>,
+        deleted: bool,
+    ) -> Option<Delta<V>> {
+        if deleted {
+            return Some(Delta::Deleted(object_id(k)?));
+        }
+        Some(match entry(cluster, k) {
+            Some((id, key, v)) => Delta::Applied(id, key, v),
+            None => Delta::Deleted(object_id(k)?),
+        })
+    }
+    let change = match object {
+        Object::Export(o) => Change::Exports(delta(cluster, o, export_entry, deleted)?),
+        Object::Service(o) => Change::Services(delta(cluster, o, service_entry, deleted)?),
+        Object::Slice(o) => Change::Slices(delta(cluster, o, slice_entry, deleted)?),
+    };
+    Some(MemberEvent { member: index, change })
+}
+
 /// A member's complete lists of exports, Services and their slices as its
 /// watches report them (the same conversion), for a controller run in
 /// process on objects of a test's.
@@ -287,6 +323,16 @@ pub fn listed(
     exports: &[DynamicObject],
     services: &[Service],
     slices: &[EndpointSlice],
+) -> [MemberEvent; 3] {
+    listed_in(index, cluster, None, (exports, services, slices))
+}
+
+/// [`listed`] for one scope (`None`: every namespace).
+pub fn listed_in(
+    index: usize,
+    cluster: &ClusterId,
+    scope: Option<String>,
+    (exports, services, slices): (&[DynamicObject], &[Service], &[EndpointSlice]),
 ) -> [MemberEvent; 3] {
     fn all<K, V>(
         cluster: &ClusterId,
@@ -298,15 +344,15 @@ pub fn listed(
     [
         MemberEvent {
             member: index,
-            change: Change::Exports(Delta::Listed(None, all(cluster, exports, export_entry))),
+            change: Change::Exports(Delta::Listed(scope.clone(), all(cluster, exports, export_entry))),
         },
         MemberEvent {
             member: index,
-            change: Change::Services(Delta::Listed(None, all(cluster, services, service_entry))),
+            change: Change::Services(Delta::Listed(scope.clone(), all(cluster, services, service_entry))),
         },
         MemberEvent {
             member: index,
-            change: Change::Slices(Delta::Listed(None, all(cluster, slices, slice_entry))),
+            change: Change::Slices(Delta::Listed(scope, all(cluster, slices, slice_entry))),
         },
     ]
 }

@@ -527,6 +527,9 @@ where
                 }
                 started = true;
                 began = Instant::now();
+                // With "watch listed" (which says how it listed), when a
+                // (re)list ran and how long it took.
+                info!(watch = %reporter.name(), "watch listing");
                 buffer.clear();
                 parted = false;
                 count = 0;
@@ -551,7 +554,8 @@ where
             Ok(Event::InitDone) => {
                 started = false;
                 let items = std::mem::take(&mut buffer);
-                info!(watch = %reporter.name(), objects = count, list = how, "watch listed");
+                let seconds = began.elapsed().as_secs_f64();
+                info!(watch = %reporter.name(), objects = count, list = how, seconds, "watch listed");
                 listed = true;
                 let message = if std::mem::take(&mut parted) {
                     translate.rest(items, began)

@@ -1,7 +1,9 @@
 //! `serve`'s `/debug/` routes, mounted on the command's endpoints
 //! ([`super::http::Endpoints::with`]): `/debug/explain` (how a name is
-//! answered, [`super::explain`]). They answer only the peers
-//! `--allow-debug` lets in, by the rule the DNS debug names follow
+//! answered, [`super::explain`]) and `/debug/metrics` (the per-service
+//! families, [`Metrics::per_service`], which `/metrics` leaves out unless
+//! `--metrics-per-service`). They answer only the peers `--allow-debug`
+//! lets in, by the rule the DNS debug names follow
 //! ([`DebugAnswers::allows`]).
 
 use std::net::SocketAddr;
@@ -15,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tracing::debug;
 
+use super::http::Exposition;
 use super::metrics::Metrics;
 use crate::store::Reader;
 use crate::wire::DebugAnswers;
@@ -25,18 +28,26 @@ struct DebugState {
     reader: Reader,
     metrics: Arc<Metrics>,
     allowed: Option<Arc<DebugAnswers>>,
+    exposition: Exposition,
 }
 
 /// The routes, answering the peers `allowed` allows (the DNS path's
 /// `--allow-debug`; with `None`, nobody), each request counted in
-/// `metrics`.
-pub fn routes(reader: Reader, metrics: Arc<Metrics>, allowed: Option<Arc<DebugAnswers>>) -> Router {
-    let state = DebugState { reader, metrics, allowed };
+/// `metrics`; `/debug/metrics` rendered in `exposition`'s turn (the
+/// endpoints' `/metrics`).
+pub fn routes(
+    reader: Reader,
+    metrics: Arc<Metrics>,
+    allowed: Option<Arc<DebugAnswers>>,
+    exposition: Exposition,
+) -> Router {
+    let state = DebugState { reader, metrics, allowed, exposition };
     // The check is a route layer of the debug routes themselves, not a
     // test of the path: whatever spelling of a path the router takes to a
     // debug handler, the check runs before it.
     Router::new()
         .route("/debug/explain", get(explain))
+        .route("/debug/metrics", get(per_service_metrics))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), access))
         .with_state(state)
 }
@@ -108,4 +119,9 @@ async fn explain(State(d): State<DebugState>, uri: axum::http::Uri) -> (StatusCo
         Ok(text) => (StatusCode::OK, text),
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
     }
+}
+
+/// The per-service families as Prometheus text.
+async fn per_service_metrics(State(d): State<DebugState>) -> Response {
+    d.exposition.of(d.metrics.per_service()).await
 }

@@ -5,6 +5,19 @@
 //! conventions under the `clusterset_dns_` prefix; the DNS request metrics
 //! keep CoreDNS's names and labels so existing dashboards work
 //! (`queries.rs`).
+//!
+//! Nothing on `/metrics` grows with the fleet by default: endpoints and
+//! answers are summed per cluster (`clusterset_dns_cluster_endpoints`,
+//! `clusterset_dns_cluster_answers_total`), tens of series at any size.
+//! The per-service families (`clusterset_dns_endpoints{service,…}`,
+//! `clusterset_dns_answers_total{service,…}`) were 200,000 series and
+//! 17.6 MB a scrape at 100,000 services × 10 clusters: far past what a
+//! Prometheus target is allowed. They are off rather than cut to a bound,
+//! because a bound shows an arbitrary few services and a missing series
+//! would not say whether the service has none or was cut; they are in a
+//! registry of their own ([`Metrics::per_service`]), served on
+//! `/debug/metrics`, and on `/metrics` too with `--metrics-per-service`
+//! (small fleets, dashboards per service).
 
 mod queries;
 #[cfg(test)]
@@ -29,6 +42,8 @@ use crate::wire::stats::QueryStats;
 /// ([`crate::cmd::Process`]: one for every command, no globals).
 pub struct Metrics {
     registry: Registry,
+    /// The per-service families, alone: `/debug/metrics`.
+    per_service: Registry,
     services: IntGauge,
     serial: IntGauge,
     ready: IntGauge,
@@ -102,6 +117,7 @@ impl Metrics {
         }
         Ok(Self {
             registry: registry.clone(),
+            per_service: Registry::new(),
             services,
             serial,
             ready,
@@ -120,6 +136,12 @@ impl Metrics {
         for cause in programmed.unmeasured {
             self.unmeasured.with_label_values(&[cause.as_str()]).inc();
         }
+    }
+
+    /// The per-service families alone (`/debug/metrics`): registered by
+    /// [`Metrics::register_health`], rendered only when asked for.
+    pub fn per_service(&self) -> &Registry {
+        &self.per_service
     }
 
     /// Counts one HTTP `/debug/` request, answered or refused (`--allow-debug`).
@@ -179,16 +201,25 @@ impl Metrics {
     }
 
     /// Exposes the health overlay, read from the current snapshot at scrape
-    /// time: `clusterset_dns_endpoints{service,cluster,state}`,
-    /// `clusterset_dns_answers_total{service,cluster}` and, with members,
-    /// `clusterset_dns_cluster_alive{cluster}`. Never per address; nothing
-    /// is counted on the answer path for these.
+    /// time: per cluster `clusterset_dns_cluster_endpoints{cluster,state}`,
+    /// `clusterset_dns_cluster_answers_total{cluster}` and, with members,
+    /// `clusterset_dns_cluster_alive{cluster}`; per service
+    /// `clusterset_dns_endpoints{service,cluster,state}` and
+    /// `clusterset_dns_answers_total{service,cluster}` into
+    /// [`Metrics::per_service`], and into the registry too when
+    /// `per_service` (`--metrics-per-service`). Never per address.
     pub fn register_health(
         &self,
         reader: Reader,
         liveness: Option<Arc<Liveness>>,
+        per_service: bool,
     ) -> Result<(), prometheus::Error> {
-        health_families(reader, liveness).register(&self.registry)
+        health_families(reader.clone(), liveness).register(&self.registry)?;
+        service_families(reader.clone()).register(&self.per_service)?;
+        if per_service {
+            service_families(reader).register(&self.registry)?;
+        }
+        Ok(())
     }
 
     /// Records a published snapshot and how long the batch took.
@@ -242,31 +273,27 @@ fn watch_families(watches: Vec<Arc<WatchHealth>>) -> Families {
     f
 }
 
-/// The snapshot's health overlay, its answer counters and the members'
-/// liveness, read at scrape time.
+/// The snapshot's health overlay and answer counters summed per cluster,
+/// and the members' liveness, read at scrape time.
 fn health_families(reader: Reader, liveness: Option<Arc<Liveness>>) -> Families {
     let mut f = Families::new();
     let r = reader.clone();
     f.gauge(
-        "clusterset_dns_endpoints",
-        "Ready endpoints of a service answered by endpoints, per cluster and health (probes, cluster liveness).",
-        &["service", "cluster", "state"],
-        move || endpoints(&r),
+        "clusterset_dns_cluster_endpoints",
+        "Ready endpoints of the services answered by endpoints, summed per cluster and health (probes, cluster liveness).",
+        &["cluster", "state"],
+        move || cluster_endpoints(&r),
     )
     .counter(
-        "clusterset_dns_answers_total",
-        "Answers of a service that held endpoints of a cluster (answer policies' choices).",
-        &["service", "cluster"],
+        "clusterset_dns_cluster_answers_total",
+        "Answers that held endpoints of a cluster, over every service (answer policies' choices).",
+        &["cluster"],
         move || {
-            reader
-                .load()
-                .zone()
-                .answer_stats
-                .read()
+            let stats = reader.load().zone().answer_stats.clone();
+            stats
+                .read_clusters()
                 .into_iter()
-                .map(|(service, cluster, n)| {
-                    Sample::count(&[("service", &service), ("cluster", &cluster)], n)
-                })
+                .map(|(cluster, n)| Sample::count(&[("cluster", &cluster)], n))
                 .collect()
         },
     )
@@ -288,6 +315,75 @@ fn health_families(reader: Reader, liveness: Option<Arc<Liveness>>) -> Families 
     f
 }
 
+/// The per-service families: a series per service and cluster, read at
+/// scrape time.
+fn service_families(reader: Reader) -> Families {
+    let mut f = Families::new();
+    let r = reader.clone();
+    f.gauge(
+        "clusterset_dns_endpoints",
+        "Ready endpoints of a service answered by endpoints, per cluster and health (probes, cluster liveness).",
+        &["service", "cluster", "state"],
+        move || endpoints(&r),
+    )
+    .counter(
+        "clusterset_dns_answers_total",
+        "Answers of a service that held endpoints of a cluster (answer policies' choices; the first 16,384 pairs).",
+        &["service", "cluster"],
+        move || {
+            reader
+                .load()
+                .zone()
+                .answer_stats
+                .read()
+                .into_iter()
+                .map(|(service, cluster, n)| {
+                    Sample::count(&[("service", &service), ("cluster", &cluster)], n)
+                })
+                .collect()
+        },
+    );
+    f
+}
+
+/// Healthy and unhealthy endpoints of a service, per cluster of its
+/// [`Balance`](crate::store::Balance), indexed as its clusters are.
+fn counts(b: &crate::store::Balance) -> Vec<[u32; 2]> {
+    let mut counts = vec![[0u32; 2]; b.clusters.len()];
+    for (e, healthy) in b.endpoints.iter().zip(b.healthy.iter()) {
+        if let Some(c) = counts.get_mut(usize::from(e.cluster)) {
+            c[usize::from(!*healthy)] += 1;
+        }
+    }
+    counts
+}
+
+/// `clusterset_dns_cluster_endpoints`: every service's healthy and
+/// unhealthy endpoints, summed per cluster (by interned id, named by the
+/// first service that holds it).
+fn cluster_endpoints(reader: &Reader) -> Vec<Sample> {
+    let snap = reader.load();
+    let mut sums: Vec<Option<(&str, [u64; 2])>> = Vec::new();
+    for b in snap.services.values().filter_map(|names| names.balance()) {
+        for (cluster, [up, down]) in b.clusters.iter().zip(counts(b)) {
+            let id = usize::from(cluster.id);
+            if sums.len() <= id {
+                sums.resize(id + 1, None);
+            }
+            let sum = sums[id].get_or_insert((cluster.name.as_str(), [0, 0]));
+            sum.1[0] += u64::from(up);
+            sum.1[1] += u64::from(down);
+        }
+    }
+    let mut out = Vec::new();
+    for (cluster, [up, down]) in sums.into_iter().flatten() {
+        for (state, n) in [("healthy", up), ("unhealthy", down)] {
+            out.push(Sample::new(&[("cluster", cluster), ("state", state)], n as f64));
+        }
+    }
+    out
+}
+
 /// `clusterset_dns_endpoints`: per service answered by endpoints, per
 /// cluster, its healthy and unhealthy endpoints.
 fn endpoints(reader: &Reader) -> Vec<Sample> {
@@ -296,13 +392,7 @@ fn endpoints(reader: &Reader) -> Vec<Sample> {
     for names in snap.services.values() {
         let Some(b) = names.balance() else { continue };
         let service = b.service.to_string();
-        let mut counts = vec![[0u32; 2]; b.clusters.len()];
-        for (e, healthy) in b.endpoints.iter().zip(b.healthy.iter()) {
-            if let Some(c) = counts.get_mut(usize::from(e.cluster)) {
-                c[usize::from(!*healthy)] += 1;
-            }
-        }
-        for (cluster, [up, down]) in b.clusters.iter().zip(counts) {
+        for (cluster, [up, down]) in b.clusters.iter().zip(counts(b)) {
             for (state, n) in [("healthy", up), ("unhealthy", down)] {
                 let pairs =
                     [("service", service.as_str()), ("cluster", cluster.name.as_str()), ("state", state)];

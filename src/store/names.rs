@@ -374,7 +374,7 @@ fn balanced(
         if clusters.last().is_none_or(|l| l.name != c.cluster) {
             let id = cx.interner.cluster_id(&c.cluster);
             let region = zone.localities.region_of(id);
-            let stat = zone.answer_stats.slot(&import.key, &c.cluster);
+            let stat = zone.answer_stats.slot(&import.key, &c.cluster, id);
             clusters.push(BalanceCluster {
                 id,
                 name: c.cluster.clone(),

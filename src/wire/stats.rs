@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::answer::{Pick, Rcode};
-use crate::store::{AnswerStats, Balance};
+use crate::store::{AnswerStats, Balance, BalanceCluster};
 
 /// Query types CoreDNS reports by name; every other type is `other`.
 pub const TYPES: [(u16, &str); 19] = [
@@ -302,10 +302,12 @@ impl LocalStats {
     }
 }
 
-/// Distinct (service, cluster) slots one thread counts between flushes.
+/// Distinct slots (a (service, cluster) or a cluster) one thread counts
+/// between flushes.
 const HIT_SLOTS: usize = 64;
 
-/// One thread's `clusterset_dns_answers_total` counts: a small open-
+/// One thread's `clusterset_dns_answers_total` and
+/// `clusterset_dns_cluster_answers_total` counts: a small open-
 /// addressed table of (slot, count), inline (no allocation), flushed to
 /// [`AnswerStats`] when full and whenever the thread flushes its query
 /// counters.
@@ -328,7 +330,7 @@ impl AnswerHits {
         match pick {
             Pick::All | Pick::Rotate(_) => {
                 for c in b.clusters.iter().filter(|c| c.records[fam].1 > c.records[fam].0) {
-                    self.hit(shared, c.stat);
+                    self.hit_cluster(shared, c);
                 }
             }
             Pick::Listed => {
@@ -347,10 +349,17 @@ impl AnswerHits {
                         }
                         *s = true;
                     }
-                    self.hit(shared, b.clusters[ci].stat);
+                    self.hit_cluster(shared, &b.clusters[ci]);
                 }
             }
         }
+    }
+
+    /// One answer held cluster `c`'s endpoints: counted for the service
+    /// and for the cluster.
+    fn hit_cluster(&mut self, shared: &AnswerStats, c: &BalanceCluster) {
+        self.hit(shared, c.stat);
+        self.hit(shared, AnswerStats::cluster_slot(c.id));
     }
 
     fn hit(&mut self, shared: &AnswerStats, slot: u32) {

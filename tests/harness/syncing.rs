@@ -40,6 +40,14 @@ impl Syncing {
         Self::run(Command::new(BIN), &[], extra, &[])
     }
 
+    /// `clusterset-dns agent --http-listen 127.0.0.1:0` followed by `args`
+    /// (hub mode: one per member).
+    pub fn agent(args: &[&str]) -> Self {
+        let mut all: Vec<String> = vec!["agent".into(), "--http-listen".into(), "127.0.0.1:0".into()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        Self::exec(Command::new(BIN), &all, &[])
+    }
+
     fn spawn(program: Command, clusters: &TestClusters, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut members: Vec<String> = Vec::new();
         for i in 0..clusters.len() {
@@ -49,12 +57,16 @@ impl Syncing {
         Self::run(program, &members, extra, env)
     }
 
-    fn run(mut program: Command, members: &[String], extra: &[&str], env: &[(&str, &str)]) -> Self {
+    fn run(program: Command, members: &[String], extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut args: Vec<String> = vec!["sync".into(), "--http-listen".into(), "127.0.0.1:0".into()];
         args.extend(members.iter().cloned());
         args.extend(extra.iter().map(|s| s.to_string()));
+        Self::exec(program, &args, env)
+    }
+
+    fn exec(mut program: Command, args: &[String], env: &[(&str, &str)]) -> Self {
         let mut child = program
-            .args(&args)
+            .args(args)
             .env("RUST_LOG", std::env::var("SYNC_LOG").unwrap_or_else(|_| "info".into()))
             .envs(env.iter().copied())
             .stdin(Stdio::null())

@@ -1070,9 +1070,10 @@ impl Scenario {
             .collect()
     }
 
-    /// Endpoints serve counts for `ns/svc` (healthy and unhealthy, from /metrics).
+    /// Endpoints serve counts for `ns/svc` (healthy and unhealthy, from
+    /// /debug/metrics, which loopback may read).
     fn serve_endpoints(&self, svc: &str) -> usize {
-        let metrics = self.serve.get("/metrics").1;
+        let metrics = self.serve.get("/debug/metrics").1;
         let key = format!("service=\"{}/{svc}\"", self.ns);
         metrics
             .lines()

@@ -156,6 +156,13 @@ fn http_debug_follows_allow_debug_like_the_dns_names_and_the_rest_stays_open() {
     let (status, body) = http_get_from(inside, s.http, explain);
     assert_eq!(status, 200, "{body}");
     assert!(body.starts_with("query: web.shop.svc.clusterset.local. A"), "{body}");
+    // The per-service metrics too: refused outside, answered inside.
+    let (status, body) = http_get_from(outside, s.http, "/debug/metrics");
+    assert_eq!(status, 403, "{body}");
+    assert!(!body.contains("clusterset_dns_endpoints"), "{body}");
+    let (status, body) = http_get_from(inside, s.http, "/debug/metrics");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("clusterset_dns_endpoints{"), "{body}");
     let dns = dig(s.addr, &["-b", "127.0.0.2", "CH", "TXT", "whoami.clusterset.local", "+short"]);
     assert!(dns.contains("\"address 127.0.0.2\""), "{dns}");
 
@@ -165,8 +172,8 @@ fn http_debug_follows_allow_debug_like_the_dns_names_and_the_rest_stays_open() {
     }
     let scrape = http_get_from(outside, s.http, "/metrics").1;
     let series = |result: &str| format!("clusterset_dns_http_debug_requests_total{{result=\"{result}\"}}");
-    assert_eq!(metric_value(&scrape, &series("refused")), Some(2.0), "{scrape}");
-    assert_eq!(metric_value(&scrape, &series("answered")), Some(1.0), "{scrape}");
+    assert_eq!(metric_value(&scrape, &series("refused")), Some(3.0), "{scrape}");
+    assert_eq!(metric_value(&scrape, &series("answered")), Some(2.0), "{scrape}");
     // And the DNS family counted its own (UDP workers add theirs about
     // once a second).
     let server = format!("dns://{}", s.addr);

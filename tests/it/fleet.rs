@@ -406,11 +406,14 @@ fn a_member_whose_api_stops_is_demoted_within_30_s_and_returns_when_it_answers()
     // the store still holds it (marked unhealthy).
     assert_eq!(short(&s, &b_host, "A"), ["10.2.0.1"]);
     assert_eq!(metric(&s, &alive_b), Some(0.0));
+    // Per service on /debug/metrics (the test asks from loopback, which
+    // --allow-debug lets in by default).
     let unhealthy = format!(
         "clusterset_dns_endpoints{{cluster=\"{}\",service=\"{ns}/db\",state=\"unhealthy\"}}",
         clusters.name(1)
     );
-    assert_eq!(metric(&s, &unhealthy), Some(1.0), "{}", s.get("/metrics").1);
+    let per_service = s.get("/debug/metrics").1;
+    assert_eq!(crate::harness::http::metric_value(&per_service, &unhealthy), Some(1.0), "{per_service}");
     assert!(s.log().contains("member not answering"), "{}", s.log());
 
     clusters.start_component(1, Component::ApiServer);

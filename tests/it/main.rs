@@ -22,6 +22,7 @@ mod doctor;
 mod fleet;
 mod harness_smoke;
 mod hostile;
+mod hub;
 mod image;
 mod incumbent;
 mod interop;

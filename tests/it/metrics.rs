@@ -91,45 +91,97 @@ spec: {{type: Headless, ports: [{{name: tcp, protocol: TCP, port: {port}}}]}}
     )
 }
 
+/// Serves [`two_cluster_service`] with probes every 0.1 s, and `extra`.
+fn probed(port: u16, dir: &std::path::Path, extra: &[&str]) -> Served {
+    let file = dir.join("hl.yaml");
+    std::fs::write(&file, two_cluster_service(port)).expect("write objects");
+    let file = file.to_str().expect("utf-8 path").to_owned();
+    let mut args = vec!["--objects", &file, "--probe", "--probe-interval", "0.1", "--probe-timeout", "0.5"];
+    args.extend_from_slice(extra);
+    Served::start(&args)
+}
+
+fn per_service_endpoints(cluster: &str, state: &str) -> String {
+    format!(r#"clusterset_dns_endpoints{{cluster="{cluster}",service="shop/hl",state="{state}"}}"#)
+}
+
+fn per_service_answers(cluster: &str) -> String {
+    format!(r#"clusterset_dns_answers_total{{cluster="{cluster}",service="shop/hl"}}"#)
+}
+
 #[test]
-fn probes_and_answers_per_service_and_cluster_are_exported_without_addresses() {
+fn probes_and_answers_are_summed_per_cluster_and_per_service_on_request_without_addresses() {
     // cluster-a's endpoint listens; cluster-b's port is closed (refused).
     let listener = std::net::TcpListener::bind("127.0.0.5:0").expect("bind 127.0.0.5");
     let port = listener.local_addr().expect("addr").port();
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("hl.yaml");
-    std::fs::write(&file, two_cluster_service(port)).expect("write objects");
-    let s = Served::start(&[
-        "--objects",
-        file.to_str().expect("utf-8 path"),
-        "--probe",
-        "--probe-interval",
-        "0.1",
-        "--probe-timeout",
-        "0.5",
-    ]);
-    let series = |cluster: &str, state: &str| {
-        format!(r#"clusterset_dns_endpoints{{cluster="{cluster}",service="shop/hl",state="{state}"}}"#)
+    let s = probed(port, dir.path(), &[]);
+    let cluster = |cluster: &str, state: &str| {
+        format!(r#"clusterset_dns_cluster_endpoints{{cluster="{cluster}",state="{state}"}}"#)
     };
     let mut body = String::new();
     eventually("cluster-b's closed port probed down", || {
         body = s.get("/metrics").1;
-        value(&body, &series("cluster-b", "unhealthy")) == Some(1.0)
+        value(&body, &cluster("cluster-b", "unhealthy")) == Some(1.0)
     });
-    assert_eq!(value(&body, &series("cluster-a", "healthy")), Some(1.0), "{body}");
+    assert_eq!(value(&body, &cluster("cluster-a", "healthy")), Some(1.0), "{body}");
+    assert_eq!(value(&body, &cluster("cluster-a", "unhealthy")), Some(0.0), "{body}");
     assert!(s.wait_log("probe verdict changed"), "{}", s.log());
     let name = "hl.shop.svc.clusterset.local";
     for _ in 0..4 {
         assert_eq!(s.dig(&[name, "A", "+short"]).trim(), "127.0.0.5", "the down endpoint is left out");
     }
     s.dig(&[name, "A", "+tcp", "+short"]);
-    let answers =
-        |cluster: &str| format!(r#"clusterset_dns_answers_total{{cluster="{cluster}",service="shop/hl"}}"#);
+    let answers = |cluster: &str| format!(r#"clusterset_dns_cluster_answers_total{{cluster="{cluster}"}}"#);
     eventually("answers counted per cluster", || {
         body = s.get("/metrics").1;
         value(&body, &answers("cluster-a")) == Some(5.0)
     });
-    assert_eq!(value(&body, &answers("cluster-b")), None, "never in an answer: {body}");
-    assert!(!body.contains("127.0.0.5") && !body.contains("127.0.0.6"), "no per-address labels:\n{body}");
+    assert_eq!(value(&body, &answers("cluster-b")), Some(0.0), "never in an answer, counted from 0: {body}");
+    // Nothing per service on /metrics by default: it grows with the fleet.
+    for family in ["clusterset_dns_endpoints{", "clusterset_dns_answers_total{"] {
+        assert!(!body.contains(family), "{family} on /metrics without --metrics-per-service:\n{body}");
+    }
+    // The per-service view on request, from loopback (--allow-debug's default).
+    let (status, per_service) = s.get("/debug/metrics");
+    assert_eq!(status, 200, "{per_service}");
+    assert_eq!(
+        value(&per_service, &per_service_endpoints("cluster-b", "unhealthy")),
+        Some(1.0),
+        "{per_service}"
+    );
+    assert_eq!(
+        value(&per_service, &per_service_endpoints("cluster-a", "healthy")),
+        Some(1.0),
+        "{per_service}"
+    );
+    assert_eq!(value(&per_service, &per_service_answers("cluster-a")), Some(5.0), "{per_service}");
+    assert_eq!(
+        value(&per_service, &per_service_answers("cluster-b")),
+        None,
+        "never in an answer: {per_service}"
+    );
+    assert!(!per_service.contains("clusterset_dns_cluster_"), "only the per-service families: {per_service}");
+    for text in [&body, &per_service] {
+        assert!(!text.contains("127.0.0.5") && !text.contains("127.0.0.6"), "no per-address labels:\n{text}");
+    }
+    drop(listener);
+}
+
+#[test]
+fn metrics_per_service_puts_the_series_per_service_on_metrics_too() {
+    let listener = std::net::TcpListener::bind("127.0.0.5:0").expect("bind 127.0.0.5");
+    let port = listener.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = probed(port, dir.path(), &["--metrics-per-service"]);
+    s.dig(&["hl.shop.svc.clusterset.local", "A", "+tcp", "+short"]);
+    let mut body = String::new();
+    eventually("per-service and per-cluster series on /metrics", || {
+        body = s.get("/metrics").1;
+        value(&body, &per_service_endpoints("cluster-b", "unhealthy")) == Some(1.0)
+            && value(&body, &per_service_answers("cluster-a")).is_some()
+            && value(&body, r#"clusterset_dns_cluster_endpoints{cluster="cluster-b",state="unhealthy"}"#)
+                == Some(1.0)
+    });
     drop(listener);
 }

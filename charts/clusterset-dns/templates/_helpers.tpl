@@ -52,7 +52,7 @@ list leaves the flag out (the binary's default), a list repeats it, the
 switches (no argument) appear when true. Sorted by key.
 */}}
 {{- define "clusterset-dns.flags" -}}
-{{- $switches := list "hideVersion" "endpointAnswers" "probe" "noLeaderElection" -}}
+{{- $switches := list "hideVersion" "endpointAnswers" "probe" "noLeaderElection" "metricsPerService" -}}
 {{- range $key := keys .values | sortAlpha }}
 {{- if not (has $key $.skip) }}
 {{- $v := get $.values $key }}

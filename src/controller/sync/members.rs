@@ -151,7 +151,11 @@ impl Syncer {
     ) -> usize {
         let mut started = 0;
         for i in 0..self.members.len() {
-            if only.is_some_and(|o| o != i) || !self.discovered[i] || self.unreachable[i].is_some() {
+            if only.is_some_and(|o| o != i)
+                || !self.discovered[i]
+                || self.unreachable[i].is_some()
+                || self.members[i].remote()
+            {
                 continue;
             }
             let (api, cluster, scopes) =
@@ -217,7 +221,7 @@ impl Syncer {
     pub(super) fn mark_removed(&mut self) {
         for i in 0..self.members.len() {
             let removed = self.behaviour.on_member_lost == MemberLost::Remove
-                && self.stale(i) >= self.behaviour.lost_after.as_secs_f64();
+                && self.members[i].gone_seconds() >= self.behaviour.lost_after.as_secs_f64();
             if removed != self.removed[i] {
                 if removed {
                     warn!(member = %self.members[i].name(), "member lost for {:?}: removing its endpoints everywhere (--on-member-lost=remove)", self.behaviour.lost_after);

@@ -1,0 +1,199 @@
+//! Hub mode on real clusters: a hub and three members (four API servers).
+//! Each member's agent (`clusterset-dns agent`) runs with that member's own
+//! restricted identity (deploy/agent/rbac.yaml) and a hub identity made by
+//! `clusterset-dns hub enrol` (deploy/hub/), which may write only its own
+//! hub namespace: exports converge into every member, each agent writes
+//! only its own cluster and namespace (another's is 403 from the real API
+//! server), and a killed agent, a frozen member and a frozen hub each have
+//! the expected outcome.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, PostParams};
+use serde_json::json;
+
+use crate::harness::clusters::TestClusters;
+use crate::harness::process::Frozen;
+use crate::harness::syncing::Syncing;
+use crate::harness::{BIN, within};
+use crate::sync::{readers, users};
+use crate::watch::runtime;
+
+/// Enrols member `name` on the hub with the real command; returns its
+/// agent's hub kubeconfig.
+fn enrol(clusters: &TestClusters, name: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("hub-{name}.kubeconfig"));
+    let done = Command::new(BIN)
+        .args(["hub", "enrol", name, "--hub-kubeconfig"])
+        .arg(clusters.kubeconfig(0))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run hub enrol");
+    assert!(done.status.success(), "hub enrol {name}: {}", String::from_utf8_lossy(&done.stderr));
+    assert!(String::from_utf8_lossy(&done.stdout).contains(&format!("enrolled member {name}")));
+    out
+}
+
+fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str) -> Syncing {
+    let (own, hub) = (clusters.role_kubeconfig(i, "agent"), hub.display().to_string());
+    let own = own.display().to_string();
+    let id = format!("agent-{}", clusters.name(i));
+    Syncing::agent(&[
+        "--member",
+        clusters.name(i),
+        "--kubeconfig",
+        &own,
+        "--hub-kubeconfig",
+        &hub,
+        "--namespace",
+        ns,
+        "--lease-duration",
+        "5",
+        "--identity",
+        &id,
+    ])
+}
+
+async fn client_from(path: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
+/// Waits up to `secs` for `f`.
+fn waits(secs: u64, what: &str, f: impl FnMut() -> bool, log: impl Fn() -> String) {
+    assert!(within(Duration::from_secs(secs), f), "{what}: not within {secs} s\n{}", log());
+}
+
+#[test]
+fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
+    let clusters = TestClusters::start(4);
+    let rt = runtime();
+    let ns = "hub-shop";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hub_kc: Vec<PathBuf> = (1..4).map(|i| enrol(&clusters, clusters.name(i), dir.path())).collect();
+    // Enrolling again changes nothing but the token.
+    enrol(&clusters, clusters.name(1), dir.path());
+    let mut agents: Vec<Syncing> = (1..4).map(|i| agent(&clusters, i, &hub_kc[i - 1], ns)).collect();
+    let logs = |agents: &[Syncing]| agents.iter().map(|a| a.log()).collect::<Vec<_>>().join("\n---\n");
+    let u = users(&rt, &clusters, ns);
+    let r = readers(&rt, &clusters, ns);
+    rt.block_on(async {
+        u[1].exported_service("web", "10.1.0.5").await;
+        u[2].exported_service("web", "10.2.0.5").await;
+        u[3].exported_service("db", "10.3.0.7").await;
+    });
+    waits(
+        60,
+        "every member imports web and db",
+        || {
+            (1..4).all(|i| {
+                rt.block_on(r[i].import("web")).is_some() && rt.block_on(r[i].import("db")).is_some()
+            })
+        },
+        || logs(&agents),
+    );
+    // The hub itself is no member: nothing imported there.
+    assert!(rt.block_on(r[0].import("web")).is_none());
+    waits(
+        30,
+        "the exports' conditions written by their own agents",
+        || {
+            [1, 2]
+                .iter()
+                .all(|&i| rt.block_on(r[i].conditions("web")).iter().any(|c| c.starts_with("Ready=True")))
+        },
+        || logs(&agents),
+    );
+
+    // An agent's hub identity writing another member's namespace: 403.
+    let forbidden = rt.block_on(async {
+        let hub = client_from(&hub_kc[0]).await;
+        let ar = clusterset_dns::hub::record::resource();
+        let api: Api<DynamicObject> = Api::namespaced_with(hub, "clusterset-member-cluster-3", &ar);
+        let body: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": ar.api_version, "kind": "ExportRecord",
+            "metadata": {"name": "hub-shop.web", "namespace": "clusterset-member-cluster-3"},
+            "spec": {"endpointSlices": []}}))
+        .expect("record");
+        api.create(&PostParams::default(), &body).await
+    });
+    match forbidden {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
+        other => panic!("cluster-2 wrote cluster-3's namespace: {other:?}"),
+    }
+
+    // A member frozen: the others go on (a new export in cluster-2 reaches
+    // cluster-3).
+    {
+        let _frozen = Frozen::new(clusters.pids(3).0);
+        rt.block_on(u[1].exported_service("api", "10.1.0.9"));
+        waits(
+            30,
+            "api imported in cluster-3 while cluster-4 is frozen",
+            || rt.block_on(r[2].import("api")).is_some(),
+            || logs(&agents),
+        );
+    }
+    waits(
+        60,
+        "api imported in cluster-4 once it thaws",
+        || rt.block_on(r[3].import("api")).is_some(),
+        || logs(&agents),
+    );
+
+    // The hub frozen: every member keeps what it has, removes nothing.
+    {
+        let _frozen = Frozen::new(clusters.pids(0).0);
+        std::thread::sleep(Duration::from_secs(25));
+        for (i, reader) in r.iter().enumerate().skip(1) {
+            for svc in ["web", "db", "api"] {
+                assert!(
+                    rt.block_on(reader.import(svc)).is_some(),
+                    "{} lost {svc} with the hub frozen",
+                    clusters.name(i)
+                );
+            }
+        }
+    }
+    // It converges once the hub is back.
+    rt.block_on(u[2].exported_service("cart", "10.2.0.11"));
+    waits(
+        60,
+        "cart imported everywhere after the hub thawed",
+        || (1..4).all(|i| rt.block_on(r[i].import("cart")).is_some()),
+        || logs(&agents),
+    );
+
+    // cluster-4's agent killed: its export is kept everywhere (the default,
+    // --on-member-lost=keep), marked unreachable once its heartbeat stops.
+    agents[2].kill();
+    waits(
+        60,
+        "db marked as from an unreachable source in cluster-2",
+        || {
+            rt.block_on(r[1].condition("db", "clusterset-dns.io/SourcesReachable")).as_deref()
+                == Some("False")
+        },
+        || logs(&agents),
+    );
+    assert!(rt.block_on(r[1].import("db")).is_some(), "db removed after its agent stopped");
+
+    // An idle restart of cluster-2's agent writes nothing, here or on the hub.
+    agents[0].stop();
+    let restarted = agent(&clusters, 1, &hub_kc[0], ns);
+    restarted.settle(0.0, 1.0, "the restarted agent reconciled");
+    std::thread::sleep(Duration::from_secs(3));
+    restarted.settle(0.0, 1.0, "the restarted agent idle");
+    assert_eq!(restarted.metric("clusterset_dns_sync_writes_total"), Some(0.0), "{}", restarted.log());
+    assert_eq!(
+        restarted.metric("clusterset_dns_hub_records_written_total"),
+        Some(0.0),
+        "{}",
+        restarted.log()
+    );
+    assert!(restarted.metric("clusterset_dns_hub_records_unchanged_total").is_some_and(|n| n > 0.0));
+}
