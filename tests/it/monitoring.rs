@@ -338,4 +338,12 @@ fn the_metric_name_check_catches_a_name_not_exported() {
     assert!(exported.contains("coredns_dns_requests_total") || !exported.is_empty());
     assert!(!exported.contains("coredns_dns_request_total"), "a misspelt name is exported");
     assert!(!balanced("sum(rate(x[5m])"), "an unbalanced expression passes");
+    // An alert on a recorded series is checked against the records: the
+    // series is found (a misspelt one would then not be recorded), and a
+    // metric's own name is not taken for one.
+    let alert = "max by (service_kind) (service_kind:clusterset_dns_programming_duraton_seconds:p99_5m) > 2";
+    assert_eq!(recorded_in(alert), ["service_kind:clusterset_dns_programming_duraton_seconds:p99_5m"]);
+    let recorded = rules().into_iter().filter_map(|r| r.record).collect::<BTreeSet<_>>();
+    assert!(!recorded.contains(&recorded_in(alert)[0]), "a misspelt record is recorded");
+    assert!(recorded_in("rate(clusterset_dns_programming_duration_seconds_count[5m])").is_empty());
 }
