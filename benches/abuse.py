@@ -5,19 +5,19 @@ this server against Knot DNS (knotd) and NSD, all in one run.
 
 Usage (from the repository root, after a release build):
 
-    CARGO_TARGET_DIR=/work/target-bench cargo build --release --locked
-    python3 benches/abuse.py --binary /work/target-bench/release/clusterset-dns \\
+    cargo build --release --locked
+    python3 benches/abuse.py --binary target/release/clusterset-dns \\
         [--runs 3] [--seconds 10] [--flood-rate 5000] [--flood-seconds 5] \\
         [--rrl-rate 100] [--rrl-slip 2] [--parts cost,amp,flood] [--workdir DIR]
 
-The workload is ../shared/bench/gen_workload.py's (1,000 services, every
+The workload is benches/workload.py's (1,000 services, every
 10th headless with 4 endpoints in each of 3 clusters; 100,000 queries).
 Knot and NSD serve its zone file, we serve its objects.yaml; every server
 gets one UDP worker and listens on 127.0.0.1 only, each configuration on a
 port of its own, one server at a time, started and killed by this script
 (also on error or Ctrl-C). Parts:
 
-  cost   dnsperf (-l SECONDS -c 4 -Q 1000000 -q 200, as peers.sh) against
+  cost   dnsperf (-l SECONDS -c 4 -Q 1000000 -q 200, as benches/peers.py) against
          each configuration: Knot plain (queries without and with a client
          cookie, which it ignores) / with mod-rrl (a rate it never reaches)
          / with mod-cookies and queries carrying client + server cookie
@@ -57,7 +57,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GEN = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "bench", "gen_workload.py"))
+GEN = os.path.join(HERE, "workload.py")
 ZONE = "clusterset.local"
 PROBE = "svc1.ns1.svc.clusterset.local"
 COOKIE_HEX = "0123456789abcdef"  # the 8-byte client cookie of cookie-carrying queries

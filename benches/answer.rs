@@ -25,7 +25,7 @@ use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
 /// Services in the benchmark store; every 10th is headless with 4 endpoints
-/// in each of 3 clusters (the shape of ../shared/bench/gen_workload.py).
+/// in each of 3 clusters (the shape of benches/workload.py).
 const SERVICES: usize = 10_000;
 
 fn key(i: usize) -> ServiceKey {
@@ -243,6 +243,7 @@ fn counting(c: &mut Criterion) {
         limited: Limited::No,
         debug: None,
         transfer: None,
+        ecs: None,
     };
     let arrival = Arrival { proto: 0, family: 0 };
     c.bench_function("stats/record", |b| b.iter(|| local.record(black_box(&outcome), arrival, 47, 63)));

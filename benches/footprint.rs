@@ -3,7 +3,7 @@
 //! snapshot, the peak while the first snapshot is built, the time to build
 //! it, and the time to publish one changed EndpointSlice once the whole
 //! fleet is loaded. The fleet is the shape of
-//! `../shared/bench/gen_workload.py --clusters 10`: every 10th service
+//! `benches/workload.py --clusters 10`: every 10th service
 //! headless with 4 endpoints in each of 10 clusters, the others ClusterSetIP.
 //!
 //! `cargo bench --bench footprint` (sizes 10,000 and 100,000; set

@@ -13,8 +13,8 @@ server is killed at the end (and when this script is killed: it runs in the
 script's own process group, SIGKILLed by the trap in --help's usage).
 
 usage: benches/reload_latency.py BINARY OBJECTS_DIR NAME [--seconds 60] [--swap FILE]
-  OBJECTS_DIR from ../shared/bench/gen_workload.py DIR --services 100000
-  NAME: a name the fleet answers, e.g. svc-1.ns-1.svc.clusterset.local
+  OBJECTS_DIR from python3 benches/workload.py DIR --services 100000
+  NAME: a name the fleet answers, e.g. svc1.ns1.svc.clusterset.local
 """
 import argparse, os, signal, socket, struct, subprocess, sys, threading, time, urllib.request
 

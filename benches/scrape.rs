@@ -1,7 +1,7 @@
 //! `/metrics` at fleet scale: how large and how slow a scrape is, what it
 //! costs the server, and what it does to query latency. The real release
 //! binary serves an objects file (`SCRAPE_OBJECTS`, a directory from
-//! `../shared/bench/gen_workload.py DIR --services 100000 --namespaces 100
+//! `benches/workload.py DIR --services 100000 --namespaces 100
 //! --clusters 10`: its `objects.yaml`, and its `queries.txt` for names);
 //! for each configuration, a quiet phase (UDP and TCP queries only) and a
 //! scraping phase (the same queries while one client scrapes back to back,
@@ -58,7 +58,7 @@ const NAMES: usize = 10_000;
 
 fn scrape() -> Result<()> {
     let dir = PathBuf::from(std::env::var("SCRAPE_OBJECTS").context(
-        "SCRAPE_OBJECTS=DIR: a directory from ../shared/bench/gen_workload.py DIR --services 100000 --namespaces 100 --clusters 10",
+        "SCRAPE_OBJECTS=DIR: a directory from benches/workload.py DIR --services 100000 --namespaces 100 --clusters 10",
     )?);
     let seconds: u64 =
         std::env::var("SCRAPE_SECONDS").map_or(Ok(10), |s| s.parse()).context("SCRAPE_SECONDS")?;

@@ -34,14 +34,14 @@ from 127.0.0.1 (A for svc1.ns1.svc.clusterset.local), bounded by
             the fresh query was over
 
 Every server runs with its defaults for TCP and one UDP worker, as
-../shared/bench/peers.sh configures them: "knot" also with one TCP
+benches/peers.py configures them: "knot" also with one TCP
 worker, as there; "knot-cpus" with Knot's default worker counts (one TCP
 worker per CPU: our TCP connections run on a two-thread runtime whatever
 --udp-workers says). --baseline runs another build of ours as server
 "ours-before", with the same flags; --ours-nofile N runs both under a
 limit of N open files (util-linux's prlimit). Each listens on 127.0.0.1, on a port of its own, and
 is killed by this script (also on error or Ctrl-C). The zone is
-../shared/bench/gen_workload.py's (Knot and NSD serve its zone file, ours
+benches/workload.py's (Knot and NSD serve its zone file, ours
 its objects.yaml). Every hold socket is closed before the next server
 starts. Needs python3 (stdlib only), knotd, nsd (apt-get install knot
 nsd), and CONNECTIONS + 100 open files (the soft limit is raised to that
@@ -62,7 +62,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GEN = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "bench", "gen_workload.py"))
+GEN = os.path.join(HERE, "workload.py")
 ZONE = "clusterset.local"
 PROBE = "svc1.ns1.svc.clusterset.local"
 
@@ -194,7 +194,7 @@ def start(kind, binary, baseline, nofile, work, wl, port):
     d = os.path.join(work, f"{kind}-{port}")
     os.makedirs(d, exist_ok=True)
     if kind in ("knot", "knot-cpus"):
-        # "knot" as peers.sh runs it; "knot-cpus" with Knot's own default
+        # "knot" as peers.py runs it; "knot-cpus" with Knot's own default
         # worker counts (one TCP worker per CPU).
         workers = "    udp-workers: 1\n    tcp-workers: 1\n" if kind == "knot" else ""
         shutil.copy(os.path.join(wl, f"{ZONE}.zone"), d)

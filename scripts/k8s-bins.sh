@@ -264,7 +264,7 @@ build_etcd() {
     (
         cd "$dir"
         "$GO" mod init local/etcdbin >/dev/null 2>&1
-        # server/v3's own replace lines (../api etc.) are ignored in a dependency; its
+        # server/v3's own replace lines (to its sibling modules) are ignored in a dependency; its
         # require block pins the sibling modules at the same release.
         "$GO" mod edit -require="go.etcd.io/etcd/server/v3@$v"
         run_timed "etcd $v" "$GO" build -mod=mod -trimpath -ldflags "-s -w" \

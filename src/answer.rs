@@ -2,8 +2,8 @@
 //! [`Answer`] that borrows pre-encoded records from the snapshot. No I/O, no
 //! allocation; the wire layer turns an `Answer` into bytes.
 //!
-//! The rules are those of `../shared/docs/dns-behaviour.md` (the MCS DNS
-//! specification plus RFC 8020 and RFC 8482 where it is silent).
+//! The rules are the contract of `docs/answers.md` (the MCS DNS
+//! specification, with RFC 8020 and RFC 8482 where it is silent).
 
 pub mod select;
 
@@ -112,7 +112,9 @@ pub struct Answer<'s> {
     pub soa_owner: Option<u16>,
     /// Which answer records, in which order (answer policies).
     pub pick: Pick,
-    /// The answer was chosen by a policy that looks at who asks (ECS scope).
+    /// The answer depends on who asks: chosen by a policy that looks at
+    /// the client, or about a service restricted to consumer clusters
+    /// (its ECS scope is then the client's network, not 0).
     pub client_dependent: bool,
     /// The balanced service whose endpoints were chosen, for metrics.
     pub balance: Option<&'s Balance>,
@@ -197,14 +199,17 @@ fn chaos<'s>(snap: &'s Snapshot, q: &Question<'_>) -> Answer<'s> {
 /// may not see name (consumer clusters) is such another address: its
 /// reverse name would tell the restricted name.
 fn reverse<'s>(snap: &'s Snapshot, ip: std::net::IpAddr, qtype: u16, client: &Client) -> Answer<'s> {
-    let seen = snap.reverse(ip).filter(|p| p.targets().any(|t| t.visible_to(client.cluster)));
-    match (seen, qtype) {
+    let named = snap.reverse(ip);
+    let seen = named.filter(|p| p.targets().any(|t| t.visible_to(client.cluster)));
+    let answer = match (seen, qtype) {
         (None, _) => Answer::bare(Rcode::Refused, false),
         (Some(ptrs), rtype::PTR | rtype::ANY) => {
             Answer { synth: Some(Synth::Ptr(ip, ptrs, client.cluster)), ..Answer::bare(Rcode::NoError, true) }
         }
         (Some(_), _) => Answer::bare(Rcode::NoError, true),
-    }
+    };
+    let client_dependent = named.is_some_and(|p| p.targets().any(|t| t.restricted()));
+    Answer { client_dependent, ..answer }
 }
 
 /// The address whose reverse name `name` is (lower-case wire form, its
@@ -264,6 +269,24 @@ pub fn lookup_for<'s>(
     client: &Client,
     picks: &mut Picks,
 ) -> Answer<'s> {
+    let mut restricted = false;
+    let mut answer = find(snap, q, client, picks, &mut restricted);
+    // Whether such a service exists depends on who asks, and so does every
+    // answer under its name: a cache that keeps answers per client subnet
+    // (RFC 7871 §7.3.1) must not hand one cluster's to another.
+    answer.client_dependent |= restricted;
+    answer
+}
+
+/// [`lookup_for`]'s search; `restricted` is set when the name is a service
+/// restricted to consumer clusters, or under one.
+fn find<'s>(
+    snap: &'s Snapshot,
+    q: &Question<'_>,
+    client: &Client,
+    picks: &mut Picks,
+    restricted: &mut bool,
+) -> Answer<'s> {
     let name = q.name;
     if q.qclass == class::CH {
         return chaos(snap, q);
@@ -320,8 +343,9 @@ pub fn lookup_for<'s>(
         // A service restricted to consumer clusters does not exist for
         // other clients, with every name under it: NXDOMAIN, as in a member
         // that has no import.
-        let service =
-            snap.service(&name[svc..starts[k - 1] as usize]).filter(|s| s.hosts().visible_to(client.cluster));
+        let found = snap.service(&name[svc..starts[k - 1] as usize]);
+        *restricted = found.is_some_and(|s| s.hosts().consumers().is_some());
+        let service = found.filter(|s| s.hosts().visible_to(client.cluster));
         if svc == 0 {
             balance = service.and_then(|s| s.balance());
         }
@@ -467,7 +491,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod consumer_tests {
+pub(crate) mod consumer_tests {
     use hickory_proto::rr::Name;
 
     use super::*;
@@ -490,7 +514,7 @@ mod consumer_tests {
     /// `hl.ns` (restricted to `consumers`) and `pub.ns`, headless, each with
     /// one endpoint of cluster c1 with a named port; clients 10.<n>.0.0/16
     /// are in c<n>.
-    fn fleet(consumers: Option<&[&str]>) -> (Reader, Writer) {
+    pub(crate) fn fleet(consumers: Option<&[&str]>) -> (Reader, Writer) {
         let mut a = AnswerConfig::standard();
         a.clients = (1..=2)
             .map(|n| ClientNet {
@@ -597,5 +621,39 @@ mod consumer_tests {
         // No list: everyone's.
         let (reader, _w) = fleet(None);
         assert_eq!(rcode(&reader, "hl.ns.svc.clusterset.local", rtype::A, None), (Rcode::NoError, true));
+    }
+
+    /// Found by issue 40: a restricted service's answers were marked as the
+    /// same for everyone, so their ECS scope was 0 and a cache keeping
+    /// answers per client subnet would hand a consumer's to anyone.
+    #[test]
+    fn answers_about_a_restricted_service_depend_on_who_asks() {
+        let (reader, _w) = fleet(Some(&["c2"]));
+        let snap = reader.load();
+        let depends = |name: &str, qtype: u16, from: &str| {
+            let client = snap.zone().localities.client_at(from.parse().unwrap());
+            let name = wire(name);
+            let q = Question { name: &name, qtype, qclass: 1 };
+            lookup_for(&snap, &q, &client, &mut Picks::default()).client_dependent
+        };
+        for from in ["10.2.0.9", "10.1.0.9"] {
+            for (name, qtype) in [
+                ("hl.ns.svc.clusterset.local", rtype::A),
+                ("_http._tcp.hl.ns.svc.clusterset.local", 33),
+                ("h0.c1.hl.ns.svc.clusterset.local", rtype::A),
+                ("nope.hl.ns.svc.clusterset.local", rtype::A),
+                ("1.1.1.10.in-addr.arpa", rtype::PTR),
+            ] {
+                assert!(depends(name, qtype, from), "{name} from {from}");
+            }
+            // Rotation over an unrestricted service is everyone's answer.
+            for (name, qtype) in [
+                ("pub.ns.svc.clusterset.local", rtype::A),
+                ("2.1.1.10.in-addr.arpa", rtype::PTR),
+                ("nope.ns.svc.clusterset.local", rtype::A),
+            ] {
+                assert!(!depends(name, qtype, from), "{name} from {from}");
+            }
+        }
     }
 }

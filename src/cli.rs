@@ -9,9 +9,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use hickory_proto::rr::RecordType;
+use hickory_proto::rr::{Name, RecordType};
 
+use crate::cluster_dns::watch::Mode as WatchMode;
+use crate::controller::sync::MemberLost;
+use crate::diagnose::report::Format as ReportFormat;
+use crate::k8s::protobuf::KubeEncoding;
+use crate::k8s::watch::ListMode;
 use crate::model::{Boundary, Cidr, ClusterId, Interop, PolicyKind};
+use crate::ops::memory::OnMemoryLimit;
 
 mod parse;
 
@@ -35,68 +41,6 @@ pub struct Cli {
         global = true
     )]
     pub log_format: LogFormat,
-}
-
-/// `--on-memory-limit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnMemoryLimit {
-    /// Refuse the update, keep serving the last good state, list its
-    /// source again once it fits.
-    KeepServing,
-    /// Stop the server.
-    Exit,
-}
-
-/// `--kube-encoding`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum KubeEncoding {
-    /// Protobuf, read as JSON where the API server answers JSON.
-    Auto,
-    /// JSON only.
-    Json,
-}
-
-/// `--list-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ListMode {
-    /// Streaming lists where the API server allows them, else paged after
-    /// one warning.
-    Auto,
-    /// Streaming lists (KEP-3157): the objects come from the API server's
-    /// watch cache as watch events. Its WatchList feature gate is on by
-    /// default in Kubernetes 1.32 and from 1.34, off in 1.33.
-    Stream,
-    /// List requests of --list-page-size objects.
-    Paged,
-}
-
-/// `--on-member-lost`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnMemberLost {
-    /// Keep its endpoints everywhere, marked on the imports: a partition
-    /// does not take working endpoints away.
-    Keep,
-    /// Remove its endpoints after --member-lost-after: a dead cluster stops
-    /// getting traffic.
-    Remove,
-}
-
-/// `doctor --output`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ReportFormat {
-    /// For people.
-    Text,
-    /// For scripts: one JSON object.
-    Json,
-}
-
-/// `setup-dns --watch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum WatchMode {
-    /// Write the wiring again when it was removed or rewritten.
-    Reapply,
-    /// Only report it (metric, Event, log); never write.
-    Report,
 }
 
 /// `--log-format`.
@@ -172,8 +116,8 @@ pub struct SetupDnsArgs {
     #[arg(long, value_name = "ADDR", value_parser = parse::dns_server)]
     pub server: Option<SocketAddr>,
     /// The zone to forward.
-    #[arg(long, default_value = "clusterset.local")]
-    pub zone: String,
+    #[arg(long, default_value = "clusterset.local", value_parser = parse::zone)]
+    pub zone: Name,
     /// Show the change, write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -287,15 +231,15 @@ pub struct ServeArgs {
     #[arg(long = "listen", value_name = "ADDR:PORT", default_value = "127.0.0.1:1053")]
     pub listen: Vec<SocketAddr>,
     /// The zone served.
-    #[arg(long, default_value = "clusterset.local")]
-    pub zone: String,
+    #[arg(long, default_value = "clusterset.local", value_parser = parse::zone)]
+    pub zone: Name,
     /// Also answer every multi-cluster service under this zone, e.g.
     /// `cluster.local`: `<svc>.<ns>.svc.cluster.local` and the names below
     /// it, as in --zone, for a cluster DNS that falls through to this server
     /// for names it does not have (docs/interop.md: "The same name in every
     /// cluster"). Other names there: NXDOMAIN below `svc`, else REFUSED.
-    #[arg(long, value_name = "ZONE")]
-    pub also_zone: Option<String>,
+    #[arg(long, value_name = "ZONE", value_parser = parse::zone)]
+    pub also_zone: Option<Name>,
     /// TTL of answers, in seconds (at most 2147483647, RFC 2181).
     #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=MAX_TTL))]
     pub ttl: u32,
@@ -388,6 +332,14 @@ pub struct ServeArgs {
     /// TCP. Others are refused. Repeatable. Default: loopback only.
     #[arg(long = "allow-transfer", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1"])]
     pub allow_transfer: Vec<Cidr>,
+    /// Resolvers in CIDR are believed when a query carries an EDNS Client
+    /// Subnet: the answer policies and consumer-clusters then see the
+    /// subnet's cluster. From any other sender the option is ignored and
+    /// the packet's source address decides. Trust only resolvers that set
+    /// the option themselves: one that passes its clients' on lets them
+    /// claim any cluster. Repeatable. Default: loopback only.
+    #[arg(long = "trust-ecs-from", value_name = "CIDR", default_values = ["127.0.0.0/8", "::1"])]
+    pub trust_ecs_from: Vec<Cidr>,
     /// Buckets of the rate-limiting table (8 bytes each), 1-16777216.
     #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 24))]
     pub rrl_table_size: usize,
@@ -513,8 +465,8 @@ pub struct DoctorArgs {
     #[arg(long = "dns", value_name = "CLUSTER=ADDR", value_parser = parse::member_dns)]
     pub dns: Vec<(String, SocketAddr)>,
     /// The zone the names are served in.
-    #[arg(long, default_value = "clusterset.local")]
-    pub zone: String,
+    #[arg(long, default_value = "clusterset.local", value_parser = parse::zone)]
+    pub zone: Name,
     /// Seconds each member's reads, and each DNS query, may take: 0.1-300.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse::seconds(0.1, 300.0))]
     pub timeout: f64,
@@ -695,8 +647,8 @@ pub struct SyncOptions {
     pub shards: u32,
     /// What happens to the endpoints of a member whose API stays
     /// unreachable.
-    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnMemberLost::Keep)]
-    pub on_member_lost: OnMemberLost,
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = MemberLost::Keep)]
+    pub on_member_lost: MemberLost,
     /// Seconds a member must stay unreachable before --on-member-lost=remove
     /// removes its endpoints (at least 1).
     #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]

@@ -57,11 +57,17 @@ pub struct WireConfig {
     pub debug: Option<Arc<DebugAnswers>>,
     /// Clients that may transfer the zone (AXFR, IXFR); others are refused.
     pub allow_transfer: Vec<Cidr>,
+    /// Senders whose EDNS Client Subnet is believed (`--trust-ecs-from`):
+    /// the resolvers that speak for their clients. From any other sender
+    /// the packet's source address decides who asks, and the option is
+    /// echoed with SCOPE PREFIX-LENGTH 0.
+    pub trust_ecs: Vec<Cidr>,
 }
 
 impl Default for WireConfig {
     /// 1232-byte UDP answers, no cookies, no rate limiting, no debug
-    /// answers, no zone transfers.
+    /// answers, no zone transfers, no sender's Client Subnet believed (a
+    /// query asked in process, without a peer, is trusted all the same).
     fn default() -> Self {
         Self {
             max_udp_payload: 1232,
@@ -70,6 +76,7 @@ impl Default for WireConfig {
             faults: Faults::default(),
             debug: None,
             allow_transfer: Vec::new(),
+            trust_ecs: Vec::new(),
         }
     }
 }

@@ -124,7 +124,8 @@ fn answering_common_queries_allocates_nothing() {
 }
 
 /// Every answer policy, with a subset size, client networks and queries
-/// with and without an EDNS Client Subnet: still nothing allocated.
+/// with and without an EDNS Client Subnet, from a resolver trusted with it
+/// and from a sender that is not: still nothing allocated.
 #[test]
 fn answering_with_every_policy_allocates_nothing() {
     let mut ecs = Message::query();
@@ -155,19 +156,21 @@ fn answering_with_every_policy_allocates_nothing() {
                 });
             }
             let reader = example(answers);
-            let cfg = WireConfig::default();
+            let cfg = WireConfig { trust_ecs: vec!["127.0.0.1".parse().unwrap()], ..WireConfig::default() };
             let mut scratch = Scratch::default();
             let mut out = Vec::with_capacity(65535);
-            let peer = Some("127.0.0.1".parse().unwrap());
-            for transport in [Transport::Udp, Transport::Tcp] {
-                for q in &queries {
-                    let allocated = allocations(&reader, q, peer, transport, &cfg, &mut scratch, &mut out);
-                    assert_eq!(
-                        allocated,
-                        0,
-                        "{policy} {max_answers} {boundary} {transport:?} {:?}",
-                        Message::from_vec(q).unwrap().queries
-                    );
+            for peer in ["127.0.0.1", "127.0.0.2"].map(|p| Some(p.parse().unwrap())) {
+                for transport in [Transport::Udp, Transport::Tcp] {
+                    for q in &queries {
+                        let allocated =
+                            allocations(&reader, q, peer, transport, &cfg, &mut scratch, &mut out);
+                        assert_eq!(
+                            allocated,
+                            0,
+                            "{policy} {max_answers} {boundary} {peer:?} {transport:?} {:?}",
+                            Message::from_vec(q).unwrap().queries
+                        );
+                    }
                 }
             }
         }

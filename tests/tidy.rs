@@ -5,6 +5,7 @@
 //!   it. The table is the one place the direction is written down;
 //!   ARCHITECTURE.md shows the same table.
 //! - Every file opens with a `//!` doc comment saying what it is for.
+//! - The repository stands alone: no file names a path outside it.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -52,9 +53,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("ops", &["model", "store", "answer", "wire", "k8s", "source", "fault", "scrape"]),
     // Restarts or fails tasks; used by the command roots.
     ("supervise", &["fault", "pace"]),
-    // The command line: parses values straight into the domain's types
-    // (networks, cluster ids, answer policies), so each has one parser.
-    ("cli", &["model"]),
+    // The command line: parses values straight into the types they
+    // configure (networks, cluster ids, answer policies, list modes, …), so
+    // each has one parser and one definition; nothing it imports imports it.
+    ("cli", &["model", "k8s", "ops", "controller", "diagnose", "cluster_dns"]),
     // Command roots.
     ("config", ANY),
     ("cmd", ANY),
@@ -262,4 +264,176 @@ fn no_source_file_is_over_900_lines() {
         })
         .collect();
     assert!(long.is_empty(), "split these: {long:?}");
+}
+
+/// Absolute paths into one machine's home or workspace: a fresh clone on
+/// another machine has none of them. System paths (`/proc`, `/etc`, `/tmp`)
+/// and `~/.cache/…` directories the repository's own scripts fill are fine.
+const MACHINE_ROOTS: &[&str] = &["/work/", "/home/", "/root/", "/Users/"];
+
+/// Paths outside the checkout that are meant so, with the reason.
+const OUTSIDE_ON_PURPOSE: &[(&str, &str, &str)] = &[
+    (
+        "deploy/README.md",
+        "../clusterset-dns/deploy/base",
+        "a user's own kustomization, beside a clone of this repository",
+    ),
+    ("scripts/image.sh", "/home/nonroot", "the home directory in the image's /etc/passwd"),
+];
+
+/// The repository's files: those git tracks, or every file but the ignored
+/// build directories where there is no git (a source archive).
+fn repository_files(root: &Path) -> Vec<PathBuf> {
+    let git = std::process::Command::new("git").args(["ls-files", "-z"]).current_dir(root).output();
+    if let Some(out) = git.ok().filter(|o| o.status.success()) {
+        return out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| root.join(String::from_utf8_lossy(p).as_ref()))
+            .collect();
+    }
+    let ignored = ignored_roots(root);
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            let rel = path.strip_prefix(root).expect("under the root");
+            if rel == Path::new(".git") || ignored.iter().any(|i| rel == i) {
+                continue;
+            }
+            if path.is_dir() { todo.push(path) } else { out.push(path) }
+        }
+    }
+    out
+}
+
+/// `.gitignore`'s rooted entries (`/target`): build output, not sources.
+fn ignored_roots(root: &Path) -> Vec<PathBuf> {
+    fs::read_to_string(root.join(".gitignore"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('/'))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// `path` with `.` and `..` resolved by name; `None` when it climbs above
+/// the filesystem root.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Some(out)
+}
+
+fn is_path_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"_.@/+-~".contains(&b)
+}
+
+/// The relative paths in `text` that climb (`../x`), and path joins that
+/// climb (`"..", "..", "x"` as Python's `os.path.join` or TOML's
+/// `path = ".."` write them), as written.
+fn climbing_paths(text: &str) -> Vec<String> {
+    let b = text.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let starts = i == 0 || !is_path_byte(b[i - 1]);
+        if starts && b[i..].starts_with(b"../") {
+            let end = (i..b.len()).find(|&j| !is_path_byte(b[j])).unwrap_or(b.len());
+            found.push(text[i..end].to_owned());
+            i = end;
+        } else if b[i..].starts_with(b"\"..\"") {
+            // A join: quoted parts separated by commas.
+            let mut parts = Vec::new();
+            let mut j = i;
+            while let Some(rest) = text.get(j..).and_then(|r| r.strip_prefix('"')) {
+                let Some(len) = rest.find('"') else { break };
+                parts.push(&rest[..len]);
+                j += len + 2;
+                let after = text[j..].trim_start();
+                match after.strip_prefix(',') {
+                    Some(next) => j = text.len() - next.trim_start().len(),
+                    None => break,
+                }
+            }
+            found.push(parts.join("/"));
+            i = j.max(i + 1);
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
+/// Nothing in the repository points outside it: no relative path climbs out
+/// of the checkout (read from the file's directory, or from the root where
+/// prose names a path from there), and no absolute path names a machine's
+/// home or workspace. What a clone needs must be in the clone.
+#[test]
+fn no_file_refers_to_a_path_outside_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let ignored = ignored_roots(root);
+    let on_purpose =
+        |file: &str, path: &str| OUTSIDE_ON_PURPOSE.iter().any(|(f, p, _)| *f == file && path.starts_with(p));
+    let mut outside = Vec::new();
+    for file in repository_files(root) {
+        let rel = file.strip_prefix(root).expect("under the root").to_string_lossy().into_owned();
+        if rel == "tests/tidy.rs" {
+            continue; // the patterns themselves
+        }
+        let Ok(text) = fs::read_to_string(&file) else { continue }; // binary
+        let dir = file.parent().expect("a file has a directory");
+        for path in climbing_paths(&text) {
+            let inside =
+                |p: Option<PathBuf>| p.and_then(|p| p.strip_prefix(root).ok().map(Path::to_path_buf));
+            let from_file = inside(normalize(&dir.join(&path)));
+            // Written from the file's directory, it must stay inside and
+            // name something there (or under an ignored build directory);
+            // else it may be prose naming a path from the root.
+            let found = from_file.as_ref().is_some_and(|p| {
+                let first = p.components().next().map(|c| PathBuf::from(c.as_os_str()));
+                root.join(p).exists() || first.is_some_and(|f| ignored.contains(&f))
+            });
+            let from_root = inside(normalize(&root.join(&path)));
+            if !found && (from_file.is_none() || from_root.is_none()) && !on_purpose(&rel, &path) {
+                outside.push(format!("{rel}: {path}"));
+            }
+        }
+        for (at, _) in text.match_indices('/') {
+            let rest = &text[at..];
+            let starts = at == 0 || !is_path_byte(text.as_bytes()[at - 1]);
+            if let Some(machine) = MACHINE_ROOTS.iter().find(|m| starts && rest.starts_with(**m)) {
+                let end = rest.bytes().position(|b| !is_path_byte(b)).unwrap_or(rest.len());
+                if !on_purpose(&rel, &rest[..end]) {
+                    outside.push(format!("{rel}: {} (under {machine})", &rest[..end]));
+                }
+            }
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "paths outside the repository (bring what they name in):\n{}",
+        outside.join("\n")
+    );
+}
+
+#[test]
+fn the_outside_path_reader_sees_climbs_and_joins() {
+    let text = "see ../shared/docs/x.md and .../source-cluster; \
+                os.path.join(HERE, \"..\", \"..\", \"shared\", \"gen.py\"); path = \"..\"";
+    assert_eq!(climbing_paths(text), ["../shared/docs/x.md", "../../shared/gen.py", ".."]);
+    assert_eq!(normalize(Path::new("/a/b/../../../c")), None);
+    assert_eq!(normalize(Path::new("/a/b/../c")), Some(PathBuf::from("/a/c")));
 }

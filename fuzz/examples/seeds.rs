@@ -198,6 +198,19 @@ fn queries() -> Vec<(String, Query)> {
         ),
     );
     add("hostile-ecs-v4-33", with_opt(web(), opt(vec![subnet(Family::V4, 33, &[1, 2, 3, 4, 5])])));
+    // Issue 40: the Client Subnet shapes RFC 7871 names (tests/it/hostile.rs,
+    // `client_subnets_get_what_rfc_7871_says`).
+    add("hostile-ecs-v6-129", with_opt(web(), opt(vec![subnet(Family::V6, 129, &[0x20; 17])])));
+    add("hostile-ecs-v4-with-v6-address", with_opt(web(), opt(vec![subnet(Family::V4, 32, &[0x20; 16])])));
+    add("hostile-ecs-family-0", with_opt(web(), opt(vec![subnet(Family::Other(0), 0, &[])])));
+    let scoped = |family, source, scope, address: &[u8]| {
+        option(OptionCode::Subnet, OptionData::Subnet { family, source, scope, address: address.to_vec() })
+    };
+    add("hostile-ecs-scope-in-query", with_opt(web(), opt(vec![scoped(Family::V4, 24, 24, &[198, 51, 100])])));
+    add("hostile-ecs-source-0-scope-1", with_opt(web(), opt(vec![scoped(Family::V4, 0, 1, &[])])));
+    add("edns-ecs-v4-0", with_opt(web(), opt(vec![subnet(Family::V4, 0, &[])])));
+    add("edns-ecs-v6-0", with_opt(web(), opt(vec![subnet(Family::V6, 0, &[])])));
+    add("edns-ecs-v6-24", with_opt(web(), opt(vec![subnet(Family::V6, 24, &[0x20, 1, 0xd])])));
     add(
         "hostile-label-past-end",
         query(Name { labels: vec![Label::Lying(63, b"web".to_vec())], end: NameEnd::Cut }, Type::A),

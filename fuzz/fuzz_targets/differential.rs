@@ -23,7 +23,9 @@ use libfuzzer_sys::fuzz_target;
 /// - an EDNS Client Subnet option with an unknown family, a source prefix
 ///   longer than the family's addresses, more or fewer address bytes than
 ///   the prefix needs, or bits set beyond it (RFC 7871 §6: SHOULD FORMERR;
-///   hickory reads the bytes it needs and ignores the rest);
+///   hickory reads the bytes it needs and ignores the rest), or a SCOPE
+///   PREFIX-LENGTH other than 0 (§6: MUST be 0 in queries; §7.2.1: a
+///   wrongly formatted option gets FORMERR; hickory reads any);
 /// - a COOKIE option of other than 8 or 16-40 bytes (RFC 7873 §5.2.2).
 fn malformed_edns(packet: &[u8], msg: &Message) -> bool {
     let mut d = BinDecoder::new(packet);
@@ -62,9 +64,9 @@ fn malformed_edns(packet: &[u8], msg: &Message) -> bool {
     false
 }
 
-/// RFC 7871 §6's rules for an ECS option's data.
+/// RFC 7871 §6's rules for an ECS option's data in a query.
 fn valid_subnet(data: &[u8]) -> bool {
-    let [f0, f1, source, _scope, address @ ..] = data else { return false };
+    let [f0, f1, source, scope, address @ ..] = data else { return false };
     let max = match u16::from_be_bytes([*f0, *f1]) {
         1 => 32,
         2 => 128,
@@ -75,7 +77,7 @@ fn valid_subnet(data: &[u8]) -> bool {
         (0, _) | (_, None) => false,
         (used, Some(last)) => last & (0xFF >> used) != 0,
     };
-    source <= max && address.len() == source.div_ceil(8) && !bits_beyond
+    *scope == 0 && source <= max && address.len() == source.div_ceil(8) && !bits_beyond
 }
 
 fuzz_target!(|q: Query| {

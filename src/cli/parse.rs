@@ -1,21 +1,30 @@
-//! How clap reads the values of flags: the domain's enums as `ValueEnum`s
-//! (so `--help` lists them and clap refuses others), the structured values
-//! (`CIDR=NAME[/ZONE]`, `CLUSTER=REGION`, sizes, DNS addresses, query types)
-//! and fractional seconds, each into its typed value. A value refused here
-//! exits 64 with clap's `invalid value 'V' for '--flag <NAME>': why`.
+//! How clap reads the values of flags: every flag's enum as a `ValueEnum`
+//! (so `--help` lists them and clap refuses others), zones, the structured
+//! values (`CIDR=NAME[/ZONE]`, `CLUSTER=REGION`, sizes, DNS addresses, query
+//! types) and fractional seconds, each into its typed value. A value
+//! refused here exits 64 with clap's `invalid value 'V' for '--flag
+//! <NAME>': why`.
 //!
-//! The `ValueEnum` impls of the model's enums live here, not in `model`:
-//! the model knows nothing of the command line, and the names and help of
-//! the values are the command line's.
+//! The enums are those of the modules that act on them (`model`'s answer
+//! policies, `k8s`'s list modes, `ops`'s memory action, …), defined once
+//! there; their `ValueEnum` impls live here, since those modules know
+//! nothing of the command line, and the names and help of the values are
+//! the command line's.
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 use clap::ValueEnum;
 use clap::builder::{PossibleValue, TypedValueParser};
-use hickory_proto::rr::RecordType;
+use hickory_proto::rr::{Name, RecordType};
 
+use crate::cluster_dns::watch::Mode as WatchMode;
+use crate::controller::sync::MemberLost;
+use crate::diagnose::report::Format as ReportFormat;
+use crate::k8s::protobuf::KubeEncoding;
+use crate::k8s::watch::ListMode;
 use crate::model::{Boundary, Cidr, ClusterId, Interop, PolicyKind};
+use crate::ops::memory::OnMemoryLimit;
 
 /// RFC 2181 §8: TTLs are at most 2^31 - 1 (`--ttl`, `--negative-ttl`).
 pub const MAX_TTL: i64 = i32::MAX as i64;
@@ -74,6 +83,90 @@ impl ValueEnum for Boundary {
         Some(PossibleValue::new(self.as_str()).help(help))
     }
 }
+
+/// A flag's enum whose values are the same on the command line in every
+/// case: its variants in `--help`'s order, each with its name and help.
+macro_rules! flag_values {
+    ($flag:literal, $ty:ty, [$(($variant:ident, $name:literal, $help:literal)),+ $(,)?]) => {
+        #[doc = concat!("`", $flag, "`.")]
+        impl ValueEnum for $ty {
+            fn value_variants<'a>() -> &'a [Self] {
+                &[$(Self::$variant),+]
+            }
+
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                Some(match self {
+                    $(Self::$variant => PossibleValue::new($name).help($help)),+
+                })
+            }
+        }
+    };
+}
+
+flag_values!(
+    "--on-memory-limit",
+    OnMemoryLimit,
+    [
+        (
+            KeepServing,
+            "keep-serving",
+            "Refuse the update, keep serving the last good state, list its source again once it fits"
+        ),
+        (Exit, "exit", "Stop the server"),
+    ]
+);
+
+flag_values!(
+    "--kube-encoding",
+    KubeEncoding,
+    [(Auto, "auto", "Protobuf, read as JSON where the API server answers JSON"), (Json, "json", "JSON only"),]
+);
+
+flag_values!(
+    "--list-mode",
+    ListMode,
+    [
+        (Auto, "auto", "Streaming lists where the API server allows them, else paged after one warning"),
+        (
+            Stream,
+            "stream",
+            "Streaming lists (KEP-3157): the objects come from the API server's watch cache as watch events. Its WatchList feature gate is on by default in Kubernetes 1.32 and from 1.34, off in 1.33"
+        ),
+        (Paged, "paged", "List requests of --list-page-size objects"),
+    ]
+);
+
+flag_values!(
+    "--on-member-lost",
+    MemberLost,
+    [
+        (
+            Keep,
+            "keep",
+            "Keep its endpoints everywhere, marked on the imports: a partition does not take working endpoints away"
+        ),
+        (
+            Remove,
+            "remove",
+            "Remove its endpoints after --member-lost-after: a dead cluster stops getting traffic"
+        ),
+    ]
+);
+
+flag_values!(
+    "doctor --output",
+    ReportFormat,
+    [(Text, "text", "For people"), (Json, "json", "For scripts: one JSON object"),]
+);
+
+flag_values!(
+    "setup-dns --watch",
+    WatchMode,
+    [
+        (Reapply, "reapply", "Write the wiring again when it was removed or rewritten"),
+        (Report, "report", "Only report it (metric, Event, log); never write"),
+    ]
+);
 
 /// `--interop`: a comma-separated list read by [`Interop::parse`] (any
 /// letter case, blanks around names and empty entries ignored, so `""` is
@@ -144,6 +237,26 @@ pub(super) fn cluster_region(v: &str) -> Result<(ClusterId, String), String> {
         return Err("no region".to_owned());
     }
     Ok((cluster, region.to_owned()))
+}
+
+/// Longest zone name: room in front of it for the longest fixed name
+/// below the apex (`hostmaster.`) within DNS's 255 bytes.
+const MAX_ZONE_LEN: usize = 240;
+
+/// Parses a zone (`--zone`, `--also-zone`): a domain name, fully
+/// qualified and in lower case, not the root, short enough that the names
+/// the server writes below its apex fit.
+pub(super) fn zone(v: &str) -> Result<Name, String> {
+    let mut zone =
+        Name::from_ascii(v).map_err(|e| format!("{v:?} is not a domain name: {e}"))?.to_lowercase();
+    zone.set_fqdn(true);
+    if zone.is_root() {
+        return Err("the root is not a zone clusterset-dns can serve".to_owned());
+    }
+    if zone.len() > MAX_ZONE_LEN {
+        return Err(format!("longer than {MAX_ZONE_LEN} characters"));
+    }
+    Ok(zone)
 }
 
 /// `--memory-limit`.
@@ -363,6 +476,18 @@ mod tests {
         assert_eq!(member_dns("a=127.0.0.1:5353"), Ok(("a".to_owned(), "127.0.0.1:5353".parse().unwrap())));
         assert_eq!(member_dns("a").unwrap_err(), "not CLUSTER=ADDR");
         assert!(member_dns("a=nowhere").unwrap_err().contains("\"nowhere\""));
+    }
+
+    #[test]
+    fn zones_are_read_fully_qualified_in_lower_case_and_the_root_is_refused() {
+        for written in ["Fleet.Example", "fleet.example.", "FLEET.EXAMPLE."] {
+            assert_eq!(zone(written).map(|z| z.to_string()), Ok("fleet.example.".to_owned()), "{written}");
+        }
+        assert!(zone("a..b").unwrap_err().starts_with("\"a..b\" is not a domain name"));
+        assert_eq!(zone(".").unwrap_err(), "the root is not a zone clusterset-dns can serve");
+        let long = ["a".repeat(60), "b".repeat(60), "c".repeat(60), "d".repeat(60)].join(".");
+        assert_eq!(zone(&long).unwrap_err(), "longer than 240 characters");
+        assert!(zone(&long[..230]).is_ok());
     }
 
     #[test]

@@ -278,6 +278,14 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
              limit (ulimit -n, LimitNOFILE=) to serve more"
         );
     }
+    if let Some(everyone) = cfg.wire.trust_ecs.iter().find(|n| n.prefix_len() == 0) {
+        warn!(
+            network = %everyone,
+            "--trust-ecs-from trusts a whole address family: any sender of it that puts an EDNS Client \
+             Subnet in its query is answered as that subnet's cluster (consumer-clusters, local-first, \
+             topology); trust only the resolvers that set the option themselves"
+        );
+    }
     let mut addrs = Vec::new();
     let mut udp = Vec::new();
     let mut servers = Vec::new();

@@ -5,15 +5,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hickory_proto::rr::Name;
-
 use crate::cli::{ClientCluster, MemoryLimit, ServeArgs};
 use crate::fault::Faults;
 use crate::fleet::member::MemberConfig;
 use crate::health::probe::ProbeConfig;
 use crate::k8s::client::Connection;
-use crate::k8s::protobuf::{Encoding, KubeEncoding};
-use crate::k8s::watch::{ListMode, Lists};
+use crate::k8s::protobuf::Encoding;
+use crate::k8s::watch::Lists;
 use crate::model::{ClusterId, DnsLabel, Interop};
 use crate::ops::memory::{LimitSource, MemoryBudget, OnMemoryLimit};
 use crate::source::kube::KubeSource;
@@ -75,34 +73,17 @@ impl ServeConfig {
         if a.objects.len() > usize::from(u16::MAX) {
             return Err(bad("--objects", format!("given {} times, at most {}", a.objects.len(), u16::MAX)));
         }
-        let mut origin = Name::from_ascii(&a.zone)
-            .map_err(|e| bad("--zone", format!("{:?} is not a domain name: {e}", a.zone)))?;
-        origin.set_fqdn(true);
-        if origin.is_root() {
-            return Err(bad("--zone", "the root zone cannot be served"));
-        }
-        // Room for the longest fixed name below the apex (`hostmaster.`).
-        if origin.len() > 240 {
-            return Err(bad("--zone", "longer than 240 characters"));
-        }
+        // clap read both zones (`cli::parse::zone`): names, lower case,
+        // not the root; how they sit to each other is judged here.
+        let origin = a.zone.clone();
         let also = match &a.also_zone {
-            None => None,
-            Some(z) => {
-                let mut also = Name::from_ascii(z)
-                    .map_err(|e| bad("--also-zone", format!("{z:?} is not a domain name: {e}")))?
-                    .to_lowercase();
-                also.set_fqdn(true);
-                let origin = origin.to_lowercase();
-                if also.is_root() || also.zone_of(&origin) || origin.zone_of(&also) {
-                    return Err(bad(
-                        "--also-zone",
-                        format!(
-                            "{also} must be a zone apart from --zone {origin} (not the root, not above or below it)"
-                        ),
-                    ));
-                }
-                Some(also)
+            Some(also) if also.zone_of(&origin) || origin.zone_of(also) => {
+                return Err(bad(
+                    "--also-zone",
+                    format!("{also} must be a zone apart from --zone {origin} (not above or below it)"),
+                ));
             }
+            also => also.clone(),
         };
         if a.listen.is_empty() {
             return Err(bad("--listen", "at least one address is needed"));
@@ -137,7 +118,7 @@ impl ServeConfig {
             MemoryLimit::Bytes(limit) => Some(MemoryBudget { limit, source: LimitSource::Flag }),
         };
         let interop = a.interop;
-        let lists = Lists::new(a.list_mode.into(), std::num::NonZeroU32::new(a.list_page_size));
+        let lists = Lists::new(a.list_mode, std::num::NonZeroU32::new(a.list_page_size));
         Ok(Self {
             interop,
             objects: a.objects.clone(),
@@ -146,7 +127,7 @@ impl ServeConfig {
                 namespaces: a.namespaces.clone(),
                 interop,
                 lists: lists.clone(),
-                encoding: Encoding::new(a.kube_encoding.into()),
+                encoding: Encoding::new(a.kube_encoding),
             }),
             members: members(&a.members)?,
             lists,
@@ -154,7 +135,7 @@ impl ServeConfig {
             http_listen: a.http_listen,
             lameduck: Duration::from_secs(a.lameduck),
             zone: ZoneConfig {
-                origin: origin.to_lowercase(),
+                origin,
                 ttl: a.ttl,
                 negative_ttl: a.negative_ttl.unwrap_or(a.ttl),
                 advertise: a.advertise_address.clone(),
@@ -174,37 +155,9 @@ impl ServeConfig {
             cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
             probe: probe_config(a),
             memory,
-            on_memory_limit: a.on_memory_limit.into(),
+            on_memory_limit: a.on_memory_limit,
             metrics_per_service: a.metrics_per_service,
         })
-    }
-}
-
-impl From<crate::cli::ListMode> for ListMode {
-    fn from(m: crate::cli::ListMode) -> Self {
-        match m {
-            crate::cli::ListMode::Auto => Self::Auto,
-            crate::cli::ListMode::Stream => Self::Stream,
-            crate::cli::ListMode::Paged => Self::Paged,
-        }
-    }
-}
-
-impl From<crate::cli::KubeEncoding> for KubeEncoding {
-    fn from(e: crate::cli::KubeEncoding) -> Self {
-        match e {
-            crate::cli::KubeEncoding::Auto => Self::Auto,
-            crate::cli::KubeEncoding::Json => Self::Json,
-        }
-    }
-}
-
-impl From<crate::cli::OnMemoryLimit> for OnMemoryLimit {
-    fn from(o: crate::cli::OnMemoryLimit) -> Self {
-        match o {
-            crate::cli::OnMemoryLimit::KeepServing => Self::KeepServing,
-            crate::cli::OnMemoryLimit::Exit => Self::Exit,
-        }
     }
 }
 
@@ -253,7 +206,16 @@ pub(super) fn wire_config(a: &ServeArgs) -> Result<WireConfig, ConfigError> {
         explain: Arc::new(crate::ops::explain::Report),
     }));
     let allow_transfer = a.allow_transfer.clone();
-    Ok(WireConfig { max_udp_payload: a.max_udp_payload, cookies, rrl, faults, debug, allow_transfer })
+    let trust_ecs = a.trust_ecs_from.clone();
+    Ok(WireConfig {
+        max_udp_payload: a.max_udp_payload,
+        cookies,
+        rrl,
+        faults,
+        debug,
+        allow_transfer,
+        trust_ecs,
+    })
 }
 
 /// The `--probe-…` flags (clap checks them even without `--probe`: a typo

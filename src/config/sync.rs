@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::cli::{AgentArgs, OnMemberLost, ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
-use crate::controller::sync::{CONCURRENCY, MemberLost, SyncBehaviour};
+use crate::cli::{AgentArgs, ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
+use crate::controller::sync::{CONCURRENCY, SyncBehaviour};
 use crate::fault::Faults;
 use crate::fleet::inventory::InventoryConfig;
 use crate::fleet::member::MemberConfig;
@@ -180,22 +180,13 @@ pub fn behaviour(o: &SyncOptions, namespaces: &[String]) -> Result<SyncBehaviour
     }
     Ok(SyncBehaviour {
         namespaces: namespaces.to_vec(),
-        on_member_lost: o.on_member_lost.into(),
+        on_member_lost: o.on_member_lost,
         lost_after: Duration::from_secs(o.member_lost_after),
         resync: Duration::from_secs(o.resync_interval),
         auto_export_prefixes: o.auto_export_namespace_prefixes.clone(),
         // clap holds it to 1-1024.
         concurrency: usize::try_from(o.concurrent_syncs).unwrap_or(CONCURRENCY),
     })
-}
-
-impl From<OnMemberLost> for MemberLost {
-    fn from(o: OnMemberLost) -> Self {
-        match o {
-            OnMemberLost::Keep => Self::Keep,
-            OnMemberLost::Remove => Self::Remove,
-        }
-    }
 }
 
 /// The members' client rate limit of `sync` options (`--kube-qps 0`: none;

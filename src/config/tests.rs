@@ -94,7 +94,6 @@ fn watches_stream_their_lists_where_allowed_unless_told_otherwise() {
 
 #[test]
 fn bad_values_name_their_flag() {
-    assert_eq!(config(&["--zone", "a..b"]).unwrap_err().flag, "--zone");
     assert_eq!(config(&["--cluster-id", "bad_id"]).unwrap_err().flag, "--cluster-id");
     assert_eq!(config(&["--namespace", "shop"]).unwrap_err().flag, "--namespace");
     assert_eq!(config(&["--in-cluster", "--namespace", "Not_OK"]).unwrap_err().flag, "--namespace");
@@ -294,7 +293,12 @@ fn network_flags_take_networks_and_hosts_and_refuse_host_bits() {
     let loopback: Vec<String> =
         d.wire.allow_transfer.iter().map(|n| format!("{}/{}", n.addr(), n.prefix_len())).collect();
     assert_eq!(loopback, ["127.0.0.0/8", "::1/128"], "the default: loopback only");
-    for flag in ["--allow-debug", "--allow-transfer", "--rrl-exempt"] {
+    let trusted: Vec<String> =
+        d.wire.trust_ecs.iter().map(|n| format!("{}/{}", n.addr(), n.prefix_len())).collect();
+    assert_eq!(trusted, ["127.0.0.0/8", "::1/128"], "ECS believed from loopback only by default");
+    let t = config(&["--trust-ecs-from", "10.96.0.0/16", "--trust-ecs-from", "fd00::53"]).unwrap();
+    assert_eq!(t.wire.trust_ecs.iter().map(|n| n.prefix_len()).collect::<Vec<_>>(), [16, 128], "replaces it");
+    for flag in ["--allow-debug", "--allow-transfer", "--rrl-exempt", "--trust-ecs-from"] {
         let text = refused(&["serve", flag, "10.1.2.3/16"], flag);
         assert!(text.contains("did you mean 10.1.0.0/16?"), "{text}");
         refused(&["serve", flag, "nonsense"], flag);
@@ -437,10 +441,20 @@ fn zone_names_are_folded_to_lower_case() {
     assert_eq!(config(&["--zone", "Fleet.Example."]).unwrap().zone.origin.to_string(), "fleet.example.");
     let also = config(&["--also-zone", "Cluster.Local"]).unwrap().zone.also;
     assert_eq!(also.map(|a| a.to_string()).as_deref(), Some("cluster.local."));
-    for bad_zone in [".", "clusterset.local", "local", "x.clusterset.local", "a..b"] {
+    // Not a zone at all: clap's refusal, by the one zone parser of every
+    // command; a zone over or under --zone: the configuration's.
+    for (command, flag) in [("serve", "--zone"), ("serve", "--also-zone"), ("setup-dns", "--zone")] {
+        for bad_zone in [".", "a..b"] {
+            refused(&[command, flag, bad_zone], flag);
+        }
+    }
+    refused(&["doctor", "web.shop", "--zone", "a..b"], "--zone");
+    for bad_zone in ["clusterset.local", "local", "x.clusterset.local"] {
         let e = config(&["--also-zone", bad_zone]).unwrap_err().to_string();
         assert!(e.contains("--also-zone"), "{bad_zone}: {e}");
     }
+    let s = setup_dns(&["--zone", "Fleet.Example."]).unwrap();
+    assert_eq!(s.zone, "fleet.example");
 }
 
 #[test]

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use hickory_proto::rr::Name;
 
-use crate::cli::{DoctorArgs, ReportFormat, SetupDnsArgs, WatchMode};
-use crate::cluster_dns::watch::Mode;
+use crate::cli::{DoctorArgs, SetupDnsArgs};
 use crate::diagnose::report::Format;
 use crate::fleet::member::MemberConfig;
 use crate::k8s::client::Connection;
@@ -54,12 +53,6 @@ pub struct WatchConfig {
 impl SetupDnsConfig {
     /// Validates command-line values.
     pub fn from_args(a: &SetupDnsArgs) -> Result<Self, ConfigError> {
-        let mut zone = Name::from_ascii(&a.zone)
-            .map_err(|e| bad("--zone", format!("{:?} is not a domain name: {e}", a.zone)))?;
-        zone.set_fqdn(true);
-        if zone.is_root() {
-            return Err(bad("--zone", "the root zone cannot be forwarded"));
-        }
         let connection = if a.in_cluster {
             Connection::InCluster
         } else {
@@ -78,7 +71,7 @@ impl SetupDnsConfig {
                     return Err(bad("--watch", "keeps the wiring: not with --dry-run or --remove"));
                 }
                 Some(WatchConfig {
-                    mode: mode.into(),
+                    mode,
                     interval: Duration::from_secs(a.interval),
                     http_listen: a.http_listen,
                 })
@@ -88,7 +81,7 @@ impl SetupDnsConfig {
             watch,
             connection,
             server: a.server,
-            zone: zone.to_lowercase().to_string().trim_end_matches('.').to_owned(),
+            zone: a.zone.to_string().trim_end_matches('.').to_owned(),
             dry_run: a.dry_run,
             remove: a.remove,
             verify_at: a.verify,
@@ -118,13 +111,7 @@ pub struct DoctorConfig {
 impl DoctorConfig {
     /// Validates command-line values.
     pub fn from_args(a: &DoctorArgs) -> Result<Self, ConfigError> {
-        let mut zone = Name::from_ascii(&a.zone)
-            .map_err(|e| bad("--zone", format!("{:?} is not a domain name: {e}", a.zone)))?;
-        zone.set_fqdn(true);
-        if zone.is_root() {
-            return Err(bad("--zone", "the root zone cannot be served"));
-        }
-        let zone = zone.to_lowercase();
+        let zone = a.zone.clone();
         let key = service_name(&a.name, &zone).map_err(|problem| bad("NAME", problem))?;
         let members = members(&a.members)?;
         if members.is_empty() {
@@ -142,26 +129,7 @@ impl DoctorConfig {
             }
             dns.push((member.clone(), *addr));
         }
-        let format = a.output.into();
-        Ok(Self { key, zone, members, dns, timeout: Duration::from_secs_f64(a.timeout), format })
-    }
-}
-
-impl From<WatchMode> for Mode {
-    fn from(m: WatchMode) -> Self {
-        match m {
-            WatchMode::Reapply => Self::Reapply,
-            WatchMode::Report => Self::Report,
-        }
-    }
-}
-
-impl From<ReportFormat> for Format {
-    fn from(f: ReportFormat) -> Self {
-        match f {
-            ReportFormat::Text => Self::Text,
-            ReportFormat::Json => Self::Json,
-        }
+        Ok(Self { key, zone, members, dns, timeout: Duration::from_secs_f64(a.timeout), format: a.output })
     }
 }
 

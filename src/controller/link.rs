@@ -90,6 +90,18 @@ pub trait MemberLink: Send + Sync {
     fn gone_seconds(&self) -> f64 {
         self.stale_seconds()
     }
+    /// Whether what it says of its liveness has been heard once (hub mode:
+    /// its heartbeat read); the first reconcile waits for it, so a restart
+    /// does not call a member reachable that was not.
+    fn known(&self) -> bool {
+        true
+    }
+    /// When it stopped answering, as its link can tell it the same to every
+    /// reader (hub mode: from its heartbeat's last renewal), RFC 3339;
+    /// `None`: the controller's own clock when it noticed.
+    fn unreachable_since(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A connected member.

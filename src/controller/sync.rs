@@ -291,6 +291,9 @@ impl Syncer {
     pub async fn run(mut self) {
         let mut inbox = self.start_tasks();
         self.first_lists(&mut inbox).await;
+        // Who is unreachable is known before the first write, so that a
+        // restart writes what its predecessor left, not a guess.
+        self.check_members();
         let mut complete = self.state.synced_except(&self.removed);
         let scopes = scopes(&self.behaviour.namespaces);
         let mut running: FuturesUnordered<BoxFuture<'static, Done>> = FuturesUnordered::new();
@@ -351,7 +354,8 @@ impl Syncer {
         loop {
             self.mark_removed();
             let discovered = self.discovered.iter().zip(&self.removed).all(|(d, r)| *d || *r);
-            if self.state.synced_except(&self.removed) && discovered {
+            let known = self.members.iter().all(|m| m.known());
+            if self.state.synced_except(&self.removed) && discovered && known {
                 break;
             }
             if Instant::now() >= deadline {
@@ -369,7 +373,9 @@ impl Syncer {
                     .filter(|(_, d)| !**d)
                     .map(|(m, _)| m.name())
                     .collect();
-                warn!(members = ?silent, undiscovered = ?undiscovered, "members not listed, or their MCS API not discovered, within {FIRST_SYNC_TIMEOUT:?}: syncing the others, deleting nothing until they list, writing each once discovered");
+                let unknown: Vec<&str> =
+                    self.members.iter().filter(|m| !m.known()).map(|m| m.name()).collect();
+                warn!(members = ?silent, undiscovered = ?undiscovered, liveness_unknown = ?unknown, "members not listed, or their MCS API not discovered, or their liveness not heard, within {FIRST_SYNC_TIMEOUT:?}: syncing the others, deleting nothing until they list, writing each once discovered");
                 break;
             }
             let wake = (Instant::now() + TICK).min(deadline);

@@ -157,11 +157,18 @@ impl Reporter {
     /// The watch (or discovery) failed with `error`; logged at once, then at
     /// most every `STALE_LOG_EVERY` while it stays down.
     pub fn failed(&mut self, error: &str) {
+        self.failed_since(error, SystemTime::now());
+    }
+
+    /// As [`Reporter::failed`], stale since `since` if it was not already
+    /// (what failed says when it began: a heartbeat's last renewal).
+    pub fn failed_since(&mut self, error: &str, since: SystemTime) {
         self.health.errors.fetch_add(1, Ordering::Relaxed);
+        let since_ms = since.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(1).max(1);
         let first = self
             .health
             .stale_since_ms
-            .compare_exchange(0, now_ms(), Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(0, since_ms.min(now_ms()), Ordering::Relaxed, Ordering::Relaxed)
             .is_ok();
         let due = self.last_log.is_none_or(|t| t.elapsed() >= STALE_LOG_EVERY);
         if first || due {

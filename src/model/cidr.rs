@@ -10,7 +10,8 @@ use std::str::FromStr;
 use ipnet::IpNet;
 
 /// An IP network, `addr/prefix`: the networks of `--allow-debug`,
-/// `--allow-transfer`, `--rrl-exempt` and `--client-cluster`, and the client
+/// `--allow-transfer`, `--trust-ecs-from`, `--rrl-exempt` and
+/// `--client-cluster`, and the client
 /// networks Response Rate Limiting counts by ([`Cidr::network_of`]).
 ///
 /// **Host bits are refused.** [`Cidr::parse`] takes `ADDR/PREFIX`, or a bare
@@ -96,7 +97,8 @@ impl Cidr {
         self.0.contains(&ip)
     }
 
-    /// The rule of an access list (`--allow-debug`, `--allow-transfer`):
+    /// The rule of an access list (`--allow-debug`, `--allow-transfer`,
+    /// `--trust-ecs-from`):
     /// `ip` is in one of `nets`, an IPv4 client of a dual-stack socket
     /// (`::ffff:a.b.c.d`) matched as the IPv4 address it is, or a
     /// loopback-only default would refuse 127.0.0.1 seen through `[::]`.

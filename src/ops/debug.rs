@@ -71,43 +71,15 @@ async fn access(State(d): State<DebugState>, request: Request, next: Next) -> Re
     (StatusCode::FORBIDDEN, body).into_response()
 }
 
-/// Decodes a `%XX`-encoded query parameter value.
-fn unescape(v: &str) -> String {
-    let mut out = Vec::with_capacity(v.len());
-    let b = v.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        match (
-            b[i],
-            b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()),
-        ) {
-            (b'%', Some(x)) => {
-                out.push(x);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 async fn explain(State(d): State<DebugState>, uri: axum::http::Uri) -> (StatusCode, String) {
     let mut name = None;
     let mut qtype = "A".to_owned();
     let mut cluster = None;
-    for pair in uri.query().unwrap_or("").split('&') {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "name" => name = Some(unescape(v)),
-            "type" => qtype = unescape(v),
-            "cluster" if !v.is_empty() => cluster = Some(unescape(v)),
+    for (k, v) in form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()) {
+        match &*k {
+            "name" => name = Some(v.into_owned()),
+            "type" => qtype = v.into_owned(),
+            "cluster" if !v.is_empty() => cluster = Some(v.into_owned()),
             _ => {}
         }
     }

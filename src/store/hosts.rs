@@ -512,6 +512,11 @@ impl PtrTargetRef<'_> {
     pub fn visible_to(&self, cluster: Option<u16>) -> bool {
         self.hosts.visible_to(cluster)
     }
+
+    /// True when the service naming it is restricted to consumer clusters.
+    pub fn restricted(&self) -> bool {
+        self.hosts.consumers().is_some()
+    }
 }
 
 /// Appends the A or AAAA record of `ip` with TTL `ttl`, owned by the

@@ -1,5 +1,5 @@
 //! Which names exist and what they answer: the MCS DNS specification's
-//! records (`../shared/docs/dns-behaviour.md` is the contract), built from
+//! records (`docs/answers.md` is the contract), built from
 //! model values and encoded once per change.
 
 use std::borrow::Cow;

@@ -78,7 +78,7 @@ fn lines(
     snap: &Snapshot,
     name: &[u8],
     peer: Option<IpAddr>,
-    ecs: Option<ClientSubnet>,
+    ecs: Option<(ClientSubnet, bool)>,
     client: Client,
 ) -> Option<Vec<String>> {
     // No peer: asked in-process (`explain`), which is trusted.
@@ -91,7 +91,8 @@ fn lines(
     let cluster = client.cluster.and_then(|c| l.cluster_name(c)).map_or("(unknown)", |c| c.as_str());
     let zone = client.zone.and_then(|z| l.zone_name(z)).unwrap_or("(unknown)");
     let address = peer.map_or_else(|| "(in process)".to_owned(), |ip| ip.to_string());
-    let ecs = ecs.map(|e| {
+    // The subnet as sent, and whether it was believed (`--trust-ecs-from`).
+    let ecs = ecs.map(|(e, believed)| {
         let mut bytes = [0u8; 16];
         bytes[..e.address().len()].copy_from_slice(e.address());
         let ip: IpAddr = if e.family == 1 {
@@ -99,7 +100,8 @@ fn lines(
         } else {
             std::net::Ipv6Addr::from(bytes).into()
         };
-        format!("{ip}/{}", e.source_prefix)
+        let ignored = if believed { "" } else { " ignored: the sender is not in --trust-ecs-from" };
+        format!("{ip}/{}{ignored}", e.source_prefix)
     });
     let whoami = [b"\x06whoami".as_slice(), &snap.zone().wire].concat();
     if name == whoami.as_slice() {
@@ -119,13 +121,14 @@ fn lines(
 }
 
 /// The records answering a CHAOS TXT question for `name`, or `None` when
-/// the client may not ask.
+/// the client may not ask. `ecs`: the query's Client Subnet, and whether it
+/// was believed.
 pub(super) fn records(
     debug: &DebugAnswers,
     snap: &Snapshot,
     name: &[u8],
     peer: Option<IpAddr>,
-    ecs: Option<ClientSubnet>,
+    ecs: Option<(ClientSubnet, bool)>,
     client: Client,
 ) -> Option<Records> {
     let lines = lines(debug, snap, name, peer, ecs, client)?;

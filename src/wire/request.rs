@@ -1,9 +1,12 @@
 //! Reading a query. The common shape (one question, no compression in it,
 //! nothing but an optional OPT after it) is read in place; any other message
 //! is parsed by hickory-proto, and its question re-encoded for the echo.
+//! Either way the OPT record's options are read by one walker, so both
+//! paths hold a query to the same rules.
 
 use hickory_proto::op::Message;
-use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
+use hickory_proto::rr::Name;
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder, NameEncoding};
 
 use super::cookie::{self, ClientCookie};
 use crate::answer::Rcode;
@@ -56,9 +59,14 @@ impl ClientSubnet {
         &self.addr[..usize::from(self.source_prefix).div_ceil(8)]
     }
 
-    /// Reads an option's data; `None` when RFC 7871 §6 says FORMERR: an
-    /// unknown family, a prefix longer than the family's addresses, more or
-    /// fewer address bytes than the prefix needs, bits set beyond it.
+    /// Reads an option's data; `None` when RFC 7871 says FORMERR (§7.2.1:
+    /// a wrongly formatted option is rejected; §6 names the ways): an
+    /// unknown family (0 included: only 1 and 2 are defined), a prefix
+    /// longer than the family's addresses, more or fewer address bytes than
+    /// the prefix needs, bits set beyond it, or a SCOPE PREFIX-LENGTH other
+    /// than 0, which §6 says a query MUST carry (BIND answers it FORMERR
+    /// too). A SOURCE PREFIX-LENGTH of 0 is valid (§7.1.2: the client asks
+    /// that no address be used) and its ADDRESS empty.
     fn read(data: &[u8]) -> Option<Self> {
         let family = u16_at(data, 0)?;
         let source_prefix = *data.get(2)?;
@@ -67,9 +75,9 @@ impl ClientSubnet {
             2 => 128,
             _ => return None,
         };
-        // SCOPE PREFIX-LENGTH (byte 3) must be there; ADDRESS may be empty.
-        let addr_bytes = data.get(4..)?;
-        if source_prefix > max || addr_bytes.len() != usize::from(source_prefix).div_ceil(8) {
+        // ADDRESS may be empty; SCOPE PREFIX-LENGTH (byte 3) is 0 in queries.
+        let (scope, addr_bytes) = (*data.get(3)?, data.get(4..)?);
+        if scope != 0 || source_prefix > max || addr_bytes.len() != usize::from(source_prefix).div_ceil(8) {
             return None;
         }
         let rest = source_prefix % 8;
@@ -205,11 +213,10 @@ fn fast(p: &[u8], [qd, an, ns, ar]: [u16; 4]) -> Fast {
     }
 }
 
-/// Walks an OPT record's options in place; returns the first Client Subnet
-/// and COOKIE options, or `Err` (FORMERR) when an option overruns the data,
-/// or any ECS (RFC 7871 §6: each one, not only the first; hickory-proto on
-/// the slow path rejects them all too) or COOKIE (RFC 7873 §5.2.2) option
-/// is malformed.
+/// Walks an OPT record's options in place (on both paths); returns the
+/// first Client Subnet and COOKIE options, or `Err` (FORMERR) when an
+/// option overruns the data, or any ECS (RFC 7871 §6: each one, not only
+/// the first) or COOKIE (RFC 7873 §5.2.2) option is malformed.
 fn options(mut rdata: &[u8]) -> Result<Options, ()> {
     let mut found = Options { ecs: None, cookie: None, nsid: false };
     while !rdata.is_empty() {
@@ -242,6 +249,29 @@ struct Options {
     nsid: bool,
 }
 
+/// The RDATA of the first OPT record of `packet`, a message hickory-proto
+/// has read: its sections are walked again with hickory-proto's readers
+/// (names may be compressed), keeping only where that record's bytes are.
+fn opt_rdata(packet: &[u8]) -> Option<&[u8]> {
+    let mut d = BinDecoder::new(packet);
+    d.read_slice(HEADER).ok()?;
+    for _ in 0..u16_at(packet, 4)? {
+        hickory_proto::op::Query::read(&mut d).ok()?;
+    }
+    let records = [6, 8, 10].iter().map(|&i| u16_at(packet, i).map(usize::from)).sum::<Option<usize>>()?;
+    for _ in 0..records {
+        Name::read(&mut d).ok()?;
+        let rtype = d.read_u16().ok()?.unverified();
+        d.read_slice(6).ok()?; // CLASS, TTL
+        let len = d.read_u16().ok()?.unverified();
+        let rdata = d.read_slice(usize::from(len)).ok()?.unverified();
+        if rtype == OPT {
+            return Some(rdata);
+        }
+    }
+    None
+}
+
 /// hickory-proto reads what the fast path does not; its question is
 /// re-encoded (names in full) so the response can echo it.
 fn slow_path<'p>(packet: &[u8], slow: &'p mut Vec<u8>, req: &mut Request<'p>) {
@@ -249,43 +279,28 @@ fn slow_path<'p>(packet: &[u8], slow: &'p mut Vec<u8>, req: &mut Request<'p>) {
         req.error = Some(Rcode::FormErr);
         return;
     };
-    // hickory-proto keeps COOKIE as an unknown option: check its length here.
-    let mut bad_cookie = false;
-    req.edns = msg.edns.as_ref().map(|e| ClientEdns {
-        nsid: e.option(hickory_proto::rr::rdata::opt::EdnsCode::NSID).is_some(),
-        cookie: match e.option(hickory_proto::rr::rdata::opt::EdnsCode::Cookie) {
-            Some(hickory_proto::rr::rdata::opt::EdnsOption::Unknown(_, data)) => {
-                let c = ClientCookie::read(data);
-                bad_cookie = c.is_none();
-                c
-            }
-            _ => None,
-        },
-        payload: e.max_payload(),
-        version: e.version(),
-        dnssec_ok: e.flags().dnssec_ok,
-        ecs: match e.option(hickory_proto::rr::rdata::opt::EdnsCode::Subnet) {
-            Some(hickory_proto::rr::rdata::opt::EdnsOption::Subnet(s)) => {
-                let (family, bytes) = match s.addr() {
-                    std::net::IpAddr::V4(a) => (1, a.octets().to_vec()),
-                    std::net::IpAddr::V6(a) => (2, a.octets().to_vec()),
-                };
-                let mut addr = [0; 16];
-                addr[..bytes.len()].copy_from_slice(&bytes);
-                let source_prefix = s.source_prefix().min(if family == 1 { 32 } else { 128 });
-                // Only the prefix's bits count; the echo carries no others.
-                for (i, b) in addr.iter_mut().enumerate() {
-                    let keep = (usize::from(source_prefix) as isize - 8 * i as isize).clamp(0, 8) as u32;
-                    *b &= (0xFF00u16 >> keep) as u8;
-                }
-                Some(ClientSubnet { family, source_prefix, addr })
-            }
-            _ => None,
-        },
-    });
-    if bad_cookie {
-        req.error = Some(Rcode::FormErr);
-    }
+    // The options are read from the OPT record's bytes by the in-place
+    // reader's walker, not from hickory-proto's reading of them: it keeps
+    // COOKIE as an unknown option, reads an ECS's address bytes up to its
+    // prefix and ignores the rest, and any SCOPE PREFIX-LENGTH. So both
+    // paths hold a query to the same rules (RFC 7871 §6, RFC 7873 §5.2.2).
+    req.edns = match (msg.edns.as_ref(), opt_rdata(packet).map(options)) {
+        (None, _) => None,
+        (Some(e), Some(Ok(Options { ecs, cookie, nsid }))) => Some(ClientEdns {
+            payload: e.max_payload(),
+            version: e.version(),
+            dnssec_ok: e.flags().dnssec_ok,
+            ecs,
+            cookie,
+            nsid,
+        }),
+        // Malformed options; or no OPT where hickory-proto read one, which
+        // cannot be, and is not answered as if it were valid.
+        (Some(_), Some(Err(())) | None) => {
+            req.error = Some(Rcode::FormErr);
+            return;
+        }
+    };
     let [query] = msg.queries.as_slice() else {
         req.error = Some(Rcode::FormErr);
         return;
@@ -327,6 +342,32 @@ mod tests {
         );
         assert!(ClientSubnet::read(&[0, 1, 24, 0, 198, 51, 100]).is_some());
         assert_eq!(ClientSubnet::read(&[0, 1, 23, 0, 198, 51, 101]), None, "bits beyond the prefix");
+    }
+
+    #[test]
+    fn client_subnets_are_read_as_rfc_7871_says() {
+        let source = |data: &[u8]| ClientSubnet::read(data).map(|e| (e.family, e.source_prefix));
+        // A prefix longer than its family's addresses.
+        assert_eq!(source(&[0, 1, 33, 0, 1, 2, 3, 4, 5]), None, "IPv4 /33");
+        assert_eq!(source(&[0, 2, 129, 0].iter().copied().chain([0; 17]).collect::<Vec<_>>()), None);
+        // A family that does not match its address: FAMILY 1 with an IPv6
+        // address's bytes, or with those of a longer prefix than it says.
+        assert_eq!(source(&[[0, 1, 32, 0].as_slice(), &[0x20; 16]].concat()), None, "16 bytes for IPv4");
+        assert_eq!(source(&[0, 1, 24, 0, 198, 51, 100, 0]), None, "4 bytes for a /24");
+        // Families 1 and 2 only (0 is reserved, not "none").
+        for family in [0, 3, 0x2121] {
+            let [f0, f1] = u16::to_be_bytes(family);
+            assert_eq!(source(&[f0, f1, 0, 0]), None, "family {family}");
+        }
+        // FAMILY 2 with a short prefix is IPv6 even in 3 bytes.
+        assert_eq!(source(&[0, 2, 24, 0, 0x20, 0x01, 0x0d]), Some((2, 24)));
+        // A source prefix of 0: valid, no address, in either family.
+        assert_eq!(source(&[0, 1, 0, 0]), Some((1, 0)));
+        assert_eq!(source(&[0, 2, 0, 0]), Some((2, 0)));
+        assert_eq!(source(&[0, 1, 0, 0, 0]), None, "a /0 carries no address byte");
+        // SCOPE PREFIX-LENGTH set in a query.
+        assert_eq!(source(&[0, 1, 24, 24, 198, 51, 100]), None, "scope 24 in a query");
+        assert_eq!(source(&[0, 1, 0, 1]), None, "scope 1 with source 0");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::debug::{self, within};
 use super::request::{ClientSubnet, Request, parse};
 use super::response::{self, Written};
 use super::rrl::{self, Action};
-use super::stats::{self, Limited, Outcome, TransferAsk};
+use super::stats::{self, EcsUse, Limited, Outcome, TransferAsk};
 use super::{Transport, WireConfig};
 use crate::answer::{self, Answer, Picks, Question, Rcode, class, rtype};
 use crate::fault::Point;
@@ -48,19 +48,38 @@ impl Scratch {
     }
 }
 
-/// Who sent a query, for the answer policies: its EDNS Client Subnet when it
-/// has one (RFC 7871: the resolver speaks for its client), else the
-/// packet's source address, else (`peer` unknown) `--cluster-id`.
-fn client_of(snap: &Snapshot, ecs: Option<ClientSubnet>, peer: Option<IpAddr>) -> (Client, u8) {
+/// Who asks, for the answer policies and `consumer-clusters`.
+#[derive(Clone, Copy)]
+struct Asking {
+    /// The client they see.
+    client: Client,
+    /// The ECS SOURCE PREFIX-LENGTH that found it; 0 when the client was
+    /// not found by ECS (the echo's scope is then 0 or the network's).
+    ecs_bits: u8,
+    /// What became of the query's ECS, when it had one.
+    ecs: Option<EcsUse>,
+}
+
+/// Who sent a query: its EDNS Client Subnet when a resolver we trust
+/// (`--trust-ecs-from`; no `peer`: asked in process, trusted) sent it
+/// (RFC 7871: the resolver speaks for its client), else the packet's
+/// source address, else (`peer` unknown) `--cluster-id`. An ECS from any
+/// other sender is ignored, never an error: a client may not choose the
+/// cluster it is answered as, and a resolver that adds ECS for everyone
+/// still gets the answers its own address earns.
+fn client_of(snap: &Snapshot, ecs: Option<ClientSubnet>, peer: Option<IpAddr>, trust: &[Cidr]) -> Asking {
     let l = &snap.zone().localities;
-    match (ecs, peer) {
+    let believed = ecs.filter(|_| peer.is_none_or(|ip| Cidr::allows(trust, ip)));
+    let used = ecs.map(|_| if believed.is_some() { EcsUse::Believed } else { EcsUse::Ignored });
+    let (client, ecs_bits) = match (believed, peer) {
         // A /0 subnet reveals nothing: the resolver's own address still does.
         (Some(e), _) if e.source_prefix > 0 => {
             (l.client(e.address(), e.family == 2, e.source_prefix), e.source_prefix)
         }
         (_, Some(addr)) => (l.client_at(addr), 0),
         (_, None) => (l.client(&[], false, 0), 0),
-    }
+    };
+    Asking { client, ecs_bits, ecs: used }
 }
 
 /// Answers one DNS message. Writes the response into `out` (cleared first)
@@ -78,7 +97,8 @@ pub fn respond(
 }
 
 /// [`respond`] to a query that came from `peer`: the answer policies see
-/// its cluster (`--client-cluster`), or its EDNS Client Subnet's; its DNS
+/// its cluster (`--client-cluster`), or its EDNS Client Subnet's when
+/// `peer` is a resolver in `--trust-ecs-from`; its DNS
 /// cookie is checked against its address, and over UDP it counts against
 /// its network's rate limit.
 pub fn respond_from(
@@ -117,12 +137,13 @@ struct Asker {
 }
 
 impl Asker {
-    /// The client the policies see and the ECS prefix length that found
-    /// it (0: not found by ECS).
-    fn client(self, snap: &Snapshot, req: &Request<'_>) -> (Client, u8) {
+    /// Who asks, as the policies see it.
+    fn asking(self, snap: &Snapshot, req: &Request<'_>, cfg: &WireConfig) -> Asking {
         match self.client {
-            Some(client) => (client, 0),
-            None => client_of(snap, req.edns.and_then(|e| e.ecs), self.peer),
+            // Given (explain's own query, which carries no ECS): nothing to
+            // believe or ignore.
+            Some(client) => Asking { client, ecs_bits: 0, ecs: None },
+            None => client_of(snap, req.edns.and_then(|e| e.ecs), self.peer, &cfg.trust_ecs),
         }
     }
 }
@@ -150,6 +171,8 @@ struct Report {
     debug: Option<bool>,
     /// A zone transfer, and what it got.
     transfer: Option<TransferAsk>,
+    /// What became of the query's EDNS Client Subnet.
+    ecs: Option<EcsUse>,
 }
 
 /// The one internal entry behind the three public ones.
@@ -171,9 +194,11 @@ fn answer(
         (Some(secret), Some(c)) => secret.check(c, asker.peer, cookie::now(), &mut server_cookie),
         _ => cookie::Verdict::None,
     };
-    let (client, ecs_bits) = asker.client(snap, &req);
+    let asking = asker.asking(snap, &req, cfg);
+    let client = asking.client;
     let lower = lower_qname(&req, &mut scratch.lower);
-    let (route, report) = route(snap, &req, lower, asker.peer, client, transport, cfg);
+    let (route, mut report) = route(snap, &req, lower, asker.peer, asking, transport, cfg);
+    report.ecs = asking.ecs;
     let outcome = |rcode, in_zone, limited| outcome(&req, rcode, in_zone, limited, report);
     let mut answer = match &route {
         Route::Lookup(name) => {
@@ -208,15 +233,15 @@ fn answer(
         (_, Some(c)) => Some((c, &server_cookie)),
     };
     let counted = (scratch.picks.as_slice(), &mut *scratch.hits);
-    write(snap, &req, &answer, (client, ecs_bits), cookie, truncate, transport, cfg, counted, out);
+    write(snap, &req, &answer, asking, cookie, truncate, transport, cfg, counted, out);
     Some(outcome(answer.rcode, answer.in_zone, limited))
 }
 
 /// What the query got, for the counters.
 fn outcome(req: &Request<'_>, rcode: Rcode, in_zone: bool, limited: Limited, report: Report) -> Outcome {
     let dnssec_ok = req.edns.is_some_and(|e| e.dnssec_ok);
-    let Report { debug, transfer } = report;
-    Outcome { rcode, in_zone, qtype: req.qtype, dnssec_ok, limited, debug, transfer }
+    let Report { debug, transfer, ecs } = report;
+    Outcome { rcode, in_zone, qtype: req.qtype, dnssec_ok, limited, debug, transfer, ecs }
 }
 
 /// The lower-case QNAME into `buf`, read once: the lookup, the debug
@@ -243,7 +268,7 @@ fn route<'q>(
     req: &Request<'_>,
     lower: Option<&'q [u8]>,
     peer: Option<IpAddr>,
-    client: Client,
+    asking: Asking,
     transport: Transport,
     cfg: &WireConfig,
 ) -> (Route<'q>, Report) {
@@ -268,8 +293,8 @@ fn route<'q>(
         && matches!(req.qtype, rtype::TXT | rtype::ANY)
         && within(name, zone)
     {
-        let ecs = req.edns.and_then(|e| e.ecs);
-        let records = debug::records(debug, snap, name, peer, ecs, client);
+        let ecs = req.edns.and_then(|e| e.ecs).map(|e| (e, asking.ecs == Some(EcsUse::Believed)));
+        let records = debug::records(debug, snap, name, peer, ecs, asking.client);
         let report = Report { debug: Some(records.is_some()), ..none };
         return (Route::Debug(records), report);
     }
@@ -337,7 +362,7 @@ fn write(
     snap: &Snapshot,
     req: &Request<'_>,
     answer: &Answer<'_>,
-    (client, ecs_bits): (Client, u8),
+    Asking { client, ecs_bits, .. }: Asking,
     cookie: Option<(&ClientCookie, &[u8; cookie::SERVER_LEN])>,
     truncate: bool,
     transport: Transport,
@@ -373,11 +398,70 @@ fn write(
 
 #[cfg(test)]
 mod tests {
-    use hickory_proto::op::{Message, Query};
+    use hickory_proto::op::{Edns, Message, Query};
+    use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
     use hickory_proto::rr::{Name, RecordType};
 
     use super::*;
     use crate::store::{self, AnswerConfig, ZoneConfig};
+
+    /// Issue 40: a query's EDNS Client Subnet says who asks only when a
+    /// resolver in `--trust-ecs-from` sent it; from anyone else the packet's
+    /// source does, for `consumer-clusters` as for the policies, and the
+    /// option is echoed with scope 0 (RFC 7871 §12.1: supported, not used).
+    #[test]
+    fn a_client_subnet_is_believed_only_from_trusted_resolvers() {
+        // hl.ns is for clients of c2 only; 10.<n>.0.0/16 are c<n>'s clients.
+        let (reader, _w) = crate::answer::consumer_tests::fleet(Some(&["c2"]));
+        let query = |subnet: &str| {
+            let mut m = Message::query();
+            m.add_query(Query::query(
+                Name::from_ascii("hl.ns.svc.clusterset.local.").expect("name"),
+                RecordType::A,
+            ));
+            let mut edns = Edns::new();
+            edns.options_mut().insert(EdnsOption::Subnet(subnet.parse().expect("subnet")));
+            m.set_edns(edns);
+            m.to_vec().expect("encode")
+        };
+        let cfg =
+            WireConfig { trust_ecs: vec![Cidr::parse("127.0.0.1").expect("cidr")], ..Default::default() };
+        let (mut scratch, mut out) = (Scratch::default(), Vec::new());
+        let mut ask = |peer: Option<&str>, subnet: &str| {
+            let peer = peer.map(|p| p.parse().expect("ip"));
+            let o = respond_from(
+                &reader.load(),
+                &query(subnet),
+                peer,
+                Transport::Udp,
+                &cfg,
+                &mut scratch,
+                &mut out,
+            )
+            .expect("answered");
+            let m = Message::from_vec(&out).expect("decode");
+            let scope = match m.edns.as_ref().and_then(|e| e.option(EdnsCode::Subnet)) {
+                Some(EdnsOption::Subnet(s)) => s.scope_prefix(),
+                _ => panic!("ECS not echoed"),
+            };
+            (o.rcode, o.ecs, scope)
+        };
+        let (yes, ignored) = (Some(EcsUse::Believed), Some(EcsUse::Ignored));
+        // The trusted resolver speaks for a client of c2: the service
+        // exists for it, for the client's /16.
+        assert_eq!(ask(Some("127.0.0.1"), "10.2.3.0/24"), (Rcode::NoError, yes, 16));
+        assert_eq!(ask(Some("::ffff:127.0.0.1"), "10.2.3.0/24"), (Rcode::NoError, yes, 16));
+        // Asked in process (explain, benches): trusted.
+        assert_eq!(ask(None, "10.2.3.0/24").0, Rcode::NoError);
+        // The same claim from anyone else: its own address decides.
+        assert_eq!(ask(Some("127.0.0.2"), "10.2.3.0/24"), (Rcode::NxDomain, ignored, 0), "no cluster's");
+        assert_eq!(ask(Some("10.1.0.7"), "10.2.3.0/24"), (Rcode::NxDomain, ignored, 0), "c1's");
+        assert_eq!(ask(Some("10.2.0.7"), "10.1.3.0/24"), (Rcode::NoError, ignored, 0), "c2's own");
+        // A trusted resolver's claim for a client of c1 is believed too.
+        assert_eq!(ask(Some("127.0.0.1"), "10.1.3.0/24"), (Rcode::NxDomain, yes, 16));
+        // A /0 subnet names no client: the resolver's own address decides.
+        assert_eq!(ask(Some("127.0.0.1"), "0.0.0.0/0"), (Rcode::NxDomain, yes, 0));
+    }
 
     #[test]
     fn transfers_go_to_ipv4_clients_of_dual_stack_sockets_as_to_the_ipv4_address() {

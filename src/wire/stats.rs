@@ -13,6 +13,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tracing::warn;
+
 use crate::answer::{Pick, Rcode};
 use crate::store::{AnswerStats, Balance, BalanceCluster};
 
@@ -82,6 +84,30 @@ pub struct Outcome {
     pub debug: Option<bool>,
     /// A zone transfer request (AXFR or IXFR of the apex), and what it got.
     pub transfer: Option<TransferAsk>,
+    /// The query carried an EDNS Client Subnet, and whether it was believed.
+    pub ecs: Option<EcsUse>,
+}
+
+/// What became of a query's EDNS Client Subnet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EcsUse {
+    /// From a sender in `--trust-ecs-from` (or asked in process): it says
+    /// who asks.
+    Believed,
+    /// From any other sender: the packet's source address says who asks.
+    Ignored,
+}
+
+impl EcsUse {
+    /// Its slot in the counters and its `result` label.
+    pub(crate) const LABELS: [&'static str; 2] = ["believed", "ignored"];
+
+    fn slot(self) -> usize {
+        match self {
+            Self::Believed => 0,
+            Self::Ignored => 1,
+        }
+    }
 }
 
 /// What a zone transfer request got.
@@ -149,6 +175,8 @@ macro_rules! layout {
             pub(crate) debug: [$t; 2],
             /// Zone transfer requests by [`TransferAsk`] slot.
             pub(crate) transfers: [$t; 3],
+            /// Queries with an EDNS Client Subnet by [`EcsUse`] slot.
+            pub(crate) ecs: [$t; 2],
             /// TCP connections closed at `--tcp-max-connections` to make
             /// room for a new one (counted by the accept loop, straight
             /// into the shared atomics: once per connection, not per query).
@@ -175,6 +203,7 @@ impl Default for LocalStats {
             limited: [0; 2],
             debug: [0; 2],
             transfers: [0; 3],
+            ecs: [0; 2],
             tcp_shed: [0; 1],
         }
     }
@@ -195,6 +224,7 @@ impl Default for QueryStats {
             limited: std::array::from_fn(|_| AtomicU64::new(0)),
             debug: std::array::from_fn(|_| AtomicU64::new(0)),
             transfers: std::array::from_fn(|_| AtomicU64::new(0)),
+            ecs: std::array::from_fn(|_| AtomicU64::new(0)),
             tcp_shed: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -241,6 +271,9 @@ impl LocalStats {
         }
         if let Some(t) = o.transfer {
             self.transfers[t.slot()] += 1;
+        }
+        if let Some(e) = o.ecs {
+            self.ecs[e.slot()] += 1;
         }
         let zp = zone * PROTOS + a.proto;
         self.request_size[zp][bucket(&SIZE_BUCKETS, request_len as f64)] += 1;
@@ -289,6 +322,18 @@ impl LocalStats {
         add(&mut self.limited, &shared.limited);
         add(&mut self.debug, &shared.debug);
         add(&mut self.transfers, &shared.transfers);
+        let ignored = std::mem::take(&mut self.ecs[EcsUse::Ignored.slot()]);
+        if ignored > 0 && shared.ecs[EcsUse::Ignored.slot()].fetch_add(ignored, Ordering::Relaxed) == 0 {
+            // Once per listener (the flush that brings the first), so that
+            // an upgrade which stops believing a resolver says so in the
+            // log; the counter says how often after that.
+            warn!(
+                "an EDNS Client Subnet from a sender outside --trust-ecs-from was ignored: such queries \
+                 are answered for their source address, counted in clusterset_dns_ecs_queries_total \
+                 with result=ignored (docs/answers.md, Who asks)"
+            );
+        }
+        add(&mut self.ecs, &shared.ecs);
         add(&mut self.tcp_shed, &shared.tcp_shed);
         for (l, s) in self.duration.iter_mut().zip(&shared.duration) {
             add(l, s);
@@ -415,6 +460,7 @@ mod tests {
             limited: Limited::No,
             debug: None,
             transfer: None,
+            ecs: Some(EcsUse::Ignored),
         };
         local.record(&o, Arrival { proto: 0, family: 1 }, 60, 512);
         local.record_duration(true, 1, Duration::from_micros(300));
@@ -430,6 +476,7 @@ mod tests {
         assert_eq!(shared.duration[0][1].load(Ordering::Relaxed), 1, "0.3 ms falls in the 0.5 ms bucket");
         assert_eq!(shared.request_size[0][1].load(Ordering::Relaxed), 1, "60 bytes: the 100 bucket");
         assert_eq!(shared.response_size[0][6].load(Ordering::Relaxed), 1, "512 bytes: the 1023 bucket");
+        assert_eq!(shared.ecs.each_ref().map(|e| e.load(Ordering::Relaxed)), [0, 1], "an ignored ECS");
         assert_eq!(local.requests.iter().sum::<u64>(), 0);
         assert_eq!(type_slot(99), TYPES.len());
     }

@@ -305,28 +305,21 @@ impl Drop for ClientSlot {
 const OTHER_FILES: u64 = 256;
 
 /// `cfg` with `max_connections` lowered when the process's limit on open
-/// files (the soft `RLIMIT_NOFILE`, read from `/proc/self/limits`) cannot
-/// hold that many connections on each of `listeners` listeners, with those
-/// closing and `OTHER_FILES`; then also the limit read. Past the limit
-/// accept() fails (EMFILE) and a connection waits in the kernel's queue,
-/// behind whatever is there, until a timeout frees a descriptor: a cap
-/// that fits keeps shedding in charge instead. systemd's default soft
-/// limit, 1,024, is the default cap's size.
+/// files (the soft `RLIMIT_NOFILE`) cannot hold that many connections on
+/// each of `listeners` listeners, with those closing and `OTHER_FILES`;
+/// then also the limit. Past the limit accept() fails (EMFILE) and a
+/// connection waits in the kernel's queue, behind whatever is there, until
+/// a timeout frees a descriptor: a cap that fits keeps shedding in charge
+/// instead. systemd's default soft limit, 1,024, is the default cap's size.
 pub fn fit_open_files(cfg: TcpConfig, listeners: usize) -> (TcpConfig, Option<u64>) {
-    let limit = std::fs::read_to_string("/proc/self/limits").ok().and_then(|l| open_files_limit(&l));
+    // `None`: unlimited.
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
     match limit.map(|limit| (limit, fitted_max(cfg.max_connections, listeners, limit))) {
         Some((limit, max)) if max < cfg.max_connections => {
             (TcpConfig { max_connections: max, ..cfg }, Some(limit))
         }
         _ => (cfg, None),
     }
-}
-
-/// The soft limit of `Max open files` in `/proc/PID/limits` text; `None`
-/// when unlimited or unreadable.
-fn open_files_limit(limits: &str) -> Option<u64> {
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// The connections per listener that `limit` open files leave room for.
@@ -614,11 +607,6 @@ mod tests {
 
     #[test]
     fn the_cap_is_fitted_to_the_open_files_limit() {
-        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
-                      Max cpu time              unlimited            unlimited            seconds   \n\
-                      Max open files            1024                 524288               files     \n";
-        assert_eq!(open_files_limit(limits), Some(1024));
-        assert_eq!(open_files_limit(&limits.replace("1024 ", "unlimited ")), None);
         // systemd's default soft limit under the default cap: 1024 - 256
         // for the rest, less 64 that may be closing.
         assert_eq!(fitted_max(1024, 1, 1024), 704);

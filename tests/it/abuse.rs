@@ -455,6 +455,8 @@ fn under_a_low_open_files_limit_the_cap_fits_it_and_a_fresh_client_still_gets_in
         "no warning about the limit:\n{}",
         s.log()
     );
+    // The cap it names: 512 - 256 kept for the rest - 64 that may be closing.
+    assert!(s.log().contains("tcp_max_connections=192"), "{}", s.log());
     let baseline = sockets_of(s.pid());
     let held = half_open(s.addr, 2049, 250);
     accepted(s.addr);

@@ -1,4 +1,4 @@
-//! Every rule of `../shared/docs/dns-behaviour.md`, over UDP and TCP. Each
+//! Every rule of the contract in `docs/answers.md`, over UDP and TCP. Each
 //! test names the rule it guards; the expected answers are zone-file text.
 
 use crate::harness::served::Served;

@@ -85,6 +85,37 @@ fn answers_pass_through_coredns_unchanged() {
     assert_eq!((ent.status.as_str(), ent.answer.len()), ("NOERROR", 0), "{}", ent.text);
 }
 
+/// Issue 40: what a CoreDNS in front does with a client's EDNS Client
+/// Subnet, which decides whether `--trust-ecs-from` may name it. The
+/// example block's `forward` passes the client's option on unchanged (so
+/// trusting that CoreDNS would let every Pod claim any cluster); with
+/// `rewrite edns0 subnet set 32 128` CoreDNS puts the client's own address
+/// there instead, whatever it sent. `whoami` (CoreDNS forwards the CHAOS
+/// query like any other) says what the server received; CoreDNS on
+/// 127.0.0.1 is in the default `--trust-ecs-from`.
+#[test]
+fn forward_passes_a_clients_subnet_on_and_rewrite_set_replaces_it() {
+    let s = Served::start(&["--client-cluster", "198.51.100.0/24=cluster-b"]);
+    let whoami = |c: &CoreDns| {
+        let out = crate::harness::served::dig(
+            c.addr,
+            &["CH", "TXT", "whoami.clusterset.local", "+subnet=198.51.100.0/24"],
+        );
+        parse(&out).rdata("TXT")
+    };
+    let forward = CoreDns::start(s.addr, &[]);
+    let got = whoami(&forward);
+    assert!(got.contains(&"\"ecs 198.51.100.0/24\"".to_owned()), "{got:?}");
+    assert!(got.contains(&"\"cluster cluster-b\"".to_owned()), "the client's claim stands: {got:?}");
+
+    let conf = corefile(0, s.addr, &[]).replace("clusterset.local:0 {", "clusterset.local:{PORT} {");
+    let conf = conf.replacen("    log\n", "    log\n    rewrite edns0 subnet set 32 128\n", 1);
+    let rewrite = CoreDns::start_conf(&conf, "clusterset.local");
+    let got = whoami(&rewrite);
+    assert!(got.contains(&"\"ecs 127.0.0.1/32\"".to_owned()), "the client's own address: {got:?}");
+    assert!(got.contains(&"\"cluster (unknown)\"".to_owned()), "{got:?}");
+}
+
 #[test]
 fn an_answer_too_large_for_udp_reaches_the_client_in_full_over_tcp() {
     let ns = "coredns-e2e-tc";

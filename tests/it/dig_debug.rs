@@ -110,6 +110,53 @@ fn whoami_says_what_the_server_attributes_to_the_asker() {
     assert!(ecs.contains("\"ecs 198.51.100.0/24\"") && ecs.contains("\"cluster (unknown)\""), "{ecs}");
 }
 
+/// Issue 40: a sender outside `--trust-ecs-from` reads that its subnet was
+/// ignored and is answered as its own address; an operator sees it in
+/// `clusterset_dns_ecs_queries_total` and in one log line.
+#[test]
+fn an_ignored_client_subnet_is_shown_counted_and_logged_once() {
+    let s = Served::start(&[
+        "--trust-ecs-from",
+        "127.0.0.1",
+        "--allow-debug",
+        "127.0.0.0/8",
+        "--client-cluster",
+        "198.51.100.0/24=cluster-b",
+    ]);
+    let whoami = |from: &str| {
+        let args = ["-b", from, "CH", "TXT", "whoami.clusterset.local", "+short", "+subnet=198.51.100.0/24"];
+        dig(s.addr, &args)
+    };
+    let trusted = whoami("127.0.0.1");
+    assert!(
+        trusted.contains("\"ecs 198.51.100.0/24\"") && trusted.contains("\"cluster cluster-b\""),
+        "{trusted}"
+    );
+    for _ in 0..3 {
+        let spoofed = whoami("127.0.0.2");
+        assert!(
+            spoofed.contains("\"ecs 198.51.100.0/24 ignored: the sender is not in --trust-ecs-from\""),
+            "{spoofed}"
+        );
+        assert!(
+            spoofed.contains("\"address 127.0.0.2\"") && spoofed.contains("\"cluster (unknown)\""),
+            "{spoofed}"
+        );
+    }
+    let series = |result: &str| {
+        format!("clusterset_dns_ecs_queries_total{{result=\"{result}\",server=\"dns://{}\"}}", s.addr)
+    };
+    // UDP workers add their counts at most about once a second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while metric(&s, &series("ignored")) != Some(3.0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(metric(&s, &series("ignored")), Some(3.0));
+    assert_eq!(metric(&s, &series("believed")), Some(1.0));
+    let warned = s.log().lines().filter(|l| l.contains("outside --trust-ecs-from was ignored")).count();
+    assert_eq!(warned, 1, "{}", s.log());
+}
+
 #[test]
 fn debug_queries_from_clients_not_allowed_are_refused_and_counted() {
     let s = Served::start(&["--allow-debug", "192.0.2.0/24"]);

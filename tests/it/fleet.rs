@@ -219,7 +219,9 @@ fn centralized_serve_answers_for_the_fleet_from_exports_alone() {
 /// cluster-1) is exported for `clusterset-dns.io/consumer-clusters:
 /// cluster-2`; `open` (in cluster-1) for everyone. Two client clusters by
 /// EDNS Client Subnet: cluster-1's (198.51.100.0/24) and cluster-2's
-/// (203.0.113.0/24); loopback belongs to none.
+/// (203.0.113.0/24), believed from 127.0.0.1 only (`--trust-ecs-from`);
+/// loopback belongs to none, so 127.0.0.2 claiming cluster-2's subnet is
+/// an unknown client (issue 40).
 #[test]
 fn centralized_answers_a_restricted_service_only_to_its_consumer_clusters() {
     let clusters = shared();
@@ -253,6 +255,7 @@ fn centralized_answers_a_restricted_service_only_to_its_consumer_clusters() {
     for n in &nets {
         args.extend(["--client-cluster", n.as_str()]);
     }
+    args.extend(["--trust-ecs-from", "127.0.0.1"]);
     let s = Served::start(&args);
     eventually("ready", || s.get("/ready").0 == 200);
     let (one, two) = ("+subnet=198.51.100.0/24", "+subnet=203.0.113.0/24");
@@ -280,6 +283,8 @@ fn centralized_answers_a_restricted_service_only_to_its_consumer_clusters() {
         // member without the import.
         assert_eq!(status(name, t, &[one]), "NXDOMAIN", "{name} {t} for cluster-1");
         assert_eq!(status(name, t, &[]), "NXDOMAIN", "{name} {t} for an unknown client");
+        // cluster-2's subnet claimed by a sender that is not the trusted resolver.
+        assert_eq!(status(name, t, &["-b", "127.0.0.2", two]), "NXDOMAIN", "{name} {t} spoofed");
     }
     assert_eq!(answer(&format!("open.{ns}.svc.clusterset.local"), "A", &[one]), ["10.1.0.2"]);
     // Its reverse name is not told to others; a transfer (loopback: an

@@ -144,6 +144,41 @@ fn edns_records_that_overrun_their_bounds_get_formerr() {
     }
 }
 
+/// Issue 40: the Client Subnet shapes RFC 7871 names, each as it says,
+/// on the in-place reader and on hickory-proto's (the slow path: a second
+/// additional record). FORMERR (§7.2.1: a wrongly formatted option is
+/// rejected; §6 names how) for a prefix longer than its family's
+/// addresses, address bytes of another family, a family other than 1 or 2,
+/// and a SCOPE PREFIX-LENGTH set in a query (§6: it MUST be 0 there); an
+/// answer for a SOURCE PREFIX-LENGTH of 0 (§7.1.2: the client asks that no
+/// address be used) in either family, and for an IPv6 subnet sent over
+/// IPv4.
+#[test]
+fn client_subnets_get_what_rfc_7871_says() {
+    let s = TestServer::embedded();
+    let ecs = |data: &[u8]| option(8, data);
+    let fast = |data: &[u8]| packet(QNAME, 1, &opt(4 + data.len() as u16, &ecs(data)));
+    let slow =
+        |data: &[u8]| packet(QNAME, 2, &[&SOME_A[..], &opt(4 + data.len() as u16, &ecs(data))].concat());
+    let v6_129: Vec<u8> = [0, 2, 129, 0].into_iter().chain([0x20; 17]).collect();
+    let v4_with_v6_bytes: Vec<u8> = [0, 1, 32, 0].into_iter().chain([0x20; 16]).collect();
+    let shapes: [(&str, Vec<u8>, Option<u16>); 9] = [
+        ("IPv4 /33", vec![0, 1, 33, 0, 1, 2, 3, 4, 5], Some(FORMERR)),
+        ("IPv6 /129", v6_129, Some(FORMERR)),
+        ("FAMILY 1 with an IPv6 address", v4_with_v6_bytes, Some(FORMERR)),
+        ("FAMILY 0", vec![0, 0, 0, 0], Some(FORMERR)),
+        ("SCOPE 24 in a query", vec![0, 1, 24, 24, 198, 51, 100], Some(FORMERR)),
+        ("SCOPE 1 with SOURCE 0", vec![0, 1, 0, 1], Some(FORMERR)),
+        ("IPv4 SOURCE 0", vec![0, 1, 0, 0], Some(0)),
+        ("IPv6 SOURCE 0", vec![0, 2, 0, 0], Some(0)),
+        ("IPv6 /24 over IPv4", vec![0, 2, 24, 0, 0x20, 0x01, 0x0d], Some(0)),
+    ];
+    for (what, data, want) in shapes {
+        expect(s.addr, what, &fast(&data), want);
+        expect(s.addr, &format!("{what}, slow path"), &slow(&data), want);
+    }
+}
+
 #[test]
 fn broken_questions_get_formerr_and_responses_get_nothing() {
     let s = TestServer::embedded();

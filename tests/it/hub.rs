@@ -156,6 +156,14 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
                     "{} lost {svc} with the hub frozen",
                     clusters.name(i)
                 );
+                // A silent hub says nothing of the members behind it.
+                assert_eq!(
+                    rt.block_on(reader.condition(svc, "clusterset-dns.io/SourcesReachable")).as_deref(),
+                    Some("True"),
+                    "{}: {svc} marked unreachable because the hub was frozen\n{}",
+                    clusters.name(i),
+                    logs(&agents)
+                );
             }
         }
     }
@@ -170,6 +178,12 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
 
     // cluster-4's agent killed: its export is kept everywhere (the default,
     // --on-member-lost=keep), marked unreachable once its heartbeat stops.
+    assert_eq!(
+        rt.block_on(r[1].condition("db", "clusterset-dns.io/SourcesReachable")).as_deref(),
+        Some("True"),
+        "db marked unreachable in cluster-2 before its agent was killed\n{}",
+        logs(&agents)
+    );
     agents[2].kill();
     waits(
         60,

@@ -7,7 +7,7 @@
 //! `queries.txt` with `dig`. The incumbent's answers, normalised, are
 //! recorded in `incumbent.txt`; every field in which our answer differs is a
 //! row of the table in `DIFFERENCES.md`, with the rule of
-//! `dns-behaviour.md` or the MCS specification that our answer follows.
+//! `docs/answers.md` or the MCS specification that our answer follows.
 //! The test fails when a difference appears that the table does not list,
 //! when a listed one is gone, or when either side of a listed one changed
 //! (the table holds both values, exactly or as a digest).
@@ -136,7 +136,7 @@ fn our_answers_differ_from_the_incumbent_only_where_documented() {
     assert!(
         problems.is_empty(),
         "our answers and the incumbent's differ other than DIFFERENCES.md says ({} problems):\n{}\n\
-         Every difference must follow a rule of dns-behaviour.md or the MCS specification \
+         Every difference must follow a rule of docs/answers.md or the MCS specification \
          (else it is our bug to fix).",
         problems.len(),
         problems.join("\n")

@@ -57,8 +57,11 @@ fn over_the_budget_edits_are_served_at_once_and_a_refused_service_appears_once_i
     });
     let kubeconfig = clusters.serve_kubeconfig(0);
     let kubeconfig = kubeconfig.to_str().expect("path");
+    // --metrics-per-service: `endpoints_of` reads the per-service series.
     let args = |limit: &str| -> Vec<String> {
-        ["--kubeconfig", kubeconfig, "--namespace", ns, "--memory-limit", limit].map(str::to_owned).to_vec()
+        ["--kubeconfig", kubeconfig, "--namespace", ns, "--memory-limit", limit, "--metrics-per-service"]
+            .map(str::to_owned)
+            .to_vec()
     };
     let start = |limit: &str| {
         let args = args(limit);

@@ -91,6 +91,48 @@ fn edns_client_subnet_takes_precedence_and_is_echoed_with_the_network_scope() {
     assert_eq!(addresses(&m), ["10.1.0.1", "10.1.0.2"]);
 }
 
+/// Issue 40: an EDNS Client Subnet says who asks only when a resolver in
+/// `--trust-ecs-from` sent it. 127.0.0.2, a client like the rest of
+/// loopback in `east` but not the trusted resolver 127.0.0.1, claims west's
+/// subnet: it gets east's endpoints, the answer for its own address, over
+/// UDP and TCP, the option echoed with scope 0 (the answer is the same
+/// whatever subnet it claims); from 127.0.0.1 the same query gets west's.
+#[test]
+fn a_spoofed_client_subnet_from_an_untrusted_sender_gets_the_senders_answer() {
+    let s = TestServer::start(
+        &[("contract.yaml", FIXTURE)],
+        &[
+            "--answer-policy",
+            "local-first",
+            "--client-cluster",
+            "127.0.0.0/8=east",
+            "--client-cluster",
+            "198.51.100.0/24=west.eu",
+            "--client-cluster",
+            "2001:db8::/32=west.eu",
+            "--trust-ecs-from",
+            "127.0.0.1",
+        ],
+    );
+    let (trusted, client): (IpAddr, IpAddr) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
+    for spoofed in [
+        with_ecs(q("hl.ns1.svc.clusterset.local.", "A"), "198.51.100.0", 24),
+        with_ecs(q("hl.ns1.svc.clusterset.local.", "A"), "2001:db8:1::", 48),
+    ] {
+        for m in [spoofed.udp_from(client, s.addr), spoofed.tcp_from(client, s.addr)] {
+            assert_eq!(addresses(&m), ["10.1.0.1", "10.1.0.2"], "east's: the sender's cluster");
+            assert_eq!(ecs(&m).expect("ECS echoed").scope_prefix(), 0);
+        }
+        for m in [spoofed.udp_from(trusted, s.addr), spoofed.tcp_from(trusted, s.addr)] {
+            assert_eq!(addresses(&m), ["10.2.0.1"], "west's: the trusted resolver's client");
+            assert_ne!(ecs(&m).expect("ECS echoed").scope_prefix(), 0);
+        }
+    }
+    // Without ECS the untrusted client is answered as before.
+    let plain = q("hl.ns1.svc.clusterset.local.", "A");
+    assert_eq!(addresses(&plain.udp_from(client, s.addr)), ["10.1.0.1", "10.1.0.2"]);
+}
+
 #[test]
 fn answers_that_do_not_depend_on_the_client_have_scope_zero() {
     let s = local_first();
@@ -119,6 +161,7 @@ fn malformed_client_subnet_options_get_formerr() {
         p
     };
     for (why, data) in [
+        ("a scope set in a query", vec![0, 1, 24, 24, 198, 51, 100]),
         ("bits set beyond the prefix", vec![0, 1, 12, 0, 10, 0xFF]),
         ("more address bytes than the prefix needs", vec![0, 1, 8, 0, 10, 0]),
         ("prefix longer than IPv4", vec![0, 1, 33, 0, 1, 2, 3, 4, 5]),

@@ -2,7 +2,7 @@
 //! as zone-file text so expectations read like `dig` output.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::str::FromStr;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -146,6 +146,16 @@ impl Q {
     pub fn tcp(&self, addr: SocketAddr) -> Message {
         decode(&tcp_raw(addr, &self.bytes()).expect("a TCP response"))
     }
+
+    /// [`Q::udp`] from the local address `from`.
+    pub fn udp_from(&self, from: IpAddr, addr: SocketAddr) -> Message {
+        decode(&udp_raw_from(from, addr, &self.bytes()).expect("a UDP response"))
+    }
+
+    /// [`Q::tcp`] from the local address `from`.
+    pub fn tcp_from(&self, from: IpAddr, addr: SocketAddr) -> Message {
+        decode(&tcp_raw_from(from, addr, &self.bytes()).expect("a TCP response"))
+    }
 }
 
 pub fn decode(bytes: &[u8]) -> Message {
@@ -154,7 +164,13 @@ pub fn decode(bytes: &[u8]) -> Message {
 
 /// Sends raw bytes over UDP; `None` when nothing comes back within 1 s.
 pub fn udp_raw(addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
-    let sock = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    udp_raw_from(Ipv4Addr::LOCALHOST.into(), addr, bytes)
+}
+
+/// [`udp_raw`] from the local address `from` (every address of
+/// 127.0.0.0/8 is this host's: a second client on loopback).
+pub fn udp_raw_from(from: IpAddr, addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
+    let sock = UdpSocket::bind(SocketAddr::new(from, 0)).expect("bind");
     sock.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
     sock.send_to(bytes, addr).expect("send");
     let mut buf = vec![0u8; 65535];
@@ -166,7 +182,16 @@ pub fn udp_raw(addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
 
 /// Sends one length-prefixed message over a new TCP connection.
 pub fn tcp_raw(addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
-    let mut s = TcpStream::connect(addr).expect("connect");
+    tcp_raw_from(Ipv4Addr::LOCALHOST.into(), addr, bytes)
+}
+
+/// [`tcp_raw`] over a connection from the local address `from`.
+pub fn tcp_raw_from(from: IpAddr, addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
+    let sock = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)
+        .expect("socket");
+    sock.bind(&SocketAddr::new(from, 0).into()).expect("bind");
+    sock.connect(&addr.into()).expect("connect");
+    let mut s = TcpStream::from(sock);
     s.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
     let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
     framed.extend_from_slice(bytes);

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
+use std::time::SystemTime;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -13,7 +15,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{MemberApis, MemberLink, PROBE_EVERY, undiscovered};
 use crate::controller::api::{ApiError, Kind, MemberApi, SharedApi, Stored};
@@ -41,6 +43,9 @@ pub struct HubLink {
     heartbeat: Arc<WatchHealth>,
     /// Records skipped because they did not read, for `/metrics`.
     skipped: Arc<std::sync::atomic::AtomicU64>,
+    /// Its heartbeat's last renewal (Unix seconds; 0: never read; -1: read,
+    /// without a renewal stamp).
+    renewed: Arc<AtomicI64>,
 }
 
 impl HubLink {
@@ -58,6 +63,7 @@ impl HubLink {
             hub,
             records: Arc::new(WatchHealth::new(format!("ExportRecords of member {name} on the hub"))),
             heartbeat: Arc::new(WatchHealth::new(format!("heartbeat of member {name} on the hub"))),
+            renewed: Arc::new(AtomicI64::new(0)),
             skipped,
         })
     }
@@ -198,6 +204,47 @@ impl Translator {
     }
 }
 
+/// How long a heartbeat has stood still, counting only the time it could
+/// be read.
+#[derive(Debug, Default)]
+struct Stillness {
+    /// The version last read, and since when it stands (pushed forward by
+    /// the time the hub did not answer).
+    last: Option<(String, Instant)>,
+    /// Since when the hub has not answered.
+    blind_since: Option<Instant>,
+}
+
+impl Stillness {
+    /// The hub did not answer at `now`.
+    fn blind(&mut self, now: Instant) {
+        self.blind_since.get_or_insert(now);
+    }
+
+    /// `version` read at `now`: how long it has stood still, as seen; on
+    /// the first read, `first_estimate`.
+    fn seen(&mut self, version: String, now: Instant, first_estimate: Duration) -> Duration {
+        let blind = self.blind_since.take().map(|b| now.saturating_duration_since(b));
+        match &mut self.last {
+            Some((old, at)) if *old == version => {
+                if let Some(b) = blind {
+                    *at += b;
+                }
+                now.saturating_duration_since(*at)
+            }
+            None => {
+                let since = now.checked_sub(first_estimate).unwrap_or(now);
+                self.last = Some((version, since));
+                now.saturating_duration_since(since)
+            }
+            Some(_) => {
+                self.last = Some((version, now));
+                Duration::ZERO
+            }
+        }
+    }
+}
+
 impl MemberLink for HubLink {
     fn name(&self) -> &str {
         &self.name
@@ -207,13 +254,29 @@ impl MemberLink for HubLink {
         &self.cluster
     }
 
+    /// Its heartbeat's alone: the hub not answering (its records' watch
+    /// failing) says nothing of the member, whose endpoints are then kept
+    /// as last seen without calling it unreachable; that watch's health is
+    /// exported on its own.
     fn stale_seconds(&self) -> f64 {
-        self.records.stale_seconds().max(self.heartbeat.stale_seconds())
+        self.heartbeat.stale_seconds()
     }
 
     fn gone_seconds(&self) -> f64 {
-        // The hub not answering says nothing of the member.
-        if self.records.stale_seconds() > 0.0 { 0.0 } else { self.heartbeat.stale_seconds() }
+        self.heartbeat.stale_seconds()
+    }
+
+    fn known(&self) -> bool {
+        self.renewed.load(Ordering::Relaxed) != 0
+    }
+
+    /// Its last renewal plus [`HEARTBEAT_STALE`]: every agent reading the
+    /// same heartbeat says the same, so a restarted agent rewrites nothing.
+    fn unreachable_since(&self) -> Option<String> {
+        let renewed = self.renewed.load(Ordering::Relaxed);
+        let stale =
+            k8s_openapi::jiff::Timestamp::from_second(renewed + HEARTBEAT_STALE.as_secs() as i64).ok()?;
+        (renewed > 0).then(|| stale.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
     }
 
     fn remote(&self) -> bool {
@@ -280,37 +343,62 @@ impl MemberLink for HubLink {
     }
 
     /// Its heartbeat, read every second: failing once it has stood still
-    /// for [`HEARTBEAT_STALE`] (as seen here), or while it cannot be read.
+    /// for [`HEARTBEAT_STALE`] of the time the hub answered. While the hub
+    /// does not answer nothing is learnt of the member: its state stands,
+    /// and that time is not counted as the heartbeat standing still (so a
+    /// frozen hub marks no member unreachable, nor brings back one that was).
     fn probe(&self) -> WatchTask {
         let (hub, ns, health) = (self.hub.clone(), record::namespace_of(&self.name), self.heartbeat.clone());
+        let (member, renewed) = (self.name.clone(), self.renewed.clone());
         WatchTask::new(health.clone(), move || {
             let api: Api<Lease> = Api::namespaced(hub.clone(), &ns);
             let mut reporter = Reporter::new(health.clone());
+            let (member, renewed) = (member.clone(), renewed.clone());
             async move {
-                let mut seen: Option<(String, Instant)> = None;
+                let mut still = Stillness::default();
                 loop {
-                    match tokio::time::timeout(Duration::from_secs(2), api.get_opt(LEASE)).await {
+                    let read = match tokio::time::timeout(Duration::from_secs(2), api.get_opt(LEASE)).await {
                         Ok(Ok(Some(l))) => {
-                            let v = l.metadata.resource_version.unwrap_or_default();
-                            let since = match &seen {
-                                Some((old, at)) if *old == v => *at,
-                                _ => {
-                                    seen = Some((v, Instant::now()));
-                                    Instant::now()
-                                }
+                            let at = l.spec.and_then(|s| s.renew_time).map(|t| t.0.as_second()).unwrap_or(-1);
+                            // -1: read, with no renewal stamp (a 0 would be "never read").
+                            renewed.store(if at == 0 { -1 } else { at }, Ordering::Relaxed);
+                            Some(Some(l.metadata.resource_version.unwrap_or_default()))
+                        }
+                        Ok(Ok(None)) => Some(None),
+                        Ok(Err(e)) => {
+                            debug!(%member, error = %e, "heartbeat not read: the hub did not answer");
+                            None
+                        }
+                        Err(_) => {
+                            debug!(%member, "heartbeat not read: the hub did not answer within 2 s");
+                            None
+                        }
+                    };
+                    match read {
+                        None => still.blind(Instant::now()),
+                        Some(None) => {
+                            renewed.store(-1, Ordering::Relaxed);
+                            reporter.failed("no heartbeat")
+                        }
+                        Some(Some(version)) => {
+                            // First read: how long ago it was renewed, by its
+                            // stamp (another cluster's clock: a first
+                            // estimate only); then only what is seen change.
+                            let renewal = match renewed.load(Ordering::Relaxed) {
+                                s if s > 0 => SystemTime::UNIX_EPOCH + Duration::from_secs(s as u64),
+                                _ => SystemTime::now(),
                             };
-                            if since.elapsed() < HEARTBEAT_STALE {
+                            let ago = SystemTime::now().duration_since(renewal).unwrap_or_default();
+                            let still_for = still.seen(version, Instant::now(), ago);
+                            if still_for < HEARTBEAT_STALE {
                                 reporter.ok();
                             } else {
-                                reporter.failed(&format!(
-                                    "heartbeat unchanged for {:.0} s",
-                                    since.elapsed().as_secs_f64()
-                                ));
+                                reporter.failed_since(
+                                    &format!("heartbeat unchanged for {:.0} s", still_for.as_secs_f64()),
+                                    renewal + HEARTBEAT_STALE,
+                                );
                             }
                         }
-                        Ok(Ok(None)) => reporter.failed("no heartbeat"),
-                        Ok(Err(e)) => reporter.failed(&e.to_string()),
-                        Err(_) => reporter.failed("the hub did not answer within 2 s"),
                     }
                     tokio::time::sleep(PROBE_EVERY).await;
                 }
@@ -375,6 +463,29 @@ mod tests {
 
     use super::*;
     use crate::fleet::state::{Change, Delta, FleetState};
+
+    #[test]
+    fn a_heartbeat_stands_still_only_for_the_time_it_could_be_read() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut still = Stillness::default();
+        assert_eq!(still.seen("1".into(), at(0), Duration::ZERO), Duration::ZERO);
+        assert_eq!(still.seen("1".into(), at(4), Duration::ZERO), Duration::from_secs(4));
+        // The hub silent from 5 s to 65 s: a minute unseen is not a minute still.
+        still.blind(at(5));
+        still.blind(at(30));
+        assert_eq!(still.seen("1".into(), at(65), Duration::ZERO), Duration::from_secs(5));
+        // A member that had stopped before the hub went silent stays stopped.
+        assert_eq!(still.seen("1".into(), at(80), Duration::ZERO), Duration::from_secs(20));
+        still.blind(at(81));
+        assert_eq!(still.seen("1".into(), at(200), Duration::ZERO), Duration::from_secs(21));
+        // A renewal starts it again.
+        assert_eq!(still.seen("2".into(), at(201), Duration::ZERO), Duration::ZERO);
+        // Read first long after its last renewal: stale from the start.
+        let mut late = Stillness::default();
+        assert_eq!(late.seen("7".into(), at(100), Duration::from_secs(40)), Duration::from_secs(40));
+        assert_eq!(late.seen("7".into(), at(101), Duration::ZERO), Duration::from_secs(41));
+    }
 
     fn web(address: &str) -> Exported {
         let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/sync/web.yaml"))

@@ -190,7 +190,8 @@ impl Syncer {
             match (unreachable, self.unreachable[i].is_some()) {
                 (true, false) => {
                     warn!(member = %name, stale_seconds = stale, "member unreachable: its endpoints are kept and marked; writes to it wait");
-                    self.unreachable[i] = Some(now_rfc3339());
+                    self.unreachable[i] =
+                        Some(self.members[i].unreachable_since().unwrap_or_else(now_rfc3339));
                     self.down[i].send_replace(true);
                 }
                 (false, true) => {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::scrape::{Families, HistogramSample, Sample};
 use crate::wire::stats::{
-    self, DURATION_BUCKETS, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES,
+    self, DURATION_BUCKETS, EcsUse, FAMILIES, PROTOS, QueryStats, RCODES, SIZE_BUCKETS, TYPE_SLOTS, TYPES,
     TransferAsk, ZONES,
 };
 
@@ -200,6 +200,13 @@ pub(super) fn families(zone: String, servers: Vec<(String, Arc<QueryStats>)>) ->
         "CHAOS TXT debug queries (explain a name, whoami): answered, or refused to clients outside --allow-debug.",
         &["server", "result"],
         move || q.per_server("result", ["answered", "refused"], |s| &s.debug),
+    );
+    let q = l.clone();
+    f.counter(
+        "clusterset_dns_ecs_queries_total",
+        "Queries with an EDNS Client Subnet: believed (from a sender in --trust-ecs-from), or ignored (any other sender; its source address says who asks).",
+        &["server", "result"],
+        move || q.per_server("result", EcsUse::LABELS, |s| &s.ecs),
     );
     let q = l.clone();
     f.counter(

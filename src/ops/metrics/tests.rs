@@ -89,6 +89,9 @@ fn queries() -> Arc<QueryStats> {
     for (c, n) in s.transfers.iter().zip([215, 216, 217]) {
         set(c, n);
     }
+    for (c, n) in s.ecs.iter().zip([219, 220]) {
+        set(c, n);
+    }
     set(&s.tcp_shed[0], 218);
     Arc::new(s)
 }
@@ -194,6 +197,8 @@ fn each_family_shows_its_own_values() {
         (r#"clusterset_dns_transfers_total{result="streamed",server="dns://:53"}"#, 215.0),
         (r#"clusterset_dns_transfers_total{result="udp",server="dns://:53"}"#, 216.0),
         (r#"clusterset_dns_transfers_total{result="refused",server="dns://:53"}"#, 217.0),
+        (r#"clusterset_dns_ecs_queries_total{result="believed",server="dns://:53"}"#, 219.0),
+        (r#"clusterset_dns_ecs_queries_total{result="ignored",server="dns://:53"}"#, 220.0),
         (r#"clusterset_dns_tcp_connections_shed_total{server="dns://:53"}"#, 218.0),
         (r#"clusterset_dns_programming_duration_seconds_sum{service_kind="headless"}"#, 0.375),
         (r#"clusterset_dns_programming_duration_seconds_count{service_kind="headless"}"#, 2.0),
@@ -254,6 +259,7 @@ fn each_family_shows_its_own_values() {
         ("clusterset_dns_rrl_responses_total", "counter"),
         ("clusterset_dns_debug_queries_total", "counter"),
         ("clusterset_dns_transfers_total", "counter"),
+        ("clusterset_dns_ecs_queries_total", "counter"),
         ("clusterset_dns_tcp_connections_shed_total", "counter"),
         ("clusterset_dns_programming_duration_seconds", "histogram"),
         ("clusterset_dns_programming_unmeasured_total", "counter"),
