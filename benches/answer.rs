@@ -66,6 +66,7 @@ fn objects(ip_offset: u32) -> Vec<Object> {
                     ports: vec![port.clone()],
                     endpoints,
                     origin: clusterset_dns::model::SliceOrigin::Mcs,
+                    trigger: Default::default(),
                 }));
             }
         }

@@ -118,6 +118,7 @@ fn slice(i: usize, c: u32, moved: bool) -> Object {
             .map(|e| Endpoint::new(vec![IpAddr::V4(Ipv4Addr::from(base + e))].into(), true))
             .collect(),
         origin: SliceOrigin::Mcs,
+        trigger: Default::default(),
     })
 }
 

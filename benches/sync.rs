@@ -610,7 +610,7 @@ fn scale(
     }
     let leads = stopped.elapsed();
     let cpu0 = standby.cpu_seconds();
-    while metric(&standby, "clusterset_dns_sync_reconciles_total")? < n as f64 {
+    while standby.reconciles() < n as f64 {
         if stopped.elapsed() > SYNC_CONVERGE_TIMEOUT {
             bail!("the new leader did not reconcile every service:\n{}", standby.log());
         }

@@ -569,6 +569,7 @@ pub(crate) mod consumer_tests {
                     None,
                 )],
                 origin: SliceOrigin::Mcs,
+                trigger: Default::default(),
             }));
         }
         w.apply(Update::Replace { source: SourceId::Watch(1), objects });

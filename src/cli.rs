@@ -686,6 +686,13 @@ pub struct SyncOptions {
     /// service is ~5 writes per member) without waiting.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub kube_burst: u32,
+    /// Send the controller's spans (each reconcile with its service, shard,
+    /// reason, members written and outcome; a span per member and per
+    /// write inside it) to an OpenTelemetry collector at this OTLP/HTTP URL
+    /// (protobuf, HTTP/1, plain http), e.g.
+    /// `http://otel-collector.monitoring:4318/v1/traces`. Off when not given.
+    #[arg(long, value_name = "URL", value_parser = parse::otlp_endpoint)]
+    pub otlp_endpoint: Option<http::Uri>,
 }
 
 /// `check` options.

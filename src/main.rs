@@ -6,7 +6,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use clusterset_dns::cli::{Cli, Command, LogFormat};
 use clusterset_dns::config::{AgentConfig, DoctorConfig, RunConfig, ServeConfig, SetupDnsConfig, SyncConfig};
-use tracing_subscriber::EnvFilter;
+use clusterset_dns::ops::traces::Traces;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// See Cargo.toml and docs/benchmarks-history.md ("jemalloc, headless SRV per
 /// query, and model trims") for why this allocator.
@@ -35,7 +38,21 @@ fn main() -> ExitCode {
         }
     };
     let format = cli.log_format;
-    init_logs(format);
+    // The controller's spans go to a collector when asked (sync, run).
+    let otlp = match &cli.command {
+        Command::Sync(args) => args.options.otlp_endpoint.as_ref(),
+        Command::Run(args) => args.sync.otlp_endpoint.as_ref(),
+        _ => None,
+    };
+    let traces = match otlp.map(Traces::new).transpose() {
+        Ok(traces) => traces,
+        Err(e) => {
+            init_logs(format, None);
+            failed(format, None, &e);
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logs(format, traces.as_ref());
     // Panics are caught and counted where they happen; the hook only logs
     // them, rate limited (a repeated query of death must not flood logs).
     clusterset_dns::supervise::install_panic_hook();
@@ -95,15 +112,19 @@ fn main() -> ExitCode {
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), as `format`
-/// says.
-fn init_logs(format: LogFormat) {
+/// says; with `traces`, our spans at info and above to its collector too
+/// (whatever `RUST_LOG` says of the log).
+fn init_logs(format: LogFormat, traces: Option<&Traces>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).with_filter(filter).boxed(),
         // A pipeline parses the lines: no colour codes, whatever stderr is.
-        LogFormat::Json => logs.json().with_ansi(false).init(),
-    }
+        LogFormat::Json => logs.json().with_ansi(false).with_filter(filter).boxed(),
+    };
+    let ours = tracing_subscriber::filter::Targets::new().with_target("clusterset_dns", tracing::Level::INFO);
+    let spans = traces.map(|t| t.layer().with_filter(ours));
+    tracing_subscriber::registry().with(logs).with(spans).init();
 }
 
 /// Says why the command failed, on stderr: `error: [CONTEXT: ]ERROR` for

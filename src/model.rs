@@ -11,6 +11,7 @@ mod fleets;
 mod label;
 mod policy;
 mod service;
+mod trigger;
 
 pub use cidr::{Cidr, CidrError};
 pub use fleets::{BackingKind, BackingService, Interop, KOSMOS_ROOT_CLUSTER, SliceOrigin};
@@ -25,3 +26,4 @@ pub use service::{
     AddressFamily, Addresses, Endpoint, EndpointSet, ImportType, Port, Protocol, ServiceImport, ServiceKey,
     SliceKey,
 };
+pub use trigger::ChangeTrigger;

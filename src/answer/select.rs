@@ -398,6 +398,7 @@ mod tests {
                     ports: vec![],
                     endpoints,
                     origin: crate::model::SliceOrigin::Mcs,
+                    trigger: Default::default(),
                 }));
             }
         }

@@ -327,6 +327,29 @@ pub(super) fn rate(s: &str) -> Result<f64, String> {
     if v.is_finite() && v >= 0.0 { Ok(v) } else { Err(format!("{v} is not a rate (0 or more per second)")) }
 }
 
+/// `--otlp-endpoint`: an `http://HOST[:PORT]/PATH` URL, taken as the
+/// whole address spans are posted to (OTLP/HTTP's `…/v1/traces`).
+pub(super) fn otlp_endpoint(value: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = value.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(
+                "https is not supported: reach the collector over plain http (in the cluster, or a sidecar)"
+                    .into(),
+            );
+        }
+        _ => return Err("not an http:// URL (e.g. http://otel-collector:4318/v1/traces)".into()),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("names no host".into());
+    }
+    if uri.path() == "/" {
+        return Err("names no path: OTLP/HTTP takes spans at …/v1/traces".into());
+    }
+    Ok(uri)
+}
+
 /// A DNS server: `IP` or `IP:PORT` (port 53 by default).
 pub(super) fn dns_server(value: &str) -> Result<SocketAddr, String> {
     value
@@ -352,6 +375,25 @@ pub(super) fn qtype(value: &str) -> Result<RecordType, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_otlp_endpoint_is_a_plain_http_url_with_a_path() {
+        let ok = otlp_endpoint("http://otel-collector.monitoring:4318/v1/traces").unwrap();
+        assert_eq!(
+            (ok.host(), ok.port_u16(), ok.path()),
+            (Some("otel-collector.monitoring"), Some(4318), "/v1/traces")
+        );
+        for (bad, says) in [
+            ("https://collector:4318/v1/traces", "https is not supported"),
+            ("collector:4318", "not an http:// URL"),
+            ("http://collector:4318", "names no path"),
+            ("http:///v1/traces", "not a URL"),
+            ("http://a b/v1/traces", "not a URL"),
+        ] {
+            let e = otlp_endpoint(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn every_policy_and_boundary_is_listed_under_its_model_name() {

@@ -428,7 +428,9 @@ fn write_loop(
             }
             writer.apply(update);
         }
-        if writer.publish() > 0 || writer.is_ready() != was_ready {
+        let published = writer.publish();
+        metrics.programmed(writer.take_programmed());
+        if published > 0 || writer.is_ready() != was_ready {
             let snap = reader.load();
             metrics.published(&snap, started.elapsed());
             if snap.is_ready() && !was_ready {

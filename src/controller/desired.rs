@@ -9,7 +9,10 @@ use crate::fleet::export::{ServicePortSpec, SessionAffinity};
 use crate::fleet::merge::{Condition, ImportSpec};
 use crate::fleet::objects::{ANNOTATION_CONSUMER_CLUSTERS, MANAGED_BY};
 use crate::fleet::state::FleetState;
-use crate::k8s::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
+use crate::k8s::mcs::{
+    ANNOTATION_TRIGGER_TIME, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SERVICE_NAME,
+    LABEL_SOURCE_CLUSTER,
+};
 use crate::model::{ANNOTATION_UNREACHABLE_CLUSTERS, AddressFamily, ClusterId, ImportType, ServiceKey};
 
 pub use crate::fleet::objects::{LABEL_APP_MANAGED_BY, SYNC_MANAGER as FIELD_MANAGER};
@@ -583,6 +586,29 @@ pub fn slice(
         "ports": slice_ports(source, ports),
         "endpoints": endpoints,
     })
+}
+
+/// The trigger time the MCS slice mirroring `source` carries
+/// (`endpoints.kubernetes.io/last-change-trigger-time`, as the
+/// EndpointSlice controller writes it): the latest of what it merges, the
+/// source slice's own time and the creation of its cluster's ServiceExport
+/// (`exported_at`, Unix seconds; exporting an old slice is a change of its
+/// own). `None` when the source has none (no EndpointSlice controller wrote
+/// it: nothing says when its change began); one that does not parse is
+/// carried as it is, for `serve` to count.
+///
+/// It is written with the body and never decides a write: it is added
+/// after the body's digest (as `clusterset-dns.io/applied` is) and left out
+/// of the comparison with the live object, so a source whose time alone
+/// changed costs no write.
+pub fn trigger_time(source: &EndpointSlice, exported_at: Option<i64>) -> Option<String> {
+    use k8s_openapi::jiff::Timestamp;
+    let own = source.metadata.annotations.as_ref()?.get(ANNOTATION_TRIGGER_TIME)?;
+    let exported = exported_at.and_then(|s| Timestamp::from_second(s).ok());
+    match (own.parse::<Timestamp>(), exported) {
+        (Ok(t), Some(e)) if e > t => Some(e.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+        _ => Some(own.clone()),
+    }
 }
 
 /// A mirrored slice's ports: the source's that the cluster serves behind

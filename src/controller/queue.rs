@@ -21,6 +21,49 @@ pub const RETRY: Duration = Duration::from_secs(1);
 /// The longest wait between retries of one service.
 pub const RETRY_MAX: Duration = Duration::from_secs(300);
 
+/// Why a service is reconciled: what queued it (kube-runtime's
+/// `ReconcileReason`, in our terms). Counted in
+/// `clusterset_dns_sync_reconciles_total{reason}` and named on each
+/// reconcile's span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A member's ServiceExport, Service or EndpointSlice of it changed,
+    /// or a namespace appeared in a member.
+    Event,
+    /// Its last reconcile failed and its backoff is over.
+    Retry,
+    /// An object of ours was changed or deleted by someone else.
+    Drift,
+    /// The periodic read of every member's objects (`--resync-interval`).
+    Resync,
+    /// A shard was taken: its services are reconciled once read.
+    Takeover,
+    /// A member became unreachable or reachable, was lost or came back, or
+    /// its MCS API was discovered: every service it takes part in.
+    Member,
+    /// The controller started: every service, once the members listed.
+    Start,
+}
+
+impl Reason {
+    /// Every reason, in the order `/metrics` shows them.
+    pub const ALL: [Self; 7] =
+        [Self::Event, Self::Retry, Self::Drift, Self::Resync, Self::Takeover, Self::Member, Self::Start];
+
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Event => "event",
+            Self::Retry => "retry",
+            Self::Drift => "drift",
+            Self::Resync => "resync",
+            Self::Takeover => "takeover",
+            Self::Member => "member",
+            Self::Start => "start",
+        }
+    }
+}
+
 /// Which lane a queued service waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lane {
@@ -37,8 +80,10 @@ pub struct WorkQueue {
     /// Startup work (every exported service, objects of ours found), in
     /// the order it was queued, behind every live change.
     backlog: VecDeque<ServiceKey>,
-    /// Where each queued service waits: one place each.
-    queued: HashMap<ServiceKey, Lane>,
+    /// Where each queued service waits (one place each), and why it was
+    /// queued: the first reason while it waits, a live change's over the
+    /// backlog's.
+    queued: HashMap<ServiceKey, (Lane, Reason)>,
     /// Services waiting out a backoff, due in order.
     retry: DelayQueue<ServiceKey>,
     /// Their entries in `retry`.
@@ -47,32 +92,37 @@ pub struct WorkQueue {
     failures: HashMap<ServiceKey, u32>,
     /// Being reconciled now.
     running: HashSet<ServiceKey>,
-    /// Touched while being reconciled: queued again when that ends.
-    dirty: HashSet<ServiceKey>,
+    /// Touched while being reconciled (the first reason since it began):
+    /// queued again when that ends.
+    dirty: HashMap<ServiceKey, Reason>,
 }
 
 impl WorkQueue {
-    /// Queues `key` as a live change.
-    pub fn touch(&mut self, key: ServiceKey) {
+    /// Queues `key` as a live change, for `reason`.
+    pub fn touch(&mut self, key: ServiceKey, reason: Reason) {
         if self.running.contains(&key) {
-            self.dirty.insert(key);
+            self.dirty.entry(key).or_insert(reason);
             return;
         }
         // A change makes a pending retry moot: the reconcile runs now.
         if let Some(entry) = self.retrying.remove(&key) {
             self.retry.remove(&entry);
         }
-        if self.queued.insert(key.clone(), Lane::Live) != Some(Lane::Live) {
-            self.live.push_back(key);
+        match self.queued.get(&key) {
+            Some((Lane::Live, _)) => {}
+            _ => {
+                self.queued.insert(key.clone(), (Lane::Live, reason));
+                self.live.push_back(key);
+            }
         }
     }
 
-    /// Queues `key` behind every live change.
-    pub fn backlog(&mut self, key: ServiceKey) {
+    /// Queues `key` behind every live change, for `reason`.
+    pub fn backlog(&mut self, key: ServiceKey, reason: Reason) {
         if self.running.contains(&key) {
-            self.dirty.insert(key);
+            self.dirty.entry(key).or_insert(reason);
         } else if !self.queued.contains_key(&key) {
-            self.queued.insert(key.clone(), Lane::Backlog);
+            self.queued.insert(key.clone(), (Lane::Backlog, reason));
             self.backlog.push_back(key);
         }
     }
@@ -85,30 +135,30 @@ impl WorkQueue {
             Some(expired) => {
                 let key = expired.into_inner();
                 self.retrying.remove(&key);
-                self.touch(key);
+                self.touch(key, Reason::Retry);
             }
             None => std::future::pending().await,
         }
     }
 
-    /// The next service to reconcile, marked running: live changes first,
-    /// each lane first in first out.
-    pub fn pop(&mut self) -> Option<ServiceKey> {
+    /// The next service to reconcile, marked running, and why: live
+    /// changes first, each lane first in first out.
+    pub fn pop(&mut self) -> Option<(ServiceKey, Reason)> {
         let key = Self::next(&mut self.live, &self.queued, Lane::Live)
             .or_else(|| Self::next(&mut self.backlog, &self.queued, Lane::Backlog))?;
-        self.queued.remove(&key);
+        let (_, reason) = self.queued.remove(&key)?;
         self.running.insert(key.clone());
-        Some(key)
+        Some((key, reason))
     }
 
     /// The first key of `lane` still queued there.
     fn next(
         lane: &mut VecDeque<ServiceKey>,
-        queued: &HashMap<ServiceKey, Lane>,
+        queued: &HashMap<ServiceKey, (Lane, Reason)>,
         which: Lane,
     ) -> Option<ServiceKey> {
         while let Some(key) = lane.pop_front() {
-            if queued.get(&key) == Some(&which) {
+            if queued.get(&key).is_some_and(|(l, _)| *l == which) {
                 return Some(key);
             }
         }
@@ -152,8 +202,8 @@ impl WorkQueue {
 
     fn finish(&mut self, key: &ServiceKey) {
         self.running.remove(key);
-        if self.dirty.remove(key) {
-            self.touch(key.clone());
+        if let Some(reason) = self.dirty.remove(key) {
+            self.touch(key.clone(), reason);
         }
     }
 
@@ -201,59 +251,59 @@ mod tests {
     #[test]
     fn live_changes_overtake_the_backlog() {
         let mut q = WorkQueue::default();
-        q.backlog(key("a"));
-        q.backlog(key("b"));
-        q.touch(key("z"));
-        assert_eq!(q.pop(), Some(key("z")));
-        assert_eq!(q.pop(), Some(key("a")));
+        q.backlog(key("a"), Reason::Start);
+        q.backlog(key("b"), Reason::Start);
+        q.touch(key("z"), Reason::Event);
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("z")));
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("a")));
         assert_eq!(q.depth(), 1);
     }
 
     #[test]
     fn a_service_touched_while_running_runs_once_more_after_it_ends() {
         let mut q = WorkQueue::default();
-        q.touch(key("a"));
-        assert_eq!(q.pop(), Some(key("a")));
-        q.touch(key("a"));
-        q.backlog(key("a"));
+        q.touch(key("a"), Reason::Event);
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("a")));
+        q.touch(key("a"), Reason::Event);
+        q.backlog(key("a"), Reason::Start);
         // Not handed out twice at once.
-        assert_eq!(q.pop(), None);
+        assert_eq!(q.pop().map(|(k, _)| k), None);
         assert!(q.is_running(&key("a")));
         q.done(&key("a"));
-        assert_eq!(q.pop(), Some(key("a")));
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("a")));
         q.done(&key("a"));
-        assert_eq!(q.pop(), None);
+        assert_eq!(q.pop().map(|(k, _)| k), None);
         assert_eq!(q.depth(), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_service_waits_its_backoff_while_the_others_go_on() {
         let mut q = WorkQueue::default();
-        q.touch(key("a"));
-        q.touch(key("b"));
-        let a = q.pop().unwrap();
+        q.touch(key("a"), Reason::Event);
+        q.touch(key("b"), Reason::Event);
+        let a = q.pop().unwrap().0;
         let start = Instant::now();
         let (wait, n) = q.failed(&a, Duration::ZERO);
         assert_eq!(n, 1);
         assert!(wait >= RETRY);
-        assert_eq!(q.pop(), Some(key("b")));
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("b")));
         q.done(&key("b"));
-        assert_eq!(q.pop(), None, "not before its backoff");
+        assert_eq!(q.pop().map(|(k, _)| k), None, "not before its backoff");
         q.due().await;
         // At its backoff (the delay queue counts whole milliseconds).
         let waited = start.elapsed();
         assert!(waited >= wait && waited <= wait + Duration::from_millis(2), "{waited:?} for {wait:?}");
-        assert_eq!(q.pop(), Some(key("a")));
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("a")));
         // A second failure in a row waits longer; Retry-After wins when longer.
         let (wait2, n) = q.failed(&a, Duration::from_secs(60));
         assert_eq!(n, 2);
         assert_eq!(wait2, Duration::from_secs(60));
         // A live change makes the retry moot.
-        q.touch(key("a"));
+        q.touch(key("a"), Reason::Event);
         assert_eq!(q.retrying(), 0);
-        assert_eq!(q.pop(), Some(key("a")));
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("a")));
         q.done(&a);
-        assert_eq!(q.pop(), None);
+        assert_eq!(q.pop().map(|(k, _)| k), None);
         assert!(tokio::time::timeout(Duration::from_secs(600), q.due()).await.is_err(), "nothing due");
     }
 
@@ -262,11 +312,11 @@ mod tests {
     #[test]
     fn services_are_handed_out_in_the_order_they_changed() {
         let mut q = WorkQueue::default();
-        q.touch(key("zz"));
+        q.touch(key("zz"), Reason::Event);
         for round in 0..100 {
             // A stream of changes to names that sort first keeps coming.
-            q.touch(key(&format!("a{round}")));
-            let next = q.pop().unwrap();
+            q.touch(key(&format!("a{round}")), Reason::Event);
+            let next = q.pop().unwrap().0;
             if next == key("zz") {
                 assert_eq!(round, 0, "zz, changed first, went first");
                 return;
@@ -276,16 +326,41 @@ mod tests {
         panic!("zz never handed out");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn each_service_is_handed_out_with_why_it_was_queued() {
+        let mut q = WorkQueue::default();
+        // Queued for the start, then changed: the change is why it runs now.
+        q.backlog(key("a"), Reason::Start);
+        q.touch(key("a"), Reason::Drift);
+        // The first of two live reasons.
+        q.touch(key("b"), Reason::Event);
+        q.touch(key("b"), Reason::Drift);
+        q.backlog(key("b"), Reason::Resync);
+        assert_eq!(q.pop(), Some((key("a"), Reason::Drift)));
+        assert_eq!(q.pop(), Some((key("b"), Reason::Event)));
+        // Touched while running: again, for what touched it.
+        q.touch(key("b"), Reason::Member);
+        q.done(&key("b"));
+        assert_eq!(q.pop(), Some((key("b"), Reason::Member)));
+        // Failed: retried, as a retry.
+        q.failed(&key("b"), Duration::ZERO);
+        q.done(&key("a"));
+        q.due().await;
+        assert_eq!(q.pop(), Some((key("b"), Reason::Retry)));
+        let labels: HashSet<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels.len(), Reason::ALL.len());
+    }
+
     #[test]
     fn a_backlog_entry_touched_moves_to_the_live_lane_once() {
         let mut q = WorkQueue::default();
-        q.backlog(key("a"));
-        q.backlog(key("b"));
-        q.touch(key("b"));
-        q.touch(key("b"));
+        q.backlog(key("a"), Reason::Start);
+        q.backlog(key("b"), Reason::Start);
+        q.touch(key("b"), Reason::Event);
+        q.touch(key("b"), Reason::Event);
         assert_eq!(q.depth(), 2);
-        assert_eq!(q.pop(), Some(key("b")));
-        assert_eq!(q.pop(), Some(key("a")));
-        assert_eq!(q.pop(), None, "b handed out once");
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("b")));
+        assert_eq!(q.pop().map(|(k, _)| k), Some(key("a")));
+        assert_eq!(q.pop().map(|(k, _)| k), None, "b handed out once");
     }
 }

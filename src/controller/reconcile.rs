@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use futures::future::join_all;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::Value;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::api::{ApiError, Kind, SharedApi, Stored};
 use super::desired::{self, Consumers};
@@ -34,6 +34,7 @@ use crate::fleet::merge::{Condition, ImportSpec, Status, condition, merge};
 use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
 use crate::fleet::state::{ExportInfo, ServiceInfo};
 use crate::k8s::fence::WriteFence;
+use crate::k8s::mcs::ANNOTATION_TRIGGER_TIME;
 use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
 
 /// Which object of which member.
@@ -107,8 +108,8 @@ impl Env {
         if !self.fence.fence.may_write() {
             return Err(ApiError::Fenced);
         }
-        debug!(member = %self.members[m].name, %kind, namespace, name, "apply");
-        let r = self.members[m].api.apply(&self.fence, kind, namespace, name, body).await;
+        let span = self.span("apply", m, kind, namespace, name);
+        let r = self.members[m].api.apply(&self.fence, kind, namespace, name, body).instrument(span).await;
         self.count(&r);
         r
     }
@@ -118,10 +119,16 @@ impl Env {
         if !self.fence.fence.may_write() {
             return Err(ApiError::Fenced);
         }
-        debug!(member = %self.members[m].name, %kind, namespace, name, "delete");
-        let r = self.members[m].api.delete(&self.fence, kind, namespace, name).await;
+        let span = self.span("delete", m, kind, namespace, name);
+        let r = self.members[m].api.delete(&self.fence, kind, namespace, name).instrument(span).await;
         self.count(&r);
         r
+    }
+
+    /// The span of one write: a child of its member's lane in its
+    /// reconcile's span, so a trace shows every member's writes.
+    fn span(&self, verb: &'static str, m: usize, kind: Kind, namespace: &str, name: &str) -> tracing::Span {
+        tracing::info_span!("write", verb, member = %self.members[m].name, kind = %kind, object = %format_args!("{namespace}/{name}"))
     }
 
     /// Counts a write that was sent (refused at the wire: not sent).
@@ -188,6 +195,9 @@ pub struct KeyState {
     pub transitions: HashMap<(usize, &'static str), (Status, String)>,
     /// Counted in [`SyncStats::conflicts`].
     pub conflicted: bool,
+    /// Writes this member's part made in the reconcile under way (for its
+    /// span; never carried from one reconcile to the next).
+    pub sent: u32,
     /// The uid of each member's export whose conditions `transitions` and
     /// `applied` hold.
     pub export_uids: HashMap<usize, Option<String>>,
@@ -263,6 +273,7 @@ impl KeyState {
             owned,
             transitions,
             conflicted: false,
+            sent: 0,
             export_uids,
             written: self.written.take(|r| r.member == m),
             live: split(&mut self.live, m),
@@ -316,13 +327,14 @@ struct Plan<'a> {
     consumers: &'a Consumers,
     naming: desired::Naming,
     sources: &'a HashMap<ClusterId, BTreeMap<String, Arc<EndpointSlice>>>,
+    /// When each exporting cluster's ServiceExport was created.
+    exported_at: HashMap<&'a ClusterId, i64>,
 }
 
 /// Brings every member in line with the exports of `input.key`; returns
 /// the service's state and the first error (every member had its turn).
 pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeyState, Result<(), ApiError>) {
     let started = std::time::Instant::now();
-    env.stats.reconciles.fetch_add(1, Ordering::Relaxed);
     let key = &input.key;
     let merged = merge(&input.exports);
     let consumers = merged.spec.as_ref().map_or(Consumers::All, |s| Consumers::of(&s.annotations));
@@ -376,15 +388,24 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
         consumers: &consumers,
         naming: ks.naming(key, input.has_elder),
         sources: &input.sources,
+        exported_at: input.exports.iter().map(|e| (&e.cluster, e.exported_at)).collect(),
     };
     // Each writable member's writes in a lane of its own; what we own in
     // the others stays until they answer again.
     let lanes = (0..env.members.len()).filter(|i| input.members[*i].writable).map(|i| {
         let part = ks.take_member(i);
-        lane(part, i, &input, &env, &plan)
+        let (input, env, plan) = (&input, &env, &plan);
+        async move {
+            let (part, result) = lane(part, i, input, env, plan).await;
+            (i, part, result)
+        }
+        .instrument(member_span(&env.members[i]))
     });
     let mut failed: Option<ApiError> = None;
-    for (part, result) in join_all(lanes).await {
+    // Writes made per member, for the span.
+    let mut written: BTreeMap<usize, u32> = BTreeMap::new();
+    for (i, mut part, result) in join_all(lanes).await {
+        *written.entry(i).or_default() += std::mem::take(&mut part.sent);
         ks.absorb(part);
         if let Err(e) = result {
             failed = Some(e);
@@ -406,17 +427,34 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
         let (env, input, imported, consumers) = (&env, &input, &imported, &consumers);
         async move {
             let r = part.conditions(env, input, i, conds, ready, (consumers, imported)).await;
-            (part, r)
+            (i, part, r)
         }
+        .instrument(member_span(&env.members[i]))
     });
-    for (part, result) in join_all(lanes).await {
+    for (i, mut part, result) in join_all(lanes).await {
+        *written.entry(i).or_default() += std::mem::take(&mut part.sent);
         ks.absorb(part);
         if let Err(e) = result {
             failed = Some(e);
         }
     }
     env.stats.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+    // What the reconcile did, on its span (`sync` opens it, with the service,
+    // shard and reason).
+    let members_written = written.values().filter(|n| **n > 0).count();
+    let writes: u32 = written.values().sum();
+    let outcome = failed.as_ref().map_or("ok", |e| e.reason().as_str());
+    let span = tracing::Span::current();
+    span.record("members_written", members_written);
+    span.record("writes", writes);
+    span.record("outcome", outcome);
+    debug!(members_written, writes, outcome, "reconciled");
     (ks, failed.map_or(Ok(()), Err))
+}
+
+/// The span of one member's lane in a reconcile.
+fn member_span(m: &MemberEnv) -> tracing::Span {
+    tracing::info_span!("member", member = %m.name, cluster = %m.cluster)
 }
 
 /// "Imported into every member cluster …, except cluster-3: …".
@@ -447,9 +485,12 @@ async fn lane(
     let m = &env.members[i];
     let key = plan.key;
     let mut failed = None;
-    if let Err(e) = auto_export(env, input, i).await {
-        warn!(member = %m.name, service = %key, error = %e, "cannot auto-export");
-        failed = Some(e);
+    match auto_export(env, input, i).await {
+        Ok(wrote) => part.sent += u32::from(wrote),
+        Err(e) => {
+            warn!(member = %m.name, service = %key, error = %e, "cannot auto-export");
+            failed = Some(e);
+        }
     }
     let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
     // Members outside the consumer clusters import nothing: what we own
@@ -490,8 +531,8 @@ async fn lane(
 
 /// Creates or removes the ServiceExport of the service in member `i` for
 /// Services that ask to be exported (annotation or namespace prefix). Only
-/// exports the controller created are ever removed.
-async fn auto_export(env: &Env, input: &Input, i: usize) -> Result<(), ApiError> {
+/// exports the controller created are ever removed. True when it wrote.
+async fn auto_export(env: &Env, input: &Input, i: usize) -> Result<bool, ApiError> {
     let key = &input.key;
     let m = &env.members[i];
     let prefixed = env.auto_export_prefixes.iter().any(|p| key.namespace.as_str().starts_with(p.as_str()));
@@ -513,18 +554,21 @@ async fn auto_export(env: &Env, input: &Input, i: usize) -> Result<(), ApiError>
         env.write(i, Kind::ServiceExport, ns, name, &desired::export(&m.export_version, key, consumers))
             .await?;
         info!(member = %m.name, service = %key, consumers = ?consumers, "{done}");
-        return Ok(());
+        return Ok(true);
     }
     if let (false, Some(e)) = (wants, has)
         && e.ours
     {
         match env.remove(i, Kind::ServiceExport, ns, name).await {
-            Ok(()) => info!(member = %m.name, service = %key, "auto-export removed"),
+            Ok(()) => {
+                info!(member = %m.name, service = %key, "auto-export removed");
+                return Ok(true);
+            }
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 impl KeyState {
@@ -594,7 +638,8 @@ impl KeyState {
             );
             let r = ObjectRef::new(i, Kind::EndpointSlice, key, name);
             want.insert(r.clone());
-            self.apply(env, &r, &body).await?;
+            let trigger = desired::trigger_time(source, plan.exported_at.get(cluster).copied());
+            self.apply_carrying(env, &r, &body, trigger.as_deref()).await?;
         }
         let r = ObjectRef::new(i, Kind::ServiceImport, key, key.name.to_string());
         want.insert(r.clone());
@@ -605,6 +650,7 @@ impl KeyState {
         let digest = desired::digest_of(&status["status"]);
         if self.applied.get(&sr) != Some(&digest) {
             let stored = env.write(i, Kind::ImportStatus, &sr.namespace, &sr.name, &status).await?;
+            self.sent += 1;
             // The status write gives the import a new version too.
             self.written
                 .record(ObjectRef { kind: Kind::ServiceImport, ..sr.clone() }, stored.version.as_deref());
@@ -617,6 +663,21 @@ impl KeyState {
     /// and the object, if it was found live since, still holds it. Returns
     /// what was stored when it was written.
     async fn apply(&mut self, env: &Env, r: &ObjectRef, body: &Value) -> Result<Option<Stored>, ApiError> {
+        self.apply_carrying(env, r, body, None).await
+    }
+
+    /// [`Self::apply`] of a slice that carries `trigger`
+    /// ([`desired::trigger_time`]) when it is written: the time is no part
+    /// of what decides whether it is (neither of the digest nor of the
+    /// comparison with the live object), and a write without one removes
+    /// the one written before.
+    async fn apply_carrying(
+        &mut self,
+        env: &Env,
+        r: &ObjectRef,
+        body: &Value,
+        trigger: Option<&str>,
+    ) -> Result<Option<Stored>, ApiError> {
         let m = &env.members[r.member];
         let digest = desired::digest_of(body);
         // The live body stays until it is written over: a write that fails
@@ -636,7 +697,11 @@ impl KeyState {
         }
         let mut body = body.clone();
         body["metadata"]["annotations"][desired::ANNOTATION_APPLIED] = Value::String(digest.clone());
+        if let Some(t) = trigger {
+            body["metadata"]["annotations"][ANNOTATION_TRIGGER_TIME] = Value::String(t.to_owned());
+        }
         let stored = env.write(r.member, r.kind, &r.namespace, &r.name, &body).await?;
+        self.sent += 1;
         if self.live.remove(r).is_some() && drift.is_some() && self.applied.get(r) == Some(&digest) {
             env.stats.drift(r.kind);
         }
@@ -652,6 +717,7 @@ impl KeyState {
         match result {
             Ok(()) => {
                 info!(member = %m.name, kind = %r.kind, object = %r.path(), "deleted");
+                self.sent += 1;
                 Ok(())
             }
             Err(e) if e.is_not_found() => Ok(()),
@@ -719,6 +785,7 @@ impl KeyState {
         match env.write(i, Kind::ExportStatus, &r.namespace, &r.name, &body).await {
             Ok(_) => {
                 self.applied.insert(r, text);
+                self.sent += 1;
                 Ok(())
             }
             // The export went meanwhile.

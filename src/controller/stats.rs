@@ -13,6 +13,7 @@ use prometheus::{Histogram, HistogramOpts, HistogramVec, Registry};
 
 use super::api::{ErrorReason, Kind};
 use super::election::{Anomaly, ElectionStatus};
+use super::queue::Reason;
 use super::shard::Shards;
 use crate::fleet::member::Member;
 use crate::k8s::throttle::ThrottleStats;
@@ -33,8 +34,8 @@ pub struct SyncStats {
     pub reads: AtomicU64,
     /// Writes skipped because the body equalled the last one applied.
     pub unchanged: AtomicU64,
-    /// Services reconciled.
-    pub reconciles: AtomicU64,
+    /// Reconciles started, by [`Reason`] (in [`Reason::ALL`] order).
+    pub reconciles: [AtomicU64; 7],
     /// Services whose exports conflict now (a Conflict condition is True).
     pub conflicts: AtomicU64,
     /// Failed reconciles, by [`ErrorReason`] (in [`ErrorReason::ALL`] order).
@@ -85,7 +86,7 @@ impl SyncStats {
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
-            reconciles: AtomicU64::new(0),
+            reconciles: Default::default(),
             conflicts: AtomicU64::new(0),
             errors: Default::default(),
             drift_repaired: Default::default(),
@@ -151,7 +152,7 @@ impl SyncStats {
             let s = self.clone();
             move || s.members.load().iter().map(sample).collect()
         };
-        let (s, led) = (self.clone(), shards.clone());
+        let (s, led, reasons) = (self.clone(), shards.clone(), self.clone());
         let mut f = Families::new();
         f.gauge(
             "clusterset_dns_sync_leader",
@@ -184,9 +185,15 @@ impl SyncStats {
         )
         .counter(
             "clusterset_dns_sync_reconciles_total",
-            "Services reconciled.",
-            &[],
-            total(|s| &s.reconciles),
+            "Reconciles of one service started, by what queued it: event (a member's export, Service or slice changed), retry, drift (an object of ours changed by someone else), resync, takeover (a shard taken), member (a member lost, back, or discovered), start.",
+            &["reason"],
+            move || {
+                Reason::ALL
+                    .iter()
+                    .zip(&reasons.reconciles)
+                    .map(|(r, c)| Sample::count(&[("reason", r.as_str())], c.load(Ordering::Relaxed)))
+                    .collect()
+            },
         )
         .gauge(
             "clusterset_dns_sync_conflicts",
@@ -286,6 +293,17 @@ impl SyncStats {
         self.watches.store(Arc::new(watches.to_vec()));
     }
 
+    /// Counts a reconcile started for `reason`.
+    pub fn reconciled(&self, reason: Reason) {
+        let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.reconciles[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reconciles started so far, whatever their reason.
+    pub fn reconciles(&self) -> u64 {
+        self.reconciles.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
     /// Counts a failed reconcile.
     pub fn error(&self, reason: ErrorReason) {
         let i = ErrorReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
@@ -349,7 +367,9 @@ mod tests {
         s.writes.store(101, Ordering::Relaxed);
         s.reads.store(102, Ordering::Relaxed);
         s.unchanged.store(103, Ordering::Relaxed);
-        s.reconciles.store(104, Ordering::Relaxed);
+        for (reason, n) in Reason::ALL.into_iter().zip(161..) {
+            (0..n).for_each(|_| s.reconciled(reason));
+        }
         s.conflicts.store(105, Ordering::Relaxed);
         s.queue_depth.store(106, Ordering::Relaxed);
         for (reason, n) in [
@@ -415,7 +435,13 @@ mod tests {
             ("clusterset_dns_sync_writes_total", 101.0),
             ("clusterset_dns_sync_reads_total", 102.0),
             ("clusterset_dns_sync_unchanged_total", 103.0),
-            ("clusterset_dns_sync_reconciles_total", 104.0),
+            (r#"clusterset_dns_sync_reconciles_total{reason="event"}"#, 161.0),
+            (r#"clusterset_dns_sync_reconciles_total{reason="retry"}"#, 162.0),
+            (r#"clusterset_dns_sync_reconciles_total{reason="drift"}"#, 163.0),
+            (r#"clusterset_dns_sync_reconciles_total{reason="resync"}"#, 164.0),
+            (r#"clusterset_dns_sync_reconciles_total{reason="takeover"}"#, 165.0),
+            (r#"clusterset_dns_sync_reconciles_total{reason="member"}"#, 166.0),
+            (r#"clusterset_dns_sync_reconciles_total{reason="start"}"#, 167.0),
             ("clusterset_dns_sync_conflicts", 105.0),
             ("clusterset_dns_sync_queue_depth", 106.0),
             (r#"clusterset_dns_sync_errors_total{reason="throttled"}"#, 110.0),

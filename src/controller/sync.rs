@@ -36,13 +36,13 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::api::{ApiError, Kind, SharedApi};
 use super::desired::has_elder;
 use super::link::{MemberApis, MemberLink, undiscovered};
 use super::own::{OwnEvent, Seen};
-use super::queue::WorkQueue;
+use super::queue::{Reason, WorkQueue};
 use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, ObjectRef, reconcile};
 use super::shard::Shards;
 use super::stats::SyncStats;
@@ -190,8 +190,9 @@ pub struct Syncer {
     /// What the controller knows of its own objects, per service not being
     /// reconciled now (a running reconcile owns its service's).
     keys: HashMap<ServiceKey, KeyState>,
-    /// Found live while their service was being reconciled.
-    adopted: HashMap<ServiceKey, KeyState>,
+    /// Found live while their service was being reconciled, and why they
+    /// were read.
+    adopted: HashMap<ServiceKey, (KeyState, Reason)>,
     /// Own-watch events about services being reconciled.
     deferred: HashMap<ServiceKey, Vec<Deferred>>,
     queue: WorkQueue,
@@ -312,7 +313,7 @@ impl Syncer {
                     let mut touched = BTreeSet::new();
                     self.state.apply(e, &mut touched);
                     for key in touched {
-                        self.queue.touch(key);
+                        self.queue.touch(key, Reason::Event);
                     }
                 }
                 Some(e) = inbox.own.recv() => self.own_event(e),
@@ -329,7 +330,7 @@ impl Syncer {
                 if !complete && self.state.synced_except(&self.removed) {
                     info!("every member listed: reconciling everything, deletions included");
                     complete = true;
-                    self.queue_all();
+                    self.queue_all(Reason::Start);
                 }
                 next_tick = now + TICK;
             }
@@ -388,7 +389,7 @@ impl Syncer {
             }
         }
         for key in touched {
-            self.queue.backlog(key);
+            self.queue.backlog(key, Reason::Start);
         }
     }
 
@@ -454,7 +455,7 @@ impl Syncer {
             .collect();
         info!(shard = i, services = keys.len(), "leading the shard: reconciling its services");
         for key in keys {
-            self.queue.backlog(key);
+            self.queue.backlog(key, Reason::Takeover);
         }
     }
 
@@ -464,7 +465,7 @@ impl Syncer {
             return;
         }
         while running.len() < self.behaviour.concurrency {
-            let Some(key) = self.queue.pop() else { break };
+            let Some((key, reason)) = self.queue.pop() else { break };
             if !self.leads(&key) {
                 // Another replica's, or being read: queued again if taken.
                 self.queue.done(&key);
@@ -472,11 +473,28 @@ impl Syncer {
             }
             let ks = self.keys.remove(&key).unwrap_or_default();
             let input = self.input(&key);
-            let env = self.envs[self.shards.of(&key)].clone();
-            running.push(Box::pin(async move {
-                let (ks, result) = reconcile(ks, input, env).await;
-                Done::Reconciled(key, Box::new(ks), result)
-            }));
+            let shard = self.shards.of(&key);
+            let env = self.envs[shard].clone();
+            self.stats.reconciled(reason);
+            // The reconcile's span: its writes, each member's, are in it
+            // (`reconcile` records how many members were written and how it
+            // ended), and so are its log lines.
+            let span = tracing::info_span!(
+                "reconcile",
+                service = %key,
+                shard,
+                reason = reason.as_str(),
+                members_written = tracing::field::Empty,
+                writes = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            );
+            running.push(Box::pin(
+                async move {
+                    let (ks, result) = reconcile(ks, input, env).await;
+                    Done::Reconciled(key, Box::new(ks), result)
+                }
+                .instrument(span),
+            ));
         }
     }
 
@@ -541,9 +559,9 @@ impl Syncer {
                     self.deferred.remove(&key);
                     return;
                 }
-                if let Some(found) = self.adopted.remove(&key) {
+                if let Some((found, reason)) = self.adopted.remove(&key) {
                     ks.adopt(found);
-                    self.queue.backlog(key.clone());
+                    self.queue.backlog(key.clone(), reason);
                 }
                 for d in self.deferred.remove(&key).unwrap_or_default() {
                     let repair = match d {
@@ -555,7 +573,7 @@ impl Syncer {
                         }
                     };
                     if repair {
-                        self.queue.touch(key.clone());
+                        self.queue.touch(key.clone(), Reason::Drift);
                     }
                 }
                 if !ks.is_empty() {
@@ -566,7 +584,12 @@ impl Syncer {
                 self.read[member] = true;
                 let seen: BTreeSet<ObjectRef> =
                     found.values().flat_map(|ks| ks.owned.iter().cloned()).collect();
-                self.adopted(found, all, began);
+                let why = match (gained.is_empty(), all) {
+                    (false, _) => Reason::Takeover,
+                    (true, true) => Reason::Member,
+                    (true, false) => Reason::Resync,
+                };
+                self.adopted(found, all, began, why);
                 for t in gained {
                     // Only a read for this very take counts: one for an
                     // earlier take of a shard lost and taken again does not.
@@ -604,7 +627,7 @@ impl Syncer {
                     }
                 }
                 for key in touched {
-                    self.queue.backlog(key);
+                    self.queue.backlog(key, Reason::Drift);
                 }
             }
         }

@@ -230,6 +230,7 @@ mod tests {
                     .map(|a| Endpoint::new(vec![a.parse::<std::net::IpAddr>().unwrap()].into(), true))
                     .collect(),
                 origin: crate::model::SliceOrigin::Mcs,
+                trigger: Default::default(),
             }),
         ]
     }

@@ -10,10 +10,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::warn;
 
 use super::crd;
-use super::mcs::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
+use super::mcs::{ANNOTATION_TRIGGER_TIME, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{
-    AddressFamily, AnswerOverrides, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType, LabelError, Port,
-    Protocol, ServiceImport, ServiceKey, SliceKey, SliceOrigin,
+    AddressFamily, AnswerOverrides, ChangeTrigger, ClusterId, DnsLabel, Endpoint, EndpointSet, ImportType,
+    LabelError, Port, Protocol, ServiceImport, ServiceKey, SliceKey, SliceOrigin,
 };
 
 /// Why an object was skipped.
@@ -345,7 +345,19 @@ pub(super) fn endpoint_slice_of<S: SliceFields>(
         ports,
         endpoints,
         origin,
+        trigger: trigger_time(obj.annotation(ANNOTATION_TRIGGER_TIME)),
     }))
+}
+
+/// A slice's trigger time from its annotation's value. One that does not
+/// parse is not an error (the slice is answered all the same); `serve`
+/// counts it apart.
+pub fn trigger_time(annotation: Option<&str>) -> ChangeTrigger {
+    match annotation.map(str::parse::<k8s_openapi::jiff::Timestamp>) {
+        None => ChangeTrigger::Missing,
+        Some(Ok(t)) => ChangeTrigger::At(t.into()),
+        Some(Err(_)) => ChangeTrigger::Unparsable,
+    }
 }
 
 /// The items, or the first error, in a vector no longer than they are.
@@ -412,6 +424,31 @@ endpoints:
 - addresses: [10.1.0.2]
   conditions: {ready: false}
 ";
+
+    #[test]
+    fn a_slice_carries_its_trigger_time_and_one_that_does_not_parse_is_served_all_same() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let with = |value: &str| {
+            let yaml = SLICE.replace(
+                "  labels:\n",
+                &format!("  annotations: {{endpoints.kubernetes.io/last-change-trigger-time: '{value}'}}\n  labels:\n"),
+            );
+            match slice(&yaml).unwrap() {
+                SliceOutcome::Endpoints(set) => set.trigger,
+                SliceOutcome::Fqdn => panic!("not FQDN"),
+            }
+        };
+        let at = |secs: u64, nanos: u32| ChangeTrigger::At(UNIX_EPOCH + Duration::new(secs, nanos));
+        // kube-controller-manager writes Go's RFC3339Nano: whole seconds as
+        // they are, fractions without trailing zeros.
+        assert_eq!(with("2026-11-28T01:58:05Z"), at(1_795_831_085, 0));
+        assert_eq!(with("2026-11-28T01:58:05.12Z"), at(1_795_831_085, 120_000_000));
+        assert_eq!(with("2026-11-28T02:58:05+01:00"), at(1_795_831_085, 0));
+        assert_eq!(with("yesterday"), ChangeTrigger::Unparsable);
+        let SliceOutcome::Endpoints(set) = slice(SLICE).unwrap() else { panic!("not FQDN") };
+        assert_eq!(set.trigger, ChangeTrigger::Missing);
+        assert_eq!(set.endpoints.len(), 2, "answered as before");
+    }
 
     #[test]
     fn import_protocols_are_read_in_any_case() {

@@ -32,6 +32,11 @@ pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluste
 pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// Kubernetes' label naming the controller that manages an EndpointSlice.
 pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+/// Kubernetes' annotation on an EndpointSlice: when the change it carries
+/// was triggered (RFC 3339, written by kube-controller-manager's
+/// EndpointSlice controller; `sync` carries it onto the MCS slices it
+/// writes, `serve` measures from it).
+pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// Finds the newest served version of an MCS kind (`plural`), retrying (and
 /// reporting) until its CRD is installed.

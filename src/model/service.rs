@@ -310,6 +310,10 @@ pub struct EndpointSet {
     pub endpoints: Vec<Endpoint>,
     /// Who wrote the slice: MCS, or a fleet manager read with `--interop`.
     pub origin: SliceOrigin,
+    /// When the change it carries began (its
+    /// `endpoints.kubernetes.io/last-change-trigger-time`): what `serve`
+    /// measures the time to answer it from. Not part of what is answered.
+    pub trigger: super::ChangeTrigger,
 }
 
 #[cfg(test)]

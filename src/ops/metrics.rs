@@ -27,13 +27,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::fault::{Failures, Task};
 use crate::k8s::watch::WatchHealth;
+use crate::model::ImportType;
 use crate::scrape::{Families, Sample};
 use crate::source::centralized::Liveness;
-use crate::store::{Reader, Snapshot};
+use crate::store::programming::kind_label;
+use crate::store::{Programmed, Reader, Snapshot, Unmeasured};
 use crate::wire::stats::QueryStats;
 
 /// The answering side's metrics, registered into the process's registry
@@ -47,7 +49,17 @@ pub struct Metrics {
     ready: IntGauge,
     publish_seconds: Histogram,
     http_debug: IntCounterVec,
+    programming: HistogramVec,
+    unmeasured: IntCounterVec,
 }
+
+/// DNS programming latency (`store::programming`), named and bucketed as
+/// CoreDNS's `coredns_kubernetes_dns_programming_duration_seconds`
+/// (1 ms doubling to 524 s), so that one dashboard reads both.
+const PROGRAMMING: &str = "clusterset_dns_programming_duration_seconds";
+const PROGRAMMING_HELP: &str = "Time from an EndpointSlice change's trigger (its endpoints.kubernetes.io/last-change-trigger-time, set by kube-controller-manager in the exporting cluster and carried by sync) until this server answers it, by the service's kind (clusterset_ip, headless).";
+const UNMEASURED: &str = "clusterset_dns_programming_unmeasured_total";
+const UNMEASURED_HELP: &str = "EndpointSlice changes answered but not observed in clusterset_dns_programming_duration_seconds, by cause: missing (no trigger time), unparsable, future (the writing cluster's clock is ahead), stale (over an hour old), repeated (the previous version's time: a rewrite, not a change), unserved (no ServiceImport).";
 
 /// HTTP requests under `/debug/`, answered or refused (`--allow-debug`).
 const HTTP_DEBUG: &str = "clusterset_dns_http_debug_requests_total";
@@ -85,6 +97,21 @@ impl Metrics {
             http_debug.with_label_values(&[result]);
         }
         registry.register(Box::new(http_debug.clone()))?;
+        let programming = HistogramVec::new(
+            HistogramOpts::new(PROGRAMMING, PROGRAMMING_HELP)
+                .buckets(prometheus::exponential_buckets(0.001, 2.0, 20)?),
+            &["service_kind"],
+        )?;
+        let unmeasured = IntCounterVec::new(Opts::new(UNMEASURED, UNMEASURED_HELP), &["cause"])?;
+        // Every series from 0, so that a rate() starts from a value.
+        for kind in [ImportType::ClusterSetIp, ImportType::Headless] {
+            programming.with_label_values(&[kind_label(kind)]);
+        }
+        for cause in Unmeasured::ALL {
+            unmeasured.with_label_values(&[cause.as_str()]);
+        }
+        registry.register(Box::new(programming.clone()))?;
+        registry.register(Box::new(unmeasured.clone()))?;
         if !watches.is_empty() {
             watch_families(watches).register(registry)?;
         }
@@ -96,7 +123,19 @@ impl Metrics {
             ready,
             publish_seconds,
             http_debug,
+            programming,
+            unmeasured,
         })
+    }
+
+    /// Records what the publishes measured of slice changes.
+    pub fn programmed(&self, programmed: Programmed) {
+        for (kind, took) in programmed.observed {
+            self.programming.with_label_values(&[kind_label(kind)]).observe(took.as_secs_f64());
+        }
+        for cause in programmed.unmeasured {
+            self.unmeasured.with_label_values(&[cause.as_str()]).inc();
+        }
     }
 
     /// The per-service families alone (`/debug/metrics`): registered by

@@ -141,6 +141,7 @@ mod tests {
             origin,
             ports: Default::default(),
             endpoints: Default::default(),
+            trigger: 0,
         };
         ((SourceId::Watch(2), s), set)
     }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::hosts::Ptrs;
+use super::hosts::{PtrTarget, Ptrs};
 
 /// Bits of a shard's index.
 const SHARD_BITS: u32 = 12;
@@ -309,6 +309,68 @@ impl<K: Addr> SortedEdit<K> {
             })
             .collect();
         Sorted { groups, len }
+    }
+}
+
+// Which names an address answers, kept by the writer as it publishes:
+// an address named once is only in the snapshot; one named more than once
+// (a Pod behind two headless services) is also in `twice`, in the order
+// named.
+
+/// Adds `target` to the names `ip` answers.
+pub(super) fn name(
+    reverse: &mut Edit,
+    twice: &mut FxHashMap<IpAddr, Vec<PtrTarget>>,
+    ip: IpAddr,
+    target: PtrTarget,
+) {
+    let Some(all) = twice.get_mut(&ip) else {
+        match reverse.get(ip).map(Ptrs::to_vec) {
+            Some(mut all) => {
+                all.push(target);
+                set_ptrs(reverse, ip, &all);
+                twice.insert(ip, all);
+            }
+            None => set_ptrs(reverse, ip, &[target]),
+        }
+        return;
+    };
+    all.push(target);
+    set_ptrs(reverse, ip, all);
+}
+
+/// Takes `target` out of the names `ip` answers.
+pub(super) fn unname(
+    reverse: &mut Edit,
+    twice: &mut FxHashMap<IpAddr, Vec<PtrTarget>>,
+    ip: IpAddr,
+    target: &PtrTarget,
+) {
+    let Some(all) = twice.get_mut(&ip) else {
+        if reverse.get(ip).is_some_and(|p| p.is_only(target)) {
+            reverse.remove(ip);
+        }
+        return;
+    };
+    if let Some(i) = all.iter().position(|t| t == target) {
+        all.remove(i);
+    }
+    if all.len() > 1 {
+        set_ptrs(reverse, ip, all);
+        return;
+    }
+    match twice.remove(&ip) {
+        Some(last) if !last.is_empty() => set_ptrs(reverse, ip, &last),
+        _ => {
+            reverse.remove(ip);
+        }
+    }
+}
+
+/// `ip` answers `targets` (none: nothing is set).
+fn set_ptrs(reverse: &mut Edit, ip: IpAddr, targets: &[PtrTarget]) {
+    if let Some(ptrs) = Ptrs::of(targets) {
+        reverse.insert(ip, ptrs);
     }
 }
 

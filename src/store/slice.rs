@@ -34,6 +34,10 @@ pub(crate) struct Slice {
     pub(crate) ports: Arc<[Port]>,
     /// Its endpoints, no spare room.
     pub(crate) endpoints: Box<[Endpoint]>,
+    /// Its trigger time's [`fingerprint`](crate::model::ChangeTrigger::fingerprint)
+    /// (in the record's padding): whether a change came with a trigger
+    /// time of its own (`store::programming`). Not answered, not compared.
+    pub(crate) trigger: u32,
 }
 
 impl Slice {
@@ -46,10 +50,12 @@ impl Slice {
             family: set.family,
             origin: set.origin,
             endpoints: set.endpoints.into_boxed_slice(),
+            trigger: set.trigger.fingerprint(),
         }
     }
 
-    /// True when `set` would be stored as this slice (its service aside).
+    /// True when `set` would be answered as this slice (its service and
+    /// trigger time aside).
     pub(crate) fn same_as(&self, set: &EndpointSet) -> bool {
         *self.name == *set.slice.name
             && self.cluster == set.cluster
@@ -128,6 +134,7 @@ mod tests {
             ports: ports(&[80]),
             endpoints: vec![Endpoint::new(vec!["10.0.0.1".parse().unwrap()].into(), true)],
             origin: SliceOrigin::Mcs,
+            trigger: Default::default(),
         }
     }
 
@@ -150,12 +157,17 @@ mod tests {
             change(&mut other);
             assert!(!s.same_as(&other), "{other:?}");
         }
+        // A new trigger time alone changes no answer.
+        let mut retimed = set("web-east");
+        retimed.trigger = crate::model::ChangeTrigger::At(std::time::SystemTime::now());
+        assert!(s.same_as(&retimed));
+        assert_ne!(Slice::new(retimed, &mut lists).trigger, s.trigger);
     }
 
     #[test]
     fn a_slice_is_half_an_endpoint_set() {
-        // Name, cluster, ports and endpoints (16 bytes each), family and
-        // origin: 72 bytes, where an `EndpointSet` is 152 (module docs).
+        // Name, cluster, ports and endpoints (16 bytes each), family,
+        // origin and the trigger's fingerprint: 72 bytes, where an `EndpointSet` is 152 (module docs).
         let size = std::mem::size_of::<Slice>();
         assert!(size <= 72, "Slice grew to {size} bytes");
     }

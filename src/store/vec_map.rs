@@ -187,6 +187,7 @@ mod tests {
             origin: SliceOrigin::Mcs,
             ports: Default::default(),
             endpoints: Default::default(),
+            trigger: 0,
         }
     }
 

@@ -11,22 +11,25 @@ use foldhash::HashMap;
 use rustc_hash::FxHashMap;
 use tracing::{debug, warn};
 
-use super::hosts::{PtrTarget, Ptrs};
+use super::hosts::PtrTarget;
 use super::input::{Object, ObjectId, SourceId, Update};
 use super::intern::Interner;
 use super::names::{self, BuildCtx};
 use super::owners::Owners;
+use super::programming::{Pending, Programmed};
 use super::resolve;
 use super::reverse;
 use super::slice::{PortLists, Slice};
 use super::snapshot::{ServiceNames, Snapshot, Zone};
 use super::vec_map::{SliceMap, VecMap};
 use super::wire_key::WireKey;
-use crate::model::{BackingKind, BackingService, ClusterId, DnsLabel, ServiceImport, ServiceKey, SliceKey};
+use crate::model::{
+    BackingKind, BackingService, ClusterId, DnsLabel, ImportType, ServiceImport, ServiceKey, SliceKey,
+};
 
-/// A service built: its names (`None`: it has none), and why it is
-/// answered NODATA, if it is.
-type Built = (ServiceKey, Option<ServiceNames>, Option<String>);
+/// A service built: its names (`None`: it has none), why it is answered
+/// NODATA, if it is, and the kind it is answered as (`None`: not answered).
+type Built = (ServiceKey, Option<ServiceNames>, Option<String>, Option<ImportType>);
 
 #[derive(Default)]
 struct SourceState {
@@ -221,6 +224,11 @@ pub struct Writer {
     /// store is ready (before, its backing Service may just not be listed
     /// yet).
     reported: BTreeSet<ServiceKey>,
+    /// Slice changes waiting for the publish that answers them, with their
+    /// trigger times (`store::programming`).
+    pending: Vec<(ServiceKey, Pending)>,
+    /// What the publishes since [`Writer::take_programmed`] measured.
+    programmed: Programmed,
 }
 
 impl Writer {
@@ -234,6 +242,8 @@ impl Writer {
             named_twice: FxHashMap::default(),
             unresolved: BTreeMap::new(),
             reported: BTreeSet::new(),
+            pending: Vec::new(),
+            programmed: Programmed::default(),
             zone,
             current,
             sources: BTreeMap::new(),
@@ -497,6 +507,9 @@ impl Writer {
             return;
         }
         let src = self.sources.entry(source).or_default();
+        // A change after the source's first list is a change to measure; the
+        // first list is the server starting.
+        let measured = src.synced;
         if !matches!(object, Object::Import(_)) {
             let id = object.id();
             match src.owners.get(&id, holder(&self.services, source, &id)).cloned() {
@@ -541,8 +554,17 @@ impl Writer {
                 change == Change::Records
             }
             Object::Slice(set) => {
-                let changed = state.slices.get(source, &set.slice.name).is_none_or(|old| !old.same_as(&set));
-                if changed {
+                let old = state.slices.get(source, &set.slice.name);
+                let changed = old.is_none_or(|old| !old.same_as(&set));
+                let fingerprint = set.trigger.fingerprint();
+                let retimed = old.is_some_and(|old| old.trigger != fingerprint);
+                if changed && measured {
+                    let repeated = old.is_some_and(|old| old.trigger == fingerprint);
+                    self.pending.push((key.clone(), Pending { trigger: set.trigger, repeated }));
+                }
+                // A new trigger time alone is kept (the next change is judged
+                // against it), and answers nothing new.
+                if changed || retimed {
                     state.slices.insert(source, Slice::new(set, &mut self.ports));
                 }
                 changed
@@ -631,19 +653,21 @@ impl Writer {
         }
     }
 
-    /// Builds the names of one service (`None`: it has none), and why it
-    /// answers NODATA, if it does.
-    fn build_one(&self, key: &ServiceKey) -> (Option<ServiceNames>, Option<String>) {
-        let Some(state) = self.services.get(key) else { return (None, None) };
+    /// Builds the names of one service (`None`: it has none), why it
+    /// answers NODATA, if it does, and the kind it is answered as.
+    fn build_one(&self, key: &ServiceKey) -> (Option<ServiceNames>, Option<String>, Option<ImportType>) {
+        let Some(state) = self.services.get(key) else { return (None, None, None) };
         let Some(served) =
             resolve::served(key, state.imports.values().next(), &state.backing, state.slices.values())
         else {
-            return (None, None);
+            return (None, None, None);
         };
         let slices: Vec<&Slice> = served.slices;
         let healthy = |c: &ClusterId, a: &[IpAddr]| self.healthy(key, c, a);
         let cx = BuildCtx { interner: &self.interner, healthy: &healthy };
-        (names::service_names(&self.zone, &served.import, &slices, &cx), served.unresolved)
+        let names = names::service_names(&self.zone, &served.import, &slices, &cx);
+        let kind = names.as_ref().map(|_| served.import.kind);
+        (names, served.unresolved, kind)
     }
 
     /// Builds the names of every service in `keys`, in blocks in key order;
@@ -656,8 +680,8 @@ impl Writer {
             let built = keys
                 .into_iter()
                 .map(|key| {
-                    let (built, why) = self.build_one(&key);
-                    (key, built, why)
+                    let (built, why, kind) = self.build_one(&key);
+                    (key, built, why, kind)
                 })
                 .collect();
             return vec![built];
@@ -683,8 +707,8 @@ impl Writer {
                             let built: Vec<_> = chunk
                                 .iter()
                                 .map(|key| {
-                                    let (built, why) = self.build_one(key);
-                                    (key.clone(), built, why)
+                                    let (built, why, kind) = self.build_one(key);
+                                    (key.clone(), built, why, kind)
                                 })
                                 .collect();
                             mine.push((block, built));
@@ -733,7 +757,13 @@ impl Writer {
                 }
             }
         }
-        for (key, built, unresolved) in self.build(dirty).into_iter().flatten() {
+        // The kind each changed slice's service is answered as, for the
+        // changes measured once this snapshot is stored.
+        let mut kinds: HashMap<ServiceKey, ImportType> = HashMap::default();
+        for (key, built, unresolved, kind) in self.build(dirty).into_iter().flatten() {
+            if let Some(kind) = kind.filter(|_| !self.pending.is_empty()) {
+                kinds.insert(key.clone(), kind);
+            }
             let wire = WireKey::new(&names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]));
             match unresolved {
                 Some(why) => {
@@ -745,12 +775,12 @@ impl Writer {
             }
             let old_hosts = services.get(&wire[..]).map(|old| old.hosts.clone());
             for (ip, target) in old_hosts.iter().flat_map(|h| h.ptrs()) {
-                unname(&mut reverse, &mut self.named_twice, ip, &target);
+                reverse::unname(&mut reverse, &mut self.named_twice, ip, &target);
             }
             match built {
                 Some(names) => {
                     for (ip, target) in names.hosts.ptrs() {
-                        name(&mut reverse, &mut self.named_twice, ip, target);
+                        reverse::name(&mut reverse, &mut self.named_twice, ip, target);
                     }
                     services.insert(wire, Arc::new(names));
                 }
@@ -792,7 +822,18 @@ impl Writer {
             "published snapshot"
         );
         self.current.store(Arc::new(snap));
+        // Answered from now on.
+        let published = SystemTime::now();
+        for (key, change) in std::mem::take(&mut self.pending) {
+            self.programmed.judge(&change, kinds.get(&key).copied(), published);
+        }
         rebuilt
+    }
+
+    /// What the publishes since the last call measured of slice changes
+    /// (`store::programming`).
+    pub fn take_programmed(&mut self) -> Programmed {
+        std::mem::take(&mut self.programmed)
     }
 }
 
@@ -821,63 +862,6 @@ enum Change {
     Health,
     /// Its records.
     Records,
-}
-
-/// Adds `target` to the names `ip` answers.
-fn name(
-    reverse: &mut reverse::Edit,
-    twice: &mut FxHashMap<IpAddr, Vec<PtrTarget>>,
-    ip: IpAddr,
-    target: PtrTarget,
-) {
-    let Some(all) = twice.get_mut(&ip) else {
-        match reverse.get(ip).map(Ptrs::to_vec) {
-            Some(mut all) => {
-                all.push(target);
-                set_ptrs(reverse, ip, &all);
-                twice.insert(ip, all);
-            }
-            None => set_ptrs(reverse, ip, &[target]),
-        }
-        return;
-    };
-    all.push(target);
-    set_ptrs(reverse, ip, all);
-}
-
-/// Takes `target` out of the names `ip` answers.
-fn unname(
-    reverse: &mut reverse::Edit,
-    twice: &mut FxHashMap<IpAddr, Vec<PtrTarget>>,
-    ip: IpAddr,
-    target: &PtrTarget,
-) {
-    let Some(all) = twice.get_mut(&ip) else {
-        if reverse.get(ip).is_some_and(|p| p.is_only(target)) {
-            reverse.remove(ip);
-        }
-        return;
-    };
-    if let Some(i) = all.iter().position(|t| t == target) {
-        all.remove(i);
-    }
-    if all.len() > 1 {
-        set_ptrs(reverse, ip, all);
-        return;
-    }
-    match twice.remove(&ip) {
-        Some(last) if !last.is_empty() => set_ptrs(reverse, ip, &last),
-        _ => {
-            reverse.remove(ip);
-        }
-    }
-}
-
-/// `ip` answers `targets` (none: nothing is set).
-fn set_ptrs(reverse: &mut reverse::Edit, ip: IpAddr, targets: &[PtrTarget]) {
-    if let Some(ptrs) = Ptrs::of(targets) {
-        reverse.insert(ip, ptrs);
-    }
 }
 
 #[cfg(test)]

@@ -48,3 +48,21 @@ fn exchange(mut s: TcpStream, path: &str) -> Option<(u16, String)> {
 pub fn metric_value(scrape: &str, line: &str) -> Option<f64> {
     scrape.lines().find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
 }
+
+/// The sum of every series of family `name` in a scrape (a counter whose
+/// labels split it, as `clusterset_dns_sync_reconciles_total{reason}`);
+/// `None` when the scrape has none.
+pub fn metric_sum(scrape: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = scrape
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.trim().parse().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}

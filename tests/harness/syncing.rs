@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::BIN;
 use super::clusters::TestClusters;
-use super::http::{http_get, metric_value};
+use super::http::{http_get, metric_sum, metric_value};
 use super::process::{Owned, capture_output, tied};
 use super::procfs;
 
@@ -111,10 +111,10 @@ impl Syncing {
         metric_value(&self.get("/metrics"), line)
     }
 
-    /// Reconciles started (`clusterset_dns_sync_reconciles_total`); 0
-    /// before the first scrape answers it.
+    /// Reconciles started (`clusterset_dns_sync_reconciles_total`, every
+    /// reason); 0 before the first scrape answers it.
     pub fn reconciles(&self) -> f64 {
-        self.metric("clusterset_dns_sync_reconciles_total").unwrap_or(0.0)
+        metric_sum(&self.get("/metrics"), "clusterset_dns_sync_reconciles_total").unwrap_or(0.0)
     }
 
     /// Idle in one scrape: nothing queued, and every reconcile started has
@@ -123,7 +123,7 @@ impl Syncing {
     /// observed as one ends). Returns the reconciles then.
     fn idle(&self) -> Option<f64> {
         let scrape = self.get("/metrics");
-        let started = metric_value(&scrape, "clusterset_dns_sync_reconciles_total")?;
+        let started = metric_sum(&scrape, "clusterset_dns_sync_reconciles_total")?;
         let ended = metric_value(&scrape, "clusterset_dns_sync_reconcile_seconds_count")?;
         let depth = metric_value(&scrape, "clusterset_dns_sync_queue_depth")?;
         (depth == 0.0 && started == ended).then_some(started)

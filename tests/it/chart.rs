@@ -331,6 +331,7 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
         ("on-memory-limit", _) => text("exit"),
         ("kube-encoding", _) => text("json"),
         ("list-mode", _) => text("stream"),
+        ("otlp-endpoint", _) => text("http://otel-collector.monitoring:4318/v1/traces"),
         (_, "CIDR=NAME[/ZONE]") => ("{10.1.0.0/16=east}".to_owned(), Some("10.1.0.0/16=east".to_owned())),
         (_, "CLUSTER=REGION") => ("{east=eu}".to_owned(), Some("east=eu".to_owned())),
         ("namespace" | "auto-export-namespace-prefix", _) => {

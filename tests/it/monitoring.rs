@@ -160,15 +160,28 @@ struct Group {
     rules: Vec<Rule>,
 }
 
+/// An alerting rule (`alert`) or a recording rule (`record`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Rule {
-    alert: String,
+    alert: Option<String>,
+    record: Option<String>,
     expr: String,
     #[serde(rename = "for")]
     for_: Option<String>,
+    #[serde(default)]
     labels: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
     annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// Names of series recorded by rules (`level:metric:operations`) in an
+/// expression.
+fn recorded_in(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|t| t.contains(":clusterset_dns_"))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The dashboard's expressions, and the rules' (alert, expression) pairs.
@@ -235,25 +248,62 @@ fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
         "clusterset_dns_sync_conflicts",
         "clusterset_dns_udp_workers",
         "clusterset_dns_tcp_connections_shed_total",
+        "clusterset_dns_programming_duration_seconds_bucket",
+        "clusterset_dns_programming_unmeasured_total",
+        "clusterset_dns_sync_reconciles_total",
     ] {
         assert!(used.contains(m), "the dashboard shows no {m}");
     }
 
     let rules = rules();
+    // Recording rules (the programming latency SLO): named in Prometheus's
+    // level:metric:operations form, over exported metrics only.
+    let mut recorded = BTreeSet::new();
+    for rule in rules.iter().filter(|r| r.alert.is_none()) {
+        let name = rule.record.as_deref().expect("a rule is an alert or a record");
+        assert!(name.split(':').count() == 3 && name.contains(":clusterset_dns_"), "recorded as {name}");
+        assert!(balanced(&rule.expr), "{name}: unbalanced expression");
+        assert!(
+            rule.for_.is_none() && rule.annotations.is_empty(),
+            "{name}: a record has no for or annotations"
+        );
+        let metrics = metrics_in(&rule.expr);
+        assert!(!metrics.is_empty(), "{name} names none of our metrics");
+        for m in metrics {
+            assert!(exported.contains(&m), "{name} uses {m}, which /metrics does not export");
+        }
+        recorded.insert(name.to_owned());
+    }
+    for m in [
+        "service_kind:clusterset_dns_programming_duration_seconds:p99_5m",
+        "cause:clusterset_dns_programming_unmeasured:ratio_5m",
+    ] {
+        assert!(recorded.contains(m), "no recording rule {m}");
+    }
     let mut paged = BTreeSet::new();
+    let mut alerted = BTreeSet::new();
     for rule in &rules {
-        assert!(rule.alert.starts_with("ClusterSetDNS"), "{}", rule.alert);
-        assert!(balanced(&rule.expr), "{}: unbalanced expression", rule.alert);
-        assert!(rule.annotations.get("summary").is_some_and(|s| !s.is_empty()), "{}: no summary", rule.alert);
+        let Some(alert) = &rule.alert else { continue };
+        assert!(rule.record.is_none(), "{alert} is also a record");
+        assert!(alert.starts_with("ClusterSetDNS"), "{alert}");
+        assert!(balanced(&rule.expr), "{alert}: unbalanced expression");
+        for r in recorded_in(&rule.expr) {
+            assert!(recorded.contains(&r), "{alert} uses {r}, which no rule records");
+            alerted.insert(r);
+        }
+        assert!(rule.annotations.get("summary").is_some_and(|s| !s.is_empty()), "{alert}: no summary");
         let severity = rule.labels.get("severity").map(String::as_str);
-        assert!(matches!(severity, Some("page" | "warning")), "{}: severity {severity:?}", rule.alert);
+        assert!(matches!(severity, Some("page" | "warning")), "{alert}: severity {severity:?}");
         if let Some(f) = &rule.for_ {
-            assert!(f.trim_end_matches(['s', 'm', 'h']).parse::<u32>().is_ok(), "{}: for: {f}", rule.alert);
+            assert!(f.trim_end_matches(['s', 'm', 'h']).parse::<u32>().is_ok(), "{alert}: for: {f}");
         }
         let metrics = metrics_in(&rule.expr);
-        assert!(!metrics.is_empty(), "{} names none of our metrics", rule.alert);
+        assert!(
+            !metrics.is_empty() || !recorded_in(&rule.expr).is_empty(),
+            "{alert} names none of our metrics"
+        );
         for m in metrics {
-            assert!(exported.contains(&m), "{} uses {m}, which /metrics does not export", rule.alert);
+            assert!(exported.contains(&m), "{alert} uses {m}, which /metrics does not export");
             if severity == Some("page") {
                 paged.insert(m);
             }
@@ -271,6 +321,10 @@ fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
     ] {
         assert!(paged.contains(m), "no paging alert on {m}");
     }
+    assert!(
+        alerted.contains("service_kind:clusterset_dns_programming_duration_seconds:p99_5m"),
+        "no alert on the DNS programming latency SLO"
+    );
 }
 
 /// The checks above can fail: a name that is not exported is caught.
@@ -284,4 +338,12 @@ fn the_metric_name_check_catches_a_name_not_exported() {
     assert!(exported.contains("coredns_dns_requests_total") || !exported.is_empty());
     assert!(!exported.contains("coredns_dns_request_total"), "a misspelt name is exported");
     assert!(!balanced("sum(rate(x[5m])"), "an unbalanced expression passes");
+    // An alert on a recorded series is checked against the records: the
+    // series is found (a misspelt one would then not be recorded), and a
+    // metric's own name is not taken for one.
+    let alert = "max by (service_kind) (service_kind:clusterset_dns_programming_duraton_seconds:p99_5m) > 2";
+    assert_eq!(recorded_in(alert), ["service_kind:clusterset_dns_programming_duraton_seconds:p99_5m"]);
+    let recorded = rules().into_iter().filter_map(|r| r.record).collect::<BTreeSet<_>>();
+    assert!(!recorded.contains(&recorded_in(alert)[0]), "a misspelt record is recorded");
+    assert!(recorded_in("rate(clusterset_dns_programming_duration_seconds_count[5m])").is_empty());
 }

@@ -383,7 +383,7 @@ fn a_standby_takes_over_and_a_crash_mid_reconcile_converges_without_orphans() {
     second.settle(0.0, 1.0, "the second's reconciles");
     drop(second);
     eventually("third leads", || third.leading());
-    let reconciled = || third.metric("clusterset_dns_sync_reconciles_total").unwrap_or(0.0);
+    let reconciled = || third.reconciles();
     eventually("third reconciled every service", || reconciled() >= (N - 1) as f64);
     third.settle(0.0, (N - 1) as f64, "the third's reconciles");
     let writes = third.metric("clusterset_dns_sync_writes_total");

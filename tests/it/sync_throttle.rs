@@ -120,7 +120,7 @@ fn a_throttling_api_server_slows_sync_down_but_it_converges_without_a_storm() {
     std::thread::sleep(Duration::from_secs(5));
     let later: f64 = (0..2).map(|i| refused(&clusters, i)).sum();
     assert_eq!(later, after, "requests still refused after convergence: the controller keeps retrying");
-    let exports = sync.metric("clusterset_dns_sync_reconciles_total").unwrap_or(0.0);
+    let exports = sync.reconciles();
     assert!(exports >= N as f64, "{exports} reconciles for {N} services");
     // Nobody but sync touches its objects here: a list that arrived after
     // a slow batch of writes must not make them look deleted or edited.

@@ -11,6 +11,7 @@ use crate::controller::api::fake::{FakeMember, Fault};
 use crate::controller::api::{ErrorReason, MemberApi};
 use crate::fleet::export::{ExportedService, ServicePortSpec};
 use crate::k8s::fence::Fence;
+use crate::k8s::mcs::ANNOTATION_TRIGGER_TIME;
 use crate::model::{DnsLabel, Protocol};
 
 const IMPORT_V: &str = "multicluster.x-k8s.io/v1alpha1";
@@ -385,4 +386,66 @@ fn only_an_object_written_before_a_list_began_can_be_gone() {
     assert_eq!(ks.gone(1, (Kind::ServiceImport, None), &listed, listed_at), vec![]);
     assert_eq!(ks.gone(0, (Kind::ServiceImport, None), &none, listed_at), vec![]);
     assert_eq!(ks.gone(1, (Kind::ServiceImport, Some("other")), &none, listed_at), vec![]);
+}
+
+/// [`input`] whose source slice carries `trigger`, exported at `exported_at`.
+fn timed(address: &str, trigger: Option<&str>, exported_at: i64) -> Input {
+    let mut i = input(address);
+    i.exports[0].exported_at = exported_at;
+    let slices = i.sources.get_mut(&cluster(0)).unwrap();
+    let mut slice = (*slices["web-x1"]).clone();
+    slice.metadata.annotations =
+        trigger.map(|t| BTreeMap::from([(ANNOTATION_TRIGGER_TIME.to_owned(), t.to_owned())]));
+    slices.insert("web-x1".into(), Arc::new(slice));
+    i
+}
+
+/// The trigger time member `fake`'s one slice carries.
+fn carried(fake: &FakeMember) -> Option<String> {
+    let name = name_of(fake, Kind::EndpointSlice);
+    let slice = fake.get(Kind::EndpointSlice, "shop", &name).unwrap();
+    slice["metadata"]["annotations"][ANNOTATION_TRIGGER_TIME].as_str().map(str::to_owned)
+}
+
+#[tokio::test]
+async fn a_slice_carries_its_sources_trigger_time_which_alone_writes_nothing() {
+    let f = fleet();
+    let old = 1_700_000_000;
+    let at = |t: &str| Some(t.to_owned());
+    let (ks, r) = reconcile(
+        KeyState::default(),
+        timed("10.1.0.5", Some("2026-11-28T01:58:05.12Z"), old),
+        f.env.clone(),
+    )
+    .await;
+    r.unwrap();
+    for fake in &f.fakes {
+        assert_eq!(carried(fake), at("2026-11-28T01:58:05.12Z"), "every member's slice");
+    }
+    // The source's time alone changed (the EndpointSlice controller wrote
+    // it again for nothing we mirror): nothing is written.
+    let (before, unchanged) = (writes(&f), f.env.stats.unchanged.load(Ordering::Relaxed));
+    let (ks, r) = reconcile(ks, timed("10.1.0.5", Some("2026-11-28T01:58:06Z"), old), f.env.clone()).await;
+    r.unwrap();
+    assert_eq!(writes(&f), before, "{:?}", f.fakes[1].writes());
+    assert!(f.env.stats.unchanged.load(Ordering::Relaxed) > unchanged);
+    assert_eq!(carried(&f.fakes[1]), at("2026-11-28T01:58:05.12Z"));
+    // A change comes with its time.
+    let (ks, r) = reconcile(ks, timed("10.1.0.6", Some("2026-11-28T01:58:07Z"), old), f.env.clone()).await;
+    r.unwrap();
+    assert_eq!((address(&f.fakes[2]), carried(&f.fakes[2])), (json!("10.1.0.6"), at("2026-11-28T01:58:07Z")));
+    // An export newer than the slice's time: exporting was the change.
+    let exported = 1_795_831_200; // 2026-11-28T02:00:00Z
+    let (ks, r) =
+        reconcile(ks, timed("10.1.0.7", Some("2026-11-28T01:58:07Z"), exported), f.env.clone()).await;
+    r.unwrap();
+    assert_eq!(carried(&f.fakes[2]), at("2026-11-28T02:00:00Z"));
+    // One that does not parse travels as it is; none at all never holds a
+    // write up, and a write without one takes the old one away.
+    let (ks, r) = reconcile(ks, timed("10.1.0.8", Some("soon"), old), f.env.clone()).await;
+    r.unwrap();
+    assert_eq!(carried(&f.fakes[2]), at("soon"));
+    let (_, r) = reconcile(ks, timed("10.1.0.9", None, old), f.env.clone()).await;
+    r.unwrap();
+    assert_eq!((address(&f.fakes[2]), carried(&f.fakes[2])), (json!("10.1.0.9"), None));
 }

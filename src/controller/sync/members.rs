@@ -15,6 +15,7 @@ use super::{Done, Inbox, Lead, MemberLost, News, Syncer, Take, UNREACHABLE_AFTER
 use crate::controller::adopt::adopt;
 use crate::controller::api::Kind;
 use crate::controller::link::{MemberApis, discovery_health};
+use crate::controller::queue::Reason;
 use crate::controller::reconcile::{KeyState, now_rfc3339};
 use crate::fault::Task;
 use crate::k8s::watch::{Reporter, WATCH_BACKOFF, WatchTask, scopes};
@@ -116,6 +117,7 @@ impl Syncer {
         found: HashMap<ServiceKey, KeyState>,
         all: bool,
         began: std::time::Instant,
+        why: Reason,
     ) {
         let lists = 4 * scopes(&self.behaviour.namespaces).len();
         self.stats.reads.fetch_add(lists as u64, Ordering::Relaxed);
@@ -125,14 +127,14 @@ impl Syncer {
                 continue;
             }
             if self.queue.is_running(&key) {
-                self.adopted.entry(key.clone()).or_default().adopt(found);
+                self.adopted.entry(key.clone()).or_insert_with(|| (KeyState::default(), why)).0.adopt(found);
             } else {
                 self.keys.entry(key.clone()).or_default().adopt(found);
             }
-            self.queue.backlog(key);
+            self.queue.backlog(key, why);
         }
         if all {
-            self.queue_all();
+            self.queue_all(Reason::Member);
         }
     }
 
@@ -201,17 +203,17 @@ impl Syncer {
             }
             // Writes to it were skipped, or its endpoints are marked: every
             // service may need a write.
-            self.queue_all();
+            self.queue_all(Reason::Member);
         }
         self.mark_removed();
     }
 
     /// Queues every service a member has objects of, and every service the
-    /// controller has objects for.
-    pub(super) fn queue_all(&mut self) {
+    /// controller has objects for, for `reason`.
+    pub(super) fn queue_all(&mut self, reason: Reason) {
         let keys: Vec<ServiceKey> = self.state.keys().into_iter().chain(self.keys.keys().cloned()).collect();
         for key in keys {
-            self.queue.touch(key);
+            self.queue.touch(key, reason);
         }
     }
 
@@ -229,7 +231,7 @@ impl Syncer {
                 }
                 self.removed[i] = removed;
                 for key in self.state.exported_by(i) {
-                    self.queue.touch(key);
+                    self.queue.touch(key, Reason::Member);
                 }
             }
         }

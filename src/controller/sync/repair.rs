@@ -11,6 +11,7 @@ use tracing::info;
 use super::{Deferred, Syncer};
 use crate::controller::api::Kind;
 use crate::controller::own::{OwnChange, OwnEvent, Seen};
+use crate::controller::queue::Reason;
 use crate::controller::reconcile::{KeyState, ObjectRef};
 use crate::model::ServiceKey;
 
@@ -49,7 +50,7 @@ impl Syncer {
                 }
                 self.keys = keys;
                 for key in touched {
-                    self.queue.touch(key);
+                    self.queue.touch(key, Reason::Drift);
                 }
                 // Services being reconciled check the list when they end.
                 for key in self.queue.running() {
@@ -74,7 +75,7 @@ impl Syncer {
             .filter(|k| k.namespace.as_str() == ns && !self.state.exports(k).is_empty())
             .collect();
         for key in keys {
-            self.queue.touch(key);
+            self.queue.touch(key, Reason::Event);
         }
     }
 
@@ -96,7 +97,7 @@ impl Syncer {
         }
         let Some(mut ks) = self.keys.remove(&key) else { return };
         if self.repair_in(&mut ks, m, &seen, deleted) {
-            self.queue.touch(key.clone());
+            self.queue.touch(key.clone(), Reason::Drift);
         }
         self.keys.insert(key, ks);
     }

@@ -344,3 +344,189 @@ async fn an_idle_restart_writes_nothing() {
     assert_eq!(after, before, "an idle restart wrote (all writes per member): {written:?}");
     second.task.abort();
 }
+
+/// Spans as a collector receives them: each closed span's name, its
+/// fields (as recorded by its end) and its parent's id, in the order they
+/// closed.
+#[derive(Clone, Default)]
+struct Spans(Arc<std::sync::Mutex<Vec<Closed>>>);
+
+#[derive(Debug, Clone)]
+struct Closed {
+    id: u64,
+    parent: Option<u64>,
+    name: &'static str,
+    fields: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Default)]
+struct Fields(std::collections::BTreeMap<String, String>);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for Spans
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id)
+            && let Some(fields) = span.extensions_mut().get_mut::<Fields>()
+        {
+            values.record(fields);
+        }
+    }
+
+    fn on_close(&self, id: tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        let fields = span.extensions_mut().remove::<Fields>().unwrap_or_default().0;
+        let parent = span.parent().map(|p| p.id().into_u64());
+        self.0.lock().unwrap().push(Closed { id: id.into_u64(), parent, name: span.name(), fields });
+    }
+}
+
+impl Spans {
+    fn closed(&self, name: &str) -> Vec<Closed> {
+        self.0.lock().unwrap().iter().filter(|s| s.name == name).cloned().collect()
+    }
+
+    /// The closed spans whose ancestor is span `id`.
+    fn within(&self, id: u64) -> Vec<Closed> {
+        let all = self.0.lock().unwrap().clone();
+        let parent_of = |s: u64| all.iter().find(|c| c.id == s).and_then(|c| c.parent);
+        all.iter()
+            .filter(|s| {
+                let mut up = s.parent;
+                while let Some(p) = up {
+                    if p == id {
+                        return true;
+                    }
+                    up = parent_of(p);
+                }
+                false
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// Why each reconcile ran is counted, and every reconcile is a span with
+/// its service, shard, reason, members written and outcome, holding one
+/// span per member and one per write: what a collector shows of one export
+/// reaching every member.
+#[tokio::test(start_paused = true)]
+async fn each_reconcile_is_a_span_of_its_writes_and_its_reason_is_counted() {
+    use crate::controller::api::MemberApi;
+    use tracing_subscriber::layer::SubscriberExt;
+    let spans = Spans::default();
+    // The test's runtime is one thread: every task of the loop runs here.
+    let _traced = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let reasons = |r: &Run| -> Vec<(&'static str, u64)> {
+        Reason::ALL
+            .iter()
+            .zip(&r.stats.reconciles)
+            .map(|(why, n)| (why.as_str(), n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    };
+    let r = Run::start(2);
+    r.links[0].serves("v1beta1");
+    r.links[1].serves("v1beta1");
+    r.list(0, true).await;
+    r.list(1, false).await;
+    r.lead();
+    until("imported in both members", || r.imported(0).is_some() && r.imported(1).is_some()).await;
+    pass(3).await;
+    // Led from the start: the shard's take reconciled it.
+    assert_eq!(reasons(&r), [("takeover", 1)]);
+    let first = spans.closed("reconcile");
+    assert_eq!(first.len(), 1, "{first:?}");
+    let f = &first[0].fields;
+    let field = |k: &str| f.get(k).map(String::as_str);
+    assert_eq!(
+        (field("service"), field("shard"), field("reason"), field("outcome"), field("members_written")),
+        (Some("shop/web"), Some("0"), Some("takeover"), Some("ok"), Some("2")),
+        "{f:?}"
+    );
+    let inside = spans.within(first[0].id);
+    let members: BTreeSet<&str> = inside
+        .iter()
+        .filter(|s| s.name == "member")
+        .filter_map(|s| s.fields.get("member").map(String::as_str))
+        .collect();
+    assert_eq!(members, ["cluster-1", "cluster-2"].into());
+    let writes: Vec<&Closed> = inside.iter().filter(|s| s.name == "write").collect();
+    let sent: usize = r.member(0).writes().len() + r.member(1).writes().len();
+    assert_eq!(writes.len(), sent, "one span per write: {writes:?}");
+    assert_eq!(field("writes"), Some(sent.to_string().as_str()));
+    assert!(
+        writes.iter().any(|w| w.fields.get("member").map(String::as_str) == Some("cluster-2")
+            && w.fields.get("kind").map(String::as_str) == Some("ServiceImport")),
+        "{writes:?}"
+    );
+
+    // Someone deletes our import in cluster-2: a repair, for drift.
+    let version = r.imported(1).unwrap()["metadata"]["resourceVersion"].as_str().unwrap().to_owned();
+    r.member(1)
+        .delete(
+            &crate::k8s::fence::WriteFence::new(Arc::new(crate::k8s::fence::Fence::open()), 0),
+            Kind::ServiceImport,
+            "shop",
+            "web",
+        )
+        .await
+        .unwrap();
+    let seen = Seen {
+        kind: Kind::ServiceImport,
+        namespace: "shop".into(),
+        name: "web".into(),
+        service: "web".into(),
+        version,
+    };
+    r.links[1]
+        .send_own(OwnEvent { member: 1, change: crate::controller::own::OwnChange::Deleted(seen) })
+        .await;
+    until("written again", || r.imported(1).is_some()).await;
+    // The exporting member's slice changes: an event.
+    let (_, _, mut slices) = web();
+    slices[0].endpoints[0].addresses = vec!["10.0.1.6".into()];
+    let key = crate::fleet::objects::slice_service(&slices[0]).unwrap();
+    let id = crate::model::SliceKey { namespace: "shop".into(), name: "web-x1y2z".into() };
+    let change = crate::fleet::state::Change::Slices(crate::fleet::state::Delta::Applied(
+        id,
+        key,
+        Arc::new(slices.remove(0)),
+    ));
+    r.links[0].send(MemberEvent { member: 0, change }).await;
+    pass(3).await;
+    assert_eq!(reasons(&r), [("event", 1), ("drift", 1), ("takeover", 1)]);
+    let last: Vec<String> =
+        spans.closed("reconcile").iter().filter_map(|s| s.fields.get("reason").cloned()).collect();
+    assert_eq!(last, ["takeover", "drift", "event"]);
+    r.task.abort();
+}

@@ -199,6 +199,7 @@ mod tests {
             ports: vec![],
             endpoints: vec![Endpoint::new(vec![IpAddr::from_str("10.1.0.1").unwrap()].into(), ready)],
             origin: SliceOrigin::Mcs,
+            trigger: Default::default(),
         })
     }
 

@@ -35,6 +35,7 @@ fn store() -> Reader {
                 .map(|a| Endpoint::new(vec![a.parse::<IpAddr>().unwrap()].into(), true))
                 .collect(),
             origin: SliceOrigin::Mcs,
+            trigger: Default::default(),
         })
     };
     let (reader, mut w): (Reader, Writer) = store::new(ZoneConfig::with_defaults(
@@ -123,6 +124,18 @@ fn each_family_shows_its_own_values() {
     (0..261).for_each(|_| m.http_debug(true));
     (0..262).for_each(|_| m.http_debug(false));
     m.published(&snap, Duration::from_millis(3));
+    let mut programmed = store::Programmed {
+        observed: vec![
+            (ImportType::Headless, Duration::from_millis(250)),
+            (ImportType::Headless, Duration::from_millis(125)),
+            (ImportType::ClusterSetIp, Duration::from_millis(1500)),
+        ],
+        unmeasured: Vec::new(),
+    };
+    for (cause, n) in store::Unmeasured::ALL.into_iter().zip(271..) {
+        programmed.unmeasured.extend(std::iter::repeat_n(cause, n));
+    }
+    m.programmed(programmed);
     m.register_queries("clusterset.local.".into(), vec![("dns://:53".into(), queries())]).unwrap();
     m.register_udp_workers(vec![("dns://:53".into(), Arc::new(AtomicUsize::new(241)))]).unwrap();
     let guard =
@@ -135,6 +148,18 @@ fn each_family_shows_its_own_values() {
 
     let text = render(&registry);
     let mut got = series(&text);
+    // CoreDNS's buckets: 1 ms doubling; 0.25 s falls in le=0.256.
+    let bucket = |kind: &str, le: &str| {
+        got.get(&format!(
+            r#"clusterset_dns_programming_duration_seconds_bucket{{service_kind="{kind}",le="{le}"}}"#
+        ))
+        .copied()
+    };
+    assert_eq!(bucket("headless", "0.064"), Some(0.0));
+    assert_eq!(bucket("headless", "0.128"), Some(1.0));
+    assert_eq!(bucket("headless", "0.256"), Some(2.0));
+    assert_eq!(bucket("clusterset_ip", "1.024"), Some(0.0));
+    assert_eq!(bucket("clusterset_ip", "524.288"), Some(1.0));
     got.retain(|k, _| !k.contains("_bucket{"));
     let stale = got.remove(r#"clusterset_dns_watch_stale_seconds{watch="w2"}"#);
     assert!(stale.is_some_and(|v| v > 0.0 && v < 60.0), "w2's staleness: {stale:?}");
@@ -175,6 +200,16 @@ fn each_family_shows_its_own_values() {
         (r#"clusterset_dns_ecs_queries_total{result="believed",server="dns://:53"}"#, 219.0),
         (r#"clusterset_dns_ecs_queries_total{result="ignored",server="dns://:53"}"#, 220.0),
         (r#"clusterset_dns_tcp_connections_shed_total{server="dns://:53"}"#, 218.0),
+        (r#"clusterset_dns_programming_duration_seconds_sum{service_kind="headless"}"#, 0.375),
+        (r#"clusterset_dns_programming_duration_seconds_count{service_kind="headless"}"#, 2.0),
+        (r#"clusterset_dns_programming_duration_seconds_sum{service_kind="clusterset_ip"}"#, 1.5),
+        (r#"clusterset_dns_programming_duration_seconds_count{service_kind="clusterset_ip"}"#, 1.0),
+        (r#"clusterset_dns_programming_unmeasured_total{cause="missing"}"#, 271.0),
+        (r#"clusterset_dns_programming_unmeasured_total{cause="unparsable"}"#, 272.0),
+        (r#"clusterset_dns_programming_unmeasured_total{cause="future"}"#, 273.0),
+        (r#"clusterset_dns_programming_unmeasured_total{cause="stale"}"#, 274.0),
+        (r#"clusterset_dns_programming_unmeasured_total{cause="repeated"}"#, 275.0),
+        (r#"clusterset_dns_programming_unmeasured_total{cause="unserved"}"#, 276.0),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -226,6 +261,8 @@ fn each_family_shows_its_own_values() {
         ("clusterset_dns_transfers_total", "counter"),
         ("clusterset_dns_ecs_queries_total", "counter"),
         ("clusterset_dns_tcp_connections_shed_total", "counter"),
+        ("clusterset_dns_programming_duration_seconds", "histogram"),
+        ("clusterset_dns_programming_unmeasured_total", "counter"),
         ("coredns_dns_requests_total", "counter"),
         ("coredns_dns_do_requests_total", "counter"),
         ("coredns_dns_responses_total", "counter"),
@@ -310,6 +347,7 @@ fn fleet(n: usize) -> Reader {
                 ports: vec![Port { name: None, protocol: Protocol::Tcp, port: 80 }],
                 endpoints: vec![Endpoint::new(vec![ip].into(), true)],
                 origin: SliceOrigin::Mcs,
+                trigger: Default::default(),
             }));
         }
     }

@@ -54,6 +54,7 @@ fn v4_slice(slice_ns: &str, slice_name: &str, service: ServiceKey, ip: &str) -> 
         ports: vec![],
         endpoints: vec![Endpoint::new(vec![IpAddr::from_str(ip).unwrap()].into(), true)],
         origin: SliceOrigin::Mcs,
+        trigger: Default::default(),
     })
 }
 
@@ -181,6 +182,7 @@ fn imports_and_slices_with_equal_ports_hold_one_list() {
             ports: http(),
             endpoints: vec![],
             origin: SliceOrigin::Mcs,
+            trigger: Default::default(),
         })
     };
     let objects = vec![import("a"), import("b"), slice("a"), slice("b")];
@@ -219,6 +221,7 @@ fn an_endpoints_addresses_are_read_back_from_its_records() {
             ports: vec![],
             endpoints,
             origin: SliceOrigin::Mcs,
+            trigger: Default::default(),
         })
     };
     let objects = vec![
@@ -364,6 +367,7 @@ fn a_headless_services_srv_records_are_written_per_query_as_the_encoder_writes_t
             ports: vec![http.clone(), dns.clone()],
             endpoints,
             origin: crate::model::SliceOrigin::Mcs,
+            trigger: Default::default(),
         })
     };
     let objects = vec![
@@ -739,4 +743,73 @@ fn a_list_counts_what_it_brings_beyond_what_its_source_held_kind_by_kind() {
     w.apply(first);
     let rest = Update::LastPart { source: s, objects: vec![slice("b"), slice("c")] };
     assert_eq!(w.growth(&rest), adds(0, 2));
+}
+
+/// `v4_slice` with a trigger time.
+fn timed_slice(name: &str, service: &str, ip: &str, trigger: crate::model::ChangeTrigger) -> Object {
+    let Object::Slice(mut set) = v4_slice("ns", name, service_key("ns", service), ip) else { unreachable!() };
+    set.trigger = trigger;
+    Object::Slice(set)
+}
+
+#[test]
+fn a_slice_change_is_measured_from_its_trigger_once_answered() {
+    use crate::model::ChangeTrigger;
+    use crate::store::Unmeasured;
+    use std::time::{Duration, SystemTime};
+    let (_reader, mut w) = store();
+    let src = SourceId::Watch(1);
+    let ago = |ms: u64| ChangeTrigger::At(SystemTime::now() - Duration::from_millis(ms));
+    // The first list is the server starting: nothing measured.
+    w.apply(Update::Replace {
+        source: src,
+        objects: vec![headless("ns", "web"), timed_slice("web-a", "web", "10.0.0.1", ago(5_000))],
+    });
+    w.publish();
+    assert!(w.take_programmed().is_empty());
+    // A change 50 ms after its trigger: observed once published.
+    w.apply(Update::Upsert { source: src, object: timed_slice("web-a", "web", "10.0.0.2", ago(50)) });
+    assert!(w.take_programmed().is_empty(), "measured before it was answered");
+    w.publish();
+    let p = w.take_programmed();
+    assert_eq!(p.observed.len(), 1, "{p:?}");
+    let (kind, took) = p.observed[0];
+    assert_eq!(kind, ImportType::Headless);
+    assert!(took >= Duration::from_millis(50) && took < Duration::from_secs(5), "{took:?}");
+    assert!(w.take_programmed().is_empty(), "taken once");
+    // A new trigger time alone: nothing answered changed, nothing measured.
+    let retimed = ago(10);
+    w.apply(Update::Upsert { source: src, object: timed_slice("web-a", "web", "10.0.0.2", retimed) });
+    assert_eq!(w.publish(), 0);
+    assert!(w.take_programmed().is_empty());
+    // A change that comes with the time the slice already carries (a
+    // repair, a rewrite) is counted, not observed; so is one without any,
+    // one that does not parse, one from the future and a years-old one.
+    let cases = [
+        (retimed, Unmeasured::Repeated),
+        (ChangeTrigger::Missing, Unmeasured::Missing),
+        (ChangeTrigger::Unparsable, Unmeasured::Unparsable),
+        (ChangeTrigger::At(SystemTime::now() + Duration::from_secs(60)), Unmeasured::Future),
+        (ChangeTrigger::At(SystemTime::now() - Duration::from_secs(3 * 365 * 86_400)), Unmeasured::Stale),
+    ];
+    for (i, (trigger, cause)) in cases.into_iter().enumerate() {
+        let ip = format!("10.0.1.{i}");
+        w.apply(Update::Upsert { source: src, object: timed_slice("web-a", "web", &ip, trigger) });
+        w.publish();
+        let p = w.take_programmed();
+        assert_eq!((p.observed.len(), p.unmeasured.as_slice()), (0, &[cause][..]), "{trigger:?}");
+    }
+    // A slice of a service with no import is not answered.
+    w.apply(Update::Upsert { source: src, object: timed_slice("db-a", "db", "10.0.2.1", ago(20)) });
+    w.publish();
+    assert_eq!(w.take_programmed().unmeasured, [Unmeasured::Unserved]);
+    // A relist's changed slice is measured (the change waited for it);
+    // its unchanged ones and its removals are not changes.
+    w.apply(Update::Replace {
+        source: src,
+        objects: vec![headless("ns", "web"), timed_slice("web-a", "web", "10.0.3.1", ago(30))],
+    });
+    w.publish();
+    let p = w.take_programmed();
+    assert_eq!((p.observed.len(), p.unmeasured.len()), (1, 0), "{p:?}");
 }
