@@ -53,7 +53,12 @@
 //! suspended (the monotonic clock does not count suspend). Such a replica
 //! wakes believing its tenure still runs; the Kubernetes API has no fencing
 //! token to refuse its writes. client-go's leader election has the same
-//! limit.
+//! limit. Nor can a check at the sender recall bytes already sent: a write
+//! sent in time to an API server that is then frozen waits in its socket
+//! and is read after the thaw, perhaps after another replica's takeover
+//! (once in the 30-minute fault run, BENCHMARKS.md, "Tenure"). Only a
+//! precondition the API server checks (the resourceVersion a write was
+//! derived from) would refuse it; server-side apply without one does not.
 //!
 //! Not kube-lease-manager (used before): it elects one Lease per manager
 //! with no way to give one up for a fair share, and its renewal waited on a
