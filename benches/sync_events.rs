@@ -162,16 +162,20 @@ async fn run(exports: usize, events: usize) -> (f64, Duration) {
     }
     let setup = started.elapsed();
     let mut rng = fastrand::Rng::with_seed(1);
+    // Each service's own count of changes: its next address always differs
+    // from the one it holds (a count shared by all could wrap back to it).
+    let mut generation = vec![1usize; exports];
     let before = cpu();
-    for k in 0..events {
+    for _ in 0..events {
         let i = rng.usize(0..exports);
+        generation[i] += 1;
         let written = calls(&links);
         let id = SliceKey { namespace: "shop".into(), name: format!("svc-{i}-x1") };
         let key = ServiceKey {
             namespace: DnsLabel::parse("shop").unwrap(),
             name: DnsLabel::parse(&format!("svc-{i}")).unwrap(),
         };
-        let change = Change::Slices(Delta::Applied(id, key, Arc::new(slice(i, k + 2))));
+        let change = Change::Slices(Delta::Applied(id, key, Arc::new(slice(i, generation[i]))));
         links[0].send(MemberEvent { member: 0, change }).await;
         until(Duration::from_secs(10), || calls(&links) >= written + 2).await;
     }
