@@ -8,6 +8,8 @@
 //! - The repository stands alone: no file names a path outside it.
 //! - ARCHITECTURE.md stays a map: at most [`ARCHITECTURE_MAX_BYTES`], and
 //!   every path it names exists.
+//! - Functions stay under [`FUNCTION_MAX_LINES`]; those over it today are
+//!   listed in [`LONG_FUNCTIONS`], a list that only shrinks.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -266,6 +268,163 @@ fn no_source_file_is_over_900_lines() {
         })
         .collect();
     assert!(long.is_empty(), "split these: {long:?}");
+}
+
+/// The longest a function may be: past it, a name for each part says more
+/// than the comments inside one.
+const FUNCTION_MAX_LINES: usize = 80;
+
+/// Functions over [`FUNCTION_MAX_LINES`] today, to be split (file under
+/// `src/`, function). The list only shrinks: a new long function fails, and
+/// so does a listed one that got short enough to leave the list.
+const LONG_FUNCTIONS: &[(&str, &str)] = &[
+    ("answer.rs", "find"),
+    ("answer/select.rs", "choose"),
+    ("cluster_dns/plan.rs", "plan"),
+    ("cmd/agent.rs", "run"),
+    ("cmd/serve.rs", "start_in"),
+    ("cmd/setup_dns/watch.rs", "check"),
+    ("cmd/sync.rs", "run_in"),
+    ("config/serve.rs", "from_args"),
+    ("controller/reconcile.rs", "member_objects"),
+    ("controller/reconcile.rs", "reconcile"),
+    ("controller/stats.rs", "families"),
+    ("diagnose/checks.rs", "conflicts"),
+    ("diagnose/checks.rs", "exports"),
+    ("diagnose/checks.rs", "imports"),
+    ("diagnose/checks.rs", "slices"),
+    ("diagnose/checks/dns.rs", "dns"),
+    ("diagnose/report.rs", "lines"),
+    ("fleet/merge.rs", "merge"),
+    ("health/probe.rs", "run"),
+    ("k8s/watch.rs", "pump"),
+    ("main.rs", "main"),
+    ("ops/metrics/queries.rs", "families"),
+    ("source/centralized.rs", "fleet"),
+    ("source/files.rs", "load"),
+    ("store/names.rs", "balanced"),
+    ("store/names.rs", "encode_node"),
+    ("store/names.rs", "service_names"),
+    ("store/writer.rs", "apply"),
+    ("store/writer.rs", "publish"),
+    ("store/writer.rs", "upsert"),
+    ("wire/response.rs", "write"),
+    ("wire/udp.rs", "serve"),
+];
+
+/// The text with line comments dropped and every string and char literal
+/// emptied (their braces do not count; a `//` in a string is no comment).
+fn without_literals(code: &str) -> String {
+    let (b, mut out, mut i) = (code.as_bytes(), String::with_capacity(code.len()), 0);
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i + 1 < b.len() && b[i + 1] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'"' => {
+                // A raw string's `r#` was copied already; skip to the quote
+                // that closes it (escapes only matter in plain strings).
+                let raw = out.ends_with('r') || out.ends_with('#');
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    if b[i] == b'\\' && !raw {
+                        i += 1;
+                    }
+                    if b[i.min(b.len() - 1)] == b'\n' {
+                        out.push('\n');
+                    }
+                    i += 1;
+                }
+                out.push_str("\"\"");
+            }
+            b'\'' if b.get(i + 2) == Some(&b'\'') => {
+                out.push_str("' '");
+                i += 2;
+            }
+            b'\'' if b.get(i + 1) == Some(&b'\\') => {
+                let end = code[i + 2..].find('\'').map_or(b.len() - 1, |e| i + 2 + e);
+                out.push_str("' '");
+                i = end;
+            }
+            c => out.push(c as char),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Functions of `code` and their length in lines, up to the first
+/// `#[cfg(test)]` (unit tests are not held to it).
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let code = without_literals(code);
+    let lines: Vec<&str> = code.lines().take_while(|l| l.trim() != "#[cfg(test)]").collect();
+    let mut found = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(at) = words.iter().position(|w| *w == "fn") else { continue };
+        let before_ok = words[..at]
+            .iter()
+            .all(|w| w.starts_with("pub") || ["async", "const", "unsafe", "extern", "\"\""].contains(w));
+        let Some(name) = words.get(at + 1).filter(|_| before_ok) else { continue };
+        let name: String = name.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        // The body is the first brace outside the parameters' parentheses
+        // (a parameter may destructure a struct: `Targets { addrs, .. }: Targets`).
+        let (mut depth, mut parens) = (0usize, 0usize);
+        let mut end = None;
+        'lines: for (k, l) in lines.iter().enumerate().skip(start) {
+            for c in l.chars() {
+                match c {
+                    '(' if depth == 0 => parens += 1,
+                    ')' if depth == 0 => parens = parens.saturating_sub(1),
+                    ';' if depth == 0 && parens == 0 => break 'lines,
+                    '{' if depth == 0 && parens > 0 => {}
+                    '}' if depth == 0 && parens > 0 => {}
+                    '{' => depth += 1,
+                    '}' => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            end = Some(k);
+                            break 'lines;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some(end) = end {
+            found.push((name, end - start + 1));
+        }
+    }
+    found
+}
+
+#[test]
+fn functions_stay_short_and_the_long_list_only_shrinks() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut long = BTreeSet::new();
+    for f in files.iter().filter(|f| f.file_name().is_some_and(|n| n != "tests.rs")) {
+        let rel = f.strip_prefix(src()).unwrap_or(f).to_string_lossy().replace('\\', "/");
+        for (name, n) in function_lengths(&std::fs::read_to_string(f).unwrap_or_default()) {
+            if n > FUNCTION_MAX_LINES {
+                long.insert((rel.clone(), name));
+            }
+        }
+    }
+    let listed: BTreeSet<(String, String)> =
+        LONG_FUNCTIONS.iter().map(|(f, n)| ((*f).to_owned(), (*n).to_owned())).collect();
+    let new: Vec<_> = long.difference(&listed).collect();
+    let gone: Vec<_> = listed.difference(&long).collect();
+    assert!(new.is_empty(), "over {FUNCTION_MAX_LINES} lines: split these: {new:?}");
+    assert!(gone.is_empty(), "short enough now: take these off LONG_FUNCTIONS: {gone:?}");
+}
+
+#[test]
+fn the_function_reader_counts_bodies_not_braces_in_strings() {
+    let code = "pub(crate) async fn a(P { x }: P) -> u8 {\n    let s = \"{ http://x\";\n    let c = '}';\n    x\n}\nfn b();\n// fn c() {\nfn d() { 1 }\n#[cfg(test)]\nfn e() {\n}\n";
+    assert_eq!(function_lengths(code), vec![("a".to_owned(), 5), ("d".to_owned(), 1)]);
 }
 
 /// Absolute paths into one machine's home or workspace: a fresh clone on
