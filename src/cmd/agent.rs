@@ -39,8 +39,6 @@ use crate::supervise::Supervisor;
 
 /// How often the hub's member list is read again.
 const MEMBERS_EVERY: Duration = Duration::from_secs(5);
-/// How long the election is given to release at shutdown.
-const RELEASE_WAIT: Duration = Duration::from_secs(12);
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(cfg: AgentConfig) -> Result<(), SyncError> {
@@ -159,8 +157,8 @@ pub async fn run(cfg: AgentConfig) -> Result<(), SyncError> {
     // The controller starts once the hub's members are known.
     loop {
         tokio::select! {
-            _ = term.recv() => return stop(election).await,
-            _ = int.recv() => return stop(election).await,
+            _ = term.recv() => return super::sync::stop(election).await,
+            _ = int.recv() => return super::sync::stop(election).await,
             Ok(()) = members.changed() => if members.borrow_and_update().is_some() { break },
         }
     }
@@ -189,7 +187,7 @@ pub async fn run(cfg: AgentConfig) -> Result<(), SyncError> {
                 failed = Some(SyncError::Failed(reason.to_owned()));
                 break;
             }
-            e = refused_election(&mut election) => {
+            e = super::sync::refused(&mut election) => {
                 failed = Some(SyncError::Election(e));
                 break;
             }
@@ -205,24 +203,8 @@ pub async fn run(cfg: AgentConfig) -> Result<(), SyncError> {
         }
     }
     controller.abort();
-    stop(election).await?;
+    super::sync::stop(election).await?;
     failed.map_or(Ok(()), Err)
-}
-
-async fn refused_election(
-    election: &mut Option<election::Running>,
-) -> crate::controller::election::ElectionError {
-    match election {
-        Some(e) => e.refused().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn stop(election: Option<election::Running>) -> Result<(), SyncError> {
-    if let Some(e) = election {
-        e.stop(RELEASE_WAIT).await;
-    }
-    Ok(())
 }
 
 /// `clusterset_dns_hub_*`: what the publisher wrote, and the records of

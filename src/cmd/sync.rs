@@ -243,7 +243,7 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
 }
 
 /// The election's refusal, once it ends with one (never without an election).
-async fn refused(election: &mut Option<election::Running>) -> ElectionError {
+pub(super) async fn refused(election: &mut Option<election::Running>) -> ElectionError {
     match election {
         Some(e) => e.refused().await,
         None => std::future::pending().await,
@@ -252,7 +252,7 @@ async fn refused(election: &mut Option<election::Running>) -> ElectionError {
 
 /// Stops the election: emptying the shards' Leases lets the other replicas
 /// take them at once instead of after the lease duration.
-async fn stop(election: Option<election::Running>) -> Result<(), SyncError> {
+pub(super) async fn stop(election: Option<election::Running>) -> Result<(), SyncError> {
     if let Some(e) = election {
         e.stop(RELEASE_WAIT).await;
     }

@@ -588,6 +588,12 @@ pub fn slice(
     })
 }
 
+/// `t` as the API writes times in conditions and annotations (RFC 3339,
+/// whole seconds, UTC).
+pub fn rfc3339(t: k8s_openapi::jiff::Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
 /// The trigger time the MCS slice mirroring `source` carries
 /// (`endpoints.kubernetes.io/last-change-trigger-time`, as the
 /// EndpointSlice controller writes it): the latest of what it merges, the
@@ -606,7 +612,7 @@ pub fn trigger_time(source: &EndpointSlice, exported_at: Option<i64>) -> Option<
     let own = source.metadata.annotations.as_ref()?.get(ANNOTATION_TRIGGER_TIME)?;
     let exported = exported_at.and_then(|s| Timestamp::from_second(s).ok());
     match (own.parse::<Timestamp>(), exported) {
-        (Ok(t), Some(e)) if e > t => Some(e.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+        (Ok(t), Some(e)) if e > t => Some(rfc3339(e)),
         _ => Some(own.clone()),
     }
 }

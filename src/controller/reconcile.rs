@@ -800,7 +800,7 @@ impl KeyState {
 
 /// Now, as Kubernetes writes times.
 pub fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    desired::rfc3339(k8s_openapi::jiff::Timestamp::now())
 }
 
 #[cfg(test)]

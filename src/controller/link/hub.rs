@@ -276,7 +276,7 @@ impl MemberLink for HubLink {
         let renewed = self.renewed.load(Ordering::Relaxed);
         let stale =
             k8s_openapi::jiff::Timestamp::from_second(renewed + HEARTBEAT_STALE.as_secs() as i64).ok()?;
-        (renewed > 0).then(|| stale.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        (renewed > 0).then(|| crate::controller::desired::rfc3339(stale))
     }
 
     fn remote(&self) -> bool {
