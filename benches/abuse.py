@@ -56,6 +56,10 @@ import sys
 import tempfile
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proctree  # noqa: E402  (benches/proctree.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "workload.py")
 ZONE = "clusterset.local"
@@ -144,37 +148,9 @@ def ask(port, msg, timeout=1.0, tries=2):
 
 # ---------------------------------------------------------------- processes
 
-def descendants(pid):
-    """pid and all its descendants, from /proc."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def cpu_seconds(pid):
     """utime + stime of pid and its descendants, in seconds."""
-    ticks = 0
-    for p in descendants(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return ticks / TICK
+    return proctree.cpu_ticks(pid) / TICK
 
 
 class Server:

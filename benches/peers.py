@@ -72,6 +72,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
+import proctree  # noqa: E402  (benches/proctree.py)
 import workload  # noqa: E402  (benches/workload.py, beside this file)
 
 OURS = ("target/release/clusterset-dns serve --objects {OBJECTS} --listen 127.0.0.1:{PORT} "
@@ -158,43 +159,10 @@ def hickory(d, port, zone):
             "-z", d, "-p", str(port)]
 
 
-def tree(pid):
-    """pid and every process descending from it."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def cpu_ticks(pid):
-    """utime + stime of pid's process tree, in clock ticks."""
-    total = 0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
-    return total
-
-
 def memory_mb(pid):
     """(sum of VmHWM, sum of Pss) over pid's process tree, in MB."""
     hwm = pss = 0
-    for p in tree(pid):
+    for p in proctree.descendants(pid):
         try:
             with open(f"/proc/{p}/status") as f:
                 hwm += next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
@@ -281,11 +249,11 @@ def check_answers(servers, queries, samples, names):
 
 
 def measure(s, queries, seconds):
-    before = cpu_ticks(s.proc.pid)
+    before = proctree.cpu_ticks(s.proc.pid)
     out = subprocess.run(["dnsperf", "-s", "127.0.0.1", "-p", str(s.port), "-d", queries,
                           "-l", str(seconds), "-c", "4", "-Q", "1000000", "-q", "200"],
                          capture_output=True, text=True).stdout
-    cpu_s = (cpu_ticks(s.proc.pid) - before) / TICK
+    cpu_s = (proctree.cpu_ticks(s.proc.pid) - before) / TICK
 
     def field(label, index):
         line = next((l for l in out.splitlines() if label in l), None)

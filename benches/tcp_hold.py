@@ -61,6 +61,10 @@ import sys
 import tempfile
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proctree  # noqa: E402  (benches/proctree.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "workload.py")
 ZONE = "clusterset.local"
@@ -95,26 +99,6 @@ def udp_answers(port, timeout=0.2):
 
 # ---------------------------------------------------------------- processes
 
-def descendants(pid):
-    """pid and all its descendants, from /proc."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def established_on(port):
     """Inodes of the ESTABLISHED TCP sockets whose local port is `port`:
     the server's side of every connection, accepted or still queued."""
@@ -132,7 +116,7 @@ def established_on(port):
 def socket_inodes(pid):
     """Inodes of every socket open in pid and its descendants."""
     inodes = set()
-    for p in descendants(pid):
+    for p in proctree.descendants(pid):
         try:
             fds = os.listdir(f"/proc/{p}/fd")
         except OSError:
