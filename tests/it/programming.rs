@@ -22,6 +22,7 @@ use crate::harness::http::metric_value;
 use crate::harness::served::Served;
 use crate::harness::syncing::Syncing;
 use crate::watch::runtime;
+use crate::workload::deployment;
 
 const MANAGER: &str = "clusterset-dns-tests";
 const TRIGGER: &str = "endpoints.kubernetes.io/last-change-trigger-time";
@@ -32,17 +33,6 @@ const SUM: &str = "clusterset_dns_programming_duration_seconds_sum{service_kind=
 
 fn unmeasured(cause: &str) -> String {
     format!("clusterset_dns_programming_unmeasured_total{{cause=\"{cause}\"}}")
-}
-
-/// A Deployment of `replicas` pods labelled `app=NAME` (KWOK runs none of
-/// them; it reports them Running and Ready).
-fn deployment(name: &str, ns: &str, replicas: u32) -> serde_json::Value {
-    json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                    "ports": [{"name": "http", "containerPort": 8080}]}]}}}})
 }
 
 /// The addresses `serve` answers for `name`, sorted.

@@ -28,7 +28,7 @@ const PODS_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A Deployment of `replicas` pods labelled `app=NAME`. The image is never
 /// pulled: KWOK runs no containers, it only reports the pods Running.
-fn deployment(name: &str, ns: &str, replicas: u32) -> serde_json::Value {
+pub(crate) fn deployment(name: &str, ns: &str, replicas: u32) -> serde_json::Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": ns},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
