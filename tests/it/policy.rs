@@ -14,19 +14,23 @@ const FIXTURE: &str = include_str!("../data/contract.yaml");
 /// `hl.ns1` has ready endpoints in `east` (10.1.0.1, 10.1.0.2) and
 /// `west.eu` (10.2.0.1, fd00:2::10); loopback clients are in `east`.
 fn local_first() -> TestServer {
-    TestServer::start(
-        &[("contract.yaml", FIXTURE)],
-        &[
-            "--answer-policy",
-            "local-first",
-            "--client-cluster",
-            "127.0.0.0/8=east",
-            "--client-cluster",
-            "198.51.100.0/24=west.eu",
-            "--client-cluster",
-            "2001:db8::/32=west.eu",
-        ],
-    )
+    local_first_with(&[])
+}
+
+/// As [`local_first`], with `extra` flags after its own.
+fn local_first_with(extra: &[&str]) -> TestServer {
+    let mut args = vec![
+        "--answer-policy",
+        "local-first",
+        "--client-cluster",
+        "127.0.0.0/8=east",
+        "--client-cluster",
+        "198.51.100.0/24=west.eu",
+        "--client-cluster",
+        "2001:db8::/32=west.eu",
+    ];
+    args.extend_from_slice(extra);
+    TestServer::start(&[("contract.yaml", FIXTURE)], &args)
 }
 
 fn with_ecs(mut query: Q, addr: &str, prefix: u8) -> Q {
@@ -99,21 +103,7 @@ fn edns_client_subnet_takes_precedence_and_is_echoed_with_the_network_scope() {
 /// whatever subnet it claims); from 127.0.0.1 the same query gets west's.
 #[test]
 fn a_spoofed_client_subnet_from_an_untrusted_sender_gets_the_senders_answer() {
-    let s = TestServer::start(
-        &[("contract.yaml", FIXTURE)],
-        &[
-            "--answer-policy",
-            "local-first",
-            "--client-cluster",
-            "127.0.0.0/8=east",
-            "--client-cluster",
-            "198.51.100.0/24=west.eu",
-            "--client-cluster",
-            "2001:db8::/32=west.eu",
-            "--trust-ecs-from",
-            "127.0.0.1",
-        ],
-    );
+    let s = local_first_with(&["--trust-ecs-from", "127.0.0.1"]);
     let (trusted, client): (IpAddr, IpAddr) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
     for spoofed in [
         with_ecs(q("hl.ns1.svc.clusterset.local.", "A"), "198.51.100.0", 24),
