@@ -280,7 +280,6 @@ const FUNCTION_MAX_LINES: usize = 80;
 const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("answer.rs", "find"),
     ("answer/select.rs", "choose"),
-    ("cluster_dns/plan.rs", "plan"),
     ("cmd/agent.rs", "run"),
     ("cmd/serve.rs", "start_in"),
     ("cmd/setup_dns/watch.rs", "check"),
