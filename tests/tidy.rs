@@ -293,7 +293,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("diagnose/checks.rs", "imports"),
     ("diagnose/checks.rs", "slices"),
     ("diagnose/checks/dns.rs", "dns"),
-    ("diagnose/report.rs", "lines"),
     ("fleet/merge.rs", "merge"),
     ("health/probe.rs", "run"),
     ("k8s/watch.rs", "pump"),
