@@ -285,8 +285,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("cmd/setup_dns/watch.rs", "check"),
     ("cmd/sync.rs", "run_in"),
     ("config/serve.rs", "from_args"),
-    ("controller/reconcile.rs", "member_objects"),
-    ("controller/reconcile.rs", "reconcile"),
     ("controller/stats.rs", "families"),
     ("diagnose/checks.rs", "conflicts"),
     ("diagnose/checks.rs", "exports"),

@@ -30,7 +30,7 @@ use super::desired::{self, Consumers};
 use super::own::Written;
 use super::stats::SyncStats;
 use crate::fleet::export::{ClusterExport, Exported};
-use crate::fleet::merge::{Condition, ImportSpec, Status, condition, merge};
+use crate::fleet::merge::{Condition, ImportSpec, Merged, Status, condition, merge};
 use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
 use crate::fleet::state::{ExportInfo, ServiceInfo};
 use crate::k8s::fence::WriteFence;
@@ -302,6 +302,22 @@ impl KeyState {
         self.written.absorb(other.written);
     }
 
+    /// Counts the service into the conflicts gauge when the merged exports
+    /// put it in conflict, out of it when they no longer do.
+    fn count_conflict(&mut self, merged: &Merged, stats: &SyncStats) {
+        let conflicted = merged.conditions.iter().any(|(_, conds)| {
+            conds.iter().any(|c| c.kind == condition::CONFLICT && c.status == Status::True)
+        });
+        if conflicted != self.conflicted {
+            self.conflicted = conflicted;
+            if conflicted {
+                stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            } else {
+                stats.conflicts.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// How this service's objects are named: as its VIP Service already
     /// is (a name never moves while the service is exported, whatever is
     /// exported beside it); otherwise short, unless an elder shares its
@@ -341,18 +357,7 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     if let Consumers::Invalid(e) = &consumers {
         warn!(service = %key, "{e}: imported nowhere until the export's annotation is fixed");
     }
-    let conflicted = merged
-        .conditions
-        .iter()
-        .any(|(_, conds)| conds.iter().any(|c| c.kind == condition::CONFLICT && c.status == Status::True));
-    if conflicted != ks.conflicted {
-        ks.conflicted = conflicted;
-        if conflicted {
-            env.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-        } else {
-            env.stats.conflicts.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
+    ks.count_conflict(&merged, &env.stats);
     let unreachable: Vec<(ClusterId, String)> = env
         .members
         .iter()
@@ -413,9 +418,29 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     }
     let ready = merged.spec.is_some() && failed.is_none() && !matches!(consumers, Consumers::Invalid(_));
     let imported = imported_message(&env, &consumers, &not_reached);
+    let status = (ready, &consumers, imported.as_str());
+    if let Err(e) = write_conditions(&mut ks, &input, &env, &merged.conditions, status, &mut written).await {
+        failed = Some(e);
+    }
+    env.stats.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+    record_outcome(&written, failed.as_ref());
+    (ks, failed.map_or(Ok(()), Err))
+}
+
+/// Writes each exporting member's conditions (`status`: whether the import
+/// is ready, its consumers and the Ready message), each member in a lane of
+/// its own; counts the writes into `written`. Returns the last error.
+async fn write_conditions(
+    ks: &mut KeyState,
+    input: &Input,
+    env: &Env,
+    conditions: &[(ClusterId, Vec<Condition>)],
+    (ready, consumers, imported): (bool, &Consumers, &str),
+    written: &mut BTreeMap<usize, u32>,
+) -> Result<(), ApiError> {
     // Members sharing a cluster id share its entry: each gets it once.
     let mut targets: BTreeMap<usize, &Vec<Condition>> = BTreeMap::new();
-    for (cluster, conds) in &merged.conditions {
+    for (cluster, conds) in conditions {
         for (i, m) in env.members.iter().enumerate() {
             if &m.cluster == cluster && input.members[i].writable && input.members[i].export.is_some() {
                 targets.entry(i).or_insert(conds);
@@ -424,32 +449,34 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     }
     let lanes = targets.into_iter().map(|(i, conds)| {
         let mut part = ks.take_member(i);
-        let (env, input, imported, consumers) = (&env, &input, &imported, &consumers);
         async move {
             let r = part.conditions(env, input, i, conds, ready, (consumers, imported)).await;
             (i, part, r)
         }
         .instrument(member_span(&env.members[i]))
     });
+    let mut failed = Ok(());
     for (i, mut part, result) in join_all(lanes).await {
         *written.entry(i).or_default() += std::mem::take(&mut part.sent);
         ks.absorb(part);
-        if let Err(e) = result {
-            failed = Some(e);
+        if result.is_err() {
+            failed = result;
         }
     }
-    env.stats.reconcile_seconds.observe(started.elapsed().as_secs_f64());
-    // What the reconcile did, on its span (`sync` opens it, with the service,
-    // shard and reason).
+    failed
+}
+
+/// What the reconcile did (`written`: writes per member), on its span
+/// (`sync` opens it, with the service, shard and reason).
+fn record_outcome(written: &BTreeMap<usize, u32>, failed: Option<&ApiError>) {
     let members_written = written.values().filter(|n| **n > 0).count();
     let writes: u32 = written.values().sum();
-    let outcome = failed.as_ref().map_or("ok", |e| e.reason().as_str());
+    let outcome = failed.map_or("ok", |e| e.reason().as_str());
     let span = tracing::Span::current();
     span.record("members_written", members_written);
     span.record("writes", writes);
     span.record("outcome", outcome);
     debug!(members_written, writes, outcome, "reconciled");
-    (ks, failed.map_or(Ok(()), Err))
 }
 
 /// The span of one member's lane in a reconcile.
@@ -586,61 +613,11 @@ impl KeyState {
         let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, plan.naming));
         let mut ips: Vec<String> = Vec::new();
         if let Some(vip_name) = &vip_name {
-            let body = desired::vip_service(key, vip_name, spec);
             let r = ObjectRef::new(i, Kind::Service, key, vip_name.clone());
             want.insert(r.clone());
-            // A Service's primary IP family cannot change in place (the API
-            // server refuses it, 422, for ever): when the import's changes
-            // (another export became the oldest), the VIP is replaced. Known
-            // from the addresses it was given; if they are not known, from
-            // the refusal.
-            let had_v4 =
-                self.vips.get(&r).and_then(|ips| ips.first()?.parse::<IpAddr>().ok()).map(|a| a.is_ipv4());
-            let wants_v4 = spec.ip_families.first().map(|f| *f == AddressFamily::V4);
-            if let (Some(had), Some(wants)) = (had_v4, wants_v4)
-                && had != wants
-            {
-                info!(member = %m.name, service = %key, "the import's IP family changed: replacing its VIP Service");
-                self.delete(env, &r).await?;
-            }
-            let written = match self.apply(env, &r, &body).await {
-                Err(e) if e.primary_family_refused() => {
-                    info!(member = %m.name, service = %key, "VIP Service of another IP family: replacing it");
-                    self.delete(env, &r).await?;
-                    self.apply(env, &r, &body).await?
-                }
-                other => other?,
-            };
-            if let Some(stored) = written {
-                self.vips.insert(r.clone(), stored.cluster_ips);
-            }
-            // Applied unchanged earlier: its addresses are known.
-            ips = self.vips.get(&r).cloned().unwrap_or_default();
+            ips = self.vip(env, &r, key, spec).await?;
         }
-        let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = plan
-            .clusters
-            .iter()
-            .flat_map(|c| plan.sources.get(c).into_iter().flatten().map(move |(name, s)| (c, name, s)))
-            .collect();
-        let names = desired::slice_names(
-            key,
-            plan.naming,
-            &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
-        );
-        for ((cluster, _, source), name) in sources.iter().zip(names) {
-            let body = desired::slice(
-                key,
-                &name,
-                cluster,
-                source,
-                vip_name.as_deref(),
-                plan.cluster_ports.get(cluster),
-            );
-            let r = ObjectRef::new(i, Kind::EndpointSlice, key, name);
-            want.insert(r.clone());
-            let trigger = desired::trigger_time(source, plan.exported_at.get(cluster).copied());
-            self.apply_carrying(env, &r, &body, trigger.as_deref()).await?;
-        }
+        self.slices(env, i, plan, vip_name.as_deref(), want).await?;
         let r = ObjectRef::new(i, Kind::ServiceImport, key, key.name.to_string());
         want.insert(r.clone());
         let down: Vec<ClusterId> = plan.unreachable.iter().map(|(c, _)| c.clone()).collect();
@@ -655,6 +632,78 @@ impl KeyState {
             self.written
                 .record(ObjectRef { kind: Kind::ServiceImport, ..sr.clone() }, stored.version.as_deref());
             self.applied.insert(sr, digest);
+        }
+        Ok(())
+    }
+
+    /// Writes the VIP Service `r` of the import `spec`; returns the
+    /// addresses it was given.
+    async fn vip(
+        &mut self,
+        env: &Env,
+        r: &ObjectRef,
+        key: &ServiceKey,
+        spec: &ImportSpec,
+    ) -> Result<Vec<String>, ApiError> {
+        let m = &env.members[r.member];
+        let body = desired::vip_service(key, &r.name, spec);
+        // A Service's primary IP family cannot change in place (the API
+        // server refuses it, 422, for ever): when the import's changes
+        // (another export became the oldest), the VIP is replaced. Known
+        // from the addresses it was given; if they are not known, from
+        // the refusal.
+        let had_v4 =
+            self.vips.get(r).and_then(|ips| ips.first()?.parse::<IpAddr>().ok()).map(|a| a.is_ipv4());
+        let wants_v4 = spec.ip_families.first().map(|f| *f == AddressFamily::V4);
+        if let (Some(had), Some(wants)) = (had_v4, wants_v4)
+            && had != wants
+        {
+            info!(member = %m.name, service = %key, "the import's IP family changed: replacing its VIP Service");
+            self.delete(env, r).await?;
+        }
+        let written = match self.apply(env, r, &body).await {
+            Err(e) if e.primary_family_refused() => {
+                info!(member = %m.name, service = %key, "VIP Service of another IP family: replacing it");
+                self.delete(env, r).await?;
+                self.apply(env, r, &body).await?
+            }
+            other => other?,
+        };
+        if let Some(stored) = written {
+            self.vips.insert(r.clone(), stored.cluster_ips);
+        }
+        // Applied unchanged earlier: its addresses are known.
+        Ok(self.vips.get(r).cloned().unwrap_or_default())
+    }
+
+    /// Member `i`'s copies of every exporting cluster's EndpointSlices,
+    /// pointing at the VIP Service `vip_name` when there is one.
+    async fn slices(
+        &mut self,
+        env: &Env,
+        i: usize,
+        plan: &Plan<'_>,
+        vip_name: Option<&str>,
+        want: &mut BTreeSet<ObjectRef>,
+    ) -> Result<(), ApiError> {
+        let key = plan.key;
+        let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = plan
+            .clusters
+            .iter()
+            .flat_map(|c| plan.sources.get(c).into_iter().flatten().map(move |(name, s)| (c, name, s)))
+            .collect();
+        let names = desired::slice_names(
+            key,
+            plan.naming,
+            &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
+        );
+        for ((cluster, _, source), name) in sources.iter().zip(names) {
+            let ports = plan.cluster_ports.get(cluster);
+            let body = desired::slice(key, &name, cluster, source, vip_name, ports);
+            let r = ObjectRef::new(i, Kind::EndpointSlice, key, name);
+            want.insert(r.clone());
+            let trigger = desired::trigger_time(source, plan.exported_at.get(cluster).copied());
+            self.apply_carrying(env, &r, &body, trigger.as_deref()).await?;
         }
         Ok(())
     }
