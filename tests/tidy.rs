@@ -286,7 +286,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("cmd/sync.rs", "run_in"),
     ("config/serve.rs", "from_args"),
     ("controller/stats.rs", "families"),
-    ("diagnose/checks/dns.rs", "dns"),
     ("fleet/merge.rs", "merge"),
     ("health/probe.rs", "run"),
     ("k8s/watch.rs", "pump"),
