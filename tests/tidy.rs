@@ -285,7 +285,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("cmd/setup_dns/watch.rs", "check"),
     ("cmd/sync.rs", "run_in"),
     ("config/serve.rs", "from_args"),
-    ("controller/stats.rs", "families"),
     ("fleet/merge.rs", "merge"),
     ("health/probe.rs", "run"),
     ("k8s/watch.rs", "pump"),
