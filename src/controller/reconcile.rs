@@ -37,9 +37,10 @@ use crate::k8s::fence::WriteFence;
 use crate::k8s::mcs::ANNOTATION_TRIGGER_TIME;
 use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
 
-/// Which object of which member.
+/// An object the controller writes: which object of which member (not
+/// kube's `ObjectRef`, which names an object of one cluster).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectRef {
+pub struct WrittenObject {
     /// The member's index.
     pub member: usize,
     /// Its kind (or the status part of one).
@@ -50,7 +51,7 @@ pub struct ObjectRef {
     pub name: String,
 }
 
-impl ObjectRef {
+impl WrittenObject {
     /// `kind`'s object `name` of `key` in member `member`.
     pub fn new(member: usize, kind: Kind, key: &ServiceKey, name: String) -> Self {
         Self { member, kind, namespace: key.namespace.to_string(), name }
@@ -185,12 +186,12 @@ pub struct KeyState {
     /// The digest of the last body applied per object ([`desired::digest_of`]),
     /// also written on the object itself ([`desired::ANNOTATION_APPLIED`]) so
     /// a new leader knows it without writing.
-    pub applied: HashMap<ObjectRef, String>,
+    pub applied: HashMap<WrittenObject, String>,
     /// The ClusterIPs of each VIP Service written.
-    pub vips: HashMap<ObjectRef, Vec<String>>,
+    pub vips: HashMap<WrittenObject, Vec<String>>,
     /// Objects of ours that exist, and those a reconcile wanted whose write
     /// failed (retried with the service; `written` has no version of them).
-    pub owned: BTreeSet<ObjectRef>,
+    pub owned: BTreeSet<WrittenObject>,
     /// lastTransitionTime per (member, condition type), with its status.
     pub transitions: HashMap<(usize, &'static str), (Status, String)>,
     /// Counted in [`SyncStats::conflicts`].
@@ -203,19 +204,19 @@ pub struct KeyState {
     pub export_uids: HashMap<usize, Option<String>>,
     /// The resourceVersions our writes gave our objects: a watch event with
     /// another is someone else's change.
-    pub written: Written<ObjectRef>,
+    pub written: Written<WrittenObject>,
     /// Objects as found live (at start or at a resync), pruned to what we
     /// write: the next apply of each compares its body with it, so an edit
     /// made while no controller ran is repaired.
-    pub live: HashMap<ObjectRef, Value>,
+    pub live: HashMap<WrittenObject, Value>,
 }
 
 impl KeyState {
     /// Forgets what was applied to `r` (and its status), so it is written again.
-    pub fn invalidate(&mut self, r: &ObjectRef) {
+    pub fn invalidate(&mut self, r: &WrittenObject) {
         self.applied.remove(r);
         if r.kind == Kind::ServiceImport {
-            self.applied.remove(&ObjectRef { kind: Kind::ImportStatus, ..r.clone() });
+            self.applied.remove(&WrittenObject { kind: Kind::ImportStatus, ..r.clone() });
         }
         self.vips.remove(r);
         self.live.remove(r);
@@ -231,7 +232,7 @@ impl KeyState {
         (kind, scope): (Kind, Option<&str>),
         listed: &std::collections::BTreeSet<(String, String)>,
         began: std::time::Instant,
-    ) -> Vec<ObjectRef> {
+    ) -> Vec<WrittenObject> {
         self.owned
             .iter()
             .filter(|r| {
@@ -256,12 +257,12 @@ impl KeyState {
 
     /// Moves out what concerns member `m`, for its lane.
     pub fn take_member(&mut self, m: usize) -> Self {
-        fn split<V>(map: &mut HashMap<ObjectRef, V>, m: usize) -> HashMap<ObjectRef, V> {
+        fn split<V>(map: &mut HashMap<WrittenObject, V>, m: usize) -> HashMap<WrittenObject, V> {
             let (out, keep) = std::mem::take(map).into_iter().partition(|(r, _)| r.member == m);
             *map = keep;
             out
         }
-        let owned: BTreeSet<ObjectRef> = self.owned.iter().filter(|r| r.member == m).cloned().collect();
+        let owned: BTreeSet<WrittenObject> = self.owned.iter().filter(|r| r.member == m).cloned().collect();
         self.owned.retain(|r| r.member != m);
         let (transitions, keep) =
             std::mem::take(&mut self.transitions).into_iter().partition(|((i, _), _)| *i == m);
@@ -519,7 +520,7 @@ async fn lane(
             failed = Some(e);
         }
     }
-    let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
+    let mut want: BTreeSet<WrittenObject> = BTreeSet::new();
     // Members outside the consumer clusters import nothing: what we own
     // there is not wanted, so it is deleted below.
     if let Some(spec) = plan.spec
@@ -606,31 +607,31 @@ impl KeyState {
         i: usize,
         spec: &ImportSpec,
         plan: &Plan<'_>,
-        want: &mut BTreeSet<ObjectRef>,
+        want: &mut BTreeSet<WrittenObject>,
     ) -> Result<(), ApiError> {
         let key = plan.key;
         let m = &env.members[i];
         let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, plan.naming));
         let mut ips: Vec<String> = Vec::new();
         if let Some(vip_name) = &vip_name {
-            let r = ObjectRef::new(i, Kind::Service, key, vip_name.clone());
+            let r = WrittenObject::new(i, Kind::Service, key, vip_name.clone());
             want.insert(r.clone());
             ips = self.vip(env, &r, key, spec).await?;
         }
         self.slices(env, i, plan, vip_name.as_deref(), want).await?;
-        let r = ObjectRef::new(i, Kind::ServiceImport, key, key.name.to_string());
+        let r = WrittenObject::new(i, Kind::ServiceImport, key, key.name.to_string());
         want.insert(r.clone());
         let down: Vec<ClusterId> = plan.unreachable.iter().map(|(c, _)| c.clone()).collect();
         self.apply(env, &r, &desired::import(&m.import_version, key, spec, &ips, &down)).await?;
         let status = desired::import_status(&m.import_version, key, plan.clusters, plan.unreachable);
-        let sr = ObjectRef { kind: Kind::ImportStatus, ..r };
+        let sr = WrittenObject { kind: Kind::ImportStatus, ..r };
         let digest = desired::digest_of(&status["status"]);
         if self.applied.get(&sr) != Some(&digest) {
             let stored = env.write(i, Kind::ImportStatus, &sr.namespace, &sr.name, &status).await?;
             self.sent += 1;
             // The status write gives the import a new version too.
             self.written
-                .record(ObjectRef { kind: Kind::ServiceImport, ..sr.clone() }, stored.version.as_deref());
+                .record(WrittenObject { kind: Kind::ServiceImport, ..sr.clone() }, stored.version.as_deref());
             self.applied.insert(sr, digest);
         }
         Ok(())
@@ -641,7 +642,7 @@ impl KeyState {
     async fn vip(
         &mut self,
         env: &Env,
-        r: &ObjectRef,
+        r: &WrittenObject,
         key: &ServiceKey,
         spec: &ImportSpec,
     ) -> Result<Vec<String>, ApiError> {
@@ -684,7 +685,7 @@ impl KeyState {
         i: usize,
         plan: &Plan<'_>,
         vip_name: Option<&str>,
-        want: &mut BTreeSet<ObjectRef>,
+        want: &mut BTreeSet<WrittenObject>,
     ) -> Result<(), ApiError> {
         let key = plan.key;
         let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = plan
@@ -700,7 +701,7 @@ impl KeyState {
         for ((cluster, _, source), name) in sources.iter().zip(names) {
             let ports = plan.cluster_ports.get(cluster);
             let body = desired::slice(key, &name, cluster, source, vip_name, ports);
-            let r = ObjectRef::new(i, Kind::EndpointSlice, key, name);
+            let r = WrittenObject::new(i, Kind::EndpointSlice, key, name);
             want.insert(r.clone());
             let trigger = desired::trigger_time(source, plan.exported_at.get(cluster).copied());
             self.apply_carrying(env, &r, &body, trigger.as_deref()).await?;
@@ -711,7 +712,12 @@ impl KeyState {
     /// Server-side applies `body` unless it equals the last body applied
     /// and the object, if it was found live since, still holds it. Returns
     /// what was stored when it was written.
-    async fn apply(&mut self, env: &Env, r: &ObjectRef, body: &Value) -> Result<Option<Stored>, ApiError> {
+    async fn apply(
+        &mut self,
+        env: &Env,
+        r: &WrittenObject,
+        body: &Value,
+    ) -> Result<Option<Stored>, ApiError> {
         self.apply_carrying(env, r, body, None).await
     }
 
@@ -723,7 +729,7 @@ impl KeyState {
     async fn apply_carrying(
         &mut self,
         env: &Env,
-        r: &ObjectRef,
+        r: &WrittenObject,
         body: &Value,
         trigger: Option<&str>,
     ) -> Result<Option<Stored>, ApiError> {
@@ -759,7 +765,7 @@ impl KeyState {
         Ok(Some(stored))
     }
 
-    async fn delete(&mut self, env: &Env, r: &ObjectRef) -> Result<(), ApiError> {
+    async fn delete(&mut self, env: &Env, r: &WrittenObject) -> Result<(), ApiError> {
         let m = &env.members[r.member];
         let result = env.remove(r.member, r.kind.object(), &r.namespace, &r.name).await;
         self.invalidate(r);
@@ -793,7 +799,7 @@ impl KeyState {
         let uid = export.uid.clone();
         if self.export_uids.get(&i) != Some(&uid) {
             self.transitions.retain(|(m, _), _| *m != i);
-            self.applied.remove(&ObjectRef::new(i, Kind::ExportStatus, key, key.name.to_string()));
+            self.applied.remove(&WrittenObject::new(i, Kind::ExportStatus, key, key.name.to_string()));
             self.export_uids.insert(i, uid);
         }
         let mut all = conds.to_vec();
@@ -826,7 +832,7 @@ impl KeyState {
             })
             .collect();
         let body = desired::export_status(&m.export_version, key, &timed);
-        let r = ObjectRef::new(i, Kind::ExportStatus, key, key.name.to_string());
+        let r = WrittenObject::new(i, Kind::ExportStatus, key, key.name.to_string());
         let text = desired::digest_of(&body["status"]);
         if self.applied.get(&r) == Some(&text) {
             return Ok(());

@@ -43,7 +43,7 @@ use super::desired::has_elder;
 use super::link::{MemberApis, MemberLink, undiscovered};
 use super::own::{OwnEvent, Seen};
 use super::queue::{Reason, WorkQueue};
-use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, ObjectRef, reconcile};
+use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, WrittenObject, reconcile};
 use super::shard::Shards;
 use super::stats::SyncStats;
 use crate::fault::Failures;
@@ -582,7 +582,7 @@ impl Syncer {
             }
             Done::Adopted { member, found, listed, began, all, gained } => {
                 self.read[member] = true;
-                let seen: BTreeSet<ObjectRef> =
+                let seen: BTreeSet<WrittenObject> =
                     found.values().flat_map(|ks| ks.owned.iter().cloned()).collect();
                 let why = match (gained.is_empty(), all) {
                     (false, _) => Reason::Takeover,
@@ -608,7 +608,7 @@ impl Syncer {
                 let listed: BTreeSet<Kind> = listed.into_iter().collect();
                 let mut touched = Vec::new();
                 for (key, ks) in &mut self.keys {
-                    let gone: Vec<ObjectRef> = ks
+                    let gone: Vec<WrittenObject> = ks
                         .owned
                         .iter()
                         .filter(|r| {

@@ -12,7 +12,7 @@ use super::{Deferred, Syncer};
 use crate::controller::api::Kind;
 use crate::controller::own::{OwnChange, OwnEvent, Seen};
 use crate::controller::queue::Reason;
-use crate::controller::reconcile::{KeyState, ObjectRef};
+use crate::controller::reconcile::{KeyState, WrittenObject};
 use crate::model::ServiceKey;
 
 impl Syncer {
@@ -104,7 +104,7 @@ impl Syncer {
 
     /// [`Self::repair`] on the service's state; true when it needs a write.
     pub(super) fn repair_in(&self, ks: &mut KeyState, m: usize, seen: &Seen, deleted: bool) -> bool {
-        let r = ObjectRef {
+        let r = WrittenObject {
             member: m,
             kind: seen.kind,
             namespace: seen.namespace.clone(),
@@ -138,7 +138,7 @@ impl Syncer {
         listed: &BTreeSet<(String, String)>,
         began: std::time::Instant,
     ) -> bool {
-        let gone: Vec<ObjectRef> = ks.gone(m, (kind, scope), listed, began);
+        let gone: Vec<WrittenObject> = ks.gone(m, (kind, scope), listed, began);
         for r in &gone {
             info!(member = %self.members[m].name(), kind = %r.kind, object = %r.path(), "ours, and gone: writing it again");
             self.stats.drift(r.kind);
