@@ -41,7 +41,7 @@ use tracing::{Instrument, info, warn};
 use super::api::{ApiError, Kind, SharedApi};
 use super::desired::has_elder;
 use super::link::{MemberApis, MemberLink, undiscovered};
-use super::own::{OwnEvent, Seen};
+use super::own::{OwnEvent, OwnObject};
 use super::queue::{Reason, WorkQueue};
 use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, WrittenObject, reconcile};
 use super::shard::Shards;
@@ -110,9 +110,9 @@ const TICK: Duration = Duration::from_secs(1);
 /// reconcile ends, against the versions its writes recorded (else the
 /// events of its own writes would look like someone else's).
 enum Deferred {
-    Seen {
+    Changed {
         member: usize,
-        seen: Seen,
+        seen: OwnObject,
         deleted: bool,
     },
     Listed {
@@ -565,7 +565,7 @@ impl Syncer {
                 }
                 for d in self.deferred.remove(&key).unwrap_or_default() {
                     let repair = match d {
-                        Deferred::Seen { member, seen, deleted } => {
+                        Deferred::Changed { member, seen, deleted } => {
                             self.repair_in(&mut ks, member, &seen, deleted)
                         }
                         Deferred::Listed { member, kind, scope, listed, began } => {
