@@ -335,7 +335,7 @@ impl KeyState {
 }
 
 /// What the merged exports ask of every member, computed once per reconcile.
-struct Plan<'a> {
+struct Goal<'a> {
     key: &'a ServiceKey,
     spec: Option<&'a ImportSpec>,
     clusters: &'a [ClusterId],
@@ -385,7 +385,7 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
             _ => None,
         })
         .collect();
-    let plan = Plan {
+    let goal = Goal {
         key,
         spec: merged.spec.as_ref(),
         clusters: &merged.clusters,
@@ -400,9 +400,9 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     // the others stays until they answer again.
     let lanes = (0..env.members.len()).filter(|i| input.members[*i].writable).map(|i| {
         let part = ks.take_member(i);
-        let (input, env, plan) = (&input, &env, &plan);
+        let (input, env, goal) = (&input, &env, &goal);
         async move {
-            let (part, result) = lane(part, i, input, env, plan).await;
+            let (part, result) = lane(part, i, input, env, goal).await;
             (i, part, result)
         }
         .instrument(member_span(&env.members[i]))
@@ -508,10 +508,10 @@ async fn lane(
     i: usize,
     input: &Input,
     env: &Env,
-    plan: &Plan<'_>,
+    goal: &Goal<'_>,
 ) -> (KeyState, Result<(), ApiError>) {
     let m = &env.members[i];
-    let key = plan.key;
+    let key = goal.key;
     let mut failed = None;
     match auto_export(env, input, i).await {
         Ok(wrote) => part.sent += u32::from(wrote),
@@ -523,10 +523,10 @@ async fn lane(
     let mut want: BTreeSet<WrittenObject> = BTreeSet::new();
     // Members outside the consumer clusters import nothing: what we own
     // there is not wanted, so it is deleted below.
-    if let Some(spec) = plan.spec
-        && plan.consumers.includes(&m.cluster)
+    if let Some(spec) = goal.spec
+        && goal.consumers.includes(&m.cluster)
     {
-        match part.member_objects(env, i, spec, plan, &mut want).await {
+        match part.member_objects(env, i, spec, goal, &mut want).await {
             Ok(()) => {}
             // No such namespace in this member: namespace sameness means the
             // service is not imported there.
@@ -606,24 +606,24 @@ impl KeyState {
         env: &Env,
         i: usize,
         spec: &ImportSpec,
-        plan: &Plan<'_>,
+        goal: &Goal<'_>,
         want: &mut BTreeSet<WrittenObject>,
     ) -> Result<(), ApiError> {
-        let key = plan.key;
+        let key = goal.key;
         let m = &env.members[i];
-        let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, plan.naming));
+        let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, goal.naming));
         let mut ips: Vec<String> = Vec::new();
         if let Some(vip_name) = &vip_name {
             let r = WrittenObject::new(i, Kind::Service, key, vip_name.clone());
             want.insert(r.clone());
             ips = self.vip(env, &r, key, spec).await?;
         }
-        self.slices(env, i, plan, vip_name.as_deref(), want).await?;
+        self.slices(env, i, goal, vip_name.as_deref(), want).await?;
         let r = WrittenObject::new(i, Kind::ServiceImport, key, key.name.to_string());
         want.insert(r.clone());
-        let down: Vec<ClusterId> = plan.unreachable.iter().map(|(c, _)| c.clone()).collect();
+        let down: Vec<ClusterId> = goal.unreachable.iter().map(|(c, _)| c.clone()).collect();
         self.apply(env, &r, &desired::import(&m.import_version, key, spec, &ips, &down)).await?;
-        let status = desired::import_status(&m.import_version, key, plan.clusters, plan.unreachable);
+        let status = desired::import_status(&m.import_version, key, goal.clusters, goal.unreachable);
         let sr = WrittenObject { kind: Kind::ImportStatus, ..r };
         let digest = desired::digest_of(&status["status"]);
         if self.applied.get(&sr) != Some(&digest) {
@@ -683,27 +683,27 @@ impl KeyState {
         &mut self,
         env: &Env,
         i: usize,
-        plan: &Plan<'_>,
+        goal: &Goal<'_>,
         vip_name: Option<&str>,
         want: &mut BTreeSet<WrittenObject>,
     ) -> Result<(), ApiError> {
-        let key = plan.key;
-        let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = plan
+        let key = goal.key;
+        let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = goal
             .clusters
             .iter()
-            .flat_map(|c| plan.sources.get(c).into_iter().flatten().map(move |(name, s)| (c, name, s)))
+            .flat_map(|c| goal.sources.get(c).into_iter().flatten().map(move |(name, s)| (c, name, s)))
             .collect();
         let names = desired::slice_names(
             key,
-            plan.naming,
+            goal.naming,
             &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
         );
         for ((cluster, _, source), name) in sources.iter().zip(names) {
-            let ports = plan.cluster_ports.get(cluster);
+            let ports = goal.cluster_ports.get(cluster);
             let body = desired::slice(key, &name, cluster, source, vip_name, ports);
             let r = WrittenObject::new(i, Kind::EndpointSlice, key, name);
             want.insert(r.clone());
-            let trigger = desired::trigger_time(source, plan.exported_at.get(cluster).copied());
+            let trigger = desired::trigger_time(source, goal.exported_at.get(cluster).copied());
             self.apply_carrying(env, &r, &body, trigger.as_deref()).await?;
         }
         Ok(())
