@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use hickory_proto::rr::{Name, RecordType};
 
-use crate::cluster_dns::watch::Mode as WatchMode;
+use crate::cluster_dns::repair::Mode as WatchMode;
 use crate::controller::sync::MemberLost;
 use crate::diagnose::report::Format as ReportFormat;
 use crate::k8s::protobuf::KubeEncoding;

@@ -18,7 +18,7 @@ use clap::ValueEnum;
 use clap::builder::{PossibleValue, TypedValueParser};
 use hickory_proto::rr::{Name, RecordType};
 
-use crate::cluster_dns::watch::Mode as WatchMode;
+use crate::cluster_dns::repair::Mode as WatchMode;
 use crate::controller::sync::MemberLost;
 use crate::diagnose::report::Format as ReportFormat;
 use crate::k8s::protobuf::KubeEncoding;

@@ -8,7 +8,7 @@ use clap::error::ErrorKind;
 
 use super::*;
 use crate::cli::{Cli, Command};
-use crate::cluster_dns::watch::Mode;
+use crate::cluster_dns::repair::Mode;
 use crate::k8s::throttle::Limits;
 use crate::k8s::watch::ListMode;
 use crate::model::PolicyKind;

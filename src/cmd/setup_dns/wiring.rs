@@ -1,7 +1,7 @@
 //! `setup-dns --watch`: keeps the wiring. A check every `--interval`, and
 //! at once when one of the ConfigMaps it writes into changes (a watch per
 //! name), reads and plans as `setup-dns` does, lets
-//! `cluster_dns::watch` decide (write again, report, back off), and
+//! `cluster_dns::repair` decide (write again, report, back off), and
 //! proves the result through the cluster DNS. The state is the metric
 //! `clusterset_dns_wiring_ok{layout}`, an Event on the ConfigMap when it
 //! changes, and the log; `/health`, `/ready` and `/metrics` are served as
@@ -24,8 +24,8 @@ use tracing::{info, warn};
 
 use super::{BoxError, verify_at, want};
 use crate::cluster_dns::plan::{self, Edit};
+use crate::cluster_dns::repair::{Action, Found, Repairs};
 use crate::cluster_dns::verify::{self, Outcome};
-use crate::cluster_dns::watch::{Action, Found, Watch};
 use crate::cluster_dns::{kube, plan::Change};
 use crate::cmd::Process;
 use crate::config::{SetupDnsConfig, WatchConfig};
@@ -84,7 +84,7 @@ struct Checker<'a> {
     client: ::kube::Client,
     want: plan::Want,
     proof: Name,
-    decide: Watch,
+    decide: Repairs,
     recorder: Recorder,
     gauges: Gauges,
     /// The last Event published (reason and note), so a state is told
@@ -128,7 +128,7 @@ pub(super) async fn run(
         recorder: Recorder::new(client.clone(), reporter),
         want: want(cfg, server),
         proof: Name::from_ascii(format!("dns-version.{}.", cfg.zone))?,
-        decide: Watch::new(w.mode),
+        decide: Repairs::new(w.mode),
         client,
         gauges,
         told: None,
