@@ -24,7 +24,7 @@ use crate::controller::link::hub::HubLink;
 use crate::controller::link::{KubeLink, MemberLink};
 use crate::controller::shard::Shards;
 use crate::controller::stats::SyncStats;
-use crate::controller::sync::Syncer;
+use crate::controller::syncer::Syncer;
 use crate::fault::{Faults, Task};
 use crate::fleet::member::{self, CONNECT_TIMEOUT};
 use crate::hub::heartbeat::{self, Claim, Heartbeat};

@@ -20,7 +20,7 @@ use crate::controller::election::{self, ElectionConfig, ElectionError, ElectionS
 use crate::controller::link::{KubeLink, MemberLink};
 use crate::controller::shard::Shards;
 use crate::controller::stats::SyncStats;
-use crate::controller::sync::Syncer;
+use crate::controller::syncer::Syncer;
 use crate::fault::{Point, Task};
 use crate::fleet::{inventory, member};
 use crate::k8s::client::{self, ClientError};

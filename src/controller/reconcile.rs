@@ -468,7 +468,7 @@ async fn write_conditions(
 }
 
 /// What the reconcile did (`written`: writes per member), on its span
-/// (`sync` opens it, with the service, shard and reason).
+/// (`syncer` opens it, with the service, shard and reason).
 fn record_outcome(written: &BTreeMap<usize, u32>, failed: Option<&ApiError>) {
     let members_written = written.values().filter(|n| **n > 0).count();
     let writes: u32 = written.values().sum();
