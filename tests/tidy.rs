@@ -285,7 +285,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("cmd/setup_dns/wiring.rs", "check"),
     ("cmd/sync.rs", "run_in"),
     ("config/serve.rs", "from_args"),
-    ("fleet/merge.rs", "merge"),
     ("health/probe.rs", "run"),
     ("k8s/watch.rs", "pump"),
     ("main.rs", "main"),
