@@ -282,7 +282,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("answer/select.rs", "choose"),
     ("cmd/agent.rs", "run"),
     ("cmd/serve.rs", "start_in"),
-    ("cmd/sync.rs", "run_in"),
     ("config/serve.rs", "from_args"),
     ("health/probe.rs", "run"),
     ("k8s/watch.rs", "pump"),
