@@ -305,9 +305,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("store/names.rs", "balanced"),
     ("store/names.rs", "encode_node"),
     ("store/names.rs", "service_names"),
-    ("store/writer.rs", "apply"),
-    ("store/writer.rs", "publish"),
-    ("store/writer.rs", "upsert"),
     ("wire/response.rs", "write"),
     ("wire/udp.rs", "serve"),
 ];
