@@ -296,7 +296,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("diagnose/checks/dns.rs", "dns"),
     ("diagnose/report.rs", "lines"),
     ("fleet/merge.rs", "merge"),
-    ("k8s/watch.rs", "pump"),
     ("main.rs", "main"),
     ("ops/metrics/queries.rs", "families"),
     ("source/centralized.rs", "fleet"),
