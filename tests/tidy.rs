@@ -299,7 +299,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("main.rs", "main"),
     ("ops/metrics/queries.rs", "families"),
     ("source/centralized.rs", "fleet"),
-    ("source/files.rs", "load"),
     ("store/names.rs", "balanced"),
     ("store/names.rs", "encode_node"),
     ("store/names.rs", "service_names"),
