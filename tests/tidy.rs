@@ -297,7 +297,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("diagnose/report.rs", "lines"),
     ("fleet/merge.rs", "merge"),
     ("main.rs", "main"),
-    ("ops/metrics/queries.rs", "families"),
     ("source/centralized.rs", "fleet"),
     ("store/names.rs", "balanced"),
     ("store/names.rs", "encode_node"),
