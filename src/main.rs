@@ -56,7 +56,13 @@ fn main() -> ExitCode {
     // Panics are caught and counted where they happen; the hook only logs
     // them, rate limited (a repeated query of death must not flood logs).
     clusterset_dns::supervise::install_panic_hook();
-    match cli.command {
+    run(cli.command, format)
+}
+
+/// Runs `command`; its exit code ([`EX_USAGE`] for a configuration its
+/// checks refuse).
+fn run(command: Command, format: LogFormat) -> ExitCode {
+    match command {
         Command::Serve(args) => match ServeConfig::from_args(&args) {
             Ok(cfg) => block_on(format, clusterset_dns::cmd::serve::run(cfg)),
             Err(e) => usage(format, &e),

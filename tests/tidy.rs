@@ -296,7 +296,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("diagnose/checks/dns.rs", "dns"),
     ("diagnose/report.rs", "lines"),
     ("fleet/merge.rs", "merge"),
-    ("main.rs", "main"),
     ("source/centralized.rs", "fleet"),
     ("store/names.rs", "balanced"),
     ("store/names.rs", "encode_node"),
