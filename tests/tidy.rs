@@ -297,9 +297,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("diagnose/report.rs", "lines"),
     ("fleet/merge.rs", "merge"),
     ("source/centralized.rs", "fleet"),
-    ("store/names.rs", "balanced"),
-    ("store/names.rs", "encode_node"),
-    ("store/names.rs", "service_names"),
     ("wire/response.rs", "write"),
     ("wire/udp.rs", "serve"),
 ];
