@@ -297,7 +297,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("diagnose/report.rs", "lines"),
     ("fleet/merge.rs", "merge"),
     ("source/centralized.rs", "fleet"),
-    ("wire/udp.rs", "serve"),
 ];
 
 /// The text with line comments dropped and every string and char literal
