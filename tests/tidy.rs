@@ -296,7 +296,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("diagnose/checks/dns.rs", "dns"),
     ("diagnose/report.rs", "lines"),
     ("fleet/merge.rs", "merge"),
-    ("source/centralized.rs", "fleet"),
 ];
 
 /// The text with line comments dropped and every string and char literal
