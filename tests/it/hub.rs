@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 
@@ -108,6 +109,42 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
         },
         || logs(&agents),
     );
+
+    // The trigger time travels through the hub: cluster-2's slice of web
+    // changed at a time its annotation says reaches cluster-4's MCS slice;
+    // the time alone changed again writes nothing, on the hub or in any
+    // member.
+    let stamp = |at: &str| {
+        rt.block_on(u[1].endpoints_at("web-a", "web", json!([{"addresses": ["10.1.0.6"]}]), at));
+    };
+    let changed = Timestamp::now().to_string();
+    stamp(&changed);
+    waits(
+        30,
+        "cluster-4's slice of web from cluster-2 carries the change's trigger time",
+        || rt.block_on(r[3].trigger_times("web", clusters.name(1))) == [changed.clone()],
+        || logs(&agents),
+    );
+    let (written, unchanged) =
+        ("clusterset_dns_hub_records_written_total", "clusterset_dns_hub_records_unchanged_total");
+    let counts = |agents: &[Syncing]| {
+        for a in agents {
+            a.settle(0.0, 1.0, "the change reconciled");
+        }
+        let writes = agents.iter().map(|a| a.metric("clusterset_dns_sync_writes_total")).collect::<Vec<_>>();
+        (writes, agents[0].metric(written), agents[0].metric(unchanged))
+    };
+    let before = counts(&agents);
+    stamp(&Timestamp::now().to_string());
+    waits(
+        30,
+        "cluster-2's agent saw its slice's new time",
+        || agents[0].metric(unchanged) > before.2,
+        || logs(&agents),
+    );
+    let after = counts(&agents);
+    assert_eq!((&after.0, after.1), (&before.0, before.1), "a time alone written\n{}", logs(&agents));
+    assert_eq!(rt.block_on(r[3].trigger_times("web", clusters.name(1))), [changed]);
 
     // An agent's hub identity writing another member's namespace: 403.
     let forbidden = rt.block_on(async {
