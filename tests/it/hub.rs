@@ -4,8 +4,10 @@
 //! `clusterset-dns hub enrol` (deploy/hub/), which may write only its own
 //! hub namespace: exports converge into every member, each agent writes
 //! only its own cluster and namespace (another's is 403 from the real API
-//! server), and a killed agent, a frozen member and a frozen hub each have
-//! the expected outcome.
+//! server), a slice's trigger time reaches every member's MCS slices and a
+//! time alone writes nothing, an agent's spans reach a collector, and a
+//! killed agent, a frozen member and a frozen hub each have the expected
+//! outcome.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +22,7 @@ use crate::harness::process::Frozen;
 use crate::harness::syncing::Syncing;
 use crate::harness::{BIN, within};
 use crate::sync::{readers, users};
+use crate::traces::{receiver, spans};
 use crate::watch::runtime;
 
 /// Enrols member `name` on the hub with the real command; returns its
@@ -38,11 +41,12 @@ fn enrol(clusters: &TestClusters, name: &str, dir: &Path) -> PathBuf {
     out
 }
 
-fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str) -> Syncing {
+/// Member `i`'s agent, with `extra` arguments.
+fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str, extra: &[&str]) -> Syncing {
     let (own, hub) = (clusters.role_kubeconfig(i, "agent"), hub.display().to_string());
     let own = own.display().to_string();
     let id = format!("agent-{}", clusters.name(i));
-    Syncing::agent(&[
+    let mut args = vec![
         "--member",
         clusters.name(i),
         "--kubeconfig",
@@ -55,7 +59,9 @@ fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str) -> Syncing {
         "5",
         "--identity",
         &id,
-    ])
+    ];
+    args.extend_from_slice(extra);
+    Syncing::agent(&args)
 }
 
 async fn client_from(path: &Path) -> kube::Client {
@@ -78,7 +84,11 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
     let hub_kc: Vec<PathBuf> = (1..4).map(|i| enrol(&clusters, clusters.name(i), dir.path())).collect();
     // Enrolling again changes nothing but the token.
     enrol(&clusters, clusters.name(1), dir.path());
-    let mut agents: Vec<Syncing> = (1..4).map(|i| agent(&clusters, i, &hub_kc[i - 1], ns)).collect();
+    // cluster-2's agent sends its spans to a collector.
+    let (collector, received) = receiver();
+    let traced = ["--otlp-endpoint", collector.as_str()];
+    let mut agents: Vec<Syncing> =
+        (1..4).map(|i| agent(&clusters, i, &hub_kc[i - 1], ns, if i == 1 { &traced } else { &[] })).collect();
     let logs = |agents: &[Syncing]| agents.iter().map(|a| a.log()).collect::<Vec<_>>().join("\n---\n");
     let u = users(&rt, &clusters, ns);
     let r = readers(&rt, &clusters, ns);
@@ -94,6 +104,19 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
             (1..4).all(|i| {
                 rt.block_on(r[i].import("web")).is_some() && rt.block_on(r[i].import("db")).is_some()
             })
+        },
+        || logs(&agents),
+    );
+    // The agent's reconciles reach the collector (a batch every 5 s).
+    let web = format!("{ns}/web");
+    waits(
+        30,
+        "cluster-2's agent's reconcile of web at the collector",
+        || {
+            spans(&received)
+                .0
+                .iter()
+                .any(|s| s.name == "reconcile" && s.attributes.get("service") == Some(&web))
         },
         || logs(&agents),
     );
@@ -235,7 +258,7 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
 
     // An idle restart of cluster-2's agent writes nothing, here or on the hub.
     agents[0].stop();
-    let restarted = agent(&clusters, 1, &hub_kc[0], ns);
+    let restarted = agent(&clusters, 1, &hub_kc[0], ns, &[]);
     restarted.settle(0.0, 1.0, "the restarted agent reconciled");
     std::thread::sleep(Duration::from_secs(3));
     restarted.settle(0.0, 1.0, "the restarted agent idle");
