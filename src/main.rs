@@ -38,10 +38,11 @@ fn main() -> ExitCode {
         }
     };
     let format = cli.log_format;
-    // The controller's spans go to a collector when asked (sync, run).
+    // The controller's spans go to a collector when asked (sync, run, agent).
     let otlp = match &cli.command {
         Command::Sync(args) => args.options.otlp_endpoint.as_ref(),
         Command::Run(args) => args.sync.otlp_endpoint.as_ref(),
+        Command::Agent(args) => args.options.otlp_endpoint.as_ref(),
         _ => None,
     };
     let traces = match otlp.map(Traces::new).transpose() {

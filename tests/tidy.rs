@@ -281,7 +281,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("answer.rs", "find"),
     ("answer/select.rs", "choose"),
     ("cluster_dns/plan.rs", "plan"),
-    ("cmd/agent.rs", "run"),
     ("cmd/serve.rs", "start_in"),
     ("cmd/setup_dns/watch.rs", "check"),
     ("cmd/sync.rs", "run_in"),
