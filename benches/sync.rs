@@ -17,7 +17,8 @@
 //! servers' CPU, and the time until one replica leads every shard after
 //! the other is killed, with the writes that costs (none expected).
 //!
-//! With `SYNC_CHURN=N`, only change → answer across a fleet of ten: `serve`
+//! With `SYNC_CHURN=N`, only change → answer across a fleet of ten (with
+//! `SYNC_CHURN_MODE=hub`, an agent per member and a hub instead of sync): `serve`
 //! in every member on its own API; while background changes run at
 //! [`CHURN_PER_SECOND`], N exports created, N endpoints added and N removed
 //! in one member, each timed from its write's return until `serve` in every
@@ -43,7 +44,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams}
 use serde_json::{Value, json};
 
 use common::dns::{Answer, Dns};
-use common::exports::{converge, export, export_all, own_slice, prepare, service};
+use common::exports::{converge, export, export_all, hub_agents, own_slice, prepare, service};
 use common::objects::{create_all, import_resource, slice_resource, timed_call};
 use common::report::{row, secs};
 use common::{SERVER_READY_TIMEOUT, main_of, serve, start_clusters};
@@ -241,19 +242,34 @@ const CHURN_SERVICES: usize = 100;
 /// Change → answer at ten members under [`CHURN_PER_SECOND`].
 fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    println!("\n## change → answer on {FLEET_CLUSTERS} clusters, {CHURN_PER_SECOND} background changes/s");
-    let clusters = start_clusters(FLEET_CLUSTERS);
-    let clients: Vec<kube::Client> = (0..FLEET_CLUSTERS).map(|i| rt.block_on(clusters.client(i))).collect();
+    let hub = std::env::var("SYNC_CHURN_MODE").is_ok_and(|m| m == "hub");
+    let mode = if hub { "hub mode, an agent per member" } else { "push mode, one sync" };
+    println!(
+        "\n## change → answer on {FLEET_CLUSTERS} clusters, {CHURN_PER_SECOND} background changes/s, {mode}"
+    );
+    // In hub mode cluster 0 is the hub and the members follow it.
+    let first = usize::from(hub);
+    let clusters = start_clusters(FLEET_CLUSTERS + first);
+    let members: Vec<usize> = (first..first + FLEET_CLUSTERS).collect();
+    let clients: Vec<kube::Client> = members.iter().map(|&i| rt.block_on(clusters.client(i))).collect();
     let ns = "churn";
     for c in &clients {
         let api: Api<Namespace> = Api::all(c.clone());
         let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         rt.block_on(timed_call(api.patch(ns, &PatchParams::apply("bench"), &Patch::Apply(&body))))?;
     }
-    let sync = Syncing::start_tied(&clusters, &["--identity", "leader", "--namespace", ns]);
-    wait_leading(&sync)?;
+    let dir = tempfile::tempdir()?;
+    let controllers = if hub {
+        hub_agents(&clusters, dir.path(), &["--namespace", ns])?
+    } else {
+        let sync = Syncing::start_tied(&clusters, &["--identity", "leader", "--namespace", ns]);
+        wait_leading(&sync)?;
+        vec![sync]
+    };
+    let sync = &controllers[0];
+    let controller_cpu = || controllers.iter().map(Syncing::cpu_seconds).sum::<f64>();
     let mut servers = Vec::new();
-    for i in 0..FLEET_CLUSTERS {
+    for &i in &members {
         let kubeconfig = clusters.serve_kubeconfig(i);
         let s = common::serve_with(&kubeconfig, &["--namespace", ns]);
         s.wait_ready(SERVER_READY_TIMEOUT);
@@ -284,7 +300,7 @@ fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
     }
     let stop = AtomicBool::new(false);
     let made = AtomicUsize::new(0);
-    let cpu0 = sync.cpu_seconds();
+    let cpu0 = controller_cpu();
     let began = Instant::now();
     let measured = std::thread::scope(|scope| -> Result<Measured> {
         // Each background change replaces one service's endpoint in its own
@@ -315,7 +331,7 @@ fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
             }
             Ok(())
         });
-        let result = measure_changes(rt, &clients[0], &mut dns, &sync, n);
+        let result = measure_changes(rt, &clients[0], &mut dns, sync, n);
         stop.store(true, Ordering::Relaxed);
         churner.join().map_err(|_| anyhow!("the churner panicked"))??;
         result
@@ -323,8 +339,8 @@ fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
     let Measured { everywhere: [mut created, mut added, mut removed], each } = measured;
     let rate = made.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
     println!(
-        "\nbackground: {rate:.1} changes/s achieved; sync CPU {:.1} s over {:.0} s (load average {})",
-        sync.cpu_seconds() - cpu0,
+        "\nbackground: {rate:.1} changes/s achieved; controllers' CPU {:.1} s over {:.0} s (load average {})",
+        controller_cpu() - cpu0,
         began.elapsed().as_secs_f64(),
         loadavg()
     );
