@@ -280,23 +280,8 @@ const FUNCTION_MAX_LINES: usize = 80;
 const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("answer.rs", "find"),
     ("answer/select.rs", "choose"),
-    ("cmd/agent.rs", "run"),
     ("cmd/serve.rs", "start_in"),
     ("config/serve.rs", "from_args"),
-    ("health/probe.rs", "run"),
-    ("k8s/watch.rs", "pump"),
-    ("main.rs", "main"),
-    ("ops/metrics/queries.rs", "families"),
-    ("source/centralized.rs", "fleet"),
-    ("source/files.rs", "load"),
-    ("store/names.rs", "balanced"),
-    ("store/names.rs", "encode_node"),
-    ("store/names.rs", "service_names"),
-    ("store/writer.rs", "apply"),
-    ("store/writer.rs", "publish"),
-    ("store/writer.rs", "upsert"),
-    ("wire/response.rs", "write"),
-    ("wire/udp.rs", "serve"),
 ];
 
 /// The text with line comments dropped and every string and char literal
