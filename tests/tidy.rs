@@ -42,8 +42,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Hub mode's records: a member's exports published on the hub, read back
     // as the member's objects.
     ("hub", &["model", "k8s", "fleet"]),
-    // Everything that feeds the store (centralized mode through `fleet`).
-    ("source", &["model", "store", "k8s", "fleet"]),
+    // Everything that feeds the store (centralized mode through `fleet`;
+    // from a hub through `hub`, which reads the records back as the
+    // members' objects the same way for the agents and for serve).
+    ("source", &["model", "store", "k8s", "fleet", "hub"]),
     // Active probes: read the store, feed it updates like a source.
     ("health", &["model", "store", "pace"]),
     // The sync controller: writes Kubernetes objects, never touches the store;
@@ -282,10 +284,8 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("answer/select.rs", "choose"),
     ("cluster_dns/plan.rs", "plan"),
     ("cmd/agent.rs", "run"),
-    ("cmd/serve.rs", "start_in"),
     ("cmd/setup_dns/watch.rs", "check"),
     ("cmd/sync.rs", "run_in"),
-    ("config/serve.rs", "from_args"),
     ("controller/reconcile.rs", "member_objects"),
     ("controller/reconcile.rs", "reconcile"),
     ("controller/stats.rs", "families"),
