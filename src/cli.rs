@@ -217,7 +217,8 @@ pub struct ServeArgs {
     /// through this kubeconfig instead of one per member (instead of
     /// --cluster/--members). A member whose heartbeat stands still for
     /// --cluster-dead-after has its endpoints demoted. Its identity reads
-    /// records and heartbeats only: deploy/hub/serve-rbac.yaml.
+    /// records and heartbeats only (deploy/hub/serve.yaml; `clusterset-dns
+    /// hub reader` writes its kubeconfig).
     #[arg(long, value_name = "PATH")]
     pub hub_kubeconfig: Option<PathBuf>,
     /// Seconds to keep answering after SIGTERM while /ready fails, so load
@@ -565,6 +566,28 @@ pub enum HubCommand {
     /// identity for its agent (--out). Enrolling again changes nothing but
     /// the token.
     Enrol(EnrolArgs),
+    /// The read-only hub identity of a centralized `serve --hub-kubeconfig`
+    /// (deploy/hub/serve.yaml: ServiceAccount
+    /// clusterset-hub/clusterset-dns-serve, reading every member's records
+    /// and heartbeats, writing nothing) and a kubeconfig of it (--out).
+    /// Running it again changes nothing but the token.
+    Reader(ReaderArgs),
+}
+
+/// `clusterset-dns hub reader`.
+#[derive(Debug, Args)]
+pub struct ReaderArgs {
+    /// Kubeconfig of the hub, as an identity that may create the objects
+    /// above (cluster admin).
+    #[arg(long, value_name = "PATH")]
+    pub hub_kubeconfig: PathBuf,
+    /// Where to write serve's hub kubeconfig.
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+    /// Seconds the token is valid, 600-31622400 (the hub may cap it; renew
+    /// by running this again before it ends).
+    #[arg(long, value_name = "SECONDS", default_value_t = 31_536_000, value_parser = clap::value_parser!(i64).range(600..=31_622_400))]
+    pub token_seconds: i64,
 }
 
 /// `clusterset-dns hub enrol`.
