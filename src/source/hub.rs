@@ -234,9 +234,55 @@ struct Beat {
     /// The version last read (kept when the Lease is gone: a deleted
     /// heartbeat stands still).
     version: String,
-    /// How long ago it says it was renewed, when first read.
+    /// How long ago it said it was renewed, when first read.
     first_ago: Duration,
     alive: bool,
+}
+
+/// Every member's heartbeat seen so far, and the verdicts they give.
+#[derive(Default)]
+struct Beats(BTreeMap<ClusterId, Beat>);
+
+/// A member whose verdict changed: alive or not, and how long its
+/// heartbeat had stood still.
+type Verdict = (ClusterId, bool, Duration);
+
+impl Beats {
+    /// The hub did not answer at `now`: nothing is learnt, and the time is
+    /// not counted as standing still.
+    fn blind(&mut self, now: Instant) {
+        self.0.values_mut().for_each(|b| b.still.blind(now));
+    }
+
+    /// The heartbeats read at `now` (per member: its version, and how long
+    /// ago it says it was renewed): the members whose verdict changed. Not
+    /// alive once still for `dead_after`; alive again once it moves.
+    fn read(
+        &mut self,
+        read: BTreeMap<ClusterId, (String, Duration)>,
+        now: Instant,
+        dead_after: Duration,
+    ) -> Vec<Verdict> {
+        for (cluster, (version, ago)) in read {
+            let beat = self.0.entry(cluster).or_insert_with(|| Beat {
+                still: Stillness::default(),
+                version: String::new(),
+                first_ago: ago,
+                alive: true,
+            });
+            beat.version = version;
+        }
+        let mut changed = Vec::new();
+        for (cluster, beat) in &mut self.0 {
+            let still = beat.still.seen(beat.version.clone(), now, beat.first_ago);
+            let verdict = if beat.alive { still < dead_after } else { still.is_zero() };
+            if verdict != beat.alive {
+                beat.alive = verdict;
+                changed.push((cluster.clone(), verdict, still));
+            }
+        }
+        changed
+    }
 }
 
 /// Reads every member's heartbeat every [`LIVENESS_TICK`] (one list, all
@@ -252,7 +298,7 @@ pub async fn liveness(
 ) {
     let api: Api<Lease> = Api::all(hub);
     let lp = ListParams::default().labels(&format!("{}=agent", heartbeat::LABEL));
-    let mut beats: BTreeMap<ClusterId, Beat> = BTreeMap::new();
+    let mut beats = Beats::default();
     let mut tick = tokio::time::interval(LIVENESS_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -262,58 +308,35 @@ pub async fn liveness(
             Ok(Ok(list)) => list.items,
             Ok(Err(e)) => {
                 debug!(error = %e, "heartbeats not read: the hub did not answer");
-                beats.values_mut().for_each(|b| b.still.blind(now));
+                beats.blind(now);
                 continue;
             }
             Err(_) => {
                 debug!("heartbeats not read: the hub did not answer within {LIVENESS_LIST_TIMEOUT:?}");
-                beats.values_mut().for_each(|b| b.still.blind(now));
+                beats.blind(now);
                 continue;
             }
         };
-        let mut read: BTreeMap<ClusterId, (String, Duration)> = BTreeMap::new();
-        for l in leases {
-            let Some(cluster) = l
-                .metadata
-                .namespace
-                .as_deref()
-                .and_then(record::member_of)
-                .and_then(|m| ClusterId::parse(m).ok())
-            else {
-                continue;
-            };
-            read.insert(cluster, (l.metadata.resource_version.unwrap_or_default(), renewed_ago(&l.spec)));
+        let read = leases
+            .into_iter()
+            .filter_map(|l| {
+                let member = l.metadata.namespace.as_deref().and_then(record::member_of)?;
+                let cluster = ClusterId::parse(member).ok()?;
+                Some((cluster, (l.metadata.resource_version.unwrap_or_default(), renewed_ago(&l.spec))))
+            })
+            .collect();
+        let changed = beats.read(read, now, dead_after);
+        if let Ok(mut m) = state.alive.write() {
+            *m = beats.0.iter().map(|(c, b)| (c.clone(), b.alive)).collect();
         }
-        for (cluster, (version, ago)) in read {
-            let beat = beats.entry(cluster).or_insert_with(|| Beat {
-                still: Stillness::default(),
-                version: String::new(),
-                first_ago: ago,
-                alive: true,
-            });
-            beat.version = version;
-        }
-        for (cluster, beat) in &mut beats {
-            let still = beat.still.seen(beat.version.clone(), now, beat.first_ago);
-            let verdict = if beat.alive { still < dead_after } else { still.is_zero() };
-            if let Ok(mut m) = state.alive.write() {
-                m.insert(cluster.clone(), verdict);
-            }
-            if verdict == beat.alive {
-                continue;
-            }
-            beat.alive = verdict;
-            if verdict {
+        for (cluster, alive, still) in changed {
+            if alive {
                 info!(%cluster, "member's heartbeat moves again: its endpoints are answered");
             } else {
                 warn!(%cluster, still_seconds = still.as_secs(),
                       "member's heartbeat stood still for {dead_after:?}: its endpoints are demoted in every answer");
             }
-            if updates
-                .send(Update::ClusterLiveness { cluster: cluster.clone(), alive: verdict })
-                .await
-                .is_err()
-            {
+            if updates.send(Update::ClusterLiveness { cluster, alive }).await.is_err() {
                 return;
             }
         }
@@ -469,5 +492,39 @@ mod tests {
         let sent = replaced(f.seen(Seen::Listed(vec![stray, bad_member, unreadable, record("c1", &e)])));
         assert_eq!(f.skipped.load(Ordering::Relaxed), 3);
         assert_eq!(sent, pushed(&[("c1", &e)]), "the readable record answers as before");
+    }
+
+    #[test]
+    fn a_still_heartbeat_demotes_its_member_and_a_silent_hub_demotes_no_one() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let id = |c: &str| ClusterId::parse(c).unwrap();
+        let read = |versions: &[(&str, &str)]| -> BTreeMap<ClusterId, (String, Duration)> {
+            versions.iter().map(|(c, v)| (id(c), ((*v).to_owned(), Duration::ZERO))).collect()
+        };
+        let dead = Duration::from_secs(5);
+        let mut beats = Beats::default();
+        assert!(beats.read(read(&[("c1", "1"), ("c2", "1")]), at(0), dead).is_empty());
+        // The hub silent for a minute: no verdict, and the minute is not counted.
+        for s in 1..60 {
+            beats.blind(at(s));
+        }
+        assert!(beats.read(read(&[("c1", "2"), ("c2", "1")]), at(60), dead).is_empty());
+        // c2's heartbeat stands still for 5 s of the time the hub answered
+        // (the second before it went silent, and 4 after).
+        assert!(beats.read(read(&[("c1", "3"), ("c2", "1")]), at(63), dead).is_empty());
+        assert_eq!(beats.read(read(&[("c1", "4"), ("c2", "1")]), at(64), dead), [(id("c2"), false, dead)]);
+        // It moves: alive again.
+        assert_eq!(
+            beats.read(read(&[("c1", "5"), ("c2", "2")]), at(66), dead),
+            [(id("c2"), true, Duration::ZERO)]
+        );
+        // c1's Lease gone: a deleted heartbeat stands still too.
+        assert_eq!(beats.read(read(&[("c2", "3")]), at(71), dead)[0].0, id("c1"));
+        // Read first long after its last renewal: not alive from the start.
+        let mut late = Beats::default();
+        let old: BTreeMap<ClusterId, (String, Duration)> =
+            [(id("c3"), ("9".to_owned(), Duration::from_secs(60)))].into();
+        assert_eq!(late.read(old, at(0), dead)[0], (id("c3"), false, Duration::from_secs(60)));
     }
 }
