@@ -285,7 +285,7 @@ impl Beats {
     }
 }
 
-/// Reads every member's heartbeat every [`LIVENESS_TICK`] (one list, all
+/// Reads every member's heartbeat every second (one list, all
 /// namespaces) and tells the store: a member whose heartbeat has stood
 /// still for `dead_after` is not alive (`Update::ClusterLiveness`): its
 /// endpoints are demoted in every answer, never removed. It is alive again
