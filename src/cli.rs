@@ -212,6 +212,15 @@ pub struct ServeArgs {
     /// ServiceExports, Services and EndpointSlices, no ServiceImports needed.
     #[command(flatten)]
     pub members: MembersArgs,
+    /// Centralized mode from a hub (docs/hub.md): answer for the fleet from
+    /// the ExportRecords the members' agents publish on the hub, one watch
+    /// through this kubeconfig instead of one per member (instead of
+    /// --cluster/--members). A member whose heartbeat stands still for
+    /// --cluster-dead-after has its endpoints demoted. Its identity reads
+    /// records and heartbeats only (deploy/hub/serve.yaml; `clusterset-dns
+    /// hub reader` writes its kubeconfig).
+    #[arg(long, value_name = "PATH")]
+    pub hub_kubeconfig: Option<PathBuf>,
     /// Seconds to keep answering after SIGTERM while /ready fails, so load
     /// balancers stop sending queries before the server goes (0: stop at once).
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
@@ -379,8 +388,10 @@ pub struct ServeArgs {
     #[arg(long = "cluster-region", value_name = "CLUSTER=REGION", value_parser = parse::cluster_region)]
     pub cluster_regions: Vec<(ClusterId, String)>,
     /// Seconds a member cluster (--cluster) may fail to answer (its watches
-    /// failing or its API not responding) before its endpoints are demoted
-    /// in every answer, 1-3600; they return once it answers and has relisted.
+    /// failing or its API not responding), or its heartbeat on the hub
+    /// (--hub-kubeconfig) stand still, before its endpoints are demoted in
+    /// every answer, 1-3600; they return once it answers and has relisted
+    /// (its heartbeat moves again).
     #[arg(long, value_name = "SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub cluster_dead_after: u64,
     /// Memory the server may use: a size (512Mi, 2Gi, bytes), `auto` (the
@@ -555,6 +566,28 @@ pub enum HubCommand {
     /// identity for its agent (--out). Enrolling again changes nothing but
     /// the token.
     Enrol(EnrolArgs),
+    /// The read-only hub identity of a centralized `serve --hub-kubeconfig`
+    /// (deploy/hub/serve.yaml: ServiceAccount
+    /// clusterset-hub/clusterset-dns-serve, reading every member's records
+    /// and heartbeats, writing nothing) and a kubeconfig of it (--out).
+    /// Running it again changes nothing but the token.
+    Reader(ReaderArgs),
+}
+
+/// `clusterset-dns hub reader`.
+#[derive(Debug, Args)]
+pub struct ReaderArgs {
+    /// Kubeconfig of the hub, as an identity that may create the objects
+    /// above (cluster admin).
+    #[arg(long, value_name = "PATH")]
+    pub hub_kubeconfig: PathBuf,
+    /// Where to write serve's hub kubeconfig.
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+    /// Seconds the token is valid, 600-31622400 (the hub may cap it; renew
+    /// by running this again before it ends).
+    #[arg(long, value_name = "SECONDS", default_value_t = 31_536_000, value_parser = clap::value_parser!(i64).range(600..=31_622_400))]
+    pub token_seconds: i64,
 }
 
 /// `clusterset-dns hub enrol`.

@@ -1,10 +1,12 @@
 //! The `serve` command's composition root: reads the sources, starts the
 //! store's writer task, binds the listeners, and shuts everything down.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
@@ -15,12 +17,14 @@ use crate::config::ServeConfig;
 use crate::fault::{Failures, Faults, Point, Task};
 use crate::fleet::member;
 use crate::k8s;
+use crate::k8s::watch::WatchHealth;
 use crate::ops::memory::admission::Admission;
 use crate::ops::memory::{Guard, OnMemoryLimit, PARSE_BYTES_PER_FILE_BYTE};
 use crate::ops::{debug, http, metrics::Metrics};
+use crate::scrape::{Families, Sample};
 use crate::source::files::{self, FileSlots, FileSource, LoadError};
 use crate::source::objects::ParseError;
-use crate::source::{centralized, embedded, kube};
+use crate::source::{MembersAlive, centralized, embedded, hub, kube};
 use crate::store::{self, Reader, Relists, SourceId, Update, Writer};
 use crate::supervise::Supervisor;
 use crate::wire::stats::QueryStats;
@@ -73,7 +77,7 @@ pub struct Running {
     /// Read access to the store.
     pub reader: Reader,
     /// Set during lameduck: /ready fails while queries are still answered.
-    pub draining: Arc<std::sync::atomic::AtomicBool>,
+    pub draining: Arc<AtomicBool>,
     /// Panics caught, and the fatal failure once a task that cannot be
     /// restarted died.
     pub failures: Arc<Failures>,
@@ -115,31 +119,105 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
     let reload = Arc::new(Notify::new());
     let failures = process.failures.clone();
-    let sup = Supervisor::new(failures.clone());
-    let mut tasks = Started(Vec::new());
-
+    let mut tasks = Started(Vec::new(), Supervisor::new(failures.clone()));
     let guard = cfg.memory.clone().map(|b| Arc::new(Guard::new(b, cfg.on_memory_limit)));
     // How the memory budget asks a source it refused to list again.
     let relists = Relists::default();
-    // A changed objects file is weighed by its size before it is read.
-    let admit: Option<files::Admit> =
-        guard.clone().filter(|g| g.on_limit == OnMemoryLimit::KeepServing).map(|g| {
-            Arc::new(move |source: SourceId, file: &std::path::Path, bytes: u64| {
-                let needs = bytes.saturating_mul(PARSE_BYTES_PER_FILE_BYTE);
-                let what = || format!("objects file {} ({} MiB)", file.display(), bytes.div_ceil(1 << 20));
-                g.admit_file(source, what, needs).map_err(|e| e.to_string())
-            }) as files::Admit
+    let feeds = Feeds { cfg, updates: &tx, relists: &relists };
+    feeds.files(&mut writer, &mut tasks, &reload, guard.as_ref()).await?;
+    let mut watched = Watched::default();
+    feeds.cluster(&mut writer, &mut tasks, &mut watched).await?;
+    feeds.members(&mut writer, &mut tasks, &mut watched).await?;
+    feeds.hub(&mut writer, &mut tasks, &mut watched, process).await?;
+    if let Some(probe) = cfg.probe {
+        let (r, tx, faults) = (reader.clone(), tx.clone(), cfg.wire.faults.clone());
+        tasks.restartable(Task::Probe, move || {
+            let (r, tx, faults) = (r.clone(), tx.clone(), faults.clone());
+            async move {
+                faults.point(Point::Probe, &[]);
+                crate::health::probe::run(r, probe, tx).await;
+            }
         });
-    let mut healths = Vec::new();
-    let mut liveness = None;
-    if cfg.objects.is_empty() && cfg.kube.is_none() && cfg.members.is_empty() {
-        let parsed = embedded::parse(cfg.interop)?;
-        info!(
-            objects = parsed.objects.len(),
-            "no --objects given: serving the embedded example fleet (zones/)"
-        );
-        writer.apply(Update::Replace { source: SourceId::Example, objects: parsed.objects });
-    } else {
+    }
+    let metrics = Arc::new(Metrics::new(&process.registry, watched.healths)?);
+    metrics.register_health(reader.clone(), watched.liveness, cfg.metrics_per_service)?;
+    metrics.register_memory(guard.clone())?;
+    let started = std::time::Instant::now();
+    writer.publish();
+    metrics.published(&reader.load(), started.elapsed());
+    // The objects files are loaded: they must fit before anything is served.
+    if let Some(budget) = &cfg.memory {
+        budget.check(reader.load().service_count())?;
+    }
+    // The writer holds every source's objects: nothing can rebuild them in
+    // this process, so its death fails the server (Kubernetes restarts it).
+    // On an OS thread of its own, not the two-thread runtime: a relist or
+    // reload at 100,000 services takes seconds of CPU to apply and build,
+    // which would stall TCP answers, /health and every watch meanwhile.
+    let (r, m, faults) = (reader.clone(), metrics.clone(), cfg.wire.faults.clone());
+    let budget = guard.map(|g| Admission::new(g, relists));
+    tasks.fatal(Task::Writer, on_own_thread("writer", move || write_loop(writer, rx, r, m, faults, budget)));
+    let (http_addr, draining) = serve_http(cfg, process, &reader, &metrics, &mut tasks).await?;
+    let (addrs, udp) = listen(cfg, &reader, &metrics, &failures, &mut tasks).await?;
+    Ok(Running {
+        addrs,
+        http_addr,
+        reader,
+        draining,
+        failures,
+        _updates: tx,
+        reload,
+        udp,
+        tasks: tasks.keep(),
+    })
+}
+
+/// What every source of a start shares: the configuration, the store's
+/// queue, and where the memory budget asks a source to list again.
+struct Feeds<'a> {
+    cfg: &'a ServeConfig,
+    updates: &'a mpsc::Sender<Update>,
+    relists: &'a Relists,
+}
+
+/// What the watching sources give `/metrics`: each watch's health, and the
+/// members' liveness in centralized mode.
+#[derive(Default)]
+struct Watched {
+    healths: Vec<Arc<WatchHealth>>,
+    liveness: Option<Arc<dyn MembersAlive>>,
+}
+
+impl Feeds<'_> {
+    /// The objects files, read before the first publish and then watched;
+    /// the embedded example when no source at all is given.
+    async fn files(
+        &self,
+        writer: &mut Writer,
+        tasks: &mut Started,
+        reload: &Arc<Notify>,
+        guard: Option<&Arc<Guard>>,
+    ) -> Result<(), StartError> {
+        let cfg = self.cfg;
+        if cfg.objects.is_empty() && cfg.kube.is_none() && cfg.members.is_empty() && cfg.hub.is_none() {
+            let parsed = embedded::parse(cfg.interop)?;
+            info!(
+                objects = parsed.objects.len(),
+                "no --objects given: serving the embedded example fleet (zones/)"
+            );
+            writer.apply(Update::Replace { source: SourceId::Example, objects: parsed.objects });
+            return Ok(());
+        }
+        // A changed objects file is weighed by its size before it is read.
+        let admit: Option<files::Admit> =
+            guard.filter(|g| g.on_limit == OnMemoryLimit::KeepServing).cloned().map(|g| {
+                Arc::new(move |source: SourceId, file: &std::path::Path, bytes: u64| {
+                    let needs = bytes.saturating_mul(PARSE_BYTES_PER_FILE_BYTE);
+                    let what =
+                        || format!("objects file {} ({} MiB)", file.display(), bytes.div_ceil(1 << 20));
+                    g.admit_file(source, what, needs).map_err(|e| e.to_string())
+                }) as files::Admit
+            });
         let mut sources = Vec::new();
         // The configuration holds at most u16::MAX paths: zip takes them all.
         for (path, i) in cfg.objects.iter().zip(0u16..) {
@@ -157,8 +235,9 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
         let paths: Vec<(PathBuf, FileSlots)> =
             sources.iter().map(|s| (s.path().to_owned(), s.slots())).collect();
         let mut first = Some(sources);
-        let (tx, reload, interop, relists) = (tx.clone(), reload.clone(), cfg.interop, relists.clone());
-        tasks.push(sup.restartable(Task::Files, move || {
+        let (tx, reload, interop, relists) =
+            (self.updates.clone(), reload.clone(), cfg.interop, self.relists.clone());
+        tasks.restartable(Task::Files, move || {
             let sources = first.take().unwrap_or_else(|| {
                 let restarted = paths.iter().zip(0u16..);
                 restarted
@@ -172,85 +251,129 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
                     .collect()
             });
             files::watch(sources, tx.clone(), reload.clone(), relists.clone())
-        }));
+        });
+        Ok(())
     }
-    if let Some(src) = &cfg.kube {
+
+    /// This cluster's ServiceImports and MCS EndpointSlices (`--kubeconfig`,
+    /// `--in-cluster`).
+    async fn cluster(
+        &self,
+        writer: &mut Writer,
+        tasks: &mut Started,
+        watched: &mut Watched,
+    ) -> Result<(), StartError> {
+        let Some(src) = &self.cfg.kube else { return Ok(()) };
         let client = k8s::client::connect(&src.connection, "serve").await?;
         for watch in kube::watches(src) {
             // Registered before the first publish: not ready until it lists.
             writer.apply(Update::Register(watch.source));
-            healths.push(watch.health.clone());
-            let (client, tx, relists) = (client.clone(), tx.clone(), relists.clone());
-            tasks.push(sup.restartable(Task::Watch, move || {
+            watched.healths.push(watch.health.clone());
+            let (client, tx, relists) = (client.clone(), self.updates.clone(), self.relists.clone());
+            tasks.restartable(Task::Watch, move || {
                 kube::run(watch.clone(), client.clone(), tx.clone(), relists.clone())
-            }));
+            });
         }
+        Ok(())
     }
-    if !cfg.members.is_empty() {
+
+    /// Centralized mode: every member's exports, watched member by member
+    /// (`--cluster`, `--members`).
+    async fn members(
+        &self,
+        writer: &mut Writer,
+        tasks: &mut Started,
+        watched: &mut Watched,
+    ) -> Result<(), StartError> {
+        let cfg = self.cfg;
+        if cfg.members.is_empty() {
+            return Ok(());
+        }
         let members = member::connect_all(&cfg.members, "serve", &[], None).await?;
         let source = SourceId::Members;
         writer.apply(Update::Register(source));
-        healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
+        watched.healths.extend(members.iter().flat_map(|m| m.health.iter().cloned()));
         let state = centralized::Liveness::new(&members);
-        liveness = Some(state.clone());
-        let (m, dead_after, tx2, s2) = (members.clone(), cfg.cluster_dead_after, tx.clone(), state.clone());
-        tasks.push(sup.restartable(Task::Liveness, move || {
+        watched.liveness = Some(state.clone());
+        let (m, dead_after, tx2, s2) =
+            (members.clone(), cfg.cluster_dead_after, self.updates.clone(), state.clone());
+        tasks.restartable(Task::Liveness, move || {
             centralized::liveness(m.clone(), dead_after, s2.clone(), tx2.clone())
-        }));
-        let (tx2, lists, relists) = (tx.clone(), cfg.lists.clone(), relists.clone());
-        tasks.push(sup.restartable(Task::Members, move || {
+        });
+        let (tx2, lists, relists) = (self.updates.clone(), cfg.lists.clone(), self.relists.clone());
+        tasks.restartable(Task::Members, move || {
             let to = centralized::To { source, updates: tx2.clone(), relists: relists.clone() };
             centralized::run(members.clone(), lists.clone(), to, state.clone())
-        }));
+        });
+        Ok(())
     }
-    if let Some(probe) = cfg.probe {
-        let (r, tx, faults) = (reader.clone(), tx.clone(), cfg.wire.faults.clone());
-        tasks.push(sup.restartable(Task::Probe, move || {
-            let (r, tx, faults) = (r.clone(), tx.clone(), faults.clone());
-            async move {
-                faults.point(Point::Probe, &[]);
-                crate::health::probe::run(r, probe, tx).await;
-            }
-        }));
-    }
-    let metrics = Arc::new(Metrics::new(&process.registry, healths)?);
-    metrics.register_health(reader.clone(), liveness, cfg.metrics_per_service)?;
-    metrics.register_memory(guard.clone())?;
-    let started = std::time::Instant::now();
-    writer.publish();
-    metrics.published(&reader.load(), started.elapsed());
-    // The objects files are loaded: they must fit before anything is served.
-    if let Some(budget) = &cfg.memory {
-        budget.check(reader.load().service_count())?;
-    }
-    // The writer holds every source's objects: nothing can rebuild them in
-    // this process, so its death fails the server (Kubernetes restarts it).
-    // On an OS thread of its own, not the two-thread runtime: a relist or
-    // reload at 100,000 services takes seconds of CPU to apply and build,
-    // which would stall TCP answers, /health and every watch meanwhile.
-    let (r, m, faults) = (reader.clone(), metrics.clone(), cfg.wire.faults.clone());
-    let budget = guard.map(|g| Admission::new(g, relists));
-    tasks.push(
-        sup.fatal(
-            Task::Writer,
-            on_own_thread("writer", move || write_loop(writer, rx, r, m, faults, budget)),
-        ),
-    );
 
-    let http_listener = tokio::net::TcpListener::bind(cfg.http_listen)
-        .await
-        .map_err(|source| StartError::Bind { flag: "--http-listen", addr: cfg.http_listen, source })?;
-    let http_addr = http_listener.local_addr().map_err(|source| StartError::Bind {
-        flag: "--http-listen",
-        addr: cfg.http_listen,
-        source,
-    })?;
-    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    /// Centralized mode from a hub (`--hub-kubeconfig`): every member's
+    /// ExportRecords in one watch, their heartbeats in one list a second.
+    async fn hub(
+        &self,
+        writer: &mut Writer,
+        tasks: &mut Started,
+        watched: &mut Watched,
+        process: &Process,
+    ) -> Result<(), StartError> {
+        let cfg = self.cfg;
+        let Some(connection) = &cfg.hub else { return Ok(()) };
+        let client = k8s::client::connect(connection, "serve").await?;
+        let source = SourceId::Members;
+        // Not ready until the hub's records are listed: there is nothing
+        // else to answer from.
+        writer.apply(Update::Register(source));
+        let health = Arc::new(WatchHealth::new("ExportRecords of every member on the hub".into()));
+        watched.healths.push(health.clone());
+        let skipped = Arc::new(AtomicU64::new(0));
+        skipped_family(&skipped).register(&process.registry)?;
+        let state = Arc::new(hub::Liveness::default());
+        watched.liveness = Some(state.clone());
+        let (c, dead_after, tx2) = (client.clone(), cfg.cluster_dead_after, self.updates.clone());
+        tasks.restartable(Task::Liveness, move || {
+            hub::liveness(c.clone(), dead_after, state.clone(), tx2.clone())
+        });
+        let (tx2, lists, relists) = (self.updates.clone(), cfg.lists.clone(), self.relists.clone());
+        tasks.restartable(Task::Members, move || {
+            let to = centralized::To { source, updates: tx2.clone(), relists: relists.clone() };
+            hub::run(client.clone(), lists.clone(), to, health.clone(), skipped.clone())
+        });
+        Ok(())
+    }
+}
+
+/// `clusterset_dns_hub_records_skipped_total`, as the agents count it.
+fn skipped_family(skipped: &Arc<AtomicU64>) -> Families {
+    let skipped = skipped.clone();
+    let mut f = Families::new();
+    f.counter(
+        "clusterset_dns_hub_records_skipped_total",
+        "Members' ExportRecords that could not be read (a hand edit, another version, outside a member's namespace): skipped, each named in the log.",
+        &[],
+        move || vec![Sample::count(&[], skipped.load(Ordering::Relaxed))],
+    );
+    f
+}
+
+/// Binds the HTTP endpoints (`/health`, `/ready`, `/metrics`, `/debug/`);
+/// returns their address and the lameduck flag `/ready` reads.
+async fn serve_http(
+    cfg: &ServeConfig,
+    process: &Process,
+    reader: &Reader,
+    metrics: &Arc<Metrics>,
+    tasks: &mut Started,
+) -> Result<(SocketAddr, Arc<AtomicBool>), StartError> {
+    let bind = |source| StartError::Bind { flag: "--http-listen", addr: cfg.http_listen, source };
+    let http_listener = tokio::net::TcpListener::bind(cfg.http_listen).await.map_err(bind)?;
+    let http_addr = http_listener.local_addr().map_err(bind)?;
+    let draining = Arc::new(AtomicBool::new(false));
     // `/ready` fails in lameduck (after SIGTERM, while still answering) and
     // until every source has delivered its first complete state.
     let (r, d) = (reader.clone(), draining.clone());
     let unready = move || {
-        if d.load(std::sync::atomic::Ordering::Relaxed) {
+        if d.load(Ordering::Relaxed) {
             Some("shutting down".to_owned())
         } else if !r.load().is_ready() {
             Some("not ready: waiting for the first complete list of every source".to_owned())
@@ -258,16 +381,31 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
             None
         }
     };
-    let endpoints =
-        http::Endpoints::new(process.registry.clone(), failures.clone(), cfg.wire.faults.clone(), unready);
+    let endpoints = http::Endpoints::new(
+        process.registry.clone(),
+        process.failures.clone(),
+        cfg.wire.faults.clone(),
+        unready,
+    );
     let debug =
         debug::routes(reader.clone(), metrics.clone(), cfg.wire.debug.clone(), endpoints.exposition());
     let endpoints = endpoints.with(debug);
     // /health is the liveness probe: if its server is gone, so is the
     // process's usefulness; fatal, and Kubernetes restarts the Pod.
-    tasks.push(sup.fatal(Task::Http, endpoints.serve(http_listener)));
+    tasks.fatal(Task::Http, endpoints.serve(http_listener));
     info!(addr = %http_addr, "HTTP /health /ready /metrics, /debug/ for --allow-debug");
+    Ok((http_addr, draining))
+}
 
+/// Binds UDP and TCP on every `--listen` address and starts answering;
+/// returns the bound addresses and the UDP workers.
+async fn listen(
+    cfg: &ServeConfig,
+    reader: &Reader,
+    metrics: &Metrics,
+    failures: &Arc<Failures>,
+    tasks: &mut Started,
+) -> Result<(Vec<SocketAddr>, Vec<udp::UdpWorkers>), StartError> {
     let (tcp_cfg, open_files) = tcp::fit_open_files(cfg.tcp, cfg.listen.len());
     if let Some(limit) = open_files {
         warn!(
@@ -292,40 +430,43 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     let mut workers_alive = Vec::new();
     for &addr in &cfg.listen {
         let stats = Arc::new(QueryStats::default());
-        let (workers, listener) = bind_pair(addr, cfg, &reader, &stats, &failures).await?;
+        let (workers, listener) = bind_pair(addr, cfg, reader, &stats, failures).await?;
         let bound = workers.local_addr;
         servers.push((server_label(bound), stats.clone()));
         workers_alive.push((server_label(bound), workers.alive.clone()));
         let listener = Arc::new(listener);
         let server = tcp::TcpServer::new(reader.clone(), cfg.wire.clone(), tcp_cfg, stats, failures.clone());
-        tasks.push(sup.restartable(Task::TcpAccept, move || tcp::serve(listener.clone(), server.clone())));
+        tasks.restartable(Task::TcpAccept, move || tcp::serve(listener.clone(), server.clone()));
         udp.push(workers);
         addrs.push(bound);
         info!(addr = %bound, zone = %cfg.zone.origin, udp_workers = cfg.udp_workers, "listening on UDP and TCP");
     }
     metrics.register_queries(cfg.zone.origin.to_string(), servers)?;
     metrics.register_udp_workers(workers_alive)?;
-    Ok(Running {
-        addrs,
-        http_addr,
-        reader,
-        draining,
-        failures,
-        _updates: tx,
-        reload,
-        udp,
-        tasks: tasks.keep(),
-    })
+    Ok((addrs, udp))
 }
 
-/// The tasks a start has spawned so far. If the start fails midway they
-/// are aborted, so that none reports its own end (a writer whose updates
-/// stopped) as the failure, after the error that really stopped it.
-struct Started(Vec<JoinHandle<()>>);
+/// The tasks a start has spawned so far, and the supervisor that runs
+/// them. If the start fails midway they are aborted, so that none reports
+/// its own end (a writer whose updates stopped) as the failure, after the
+/// error that really stopped it.
+struct Started(Vec<JoinHandle<()>>, Supervisor);
 
 impl Started {
-    fn push(&mut self, task: JoinHandle<()>) {
-        self.0.push(task);
+    /// Runs `make`'s task, restarted when it ends or panics.
+    fn restartable<F, Fut>(&mut self, task: Task, make: F)
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let handle = self.1.restartable(task, make);
+        self.0.push(handle);
+    }
+
+    /// Runs `fut`, whose end fails the server.
+    fn fatal(&mut self, task: Task, fut: impl Future<Output = ()> + Send + 'static) {
+        let handle = self.1.fatal(task, fut);
+        self.0.push(handle);
     }
 
     /// The start succeeded: the tasks are the running server's.

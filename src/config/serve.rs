@@ -32,6 +32,9 @@ pub struct ServeConfig {
     pub kube: Option<KubeSource>,
     /// Member clusters watched directly (centralized mode).
     pub members: Vec<MemberConfig>,
+    /// The hub whose ExportRecords give the fleet (centralized mode from a
+    /// hub, `--hub-kubeconfig`); never with `members`.
+    pub hub: Option<Connection>,
     /// How watches list (`--list-mode`, `--list-page-size`): the kube
     /// source's, and the members' (each its own after a refusal).
     pub lists: Lists,
@@ -73,18 +76,6 @@ impl ServeConfig {
         if a.objects.len() > usize::from(u16::MAX) {
             return Err(bad("--objects", format!("given {} times, at most {}", a.objects.len(), u16::MAX)));
         }
-        // clap read both zones (`cli::parse::zone`): names, lower case,
-        // not the root; how they sit to each other is judged here.
-        let origin = a.zone.clone();
-        let also = match &a.also_zone {
-            Some(also) if also.zone_of(&origin) || origin.zone_of(also) => {
-                return Err(bad(
-                    "--also-zone",
-                    format!("{also} must be a zone apart from --zone {origin} (not above or below it)"),
-                ));
-            }
-            also => also.clone(),
-        };
         if a.listen.is_empty() {
             return Err(bad("--listen", "at least one address is needed"));
         }
@@ -98,51 +89,19 @@ impl ServeConfig {
             .udp_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let wire = wire_config(a)?;
-        let connection = match (&a.kubeconfig, a.in_cluster) {
-            (Some(path), _) => {
-                Some(Connection::Kubeconfig { path: path.clone(), context: a.kube_context.clone() })
-            }
-            (None, true) => Some(Connection::InCluster),
-            (None, false) => None,
-        };
-        if connection.is_none() && !a.namespaces.is_empty() {
-            return Err(bad("--namespace", "needs --kubeconfig or --in-cluster"));
-        }
-        for ns in &a.namespaces {
-            DnsLabel::parse(ns).map_err(|e| bad("--namespace", not_a_label(ns, &e)))?;
-        }
-        let answers = answer_config(a, cluster_id.clone());
-        let memory = match a.memory_limit {
-            MemoryLimit::Auto => crate::ops::memory::cgroup_limit(),
-            MemoryLimit::None => None,
-            MemoryLimit::Bytes(limit) => Some(MemoryBudget { limit, source: LimitSource::Flag }),
-        };
-        let interop = a.interop;
         let lists = Lists::new(a.list_mode, std::num::NonZeroU32::new(a.list_page_size));
+        let (members, hub) = fleet_source(a)?;
         Ok(Self {
-            interop,
+            interop: a.interop,
             objects: a.objects.clone(),
-            kube: connection.map(|connection| KubeSource {
-                connection,
-                namespaces: a.namespaces.clone(),
-                interop,
-                lists: lists.clone(),
-                encoding: Encoding::new(a.kube_encoding),
-            }),
-            members: members(&a.members)?,
+            kube: kube_source(a, &lists)?,
+            members,
+            hub,
             lists,
             listen: a.listen.clone(),
             http_listen: a.http_listen,
             lameduck: Duration::from_secs(a.lameduck),
-            zone: ZoneConfig {
-                origin,
-                ttl: a.ttl,
-                negative_ttl: a.negative_ttl.unwrap_or(a.ttl),
-                advertise: a.advertise_address.clone(),
-                answers,
-                identity: identity(a)?,
-                also,
-            },
+            zone: zone_config(a, cluster_id.clone())?,
             cluster_id,
             udp_workers,
             wire,
@@ -154,11 +113,81 @@ impl ServeConfig {
             },
             cluster_dead_after: Duration::from_secs(a.cluster_dead_after),
             probe: probe_config(a),
-            memory,
+            memory: match a.memory_limit {
+                MemoryLimit::Auto => crate::ops::memory::cgroup_limit(),
+                MemoryLimit::None => None,
+                MemoryLimit::Bytes(limit) => Some(MemoryBudget { limit, source: LimitSource::Flag }),
+            },
             on_memory_limit: a.on_memory_limit,
             metrics_per_service: a.metrics_per_service,
         })
     }
+}
+
+/// The zone, its names' TTLs, answers and identity. clap read both zones
+/// (`cli::parse::zone`): names, lower case, not the root; how they sit to
+/// each other is judged here.
+fn zone_config(a: &ServeArgs, cluster_id: Option<ClusterId>) -> Result<ZoneConfig, ConfigError> {
+    let origin = a.zone.clone();
+    let also = match &a.also_zone {
+        Some(also) if also.zone_of(&origin) || origin.zone_of(also) => {
+            return Err(bad(
+                "--also-zone",
+                format!("{also} must be a zone apart from --zone {origin} (not above or below it)"),
+            ));
+        }
+        also => also.clone(),
+    };
+    Ok(ZoneConfig {
+        origin,
+        ttl: a.ttl,
+        negative_ttl: a.negative_ttl.unwrap_or(a.ttl),
+        advertise: a.advertise_address.clone(),
+        answers: answer_config(a, cluster_id),
+        identity: identity(a)?,
+        also,
+    })
+}
+
+/// The cluster whose ServiceImports are watched (`--kubeconfig`,
+/// `--in-cluster`), in `--namespace`s.
+fn kube_source(a: &ServeArgs, lists: &Lists) -> Result<Option<KubeSource>, ConfigError> {
+    let connection = match (&a.kubeconfig, a.in_cluster) {
+        (Some(path), _) => {
+            Some(Connection::Kubeconfig { path: path.clone(), context: a.kube_context.clone() })
+        }
+        (None, true) => Some(Connection::InCluster),
+        (None, false) => None,
+    };
+    if connection.is_none() && !a.namespaces.is_empty() {
+        return Err(bad("--namespace", "needs --kubeconfig or --in-cluster"));
+    }
+    for ns in &a.namespaces {
+        DnsLabel::parse(ns).map_err(|e| bad("--namespace", not_a_label(ns, &e)))?;
+    }
+    Ok(connection.map(|connection| KubeSource {
+        connection,
+        namespaces: a.namespaces.clone(),
+        interop: a.interop,
+        lists: lists.clone(),
+        encoding: Encoding::new(a.kube_encoding),
+    }))
+}
+
+/// Centralized mode's fleet: the members watched one by one (`--cluster`,
+/// `--members`) or the hub they publish on (`--hub-kubeconfig`), not both:
+/// a member would be read twice, once by each path, under ids that need
+/// not agree.
+fn fleet_source(a: &ServeArgs) -> Result<(Vec<MemberConfig>, Option<Connection>), ConfigError> {
+    let members = members(&a.members)?;
+    let Some(path) = &a.hub_kubeconfig else { return Ok((members, None)) };
+    if !members.is_empty() {
+        return Err(bad(
+            "--hub-kubeconfig",
+            "reads the fleet from the hub's records: give it or the members (--cluster, --members), not both",
+        ));
+    }
+    Ok((members, Some(Connection::Kubeconfig { path: path.clone(), context: None })))
 }
 
 /// Who the server says it is: `--server-id`, else `$HOSTNAME` (a Pod's

@@ -89,6 +89,12 @@ impl RunConfig {
     /// Validates command-line values.
     pub fn from_args(a: &RunArgs) -> Result<Self, ConfigError> {
         let mut serve = ServeConfig::from_args(&a.serve)?;
+        if serve.hub.is_some() {
+            return Err(bad(
+                "--hub-kubeconfig",
+                "run's controller writes every member itself; in hub mode each member's agent does (docs/hub.md): run serve --hub-kubeconfig beside the agents",
+            ));
+        }
         let members = std::mem::take(&mut serve.members);
         if members.is_empty() {
             return Err(bad("--cluster", "run needs the members to sync (--cluster or --members)"));

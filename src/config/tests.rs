@@ -265,6 +265,36 @@ fn members_come_from_flags_and_a_file_and_are_unique() {
 }
 
 #[test]
+fn the_hub_gives_the_fleet_instead_of_the_members_never_beside_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kc");
+    std::fs::write(&kc, "apiVersion: v1").unwrap();
+    let kc = kc.to_str().unwrap();
+    let c = config(&["--hub-kubeconfig", kc]).unwrap();
+    assert!(c.members.is_empty());
+    assert!(
+        matches!(&c.hub, Some(Connection::Kubeconfig { path, context: None }) if path.to_str() == Some(kc))
+    );
+    assert!(config(&[]).unwrap().hub.is_none());
+    let e = config(&["--hub-kubeconfig", kc, "--cluster", &format!("a={kc}")]).unwrap_err();
+    assert_eq!(e.flag, "--hub-kubeconfig", "{e}");
+    assert!(e.problem.contains("not both"), "{e}");
+    // `run`'s controller writes the members; hub mode's agents do that.
+    let cli = Cli::try_parse_from([
+        "clusterset-dns",
+        "run",
+        "--hub-kubeconfig",
+        kc,
+        "--kubeconfig",
+        kc,
+        "--no-leader-election",
+    ])
+    .unwrap();
+    let Command::Run(a) = cli.command else { unreachable!() };
+    assert_eq!(RunConfig::from_args(&a).unwrap_err().flag, "--hub-kubeconfig");
+}
+
+#[test]
 fn policy_flags_are_checked() {
     let text = refused(&["serve", "--answer-policy", "fastest"], "--answer-policy");
     assert!(

@@ -187,6 +187,19 @@ impl FleetState {
         Self { members, exported: HashMap::new() }
     }
 
+    /// Adds a member (the next index), watched in `scopes` scopes: for a
+    /// fleet whose members are learnt as they appear (a hub's namespaces).
+    pub fn add_member(&mut self, cluster: ClusterId, scopes: usize) -> usize {
+        self.members.push(MemberObjects {
+            cluster,
+            scopes: scopes.max(1),
+            exports: Index::default(),
+            services: Index::default(),
+            slices: Index::default(),
+        });
+        self.members.len() - 1
+    }
+
     /// The members.
     pub fn members(&self) -> &[MemberObjects] {
         &self.members

@@ -202,3 +202,72 @@ pub async fn members(
         tokio::time::sleep(every).await;
     }
 }
+
+/// How long a heartbeat has stood still, counting only the time it could
+/// be read.
+#[derive(Debug, Default)]
+pub struct Stillness {
+    /// The version last read, and since when it stands (pushed forward by
+    /// the time the hub did not answer).
+    last: Option<(String, Instant)>,
+    /// Since when the hub has not answered.
+    blind_since: Option<Instant>,
+}
+
+impl Stillness {
+    /// The hub did not answer at `now`.
+    pub fn blind(&mut self, now: Instant) {
+        self.blind_since.get_or_insert(now);
+    }
+
+    /// `version` read at `now`: how long it has stood still, as seen; on
+    /// the first read, `first_estimate`.
+    pub fn seen(&mut self, version: String, now: Instant, first_estimate: Duration) -> Duration {
+        let blind = self.blind_since.take().map(|b| now.saturating_duration_since(b));
+        match &mut self.last {
+            Some((old, at)) if *old == version => {
+                if let Some(b) = blind {
+                    *at += b;
+                }
+                now.saturating_duration_since(*at)
+            }
+            None => {
+                let since = now.checked_sub(first_estimate).unwrap_or(now);
+                self.last = Some((version, since));
+                now.saturating_duration_since(since)
+            }
+            Some(_) => {
+                self.last = Some((version, now));
+                Duration::ZERO
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_stands_still_only_for_the_time_it_could_be_read() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut still = Stillness::default();
+        assert_eq!(still.seen("1".into(), at(0), Duration::ZERO), Duration::ZERO);
+        assert_eq!(still.seen("1".into(), at(4), Duration::ZERO), Duration::from_secs(4));
+        // The hub silent from 5 s to 65 s: a minute unseen is not a minute still.
+        still.blind(at(5));
+        still.blind(at(30));
+        assert_eq!(still.seen("1".into(), at(65), Duration::ZERO), Duration::from_secs(5));
+        // A member that had stopped before the hub went silent stays stopped.
+        assert_eq!(still.seen("1".into(), at(80), Duration::ZERO), Duration::from_secs(20));
+        still.blind(at(81));
+        assert_eq!(still.seen("1".into(), at(200), Duration::ZERO), Duration::from_secs(21));
+        // A renewal starts it again.
+        assert_eq!(still.seen("2".into(), at(201), Duration::ZERO), Duration::ZERO);
+        // Read first long after its last renewal: stale from the start.
+        let mut late = Stillness::default();
+        assert_eq!(late.seen("7".into(), at(100), Duration::from_secs(40)), Duration::from_secs(40));
+        assert_eq!(late.seen("7".into(), at(101), Duration::ZERO), Duration::from_secs(41));
+    }
+}

@@ -33,7 +33,7 @@ use crate::fault::{Failures, Task};
 use crate::k8s::watch::WatchHealth;
 use crate::model::ImportType;
 use crate::scrape::{Families, Sample};
-use crate::source::centralized::Liveness;
+use crate::source::MembersAlive;
 use crate::store::programming::kind_label;
 use crate::store::{Programmed, Reader, Snapshot, Unmeasured};
 use crate::wire::stats::QueryStats;
@@ -211,7 +211,7 @@ impl Metrics {
     pub fn register_health(
         &self,
         reader: Reader,
-        liveness: Option<Arc<Liveness>>,
+        liveness: Option<Arc<dyn MembersAlive>>,
         per_service: bool,
     ) -> Result<(), prometheus::Error> {
         health_families(reader.clone(), liveness).register(&self.registry)?;
@@ -275,7 +275,7 @@ fn watch_families(watches: Vec<Arc<WatchHealth>>) -> Families {
 
 /// The snapshot's health overlay and answer counters summed per cluster,
 /// and the members' liveness, read at scrape time.
-fn health_families(reader: Reader, liveness: Option<Arc<Liveness>>) -> Families {
+fn health_families(reader: Reader, liveness: Option<Arc<dyn MembersAlive>>) -> Families {
     let mut f = Families::new();
     let r = reader.clone();
     f.gauge(
@@ -304,11 +304,8 @@ fn health_families(reader: Reader, liveness: Option<Arc<Liveness>>) -> Families 
         move || {
             liveness
                 .iter()
-                .flat_map(|l| l.clusters.iter())
-                .map(|(c, alive)| {
-                    let alive = f64::from(u8::from(alive.load(Ordering::Relaxed)));
-                    Sample::new(&[("cluster", c.load().as_str())], alive)
-                })
+                .flat_map(|l| l.alive())
+                .map(|(c, alive)| Sample::new(&[("cluster", c.as_str())], f64::from(u8::from(alive))))
                 .collect()
         },
     );

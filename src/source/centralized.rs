@@ -219,8 +219,9 @@ async fn fleet(
 }
 
 /// The import and endpoint sets DNS serves for `key`, from every member's
-/// exports; none while no export is valid.
-fn service_objects(state: &FleetState, key: &ServiceKey) -> Vec<Object> {
+/// exports; none while no export is valid. The hub's source
+/// (`source::hub`) answers from the same function.
+pub(super) fn service_objects(state: &FleetState, key: &ServiceKey) -> Vec<Object> {
     let exports = state.exports(key);
     let merged = merge(&exports);
     let Some(spec) = merged.spec else { return Vec::new() };
@@ -287,6 +288,15 @@ pub struct Liveness {
     /// Per member: its cluster id (it may change: [`run`]) and whether it is
     /// alive now.
     pub clusters: Vec<(ArcSwap<ClusterId>, AtomicBool)>,
+}
+
+impl super::MembersAlive for Liveness {
+    fn alive(&self) -> Vec<(ClusterId, bool)> {
+        self.clusters
+            .iter()
+            .map(|(c, alive)| ((*c.load_full()).clone(), alive.load(Ordering::Relaxed)))
+            .collect()
+    }
 }
 
 impl Liveness {

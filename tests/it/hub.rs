@@ -17,8 +17,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 
+use crate::fleet::metric;
 use crate::harness::clusters::TestClusters;
 use crate::harness::process::Frozen;
+use crate::harness::served::Served;
 use crate::harness::syncing::Syncing;
 use crate::harness::{BIN, within};
 use crate::sync::{readers, users};
@@ -270,4 +272,163 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
         restarted.log()
     );
     assert!(restarted.metric("clusterset_dns_hub_records_unchanged_total").is_some_and(|n| n > 0.0));
+}
+
+/// `clusterset-dns hub reader`: serve's read-only hub identity
+/// (deploy/hub/serve.yaml); returns its kubeconfig.
+fn reader(clusters: &TestClusters, dir: &Path) -> PathBuf {
+    let out = dir.join("hub-serve.kubeconfig");
+    let done = Command::new(BIN)
+        .args(["hub", "reader", "--hub-kubeconfig"])
+        .arg(clusters.kubeconfig(0))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run hub reader");
+    assert!(done.status.success(), "hub reader: {}", String::from_utf8_lossy(&done.stderr));
+    out
+}
+
+/// Centralized DNS from the hub (issue 41): agents publish on a hub, one
+/// `serve --hub-kubeconfig` (as the read-only identity of `hub reader`)
+/// answers for the fleet per asking cluster, exactly as a push-centralized
+/// `serve --cluster` over the same members answers; a change on a member
+/// shows; a frozen hub demotes no one and removes nothing; a stopped
+/// agent's heartbeat demotes its member, whose answers are kept.
+#[test]
+fn serve_from_the_hub_answers_as_push_centralized_answers_the_same_fleet() {
+    let clusters = TestClusters::start(3);
+    let rt = runtime();
+    let ns = "hub-dns";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hub_kc: Vec<PathBuf> = (1..3).map(|i| enrol(&clusters, clusters.name(i), dir.path())).collect();
+    let mut agents: Vec<Syncing> = (1..3).map(|i| agent(&clusters, i, &hub_kc[i - 1], ns, &[])).collect();
+    let u = users(&rt, &clusters, ns);
+    let (two, three) = (clusters.name(1), clusters.name(2));
+    rt.block_on(async {
+        u[1].exported_service("web", "10.2.0.5").await;
+        u[2].exported_service("web", "10.3.0.5").await;
+        // db (headless, in cluster-2) only for cluster-3.
+        u[1].service("db", json!({"clusterIP": "None"})).await;
+        u[1].endpoints("db-x", "db", json!([{"addresses": ["10.2.0.7"], "hostname": "db-0"}])).await;
+        u[1].annotated_export("db", json!({"clusterset-dns.io/consumer-clusters": three})).await;
+    });
+    // Asking clusters by EDNS Client Subnet, believed from 127.0.0.1 only.
+    let nets = [format!("198.51.100.0/24={two}"), format!("203.0.113.0/24={three}")];
+    let mut common = vec!["--trust-ecs-from", "127.0.0.1", "--cluster-dead-after", "5"];
+    for n in &nets {
+        common.extend(["--client-cluster", n.as_str()]);
+    }
+    let reader_kc = reader(&clusters, dir.path()).display().to_string();
+    let mut args = vec!["--hub-kubeconfig", reader_kc.as_str()];
+    args.extend(&common);
+    let hub = Served::start(&args);
+    let members: Vec<String> = (1..3)
+        .map(|i| format!("{}={}", clusters.name(i), clusters.role_kubeconfig(i, "centralized").display()))
+        .collect();
+    let mut args = common.clone();
+    for m in &members {
+        args.extend(["--cluster", m.as_str()]);
+    }
+    let push = Served::start(&args);
+    let logs = |agents: &[Syncing]| {
+        let agents: Vec<String> = agents.iter().map(|a| a.log()).collect();
+        format!("serve --hub-kubeconfig:\n{}\n---\n{}", hub.log(), agents.join("\n---\n"))
+    };
+    let (from_two, from_three) = ("+subnet=198.51.100.0/24", "+subnet=203.0.113.0/24");
+    // Status and sorted answer lines of one question asked as one client.
+    let ask = |s: &Served, name: &str, t: &str, from: &str| {
+        let mut a = vec![name, t, "+noall", "+comments", "+answer"];
+        if !from.is_empty() {
+            a.push(from);
+        }
+        let out = s.dig(&a);
+        let status =
+            out.split("status: ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("none").to_owned();
+        let mut answers: Vec<String> = out
+            .lines()
+            .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        answers.sort();
+        (status, answers)
+    };
+    let web = format!("web.{ns}.svc.clusterset.local");
+    let db = format!("db.{ns}.svc.clusterset.local");
+    let questions = [
+        (web.clone(), "A"),
+        (format!("_http._tcp.{web}"), "SRV"),
+        (db.clone(), "A"),
+        (format!("db-0.{two}.{db}"), "A"),
+        (format!("_http._tcp.{db}"), "SRV"),
+    ];
+    let every = |s: &Served| {
+        let mut all = Vec::new();
+        for (name, t) in &questions {
+            for from in [from_two, from_three, ""] {
+                all.push(((name.clone(), *t, from), ask(s, name, t, from)));
+            }
+        }
+        all
+    };
+    waits(
+        90,
+        "both servers answer web from both members and db to cluster-3",
+        || {
+            [&hub, &push]
+                .iter()
+                .all(|s| ask(s, &web, "A", "").1.len() == 2 && ask(s, &db, "A", from_three).1.len() == 1)
+        },
+        || logs(&agents),
+    );
+    let from_hub = every(&hub);
+    assert_eq!(from_hub, every(&push), "the hub's answers differ from push-centralized's\n{}", logs(&agents));
+    // Per asking cluster: db exists for cluster-3 only.
+    assert_eq!(ask(&hub, &db, "A", from_two).0, "NXDOMAIN");
+    assert_eq!(ask(&hub, &db, "A", "").0, "NXDOMAIN", "an unknown client");
+    assert!(ask(&hub, &db, "A", from_three).1[0].ends_with("A 10.2.0.7"), "{from_hub:?}");
+
+    // A change on a member reaches serve through its agent and the hub.
+    rt.block_on(u[1].endpoints("db-x", "db", json!([{"addresses": ["10.2.0.8"], "hostname": "db-0"}])));
+    waits(
+        60,
+        "db's new endpoint answered from the hub",
+        || ask(&hub, &db, "A", from_three).1.first().is_some_and(|a| a.ends_with("A 10.2.0.8")),
+        || logs(&agents),
+    );
+
+    // The hub frozen past --cluster-dead-after: every answer kept, no
+    // member demoted.
+    let alive =
+        |cluster: &str| metric(&hub, &format!("clusterset_dns_cluster_alive{{cluster=\"{cluster}\"}}"));
+    waits(
+        30,
+        "both members alive",
+        || alive(two) == Some(1.0) && alive(three) == Some(1.0),
+        || logs(&agents),
+    );
+    let before = every(&hub);
+    {
+        let _frozen = Frozen::new(clusters.pids(0).0);
+        std::thread::sleep(Duration::from_secs(12));
+        assert_eq!(every(&hub), before, "answers changed with the hub frozen");
+        assert_eq!(
+            (alive(two), alive(three)),
+            (Some(1.0), Some(1.0)),
+            "demoted by a frozen hub\n{}",
+            logs(&agents)
+        );
+    }
+    // cluster-3's agent stopped: its heartbeat stands still, its member is
+    // demoted, its export kept.
+    agents[1].kill();
+    waits(
+        30,
+        "cluster-3 not alive once its heartbeat stopped",
+        || alive(three) == Some(0.0),
+        || logs(&agents),
+    );
+    assert_eq!(alive(two), Some(1.0));
+    assert_eq!(ask(&hub, &web, "A", "").1.len(), 2, "cluster-3's export removed\n{}", logs(&agents));
+    assert_eq!(metric(&hub, "clusterset_dns_hub_records_skipped_total"), Some(0.0));
 }

@@ -17,6 +17,7 @@ use crate::model::{
 };
 use crate::ops::memory::{Guard, LimitSource, MemoryBudget, OnMemoryLimit};
 use crate::scrape::{assert_series, render, series};
+use crate::source::centralized::Liveness;
 use crate::store::{self, AnswerConfig, Object, SourceId, Update, Writer, ZoneConfig};
 use crate::wire::stats::{RCODES, request_slot, type_slot};
 
