@@ -281,7 +281,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("answer.rs", "find"),
     ("answer/select.rs", "choose"),
     ("cluster_dns/plan.rs", "plan"),
-    ("cmd/agent.rs", "run"),
     ("cmd/serve.rs", "start_in"),
     ("cmd/setup_dns/watch.rs", "check"),
     ("cmd/sync.rs", "run_in"),
@@ -296,20 +295,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("diagnose/checks/dns.rs", "dns"),
     ("diagnose/report.rs", "lines"),
     ("fleet/merge.rs", "merge"),
-    ("health/probe.rs", "run"),
-    ("k8s/watch.rs", "pump"),
-    ("main.rs", "main"),
-    ("ops/metrics/queries.rs", "families"),
-    ("source/centralized.rs", "fleet"),
-    ("source/files.rs", "load"),
-    ("store/names.rs", "balanced"),
-    ("store/names.rs", "encode_node"),
-    ("store/names.rs", "service_names"),
-    ("store/writer.rs", "apply"),
-    ("store/writer.rs", "publish"),
-    ("store/writer.rs", "upsert"),
-    ("wire/response.rs", "write"),
-    ("wire/udp.rs", "serve"),
 ];
 
 /// The text with line comments dropped and every string and char literal
