@@ -3,8 +3,8 @@
 //! real kube-apiserver accepts (`kubectl apply --dry-run=server`, client- and
 //! server-side) in a namespace enforcing (and warning on) the `restricted` Pod
 //! Security Standard; values that make no sense fail at `helm template` with a
-//! message naming the value; every flag of `serve` and `sync` is a documented
-//! value that reaches the container's arguments; `helm install --dry-run`
+//! message naming the value; every flag of `serve`, `sync` and `agent` is a
+//! documented value that reaches the container's arguments; `helm install --dry-run`
 //! prints the `dig` line to try; and the chart renders the same objects as
 //! the kustomizations and manifests of `deploy/`, so the two never drift.
 //!
@@ -100,8 +100,9 @@ fn args(objects: &[Value]) -> Vec<String> {
 #[test]
 fn helm_lint_passes_for_every_shape() {
     let chart = chart_dir();
-    for shape in ["serve", "sync", "centralized"] {
-        let set = format!("shape={shape}");
+    for shape in ["serve", "sync", "centralized", "agent"] {
+        // The agent needs its member's name.
+        let set = format!("shape={shape},agent.member=cluster-a");
         let out = helm(&["lint", "--strict", chart.to_str().expect("UTF-8 path"), "--set", &set]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -172,6 +173,16 @@ fn every_shape_renders_and_the_api_server_admits_it_under_restricted() {
         &["shape=centralized"],
         &["shape=centralized", "rbac.member=false", "autoscaling.enabled=true"],
         &["shape=centralized", "workload.enabled=false"],
+        &["shape=agent", "agent.member=cluster-a"],
+        &[
+            "shape=agent",
+            "agent.member=cluster-a",
+            "serviceMonitor.enabled=true",
+            "agent.onMemberLost=remove",
+            "agent.hubKubeconfigSecret=hub-a",
+        ],
+        &["shape=agent", "agent.member=cluster-a", "replicas=1", "agent.noLeaderElection=true"],
+        &["shape=agent", "workload.enabled=false"],
     ];
     for values in cases {
         let yaml = template_ok("dns", NS, values);
@@ -256,6 +267,15 @@ fn values_that_make_no_sense_fail_naming_the_value() {
         (&["shape=sync", "sync.leaseDuration=4"], &["/sync/leaseDuration"]),
         (&["serve.zoen=example.org"], &["zoen"]),
         (&["logFormat=xml"], &["/logFormat"]),
+        (&["shape=agent"], &["agent.member", "hub enrol"]),
+        (&["shape=agent", "agent.member=Cluster_A"], &["/agent/member"]),
+        (&["shape=agent", "agent.member=a", "autoscaling.enabled=true"], &["autoscaling.enabled"]),
+        (
+            &["shape=agent", "agent.member=a", "agent.noLeaderElection=true"],
+            &["agent.noLeaderElection", "replicas: 2"],
+        ),
+        // An agent writes one member: its replicas share one Lease.
+        (&["shape=agent", "agent.member=a", "agent.shards=2"], &["shards"]),
     ];
     for (values, names) in cases {
         let Err(err) = template("dns", NS, values) else { panic!("{values:?} rendered") };
@@ -269,6 +289,8 @@ fn values_that_make_no_sense_fail_naming_the_value() {
         &["shape=sync", "replicas=1"],
         &["shape=sync", "replicas=3", "sync.shards=4"],
         &["serve.interop=karmada\\,kosmos", "serve.tcpIoTimeout=60", "serve.rrlSlip=10"],
+        &["shape=agent", "workload.enabled=false"],
+        &["shape=agent", "agent.member=a", "replicas=1", "agent.noLeaderElection=true"],
     ] {
         template_ok("dns", NS, values);
     }
@@ -341,8 +363,8 @@ fn sample(flag: &str, placeholder: &str) -> (String, Option<String>) {
     }
 }
 
-/// Every flag of `serve` and `sync` is a value under `serve:` / `sync:` in
-/// values.yaml, with a comment naming the flag just above it, unless the
+/// Every flag of `serve`, `sync` and `agent` is a value under `serve:` /
+/// `sync:` / `agent:` in values.yaml, with a comment naming the flag just above it, unless the
 /// chart sets it from the shape; and a value given reaches the arguments.
 #[test]
 fn every_flag_is_a_documented_value() {
@@ -366,8 +388,12 @@ fn every_flag_is_a_documented_value() {
             ][..],
         ),
         ("sync", &["cluster", "members", "identity", "log-format"]),
+        // The agent reaches its own cluster in cluster and elects there, on
+        // one Lease (--shards above 1 is refused); the hub kubeconfig is the
+        // mounted Secret of agent.hubKubeconfigSecret.
+        ("agent", &["kubeconfig", "hub-kubeconfig", "identity", "log-format", "lease-kubeconfig", "shards"]),
     ]);
-    for (subcommand, shape) in [("serve", "serve"), ("sync", "sync")] {
+    for (subcommand, shape) in [("serve", "serve"), ("sync", "sync"), ("agent", "agent")] {
         let section =
             lines.iter().position(|l| *l == format!("{subcommand}:")).expect("section in values.yaml");
         let end = lines[section + 1..]
@@ -414,8 +440,8 @@ fn every_flag_is_a_documented_value() {
 /// unset, the binary's default (text) is left alone.
 #[test]
 fn log_format_reaches_every_shape() {
-    for shape in ["serve", "sync", "centralized"] {
-        let shape_value = format!("shape={shape}");
+    for shape in ["serve", "sync", "centralized", "agent"] {
+        let shape_value = format!("shape={shape},agent.member=cluster-a");
         let json = args(&objects(&template_ok("dns", NS, &[&shape_value, "logFormat=json"])));
         assert!(json.windows(2).any(|w| w[0] == "--log-format" && w[1] == "json"), "{shape}: {json:?}");
         let help = Command::new(BIN).args([&json[0], "--help"]).output().expect("run clusterset-dns --help");
@@ -468,6 +494,15 @@ fn the_notes_print_the_dig_line() {
         (&["serve.zone=fleet.example"][..], &["dig @", "dns-clusterset-dns", "svc.fleet.example"][..]),
         (&["shape=centralized"], &["dig @", "load balancer"]),
         (&["shape=sync"], &["create secret generic dns-clusterset-dns-sync-members", "get lease"]),
+        (
+            &["shape=agent", "agent.member=cluster-a"],
+            &[
+                "hub enrol cluster-a",
+                "create secret generic dns-clusterset-dns-agent-hub",
+                "--from-file=kubeconfig=cluster-a.hub.kubeconfig",
+                "get lease",
+            ],
+        ),
     ] {
         let mut args = vec![
             "install",
@@ -533,7 +568,7 @@ fn by_name(objects: &[Value]) -> BTreeMap<(String, String), Value> {
 fn the_chart_and_deploy_render_the_same_objects() {
     let kubeconfig = shared().kubeconfig(0);
     let file = |path: &str| std::fs::read_to_string(deploy_dir().join(path)).expect("read deploy/ file");
-    let cases: [(&str, String, &[&str]); 7] = [
+    let cases: [(&str, String, &[&str]); 9] = [
         ("deploy/base", render(&kubeconfig, &deploy_dir().join("base")), &[]),
         (
             "deploy/examples/hpa",
@@ -548,6 +583,12 @@ fn the_chart_and_deploy_render_the_same_objects() {
         ),
         ("deploy/serve/rbac.yaml", file("serve/rbac.yaml"), &["workload.enabled=false"]),
         ("deploy/sync/rbac.yaml", file("sync/rbac.yaml"), &["shape=sync", "workload.enabled=false"]),
+        (
+            "deploy/overlays/agent",
+            render(&kubeconfig, &deploy_dir().join("overlays/agent")),
+            &["shape=agent", "agent.member=cluster-a"],
+        ),
+        ("deploy/agent/rbac.yaml", file("agent/rbac.yaml"), &["shape=agent", "workload.enabled=false"]),
         (
             "deploy/centralized/rbac.yaml",
             file("centralized/rbac.yaml"),

@@ -145,7 +145,7 @@ fn every_kustomization_renders_and_the_api_server_accepts_it() {
     let kubeconfig = clusters.kubeconfig(0);
     let dirs = kustomizations();
     let names: Vec<String> = dirs.iter().map(|d| relative(d)).collect();
-    for expected in ["base", "serve", "examples/hpa"] {
+    for expected in ["base", "serve", "examples/hpa", "agent", "overlays/sync", "overlays/agent"] {
         assert!(names.iter().any(|n| n == expected), "deploy/{expected} is not a kustomization: {names:?}");
     }
     for dir in &dirs {

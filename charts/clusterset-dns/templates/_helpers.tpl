@@ -18,13 +18,13 @@
 
 {{/* The subcommand the pods run, also their app.kubernetes.io/component. */}}
 {{- define "clusterset-dns.component" -}}
-{{- if eq .Values.shape "sync" }}sync{{ else }}serve{{ end -}}
+{{- if has .Values.shape (list "sync" "agent") }}{{ .Values.shape }}{{ else }}serve{{ end -}}
 {{- end -}}
 
 {{/* The Deployment's (and its Service's) name. */}}
 {{- define "clusterset-dns.workloadName" -}}
 {{- $full := include "clusterset-dns.fullname" . -}}
-{{- if eq .Values.shape "sync" }}{{ $full }}-sync{{ else }}{{ $full }}{{ end -}}
+{{- if has .Values.shape (list "sync" "agent") }}{{ $full }}-{{ .Values.shape }}{{ else }}{{ $full }}{{ end -}}
 {{- end -}}
 
 {{/* Selector labels: stable for the life of a release. $ctx: (dict "root" $ "component" "...") */}}
@@ -82,10 +82,11 @@ switches (no argument) appear when true. Sorted by key.
 {{/* Values that make no sense fail here, naming the value. */}}
 {{- define "clusterset-dns.validate" -}}
 {{- $shape := .Values.shape -}}
-{{- if not (has $shape (list "serve" "sync" "centralized")) -}}
-{{- fail (printf "shape: %q is not a shape; use serve, sync or centralized" (toString $shape)) -}}
+{{- if not (has $shape (list "serve" "sync" "centralized" "agent")) -}}
+{{- fail (printf "shape: %q is not a shape; use serve, sync, centralized or agent" (toString $shape)) -}}
 {{- end -}}
-{{- if and .Values.workload.enabled (ne $shape "sync") .Values.podDisruptionBudget.enabled (not .Values.autoscaling.enabled) -}}
+{{- $controller := has $shape (list "sync" "agent") -}}
+{{- if and .Values.workload.enabled (not $controller) .Values.podDisruptionBudget.enabled (not .Values.autoscaling.enabled) -}}
 {{- if le (int .Values.replicas) (int .Values.podDisruptionBudget.minAvailable) -}}
 {{- fail (printf "replicas: %v with podDisruptionBudget.minAvailable: %v: the PodDisruptionBudget would block every node drain; use replicas of at least %v, or podDisruptionBudget.enabled: false" .Values.replicas .Values.podDisruptionBudget.minAvailable (add1 (int .Values.podDisruptionBudget.minAvailable))) -}}
 {{- end -}}
@@ -93,8 +94,14 @@ switches (no argument) appear when true. Sorted by key.
 {{- if and .Values.autoscaling.enabled (le (int .Values.autoscaling.minReplicas) (int .Values.podDisruptionBudget.minAvailable)) .Values.podDisruptionBudget.enabled -}}
 {{- fail (printf "autoscaling.minReplicas: %v with podDisruptionBudget.minAvailable: %v: the PodDisruptionBudget would block every node drain" .Values.autoscaling.minReplicas .Values.podDisruptionBudget.minAvailable) -}}
 {{- end -}}
-{{- if and .Values.autoscaling.enabled (eq $shape "sync") -}}
-{{- fail "autoscaling.enabled: sync has one leader at a time; more replicas add standbys, not capacity" -}}
+{{- if and .Values.autoscaling.enabled $controller -}}
+{{- fail (printf "autoscaling.enabled: %s has one leader at a time; more replicas add standbys, not capacity" $shape) -}}
+{{- end -}}
+{{- if and (eq $shape "agent") .Values.workload.enabled (not .Values.agent.member) -}}
+{{- fail "agent.member: empty; shape agent needs this member's name on the hub, as enrolled (`clusterset-dns hub enrol NAME`)" -}}
+{{- end -}}
+{{- if and (eq $shape "agent") .Values.agent.noLeaderElection (gt (int .Values.replicas) 1) -}}
+{{- fail (printf "agent.noLeaderElection: true with replicas: %v: without leader election only one replica may run" .Values.replicas) -}}
 {{- end -}}
 {{- if and (eq $shape "sync") .Values.sync.noLeaderElection (gt (int (.Values.sync.shards | default 1)) 1) -}}
 {{- fail (printf "sync.shards: %v with sync.noLeaderElection: true: shards are led on Leases" .Values.sync.shards) -}}
@@ -103,7 +110,7 @@ switches (no argument) appear when true. Sorted by key.
 {{- fail (printf "sync.noLeaderElection: true with replicas: %v: without leader election only one replica may run" .Values.replicas) -}}
 {{- end -}}
 {{- $lameduck := .Values.serve.lameduck | default 5 -}}
-{{- if and (ne $shape "sync") (ge (int $lameduck) (int .Values.terminationGracePeriodSeconds)) -}}
+{{- if and (not $controller) (ge (int $lameduck) (int .Values.terminationGracePeriodSeconds)) -}}
 {{- fail (printf "serve.lameduck: %v is not below terminationGracePeriodSeconds: %v; the pod would be killed while it still answers" $lameduck .Values.terminationGracePeriodSeconds) -}}
 {{- end -}}
 {{- end -}}
