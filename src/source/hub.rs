@@ -489,7 +489,8 @@ mod tests {
         let mut unreadable = record("c3", &e);
         unreadable.data["spec"]["service"]["spec"]["ports"] = json!("eighty");
         let mut f = fleet();
-        let sent = replaced(f.seen(RecordChange::Listed(vec![stray, bad_member, unreadable, record("c1", &e)])));
+        let sent =
+            replaced(f.seen(RecordChange::Listed(vec![stray, bad_member, unreadable, record("c1", &e)])));
         assert_eq!(f.skipped.load(Ordering::Relaxed), 3);
         assert_eq!(sent, pushed(&[("c1", &e)]), "the readable record answers as before");
     }
