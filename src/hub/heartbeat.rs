@@ -10,7 +10,7 @@
 //! and names both; once the other's heartbeat has stood still for its
 //! duration, the name is free again.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -30,22 +30,38 @@ pub const LABEL: &str = "hub.clusterset-dns.io/heartbeat";
 /// The annotation naming the member cluster (its `kube-system` uid).
 pub const ANNOTATION_CLUSTER: &str = "hub.clusterset-dns.io/cluster-uid";
 
-/// Whether this agent may publish under its member's name.
-#[derive(Debug, Default)]
+/// Whether this agent may publish under its member's name. A watch, so
+/// the publisher wakes when the name becomes (or stops being) its own: a
+/// refused agent that gains the name publishes then, not at its cluster's
+/// next change.
+#[derive(Debug)]
 pub struct Claim {
-    refused: Mutex<Option<String>>,
+    refused: watch::Sender<Option<String>>,
+}
+
+impl Default for Claim {
+    fn default() -> Self {
+        Self { refused: watch::Sender::new(None) }
+    }
 }
 
 impl Claim {
     /// Why the name is not ours, while it is not.
     pub fn refused(&self) -> Option<String> {
-        self.refused.lock().map(|r| r.clone()).unwrap_or(None)
+        self.refused.borrow().clone()
+    }
+
+    /// Told of every change of [`Claim::refused`] from now on.
+    pub fn changes(&self) -> watch::Receiver<Option<String>> {
+        self.refused.subscribe()
     }
 
     fn set(&self, why: Option<String>) {
-        if let Ok(mut r) = self.refused.lock() {
+        self.refused.send_if_modified(|r| {
+            let changed = *r != why;
             *r = why;
-        }
+            changed
+        });
     }
 }
 
@@ -200,5 +216,25 @@ pub async fn members(
             Err(_) => warn!("the hub did not answer the members' list within {every:?}"),
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_publisher_is_told_when_the_name_becomes_its_own() {
+        let claim = Claim::default();
+        let mut changes = claim.changes();
+        claim.set(Some("claimed by cluster a and by this cluster b".into()));
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        // The same refusal again is no change.
+        claim.set(Some("claimed by cluster a and by this cluster b".into()));
+        assert!(!changes.has_changed().unwrap());
+        claim.set(None);
+        tokio::time::timeout(Duration::from_secs(1), changes.changed()).await.unwrap().unwrap();
+        assert_eq!(claim.refused(), None);
     }
 }
