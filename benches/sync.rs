@@ -43,6 +43,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams}
 use serde_json::{Value, json};
 
 use common::dns::{Answer, Dns};
+use common::exports::{converge, export, export_all, own_slice, prepare, service};
 use common::objects::{create_all, import_resource, slice_resource, timed_call};
 use common::report::{row, secs};
 use common::{SERVER_READY_TIMEOUT, main_of, serve, start_clusters};
@@ -440,89 +441,6 @@ fn wait_leading(sync: &Syncing) -> Result<()> {
     Ok(())
 }
 
-/// `n` Services with a slice each, spread over the clusters, in namespace
-/// `sync-s` of every member (created before the clock starts).
-fn prepare(rt: &tokio::runtime::Runtime, clients: &[kube::Client], n: usize) -> Result<()> {
-    let c_n = clients.len();
-    let ns = "sync-s";
-    for c in clients {
-        let api: Api<Namespace> = Api::all(c.clone());
-        let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        rt.block_on(timed_call(api.patch(ns, &PatchParams::apply("bench"), &Patch::Apply(&body))))?;
-    }
-    let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
-    let slices = slice_resource();
-    for (c, client) in clients.iter().enumerate() {
-        let mine: Vec<usize> = (0..n).filter(|i| i % c_n == c).collect();
-        let svc: Vec<(String, Value)> =
-            mine.iter().map(|i| (ns.into(), service(ns, &format!("s-{i}")))).collect();
-        let sl: Vec<(String, Value)> =
-            mine.iter().map(|i| (ns.into(), own_slice(ns, &format!("s-{i}"), c, *i))).collect();
-        rt.block_on(create_all(client, &services, svc, "services"))?;
-        rt.block_on(create_all(client, &slices, sl, "slices"))?;
-    }
-    Ok(())
-}
-
-/// The `n` services' exports, each cluster's created at once from a thread
-/// of its own; returns when the first create began and how long all took.
-fn export_all(clients: &[kube::Client], n: usize) -> Result<(Instant, Duration)> {
-    let c_n = clients.len();
-    let ns = "sync-s";
-    let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
-    let started = Instant::now();
-    std::thread::scope(|scope| -> Result<()> {
-        let handles: Vec<_> = (0..c_n)
-            .map(|c| {
-                let client = clients[c].clone();
-                let exports = exports.clone();
-                let objects: Vec<(String, Value)> = (0..n)
-                    .filter(|i| i % c_n == c)
-                    .map(|i| (ns.into(), export(ns, &format!("s-{i}"))))
-                    .collect();
-                scope.spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                    rt.block_on(create_all(&client, &exports, objects, "exports"))
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| anyhow!("export creator panicked"))??;
-        }
-        Ok(())
-    })?;
-    Ok((started, started.elapsed()))
-}
-
-/// Waits until every member holds `n` imports with a VIP; the time since
-/// `started`.
-fn converge(
-    rt: &tokio::runtime::Runtime,
-    clients: &[kube::Client],
-    n: usize,
-    started: Instant,
-) -> Result<Duration> {
-    let imports = import_resource();
-    loop {
-        let mut done = true;
-        for c in clients {
-            let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), "sync-s", &imports);
-            let list = rt.block_on(timed_call(api.list(&ListParams::default())))?;
-            let with_vip = list.items.iter().filter(|o| o.data.pointer("/spec/ips/0").is_some()).count();
-            done &= with_vip == n;
-        }
-        if done {
-            return Ok(started.elapsed());
-        }
-        if started.elapsed() > SYNC_CONVERGE_TIMEOUT {
-            bail!("{n} exports not converged within {} s", SYNC_CONVERGE_TIMEOUT.as_secs());
-        }
-        // Listing every member's imports is work for the API servers too:
-        // not too often.
-        std::thread::sleep(Duration::from_secs(1));
-    }
-}
-
 /// `n` exports created at once, spread over the clusters (each service
 /// exported by one), in a namespace every member has: time until every
 /// member holds every import with a VIP, API writes, CPU and memory; then
@@ -680,25 +598,6 @@ fn quiet(sync: &Syncing) -> Result<f64> {
         }
         last = now;
     }
-}
-
-fn service(ns: &str, name: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
-           "spec": {"ports": [{"name": "http", "protocol": "TCP", "port": 80}]}})
-}
-
-/// The Service's own EndpointSlice in cluster `c`: one endpoint.
-fn own_slice(ns: &str, name: &str, c: usize, i: usize) -> Value {
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": format!("{name}-own"), "namespace": ns,
-                        "labels": {"kubernetes.io/service-name": name}},
-           "addressType": "IPv4", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
-           "endpoints": [{"addresses": [Ipv4Addr::new(10, 100 + c as u8, (i >> 8) as u8, (i & 255) as u8).to_string()]}]})
-}
-
-fn export(ns: &str, name: &str) -> Value {
-    json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
-           "metadata": {"name": name, "namespace": ns}})
 }
 
 /// A counter or gauge without labels from sync's `/metrics`.

@@ -68,7 +68,7 @@ if $quick; then
   say "quick: format and lints"
   cargo fmt --check
   fuzz_lock_current
-  cargo clippy --all-targets --locked -- -D warnings
+  cargo clippy --all-targets --locked --features fakes -- -D warnings
   RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --document-private-items
   say "quick: unit, tidy, alloc and over-the-wire tests without Kubernetes"
   filters=()
@@ -160,7 +160,7 @@ kubectl version --client 2>/dev/null | sed -n 1p
 say "format and lints"
 cargo fmt --check
 fuzz_lock_current
-cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --all-targets --locked --features fakes -- -D warnings
 # The docs a next engineer reads: every link resolves, private items too.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --document-private-items
 
@@ -192,11 +192,12 @@ say "tests (unit, over-the-wire, allocation)"
 # beside the rest it starved the real API servers past the tests' read bounds,
 # so it runs alone afterwards. `image::` names only tests/it/image.rs. The
 # benches (criterion, no libtest: they take no --skip) run once each in test
-# mode on their own line.
-cargo test --lib --bins --tests --locked -- --skip image::
-cargo test --benches --locked
+# mode on their own line. `--features fakes` on every line: the sync_events
+# bench needs the fake members, and one feature set builds the crate once.
+cargo test --lib --bins --tests --locked --features fakes -- --skip image::
+cargo test --benches --locked --features fakes
 say "tests (the container image)"
-cargo test --locked --test it -- image::
+cargo test --locked --features fakes --test it -- image::
 
 if [ "$fuzz_seconds" -gt 0 ]; then
   say "fuzzing each target for ${fuzz_seconds}s"

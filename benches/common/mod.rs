@@ -2,7 +2,8 @@
 //! `sync`) share beyond the fleet harness of `tests/harness/`: a fleet of
 //! ServiceImports and EndpointSlices written with bounded concurrency, a UDP
 //! poller that times answers to the millisecond, query loops over UDP and
-//! TCP that keep every latency with its moment (`load`), the incumbent (CoreDNS's
+//! TCP that keep every latency with its moment (`load`), a fleet of exports
+//! for the controller benches (`exports`), the incumbent (CoreDNS's
 //! `kubernetes` plugin with `multicluster`), and the report's format.
 //! The clusters and the server processes are the tests' own
 //! (`tests/harness/`, included by each bench next to this module).
@@ -19,6 +20,7 @@
 
 pub mod coredns;
 pub mod dns;
+pub mod exports;
 pub mod load;
 pub mod objects;
 pub mod report;

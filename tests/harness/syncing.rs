@@ -48,6 +48,14 @@ impl Syncing {
         Self::exec(Command::new(BIN), &all, &[])
     }
 
+    /// [`Syncing::agent`] tied to this process (see [`tied`]): for benches.
+    /// Call from the main thread.
+    pub fn agent_tied(args: &[&str]) -> Self {
+        let mut all: Vec<String> = vec!["agent".into(), "--http-listen".into(), "127.0.0.1:0".into()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        Self::exec(tied(BIN), &all, &[])
+    }
+
     fn spawn(program: Command, clusters: &TestClusters, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut members: Vec<String> = Vec::new();
         for i in 0..clusters.len() {
