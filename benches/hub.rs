@@ -25,16 +25,13 @@ mod harness;
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use common::exports::{CONVERGE_TIMEOUT, NS, converge, export_all, prepare, writes_served};
+use common::exports::{CONVERGE_TIMEOUT, NS, converge, export_all, hub_agents, prepare, writes_served};
 use common::report::secs;
 use common::{main_of, start_clusters};
-use harness::BIN;
 use harness::clusters::TestClusters;
 use harness::procfs::{cpu_seconds, loadavg};
 use harness::syncing::Syncing;
@@ -98,44 +95,10 @@ fn hub(rt: &tokio::runtime::Runtime, m: usize, n: usize) -> Result<Run> {
     println!("\n## hub: {n} exports on {m} members, an agent each, one hub");
     let clusters = start_clusters(m + 1);
     let dir = tempfile::tempdir()?;
-    let agents: Vec<Syncing> = (1..=m)
-        .map(|i| {
-            let hub = enrol(&clusters, i, dir.path().join(format!("{}.hub.kubeconfig", clusters.name(i))))?;
-            let own = clusters.role_kubeconfig(i, "agent").display().to_string();
-            let id = format!("agent-{}", clusters.name(i));
-            let hub = hub.display().to_string();
-            let agent = Syncing::agent_tied(&[
-                "--member",
-                clusters.name(i),
-                "--kubeconfig",
-                &own,
-                "--hub-kubeconfig",
-                &hub,
-                "--identity",
-                &id,
-                "--no-leader-election",
-            ]);
-            agent.http();
-            Ok(agent)
-        })
-        .collect::<Result<_>>()?;
+    let agents = hub_agents(&clusters, dir.path(), &[])?;
     let members: Vec<kube::Client> = (1..=m).map(|i| rt.block_on(clusters.client(i))).collect();
     let hub_client = rt.block_on(clusters.client(0));
     measure(rt, "hub", &clusters, &members, Some(&hub_client), &agents, n)
-}
-
-/// Enrols member `i` with the real command; its hub kubeconfig.
-fn enrol(clusters: &TestClusters, i: usize, out: PathBuf) -> Result<PathBuf> {
-    let done = Command::new(BIN)
-        .args(["hub", "enrol", clusters.name(i), "--hub-kubeconfig"])
-        .arg(clusters.kubeconfig(0))
-        .arg("--out")
-        .arg(&out)
-        .output()?;
-    if !done.status.success() {
-        bail!("hub enrol {}: {}", clusters.name(i), String::from_utf8_lossy(&done.stderr));
-    }
-    Ok(out)
 }
 
 /// Prepares the Services, exports them, waits for convergence and for the

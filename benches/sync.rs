@@ -17,7 +17,8 @@
 //! servers' CPU, and the time until one replica leads every shard after
 //! the other is killed, with the writes that costs (none expected).
 //!
-//! With `SYNC_CHURN=N`, only change → answer across a fleet of ten: `serve`
+//! With `SYNC_CHURN=N`, only change → answer across a fleet of ten (with
+//! `SYNC_CHURN_MODE=hub`, an agent per member and a hub instead of sync): `serve`
 //! in every member on its own API; while background changes run at
 //! [`CHURN_PER_SECOND`], N exports created, N endpoints added and N removed
 //! in one member, each timed from its write's return until `serve` in every
@@ -36,14 +37,14 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use clusterset_dns::k8s::mcs::mcs_resource;
+use clusterset_dns::k8s::mcs::{ANNOTATION_TRIGGER_TIME, mcs_resource};
 use hickory_proto::rr::Name;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use common::dns::{Answer, Dns};
-use common::exports::{converge, export, export_all, own_slice, prepare, service};
+use common::exports::{converge, export, export_all, hub_agents, own_slice, prepare, service};
 use common::objects::{create_all, import_resource, slice_resource, timed_call};
 use common::report::{row, secs};
 use common::{SERVER_READY_TIMEOUT, main_of, serve, start_clusters};
@@ -241,19 +242,34 @@ const CHURN_SERVICES: usize = 100;
 /// Change → answer at ten members under [`CHURN_PER_SECOND`].
 fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    println!("\n## change → answer on {FLEET_CLUSTERS} clusters, {CHURN_PER_SECOND} background changes/s");
-    let clusters = start_clusters(FLEET_CLUSTERS);
-    let clients: Vec<kube::Client> = (0..FLEET_CLUSTERS).map(|i| rt.block_on(clusters.client(i))).collect();
+    let hub = std::env::var("SYNC_CHURN_MODE").is_ok_and(|m| m == "hub");
+    let mode = if hub { "hub mode, an agent per member" } else { "push mode, one sync" };
+    println!(
+        "\n## change → answer on {FLEET_CLUSTERS} clusters, {CHURN_PER_SECOND} background changes/s, {mode}"
+    );
+    // In hub mode cluster 0 is the hub and the members follow it.
+    let first = usize::from(hub);
+    let clusters = start_clusters(FLEET_CLUSTERS + first);
+    let members: Vec<usize> = (first..first + FLEET_CLUSTERS).collect();
+    let clients: Vec<kube::Client> = members.iter().map(|&i| rt.block_on(clusters.client(i))).collect();
     let ns = "churn";
     for c in &clients {
         let api: Api<Namespace> = Api::all(c.clone());
         let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         rt.block_on(timed_call(api.patch(ns, &PatchParams::apply("bench"), &Patch::Apply(&body))))?;
     }
-    let sync = Syncing::start_tied(&clusters, &["--identity", "leader", "--namespace", ns]);
-    wait_leading(&sync)?;
+    let dir = tempfile::tempdir()?;
+    let controllers = if hub {
+        hub_agents(&clusters, dir.path(), &["--namespace", ns])?
+    } else {
+        let sync = Syncing::start_tied(&clusters, &["--identity", "leader", "--namespace", ns]);
+        wait_leading(&sync)?;
+        vec![sync]
+    };
+    let sync = &controllers[0];
+    let controller_cpu = || controllers.iter().map(Syncing::cpu_seconds).sum::<f64>();
     let mut servers = Vec::new();
-    for i in 0..FLEET_CLUSTERS {
+    for &i in &members {
         let kubeconfig = clusters.serve_kubeconfig(i);
         let s = common::serve_with(&kubeconfig, &["--namespace", ns]);
         s.wait_ready(SERVER_READY_TIMEOUT);
@@ -284,9 +300,9 @@ fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
     }
     let stop = AtomicBool::new(false);
     let made = AtomicUsize::new(0);
-    let cpu0 = sync.cpu_seconds();
+    let cpu0 = controller_cpu();
     let began = Instant::now();
-    let measured = std::thread::scope(|scope| -> Result<[Vec<Duration>; 3]> {
+    let measured = std::thread::scope(|scope| -> Result<Measured> {
         // Each background change replaces one service's endpoint in its own
         // member; bounded by count and by `stop`.
         let churner = scope.spawn(|| -> Result<()> {
@@ -315,16 +331,16 @@ fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
             }
             Ok(())
         });
-        let result = measure_changes(rt, &clients[0], &mut dns, &sync, n);
+        let result = measure_changes(rt, &clients[0], &mut dns, sync, n);
         stop.store(true, Ordering::Relaxed);
         churner.join().map_err(|_| anyhow!("the churner panicked"))??;
         result
     })?;
-    let [mut created, mut added, mut removed] = measured;
+    let Measured { everywhere: [mut created, mut added, mut removed], each } = measured;
     let rate = made.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
     println!(
-        "\nbackground: {rate:.1} changes/s achieved; sync CPU {:.1} s over {:.0} s (load average {})",
-        sync.cpu_seconds() - cpu0,
+        "\nbackground: {rate:.1} changes/s achieved; controllers' CPU {:.1} s over {:.0} s (load average {})",
+        controller_cpu() - cpu0,
         began.elapsed().as_secs_f64(),
         loadavg()
     );
@@ -335,69 +351,201 @@ fn churn(rt: &tokio::runtime::Runtime, n: usize) -> Result<()> {
     row("ServiceExport created (headless)", &mut created, "p99 ≤ 1 s");
     row("endpoint added", &mut added, "p99 ≤ 1 s");
     row("endpoint removed", &mut removed, "p99 ≤ 1 s");
+    live_beside_bench(&servers[1..], each);
     for s in &mut servers {
         s.stop();
     }
     Ok(())
 }
 
+/// `serve`'s live histogram in the other members beside the bench's own
+/// timing of the same changes, from each change's trigger time to each
+/// member's answer. A created service's slice is written before its
+/// ServiceImport and so is counted `unserved`, not observed: the
+/// histogram holds the added and removed endpoints.
+fn live_beside_bench(others: &[harness::served::Served], each: [Vec<Duration>; 3]) {
+    let scrapes: Vec<String> = others.iter().map(|s| s.get("/metrics").1).collect();
+    let buckets = programming_buckets(&scrapes);
+    let unmeasured = |cause: &str| -> f64 {
+        let line = format!("clusterset_dns_programming_unmeasured_total{{cause=\"{cause}\"}}");
+        scrapes.iter().filter_map(|s| harness::http::metric_value(s, &line)).sum()
+    };
+    let [_, added, removed] = each;
+    let mut bench: Vec<Duration> = added.into_iter().chain(removed).collect();
+    bench.sort();
+    let observed = buckets.last().map_or(0.0, |(_, c)| *c);
+    println!(
+        "\n| trigger time → answer, each of the {} others | n | p50 | p99 |\n|---|---|---|---|",
+        others.len()
+    );
+    println!(
+        "| bench: endpoint added or removed | {} | {:.1} ms | {:.1} ms |",
+        bench.len(),
+        common::report::percentile(&bench, 0.5),
+        common::report::percentile(&bench, 0.99)
+    );
+    let cell = |(v, lo, hi): (f64, f64, f64)| format!("{v:.1} ms (bucket {lo:.0}–{hi:.0} ms)");
+    println!(
+        "| serve's clusterset_dns_programming_duration_seconds{{service_kind=\"headless\"}} | {observed} | {} | {} |",
+        cell(bucket_quantile(&buckets, 0.5)),
+        cell(bucket_quantile(&buckets, 0.99))
+    );
+    println!(
+        "histogram quantiles interpolated linearly within the bucket holding the rank, as histogram_quantile does; \
+         unmeasured: missing {} (the background, unstamped), unserved {}, repeated {}, future {}",
+        unmeasured("missing"),
+        unmeasured("unserved"),
+        unmeasured("repeated"),
+        unmeasured("future")
+    );
+}
+
+/// What [`measure_changes`] timed, by kind of change (created, endpoint
+/// added, endpoint removed).
+struct Measured {
+    /// From the write's return until the last of the other members answers.
+    everywhere: [Vec<Duration>; 3],
+    /// From the trigger time stamped on the source slice until each other
+    /// member answers: one per change and member, what `serve`'s histogram
+    /// observes (up to the answer following the publish).
+    each: [Vec<Duration>; 3],
+}
+
 /// `n` changes of each kind in member 1 (`a`), each timed until every other
-/// member's server answers it.
+/// member's server answers it. Each change stamps its source slice with
+/// its trigger time, as kube-controller-manager does; the background's
+/// slices carry none, so that `serve`'s histogram holds these changes only.
 fn measure_changes(
     rt: &tokio::runtime::Runtime,
     a: &kube::Client,
     dns: &mut [Dns],
     sync: &Syncing,
     n: usize,
-) -> Result<[Vec<Duration>; 3]> {
+) -> Result<Measured> {
     let ns = "churn";
     let services = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
     let slices = slice_resource();
     let exports = mcs_resource("v1alpha1", "ServiceExport", "serviceexports");
     let slice_api: Api<DynamicObject> = Api::namespaced_with(a.clone(), ns, &slices);
-    let mut out: [Vec<Duration>; 3] = Default::default();
+    let mut out = Measured { everywhere: Default::default(), each: Default::default() };
     let others = dns.len() - 1;
-    let everywhere =
-        |dns: &mut [Dns], name: &Name, from: Instant, done: &dyn Fn(&Answer) -> bool| -> Option<Duration> {
-            let mut last = from;
-            for d in dns.iter_mut().skip(1) {
-                last = last.max(d.poll_until(name, from, Duration::from_secs(20), done)?);
-            }
-            Some(last - from)
-        };
     for j in 0..n {
         let name = format!("m-{j}");
         let fqdn = Name::from_ascii(format!("{name}.{ns}.svc.clusterset.local."))?;
         let (first, second) = (address(0, 200 + j, 0), address(0, 200 + j, 1));
         rt.block_on(create_all(a, &services, vec![(ns.into(), headless(ns, &name))], "service"))?;
-        rt.block_on(create_all(a, &slices, vec![(ns.into(), slice_of(ns, &name, &[first]))], "slice"))?;
+        let triggered = Instant::now();
+        let slice = stamped(slice_of(ns, &name, &[first]));
+        rt.block_on(create_all(a, &slices, vec![(ns.into(), slice)], "slice"))?;
         rt.block_on(create_all(a, &exports, vec![(ns.into(), export(ns, &name))], "export"))?;
-        let t = Instant::now();
-        let took = everywhere(dns, &fqdn, t, &|x: &Answer| x.ips.contains(&first)).with_context(|| {
-            format!("{name} not answered by all {others} others within 20 s:\n{}", sync.log())
-        })?;
-        out[0].push(took);
-        let patch = |addrs: &[Ipv4Addr]| -> Result<Instant> {
-            let body = slice_of(ns, &name, addrs);
+        let returned = Instant::now();
+        let at = answered(&mut dns[1..], &fqdn, returned, &|x: &Answer| x.ips.contains(&first))
+            .with_context(|| {
+                format!("{name} not answered by all {others} others within 20 s:\n{}", sync.log())
+            })?;
+        out.note(0, triggered, returned, &at);
+        let patch = |addrs: &[Ipv4Addr]| -> Result<(Instant, Instant)> {
+            let triggered = Instant::now();
+            let body = stamped(slice_of(ns, &name, addrs));
             rt.block_on(timed_call(slice_api.patch(
                 &format!("{name}-own"),
                 &PatchParams::apply("bench").force(),
                 &Patch::Apply(&body),
             )))?;
-            Ok(Instant::now())
+            Ok((triggered, Instant::now()))
         };
-        let t = patch(&[first, second])?;
-        out[1].push(
-            everywhere(dns, &fqdn, t, &|x: &Answer| x.ips.contains(&second))
-                .with_context(|| format!("{name}'s added endpoint not answered everywhere"))?,
-        );
-        let t = patch(&[second])?;
-        out[2].push(
-            everywhere(dns, &fqdn, t, &|x: &Answer| !x.ips.contains(&first) && x.ips.contains(&second))
-                .with_context(|| format!("{name}'s removed endpoint still answered"))?,
-        );
+        let (triggered, returned) = patch(&[first, second])?;
+        let at = answered(&mut dns[1..], &fqdn, returned, &|x: &Answer| x.ips.contains(&second))
+            .with_context(|| format!("{name}'s added endpoint not answered everywhere"))?;
+        out.note(1, triggered, returned, &at);
+        let (triggered, returned) = patch(&[second])?;
+        let at = answered(&mut dns[1..], &fqdn, returned, &|x: &Answer| {
+            !x.ips.contains(&first) && x.ips.contains(&second)
+        })
+        .with_context(|| format!("{name}'s removed endpoint still answered"))?;
+        out.note(2, triggered, returned, &at);
     }
     Ok(out)
+}
+
+impl Measured {
+    /// A change of kind `k`, triggered and written at these instants, and
+    /// answered by each other member at `at`.
+    fn note(&mut self, k: usize, triggered: Instant, returned: Instant, at: &[Instant]) {
+        let last = at.iter().copied().max().unwrap_or(returned);
+        self.everywhere[k].push(last.saturating_duration_since(returned));
+        self.each[k].extend(at.iter().map(|t| t.saturating_duration_since(triggered)));
+    }
+}
+
+/// When each of `dns` first answers `name` as `done` wants, asking them in
+/// turn every [`common::dns::POLL_EVERY`] so that one's time does not wait
+/// for another's; `None` when one has not within 20 s of `from`.
+fn answered(
+    dns: &mut [Dns],
+    name: &Name,
+    from: Instant,
+    done: &dyn Fn(&Answer) -> bool,
+) -> Option<Vec<Instant>> {
+    let mut at: Vec<Option<Instant>> = vec![None; dns.len()];
+    while at.iter().any(Option::is_none) {
+        for (d, t) in dns.iter_mut().zip(&mut at).filter(|(_, t)| t.is_none()) {
+            if d.query_a(name, common::dns::POLL_EVERY).is_some_and(|a| done(&a)) {
+                *t = Some(Instant::now());
+            }
+        }
+        if from.elapsed() > Duration::from_secs(20) {
+            return None;
+        }
+        std::thread::sleep(common::dns::POLL_EVERY);
+    }
+    Some(at.into_iter().flatten().collect())
+}
+
+/// `slice` with its trigger time (`endpoints.kubernetes.io/last-change-trigger-time`)
+/// now, in RFC 3339 with nanoseconds as kube-controller-manager writes it.
+fn stamped(mut slice: Value) -> Value {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    slice["metadata"]["annotations"][ANNOTATION_TRIGGER_TIME] = json!(now.to_string());
+    slice
+}
+
+/// `serve`'s `clusterset_dns_programming_duration_seconds` for headless
+/// services, summed over `scrapes`: each bucket's upper bound in seconds
+/// and its cumulative count.
+fn programming_buckets(scrapes: &[String]) -> Vec<(f64, f64)> {
+    let prefix = "clusterset_dns_programming_duration_seconds_bucket{service_kind=\"headless\",le=\"";
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for line in scrapes.iter().flat_map(|s| s.lines()) {
+        let Some((le, count)) = line.strip_prefix(prefix).and_then(|r| r.split_once("\"} ")) else {
+            continue;
+        };
+        let (Ok(le), Ok(count)) = (le.parse::<f64>(), count.trim().parse::<f64>()) else { continue };
+        match buckets.iter_mut().find(|(b, _)| *b == le) {
+            Some((_, c)) => *c += count,
+            None => buckets.push((le, count)),
+        }
+    }
+    buckets.sort_by(|x, y| x.0.total_cmp(&y.0));
+    buckets
+}
+
+/// The `q` quantile in ms of cumulative `buckets` as Prometheus's
+/// `histogram_quantile` takes it: linear within the bucket holding the
+/// rank, from its lower bound (0 for the first) to its upper; the bucket's
+/// bounds beside it. NaN without observations.
+fn bucket_quantile(buckets: &[(f64, f64)], q: f64) -> (f64, f64, f64) {
+    let total = buckets.last().map_or(0.0, |(_, c)| *c);
+    let rank = q * total;
+    let mut below = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank && total > 0.0 && le.is_finite() {
+            let within = if count > below.1 { (rank - below.1) / (count - below.1) } else { 1.0 };
+            return ((below.0 + (le - below.0) * within) * 1000.0, below.0 * 1000.0, le * 1000.0);
+        }
+        below = (le, count);
+    }
+    (f64::NAN, below.0 * 1000.0, f64::INFINITY)
 }
 
 /// A headless Service.

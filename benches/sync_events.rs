@@ -1,5 +1,5 @@
 //! The sync controller's work per event, in process: the real event loop
-//! (`controller::sync::Syncer`) over two fake members (the `fakes`
+//! (`controller::syncer::Syncer`) over two fake members (the `fakes`
 //! feature), one of which exports N services; once every import is written,
 //! K endpoint changes of random services, one at a time, each waited for
 //! until its slices are written. Reports the loop's CPU time per event
@@ -19,7 +19,7 @@ use clusterset_dns::controller::link::MemberLink;
 use clusterset_dns::controller::link::fake::FakeLink;
 use clusterset_dns::controller::shard::Shards;
 use clusterset_dns::controller::stats::SyncStats;
-use clusterset_dns::controller::sync::{CONCURRENCY, MemberLost, SyncBehaviour, Syncer};
+use clusterset_dns::controller::syncer::{CONCURRENCY, MemberLost, SyncBehaviour, Syncer};
 use clusterset_dns::fault::Failures;
 use clusterset_dns::fleet::member;
 use clusterset_dns::fleet::state::{Change, Delta, MemberEvent};

@@ -9,10 +9,10 @@
 //! - `kube`: reads what `plan` needs and writes its edits (optimistic
 //!   concurrency: a ConfigMap changed meanwhile is not overwritten).
 //! - `verify`: the proof query.
-//! - `watch`: `--watch`'s decision for one check (write, report, back
+//! - `repair`: `--watch`'s decision for one check (write, report, back
 //!   off), pure.
 
 pub mod kube;
 pub mod plan;
+pub mod repair;
 pub mod verify;
-pub mod watch;

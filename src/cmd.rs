@@ -7,7 +7,7 @@
 //! --watch`'s checks with their metric and Events. What those loops decide
 //! by is the modules': which update the memory budget admits is
 //! `ops::memory::admission`, what a `--watch` check does
-//! `cluster_dns::watch`.
+//! `cluster_dns::repair`.
 //!
 //! A running process has one [`Process`]: one metrics registry and one
 //! record of failures, shared by every part of it (`run` is DNS and the

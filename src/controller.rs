@@ -15,7 +15,7 @@
 //!   edits is written again.
 //! - `queue`: which service is reconciled next, and retries.
 //! - `stats`: what the controller did, for `/metrics`.
-//! - `sync`: the event loop: fleet state → reconciles of touched services.
+//! - `syncer`: the event loop: fleet state → reconciles of touched services.
 
 pub mod adopt;
 pub mod api;
@@ -27,4 +27,4 @@ pub mod queue;
 pub mod reconcile;
 pub mod shard;
 pub mod stats;
-pub mod sync;
+pub mod syncer;

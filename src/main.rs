@@ -38,10 +38,11 @@ fn main() -> ExitCode {
         }
     };
     let format = cli.log_format;
-    // The controller's spans go to a collector when asked (sync, run).
+    // The controller's spans go to a collector when asked (sync, run, agent).
     let otlp = match &cli.command {
         Command::Sync(args) => args.options.otlp_endpoint.as_ref(),
         Command::Run(args) => args.sync.otlp_endpoint.as_ref(),
+        Command::Agent(args) => args.options.otlp_endpoint.as_ref(),
         _ => None,
     };
     let traces = match otlp.map(Traces::new).transpose() {
@@ -56,7 +57,13 @@ fn main() -> ExitCode {
     // Panics are caught and counted where they happen; the hook only logs
     // them, rate limited (a repeated query of death must not flood logs).
     clusterset_dns::supervise::install_panic_hook();
-    match cli.command {
+    run(cli.command, format)
+}
+
+/// Runs `command`; its exit code ([`EX_USAGE`] for a configuration its
+/// checks refuse).
+fn run(command: Command, format: LogFormat) -> ExitCode {
+    match command {
         Command::Serve(args) => match ServeConfig::from_args(&args) {
             Ok(cfg) => block_on(format, clusterset_dns::cmd::serve::run(cfg)),
             Err(e) => usage(format, &e),

@@ -7,6 +7,8 @@
 //! counters.
 
 use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
@@ -16,6 +18,9 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams}
 use serde_json::{Value, json};
 
 use super::objects::{create_all, import_resource, slice_resource, timed_call};
+use crate::harness::BIN;
+use crate::harness::clusters::TestClusters;
+use crate::harness::syncing::Syncing;
 
 /// The namespace the exported Services live in, in every member.
 pub const NS: &str = "sync-s";
@@ -149,4 +154,48 @@ pub async fn writes_served(client: &kube::Client) -> Result<(f64, f64)> {
         return Err(anyhow!("no write in the API server's apiserver_request_total: not its /metrics?"));
     }
     Ok((all, leases))
+}
+
+/// Hub mode on `clusters`: cluster 0 is the hub, each of clusters `1..`
+/// is enrolled with the real `hub enrol` (its hub kubeconfig written into
+/// `dir`) and runs an agent (tied to this process, without leader
+/// election) on its own cluster's agent identity, with `extra` arguments.
+/// Call from the main thread.
+pub fn hub_agents(clusters: &TestClusters, dir: &Path, extra: &[&str]) -> Result<Vec<Syncing>> {
+    (1..clusters.len())
+        .map(|i| {
+            let hub = enrol(clusters, i, dir.join(format!("{}.hub.kubeconfig", clusters.name(i))))?;
+            let own = clusters.role_kubeconfig(i, "agent").display().to_string();
+            let (id, hub) = (format!("agent-{}", clusters.name(i)), hub.display().to_string());
+            let mut args = vec![
+                "--member",
+                clusters.name(i),
+                "--kubeconfig",
+                &own,
+                "--hub-kubeconfig",
+                &hub,
+                "--identity",
+                &id,
+                "--no-leader-election",
+            ];
+            args.extend_from_slice(extra);
+            let agent = Syncing::agent_tied(&args);
+            agent.http();
+            Ok(agent)
+        })
+        .collect()
+}
+
+/// Enrols member `i` with the real command; its hub kubeconfig.
+fn enrol(clusters: &TestClusters, i: usize, out: PathBuf) -> Result<PathBuf> {
+    let done = Command::new(BIN)
+        .args(["hub", "enrol", clusters.name(i), "--hub-kubeconfig"])
+        .arg(clusters.kubeconfig(0))
+        .arg("--out")
+        .arg(&out)
+        .output()?;
+    if !done.status.success() {
+        bail!("hub enrol {}: {}", clusters.name(i), String::from_utf8_lossy(&done.stderr));
+    }
+    Ok(out)
 }

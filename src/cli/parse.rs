@@ -18,8 +18,8 @@ use clap::ValueEnum;
 use clap::builder::{PossibleValue, TypedValueParser};
 use hickory_proto::rr::{Name, RecordType};
 
-use crate::cluster_dns::watch::Mode as WatchMode;
-use crate::controller::sync::MemberLost;
+use crate::cluster_dns::repair::Mode as WatchMode;
+use crate::controller::syncer::MemberLost;
 use crate::diagnose::report::Format as ReportFormat;
 use crate::k8s::protobuf::KubeEncoding;
 use crate::k8s::watch::ListMode;

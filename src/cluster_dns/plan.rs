@@ -260,83 +260,20 @@ pub fn plan(seen: &Observed, want: &Want) -> Result<Plan, Unrecognised> {
     let block = server_block(want, None);
     let mut changes = Vec::new();
     let layout = if let Some(servers) = &seen.openshift {
-        let mut next: Vec<Value> =
-            servers.iter().filter(|s| s["name"] != OPENSHIFT_SERVER).cloned().collect();
-        if !want.remove {
-            next.push(json!({"name": OPENSHIFT_SERVER, "zones": [want.zone],
-                             "forwardPlugin": {"upstreams": [want.upstream]}}));
-        }
-        if &next != servers {
-            let show = |v: &Vec<Value>| serde_json::to_string_pretty(v).unwrap_or_default();
-            changes.push(Change {
-                diff: diff("dns.operator.openshift.io/default spec.servers", &show(servers), &show(&next)),
-                edit: Edit::OpenShiftServers(Value::Array(next)),
-            });
-        }
+        changes.extend(openshift_change(servers, want));
         Layout::OpenShift
     } else if let Some(corefile) = &seen.coredns {
         if imports_custom(corefile) {
-            let old = seen.coredns_custom.as_ref().and_then(|d| d.get(CUSTOM_KEY));
-            let new = (!want.remove).then(|| block.clone());
-            if old != new.as_ref() {
-                changes.push(Change {
-                    diff: diff(
-                        &format!("kube-system/coredns-custom {CUSTOM_KEY}"),
-                        old.map_or("", String::as_str),
-                        new.as_deref().unwrap_or(""),
-                    ),
-                    edit: Edit::ConfigMapKey {
-                        name: "coredns-custom",
-                        key: CUSTOM_KEY,
-                        value: new,
-                        create: seen.coredns_custom.is_none(),
-                    },
-                });
-            }
+            changes.extend(custom_change(seen.coredns_custom.as_ref(), &block, want));
             Layout::CorednsCustom
         } else {
             changes.extend(corefile_change("coredns", corefile, &block, want.remove));
             Layout::Corefile
         }
     } else if seen.rke2 {
-        return Ok(Plan {
-            layout: Layout::Rke2,
-            changes,
-            manual: Some(format!(
-                "Helm owns kube-system/rke2-coredns-rke2-coredns and reverts edits to it. Add a server through the chart's values instead (HelmChartConfig kube-system/rke2-coredns, spec.valuesContent). The chart's `servers` list replaces its default one, so keep the default `.:53` entry and add:\n\nservers:\n- zones:\n  - zone: {zone}\n  port: 53\n  plugins:\n  - name: errors\n  - name: cache\n    parameters: 5\n  - name: forward\n    parameters: . {up}\n\nThe server block it must render:\n{block}",
-                zone = want.zone,
-                up = want.upstream,
-            )),
-        });
+        return Ok(Plan { layout: Layout::Rke2, changes, manual: Some(rke2_manual(want, &block)) });
     } else if let Some(stub) = &seen.kube_dns {
-        let mut domains: serde_json::Map<String, Value> =
-            stub.as_deref().and_then(|s| serde_json::from_str(s).ok()).unwrap_or_default();
-        if want.remove {
-            domains.remove(&want.zone);
-        } else {
-            domains.insert(want.zone.clone(), json!([want.upstream]));
-        }
-        let next = (!domains.is_empty()).then(|| Value::Object(domains).to_string());
-        let same = match (stub.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok()), &next) {
-            (Some(old), Some(new)) => serde_json::from_str::<Value>(new).ok().as_ref() == Some(&old),
-            (None, None) => true,
-            _ => false,
-        };
-        if !same {
-            changes.push(Change {
-                diff: diff(
-                    "kube-system/kube-dns stubDomains",
-                    stub.as_deref().unwrap_or(""),
-                    next.as_deref().unwrap_or(""),
-                ),
-                edit: Edit::ConfigMapKey {
-                    name: "kube-dns",
-                    key: "stubDomains",
-                    value: next,
-                    create: stub.is_none(),
-                },
-            });
-        }
+        changes.extend(stub_domains_change(stub.as_deref(), want));
         Layout::KubeDns
     } else {
         return Err(Unrecognised {
@@ -349,6 +286,81 @@ pub fn plan(seen: &Observed, want: &Want) -> Result<Plan, Unrecognised> {
         changes.extend(corefile_change("node-local-dns", corefile, &local, want.remove));
     }
     Ok(Plan { layout, changes, manual: None })
+}
+
+/// OpenShift's `spec.servers` with our entry put in (or taken out);
+/// `None` when it is already so.
+fn openshift_change(servers: &[Value], want: &Want) -> Option<Change> {
+    let mut next: Vec<Value> = servers.iter().filter(|s| s["name"] != OPENSHIFT_SERVER).cloned().collect();
+    if !want.remove {
+        next.push(json!({"name": OPENSHIFT_SERVER, "zones": [want.zone],
+                         "forwardPlugin": {"upstreams": [want.upstream]}}));
+    }
+    (next.as_slice() != servers).then(|| {
+        let show = |v: &[Value]| serde_json::to_string_pretty(v).unwrap_or_default();
+        Change {
+            diff: diff("dns.operator.openshift.io/default spec.servers", &show(servers), &show(&next)),
+            edit: Edit::OpenShiftServers(Value::Array(next)),
+        }
+    })
+}
+
+/// Our key of `kube-system/coredns-custom` (`custom`: its data, `None`
+/// when the ConfigMap is missing) set to `block` or taken out.
+fn custom_change(custom: Option<&BTreeMap<String, String>>, block: &str, want: &Want) -> Option<Change> {
+    let old = custom.and_then(|d| d.get(CUSTOM_KEY));
+    let new = (!want.remove).then(|| block.to_owned());
+    (old != new.as_ref()).then(|| Change {
+        diff: diff(
+            &format!("kube-system/coredns-custom {CUSTOM_KEY}"),
+            old.map_or("", String::as_str),
+            new.as_deref().unwrap_or(""),
+        ),
+        edit: Edit::ConfigMapKey {
+            name: "coredns-custom",
+            key: CUSTOM_KEY,
+            value: new,
+            create: custom.is_none(),
+        },
+    })
+}
+
+/// What to add to RKE2's HelmChartConfig by hand, since Helm reverts edits
+/// to the ConfigMap it renders.
+fn rke2_manual(want: &Want, block: &str) -> String {
+    format!(
+        "Helm owns kube-system/rke2-coredns-rke2-coredns and reverts edits to it. Add a server through the chart's values instead (HelmChartConfig kube-system/rke2-coredns, spec.valuesContent). The chart's `servers` list replaces its default one, so keep the default `.:53` entry and add:\n\nservers:\n- zones:\n  - zone: {zone}\n  port: 53\n  plugins:\n  - name: errors\n  - name: cache\n    parameters: 5\n  - name: forward\n    parameters: . {up}\n\nThe server block it must render:\n{block}",
+        zone = want.zone,
+        up = want.upstream,
+    )
+}
+
+/// kube-dns's `stubDomains` (`stub`: its JSON text, `None` when the key is
+/// missing) with our zone sent upstream (or taken out); `None` when the
+/// JSON already says so.
+fn stub_domains_change(stub: Option<&str>, want: &Want) -> Option<Change> {
+    let mut domains: serde_json::Map<String, Value> =
+        stub.and_then(|s| serde_json::from_str(s).ok()).unwrap_or_default();
+    if want.remove {
+        domains.remove(&want.zone);
+    } else {
+        domains.insert(want.zone.clone(), json!([want.upstream]));
+    }
+    let next = (!domains.is_empty()).then(|| Value::Object(domains).to_string());
+    let same = match (stub.and_then(|s| serde_json::from_str::<Value>(s).ok()), &next) {
+        (Some(old), Some(new)) => serde_json::from_str::<Value>(new).ok().as_ref() == Some(&old),
+        (None, None) => true,
+        _ => false,
+    };
+    (!same).then(|| Change {
+        diff: diff("kube-system/kube-dns stubDomains", stub.unwrap_or(""), next.as_deref().unwrap_or("")),
+        edit: Edit::ConfigMapKey {
+            name: "kube-dns",
+            key: "stubDomains",
+            value: next,
+            create: stub.is_none(),
+        },
+    })
 }
 
 #[cfg(test)]

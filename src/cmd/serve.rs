@@ -176,7 +176,7 @@ pub async fn start_in(cfg: &ServeConfig, process: &Process) -> Result<Running, S
     }
     if let Some(src) = &cfg.kube {
         let client = k8s::client::connect(&src.connection, "serve").await?;
-        for watch in kube::plan(src) {
+        for watch in kube::watches(src) {
             // Registered before the first publish: not ready until it lists.
             writer.apply(Update::Register(watch.source));
             healths.push(watch.health.clone());

@@ -2,9 +2,9 @@
 //! plans the change (`cluster_dns::plan`), prints it as a diff, writes it
 //! unless `--dry-run`, and proves it by resolving `dns-version.<zone>`
 //! through the cluster's DNS (`cluster_dns::verify`). With `--watch` it
-//! keeps doing so (`watch`).
+//! keeps doing so (`wiring`).
 
-mod watch;
+mod wiring;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -75,7 +75,7 @@ async fn steps(cfg: &SetupDnsConfig, out: &mut String) -> Result<u8, BoxError> {
     let client = client::connect(&cfg.connection, "setup-dns").await?;
     let server = server(cfg, &client).await?;
     if let Some(w) = &cfg.watch {
-        watch::run(cfg, w, client, server).await?;
+        wiring::run(cfg, w, client, server).await?;
         return Ok(DONE);
     }
     let read = kube::read(&client).await?;

@@ -11,20 +11,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::Process;
-use crate::config::SyncConfig;
+use crate::config::{LeaseConfig, SyncConfig};
 use crate::controller::election::{self, ElectionConfig, ElectionError, ElectionStatus};
 use crate::controller::link::{KubeLink, MemberLink};
 use crate::controller::shard::Shards;
 use crate::controller::stats::SyncStats;
-use crate::controller::sync::Syncer;
-use crate::fault::{Point, Task};
-use crate::fleet::{inventory, member};
+use crate::controller::syncer::Syncer;
+use crate::fault::{Failures, Point, Task};
+use crate::fleet::inventory::{self, InventoryConfig};
+use crate::fleet::member;
 use crate::k8s::client::{self, ClientError};
 use crate::k8s::watch::WatchHealth;
+use crate::model::ClusterId;
 use crate::ops::http::Endpoints;
 use crate::supervise::Supervisor;
 
@@ -92,100 +96,33 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
             (Shards::alone(), None, None)
         }
         Some(lease) => {
-            let shards = Shards::elected(lease.shards);
-            let status = Arc::new(ElectionStatus::default());
-            let election = ElectionConfig {
-                namespace: lease.namespace.clone(),
-                name: lease.name.clone(),
-                identity: lease.identity.clone(),
-                shards: lease.shards,
-                duration: lease.duration,
-            };
-            info!(lease = %format!("{}/{}", lease.namespace, lease.name), shards = lease.shards, identity = %lease.identity, "standing by for the shards' Leases");
-            let connect =
-                election::connect_leases(lease.connection.clone(), agent.clone(), lease.namespace.clone());
-            let running =
-                election::spawn(election, connect, shards.clone(), status.clone(), failures.clone())
-                    .map_err(SyncError::Thread)?;
+            let (shards, running, status) = elect(lease, &agent, &failures)?;
             (shards, Some(running), Some(status))
         }
     };
     stats.register(&process.registry, shards.clone(), status.clone()).map_err(SyncError::Metrics)?;
-    // `/ready` fails, saying why, while the Leases' cluster cannot be
-    // read: such a replica leads nothing.
-    let election_status = status.clone();
-    let endpoints =
-        Endpoints::new(process.registry.clone(), failures.clone(), cfg.faults.clone(), move || {
-            let why = election_status.as_ref()?.unreachable()?;
-            Some(format!("cannot read the Leases, leading nothing: {why}"))
-        });
     // /health is the liveness probe: its server's death is fatal.
-    let _http = sup.fatal(Task::Http, endpoints.serve(listener));
-    let static_names: Vec<String> = statics.iter().map(|m| m.name.clone()).collect();
+    let _http = sup.fatal(Task::Http, endpoints(&cfg, &process, status).serve(listener));
     // Members of the ClusterProfiles (--cluster-profiles), joined by a task
     // of their own; the controller starts after their first list, so it
     // does not start once without them.
     let (joined_tx, mut joined) = tokio::sync::watch::channel(None);
     let _joining = match &cfg.profiles {
         None => None,
-        Some(p) => {
-            let hub = client::connect(&p.hub, &agent).await?;
-            let health = Arc::new(WatchHealth::new(format!("ClusterProfiles in {} of the hub", p.namespace)));
-            info!(namespace = %p.namespace, providers = ?p.providers.names(), "members from ClusterProfiles");
-            let how = inventory::JoinAs {
-                taken: static_names.clone(),
-                agent: agent.clone(),
-                namespaces: cfg.behaviour.namespaces.clone(),
-                limits: cfg.kube_limits,
-            };
-            let (p, joined_tx) = (p.clone(), joined_tx.clone());
-            Some(sup.restartable(Task::Members, move || {
-                inventory::join(p.clone(), hub.clone(), health.clone(), how.clone(), joined_tx.clone())
-            }))
-        }
+        Some(p) => Some(join_profiles(&cfg, p, &agent, &statics, &sup, joined_tx).await?),
     };
-    if cfg.profiles.is_some() {
-        loop {
-            tokio::select! {
-                _ = term.recv() => return stop(election).await,
-                _ = int.recv() => return stop(election).await,
-                reason = failures.wait_fatal() => {
-                    let reason = reason.to_owned();
-                    stop(election).await?;
-                    return Err(SyncError::Failed(reason));
-                }
-                Ok(()) = joined.changed() => if joined.borrow_and_update().is_some() { break },
-            }
-        }
+    if cfg.profiles.is_some()
+        && let Err(failed) = first_join(&mut term, &mut int, &failures, &mut joined).await
+    {
+        stop(election).await?;
+        return failed.map_or(Ok(()), |reason| Err(SyncError::Failed(reason)));
     }
     let with_joined = |joined: &Option<Vec<member::Member>>| -> Vec<member::Member> {
         statics.iter().cloned().chain(joined.iter().flatten().cloned()).collect()
     };
-    let mut members = with_joined(&joined.borrow());
+    let members = with_joined(&joined.borrow());
     stats.set_members(&members);
-    // Members' cluster ids follow their ClusterProperties, in a task
-    // restarted with the members.
-    let (ids_tx, mut ids) = tokio::sync::watch::channel(Vec::new());
-    let follow_ids = |members: &[member::Member],
-                      tx: tokio::sync::watch::Sender<Vec<crate::model::ClusterId>>| {
-        let members = members.to_vec();
-        sup.restartable(Task::Members, move || member::follow_ids(members.clone(), tx.clone()))
-    };
-    let mut following = follow_ids(&members, ids_tx);
-    // The controller never returns; if it panics or returns, the process
-    // exits and the other replicas (or the restarted Pod) take its shards.
-    let start_controller = |members: &[member::Member]| {
-        let faults = cfg.faults.clone();
-        let links: Vec<Arc<dyn MemberLink>> =
-            members.iter().map(|m| Arc::new(KubeLink(m.clone())) as Arc<dyn MemberLink>).collect();
-        let syncer =
-            Syncer::new(links, cfg.behaviour.clone(), stats.clone(), shards.clone(), failures.clone());
-        sup.fatal(Task::Controller, async move {
-            faults.point(Point::Controller, &[]);
-            syncer.run().await;
-        })
-    };
-    let mut controller = start_controller(&members);
+    let mut controller = Controller::start(&cfg, &sup, stats.clone(), shards.clone(), members);
     let mut led = shards.led();
     let mut leading = false;
     let mut failed = None;
@@ -202,44 +139,197 @@ pub async fn run_in(cfg: SyncConfig, process: Process) -> Result<(), SyncError> 
                 break;
             }
             Ok(()) = joined.changed() => {
-                // A member joined or left (or is reached another way): the
-                // controller starts again over the new members, as after a
-                // cluster id change. A restart lists every member again and
-                // writes nothing that is unchanged, and it is the one path
-                // that already starts every member's watches, probes and
-                // lanes together; a fleet's membership changes weekly, not
-                // per second.
-                members = with_joined(&joined.borrow_and_update());
+                let members = with_joined(&joined.borrow_and_update());
                 stats.set_members(&members);
-                info!(members = ?members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), "members changed: restarting the controller");
-                let (ids_tx, ids_rx) = tokio::sync::watch::channel(Vec::new());
-                ids = ids_rx;
-                following.abort();
-                following = follow_ids(&members, ids_tx);
-                controller.abort();
-                controller = start_controller(&members);
+                controller.restart_with(members);
             }
             Ok(()) = led.changed() => {
                 let n = led.borrow_and_update().iter().filter(|l| **l).count();
-                match (n > 0, leading) {
-                    (true, false) => info!(shards = n, of = shards.count(), "leading: syncing"),
-                    (false, true) => warn!("lost the Lease: stopped writing"),
-                    _ => {}
-                }
-                leading = n > 0;
+                leading = log_leading(n, leading, &shards);
             }
-            Ok(()) = ids.changed() => {
-                rekey(&mut members, &ids.borrow_and_update());
-                // Started again from complete lists, with the new ids.
-                controller.abort();
-                controller = start_controller(&members);
-            }
+            Ok(()) = controller.ids.changed() => controller.rekey(),
         }
     }
     controller.abort();
-    following.abort();
     stop(election).await?;
     failed.map_or(Ok(()), Err)
+}
+
+/// Waits for the first list of the ClusterProfiles' members; `Err` when a
+/// signal (`None`) or a fatal failure (its reason) comes first.
+async fn first_join(
+    term: &mut Signal,
+    int: &mut Signal,
+    failures: &Failures,
+    joined: &mut watch::Receiver<Option<Vec<member::Member>>>,
+) -> Result<(), Option<String>> {
+    loop {
+        tokio::select! {
+            _ = term.recv() => return Err(None),
+            _ = int.recv() => return Err(None),
+            reason = failures.wait_fatal() => return Err(Some(reason.to_owned())),
+            Ok(()) = joined.changed() => if joined.borrow_and_update().is_some() { return Ok(()) },
+        }
+    }
+}
+
+/// The controller over the members, and the task that follows their
+/// cluster ids (from their ClusterProperties).
+struct Controller<'a> {
+    cfg: &'a SyncConfig,
+    sup: &'a Supervisor,
+    stats: Arc<SyncStats>,
+    shards: Arc<Shards>,
+    members: Vec<member::Member>,
+    /// The members' cluster ids, as the following task finds them.
+    ids: watch::Receiver<Vec<ClusterId>>,
+    following: JoinHandle<()>,
+    running: JoinHandle<()>,
+}
+
+impl<'a> Controller<'a> {
+    /// Starts the controller over `members`, and the task that follows
+    /// their cluster ids.
+    fn start(
+        cfg: &'a SyncConfig,
+        sup: &'a Supervisor,
+        stats: Arc<SyncStats>,
+        shards: Arc<Shards>,
+        members: Vec<member::Member>,
+    ) -> Self {
+        let (ids_tx, ids) = watch::channel(Vec::new());
+        let following = follow_ids(sup, &members, ids_tx);
+        let running = run_controller(cfg, sup, &members, stats.clone(), shards.clone());
+        Self { cfg, sup, stats, shards, members, ids, following, running }
+    }
+
+    /// A member joined or left (or is reached another way): the controller
+    /// starts again over the new members, as after a cluster id change. A
+    /// restart lists every member again and writes nothing that is
+    /// unchanged, and it is the one path that already starts every
+    /// member's watches, probes and lanes together; a fleet's membership
+    /// changes weekly, not per second.
+    fn restart_with(&mut self, members: Vec<member::Member>) {
+        info!(members = ?members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), "members changed: restarting the controller");
+        self.abort();
+        *self = Self::start(self.cfg, self.sup, self.stats.clone(), self.shards.clone(), members);
+    }
+
+    /// The members' cluster ids changed: the controller is started again
+    /// from complete lists, with the new ids ([`rekey`]).
+    fn rekey(&mut self) {
+        rekey(&mut self.members, &self.ids.borrow_and_update());
+        self.running.abort();
+        self.running =
+            run_controller(self.cfg, self.sup, &self.members, self.stats.clone(), self.shards.clone());
+    }
+
+    fn abort(&self) {
+        self.running.abort();
+        self.following.abort();
+    }
+}
+
+/// The task that sends `members`' cluster ids on `tx`, restarted when it
+/// ends.
+fn follow_ids(
+    sup: &Supervisor,
+    members: &[member::Member],
+    tx: watch::Sender<Vec<ClusterId>>,
+) -> JoinHandle<()> {
+    let members = members.to_vec();
+    sup.restartable(Task::Members, move || member::follow_ids(members.clone(), tx.clone()))
+}
+
+/// The controller over `members`. It never returns; if it panics or
+/// returns, the process exits and the other replicas (or the restarted
+/// Pod) take its shards.
+fn run_controller(
+    cfg: &SyncConfig,
+    sup: &Supervisor,
+    members: &[member::Member],
+    stats: Arc<SyncStats>,
+    shards: Arc<Shards>,
+) -> JoinHandle<()> {
+    let faults = cfg.faults.clone();
+    let links: Vec<Arc<dyn MemberLink>> =
+        members.iter().map(|m| Arc::new(KubeLink(m.clone())) as Arc<dyn MemberLink>).collect();
+    let syncer = Syncer::new(links, cfg.behaviour.clone(), stats, shards, sup.failures().clone());
+    sup.fatal(Task::Controller, async move {
+        faults.point(Point::Controller, &[]);
+        syncer.run().await;
+    })
+}
+
+/// Stands for the shards' Leases of `lease` on a thread of its own: the
+/// shards this replica may lead, the running election and its status.
+fn elect(
+    lease: &LeaseConfig,
+    agent: &str,
+    failures: &Arc<Failures>,
+) -> Result<(Arc<Shards>, election::Running, Arc<ElectionStatus>), SyncError> {
+    let shards = Shards::elected(lease.shards);
+    let status = Arc::new(ElectionStatus::default());
+    let election = ElectionConfig {
+        namespace: lease.namespace.clone(),
+        name: lease.name.clone(),
+        identity: lease.identity.clone(),
+        shards: lease.shards,
+        duration: lease.duration,
+    };
+    info!(lease = %format!("{}/{}", lease.namespace, lease.name), shards = lease.shards, identity = %lease.identity, "standing by for the shards' Leases");
+    let connect =
+        election::connect_leases(lease.connection.clone(), agent.to_owned(), lease.namespace.clone());
+    let running = election::spawn(election, connect, shards.clone(), status.clone(), failures.clone())
+        .map_err(SyncError::Thread)?;
+    Ok((shards, running, status))
+}
+
+/// `/health`, `/ready` and `/metrics` of `process`. `/ready` fails, saying
+/// why, while the Leases' cluster cannot be read: such a replica leads
+/// nothing.
+fn endpoints(cfg: &SyncConfig, process: &Process, election: Option<Arc<ElectionStatus>>) -> Endpoints {
+    Endpoints::new(process.registry.clone(), process.failures.clone(), cfg.faults.clone(), move || {
+        let why = election.as_ref()?.unreachable()?;
+        Some(format!("cannot read the Leases, leading nothing: {why}"))
+    })
+}
+
+/// Starts the task that joins the members of the ClusterProfiles in
+/// `profiles` (beside the `statics` given by --cluster) and sends them on
+/// `joined` at each change.
+async fn join_profiles(
+    cfg: &SyncConfig,
+    profiles: &InventoryConfig,
+    agent: &str,
+    statics: &[member::Member],
+    sup: &Supervisor,
+    joined: tokio::sync::watch::Sender<Option<Vec<member::Member>>>,
+) -> Result<JoinHandle<()>, SyncError> {
+    let hub = client::connect(&profiles.hub, agent).await?;
+    let health = Arc::new(WatchHealth::new(format!("ClusterProfiles in {} of the hub", profiles.namespace)));
+    info!(namespace = %profiles.namespace, providers = ?profiles.providers.names(), "members from ClusterProfiles");
+    let how = inventory::JoinAs {
+        taken: statics.iter().map(|m| m.name.clone()).collect(),
+        agent: agent.to_owned(),
+        namespaces: cfg.behaviour.namespaces.clone(),
+        limits: cfg.kube_limits,
+    };
+    let p = profiles.clone();
+    Ok(sup.restartable(Task::Members, move || {
+        inventory::join(p.clone(), hub.clone(), health.clone(), how.clone(), joined.clone())
+    }))
+}
+
+/// Says when this replica starts or stops leading (`led` shards now);
+/// returns whether it leads.
+fn log_leading(led: usize, leading: bool, shards: &Shards) -> bool {
+    match (led > 0, leading) {
+        (true, false) => info!(shards = led, of = shards.count(), "leading: syncing"),
+        (false, true) => warn!("lost the Lease: stopped writing"),
+        _ => {}
+    }
+    led > 0
 }
 
 /// The election's refusal, once it ends with one (never without an election).

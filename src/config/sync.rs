@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::cli::{AgentArgs, ProfilesArgs, RunArgs, SyncArgs, SyncOptions};
-use crate::controller::sync::{CONCURRENCY, SyncBehaviour};
+use crate::controller::syncer::{CONCURRENCY, SyncBehaviour};
 use crate::fault::Faults;
 use crate::fleet::inventory::InventoryConfig;
 use crate::fleet::member::MemberConfig;

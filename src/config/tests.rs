@@ -8,7 +8,7 @@ use clap::error::ErrorKind;
 
 use super::*;
 use crate::cli::{Cli, Command};
-use crate::cluster_dns::watch::Mode;
+use crate::cluster_dns::repair::Mode;
 use crate::k8s::throttle::Limits;
 use crate::k8s::watch::ListMode;
 use crate::model::PolicyKind;
@@ -416,7 +416,7 @@ fn setup_dns_addresses_default_to_port_53() {
 
 #[test]
 fn members_lost_are_kept_unless_told_otherwise() {
-    use crate::controller::sync::MemberLost;
+    use crate::controller::syncer::MemberLost;
     assert_eq!(sync_config(&[]).unwrap().behaviour.on_member_lost, MemberLost::Keep);
     let c = sync_config(&["--on-member-lost=remove"]).unwrap();
     assert_eq!(c.behaviour.on_member_lost, MemberLost::Remove);

@@ -43,7 +43,7 @@ pub struct SetupDnsConfig {
 #[derive(Debug, Clone)]
 pub struct WatchConfig {
     /// Write again, or only report.
-    pub mode: crate::cluster_dns::watch::Mode,
+    pub mode: crate::cluster_dns::repair::Mode,
     /// Between checks.
     pub interval: Duration,
     /// /health, /ready, /metrics.

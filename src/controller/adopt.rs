@@ -13,7 +13,7 @@ use tracing::warn;
 
 use super::api::{ApiError, Kind, MemberApi};
 use super::desired::{self, FIELD_MANAGER, LABEL_APP_MANAGED_BY};
-use super::reconcile::{KeyState, ObjectRef};
+use super::reconcile::{KeyState, WrittenObject};
 use crate::fleet::merge::{Status, condition};
 use crate::k8s::mcs::LABEL_SERVICE_NAME;
 use crate::model::{ClusterId, ServiceKey};
@@ -88,7 +88,7 @@ fn adopt_object(
         return;
     };
     let Some(key) = key_of(cluster, kind, ns, service) else { return };
-    let r = ObjectRef { member: m, kind, namespace: ns.to_owned(), name: name.to_owned() };
+    let r = WrittenObject { member: m, kind, namespace: ns.to_owned(), name: name.to_owned() };
     let ks = found.entry(key).or_default();
     // What an earlier leader applied, as it recorded it: equal bodies are
     // not written again, unless the live object no longer holds them.
@@ -100,8 +100,10 @@ fn adopt_object(
         ks.vips.insert(r.clone(), ips.filter_map(|ip| ip.as_str().map(str::to_owned)).collect());
     }
     if kind == Kind::ServiceImport && !o["status"].is_null() {
-        ks.applied
-            .insert(ObjectRef { kind: Kind::ImportStatus, ..r.clone() }, desired::digest_of(&o["status"]));
+        ks.applied.insert(
+            WrittenObject { kind: Kind::ImportStatus, ..r.clone() },
+            desired::digest_of(&o["status"]),
+        );
     }
     // This version is as we found it: its watch event is not a change.
     ks.written.record(r.clone(), meta["resourceVersion"].as_str());
@@ -143,7 +145,8 @@ fn adopt_conditions(found: &mut HashMap<ServiceKey, KeyState>, m: usize, cluster
         let since = c["lastTransitionTime"].as_str().unwrap_or_default().to_owned();
         ks.transitions.insert((m, kind), (status, since));
     }
-    ks.applied.insert(ObjectRef::new(m, Kind::ExportStatus, &key, name.to_owned()), desired::digest_of(st));
+    ks.applied
+        .insert(WrittenObject::new(m, Kind::ExportStatus, &key, name.to_owned()), desired::digest_of(st));
     ks.export_uids.insert(m, meta["uid"].as_str().map(str::to_owned));
 }
 
@@ -205,7 +208,7 @@ mod tests {
         assert!(failed.is_empty());
         assert_eq!(found.len(), 1, "{:?}", found.keys().collect::<Vec<_>>());
         let ks = found.values().next().unwrap();
-        let slice = ObjectRef {
+        let slice = WrittenObject {
             member: 0,
             kind: Kind::EndpointSlice,
             namespace: "shop".into(),

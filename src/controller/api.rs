@@ -503,7 +503,7 @@ pub mod fake {
 
     /// What reached an in-process API server ([`api_server`]): method and
     /// path, Audit-ID.
-    pub type Seen = Arc<Mutex<Vec<(String, String)>>>;
+    pub type Received = Arc<Mutex<Vec<(String, String)>>>;
 
     /// A client builder over an in-process API server.
     pub type Server = kube::client::ClientBuilder<
@@ -518,8 +518,8 @@ pub mod fake {
     /// answers a list with nothing and a write with the object it names,
     /// at once, and records what reached it (method, path, Audit-ID), in
     /// order.
-    pub fn api_server() -> (Server, Seen) {
-        let seen: Seen = Arc::default();
+    pub fn api_server() -> (Server, Received) {
+        let seen: Received = Arc::default();
         let log = seen.clone();
         let server = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let id = req.headers().get(crate::k8s::fence::AUDIT_ID).and_then(|v| v.to_str().ok());

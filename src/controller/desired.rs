@@ -127,7 +127,7 @@ pub fn difference(live: &Value, body: &Value) -> Option<String> {
 /// nothing else, would share objects on a 32-bit digest collision: one
 /// writing the other's VIP Service and slices in turn. Among the exported
 /// services of a namespace that share a stem, the eldest keeps the short
-/// names and the others take long ones (see `sync`).
+/// names and the others take long ones (see `syncer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Naming {
     /// `<stem>-clusterset-<8 hex>`, `<stem>-<8 hex>`: what every service

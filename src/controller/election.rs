@@ -217,7 +217,7 @@ enum Loss {
     Deleted,
 }
 
-/// One step of a check, decided from one list ([`Elector::plan`]).
+/// One step of a check, decided from one list ([`Elector::decide`]).
 #[derive(Debug, PartialEq)]
 enum Step {
     /// Write this replica's own Lease (create when `None`).
@@ -392,7 +392,7 @@ impl Elector {
             info!("the Leases' cluster answers again");
             self.status.set(None);
         }
-        let steps = self.plan(&listed, now)?;
+        let steps = self.decide(&listed, now)?;
         self.apply(steps).await;
         Ok(())
     }
@@ -455,7 +455,7 @@ impl Elector {
     }
 
     /// What to do, from one list that arrived at `now`.
-    fn plan(&mut self, listed: &[Lease], now: Instant) -> Result<Vec<Step>, ElectionError> {
+    fn decide(&mut self, listed: &[Lease], now: Instant) -> Result<Vec<Step>, ElectionError> {
         let n = self.cfg.shards as usize;
         let me = self.cfg.identity.clone();
         // Versions first seen now start their clock; Leases gone are forgotten.

@@ -270,7 +270,7 @@ pub mod fake {
         pub fn over_the_wire(
             name: &str,
             limits: crate::k8s::throttle::Limits,
-        ) -> (Arc<Self>, crate::controller::api::fake::Seen) {
+        ) -> (Arc<Self>, crate::controller::api::fake::Received) {
             let (builder, seen) = crate::controller::api::fake::api_server();
             let client = crate::k8s::client::limited(builder, Some(limits), name, Arc::default()).unwrap();
             let mut link = Arc::try_unwrap(Self::new(name)).ok().unwrap();

@@ -29,7 +29,7 @@ use crate::k8s::watch::{self, Reporter, Translate, WatchHealth, WatchTask, scope
 
 /// One of our objects as a watch saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Seen {
+pub struct OwnObject {
     /// `ServiceImport`, `Service` or `EndpointSlice`.
     pub kind: Kind,
     /// Its namespace.
@@ -48,11 +48,11 @@ pub enum OwnChange {
     /// A complete list of one kind in one scope (`None`: every namespace),
     /// asked for at the instant given: what was written after it may be
     /// missing from the list and still exist.
-    Listed(Kind, Option<String>, Vec<Seen>, Instant),
+    Listed(Kind, Option<String>, Vec<OwnObject>, Instant),
     /// Created or changed.
-    Applied(Seen),
+    Applied(OwnObject),
     /// Deleted.
-    Deleted(Seen),
+    Deleted(OwnObject),
     /// The member's namespaces, complete (first list or relist).
     Namespaces(Vec<String>),
     /// A namespace of the member created or changed.
@@ -143,9 +143,9 @@ struct ToOwn {
 }
 
 impl ToOwn {
-    fn seen<K: Resource>(&self, k: &K) -> Option<Seen> {
+    fn seen<K: Resource>(&self, k: &K) -> Option<OwnObject> {
         let m = k.meta();
-        Some(Seen {
+        Some(OwnObject {
             kind: self.kind,
             namespace: m.namespace.clone()?,
             name: m.name.clone()?,
@@ -160,14 +160,14 @@ impl ToOwn {
 }
 
 impl<K: Resource> Translate<K> for ToOwn {
-    type Item = Seen;
+    type Item = OwnObject;
     type Message = OwnEvent;
 
-    fn item(&self, k: &K) -> Option<Seen> {
+    fn item(&self, k: &K) -> Option<OwnObject> {
         self.seen(k)
     }
 
-    fn listed(&self, items: Vec<Seen>, began: Instant) -> OwnEvent {
+    fn listed(&self, items: Vec<OwnObject>, began: Instant) -> OwnEvent {
         self.event(OwnChange::Listed(self.kind, self.scope.clone(), items, began))
     }
 

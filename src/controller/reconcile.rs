@@ -30,16 +30,17 @@ use super::desired::{self, Consumers};
 use super::own::Written;
 use super::stats::SyncStats;
 use crate::fleet::export::{ClusterExport, Exported};
-use crate::fleet::merge::{Condition, ImportSpec, Status, condition, merge};
+use crate::fleet::merge::{Condition, ImportSpec, Merged, Status, condition, merge};
 use crate::fleet::objects::ANNOTATION_CONSUMER_CLUSTERS;
 use crate::fleet::state::{ExportInfo, ServiceInfo};
 use crate::k8s::fence::WriteFence;
 use crate::k8s::mcs::ANNOTATION_TRIGGER_TIME;
 use crate::model::{AddressFamily, ClusterId, ImportType, ServiceKey};
 
-/// Which object of which member.
+/// An object the controller writes: which object of which member (not
+/// kube's `ObjectRef`, which names an object of one cluster).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectRef {
+pub struct WrittenObject {
     /// The member's index.
     pub member: usize,
     /// Its kind (or the status part of one).
@@ -50,7 +51,7 @@ pub struct ObjectRef {
     pub name: String,
 }
 
-impl ObjectRef {
+impl WrittenObject {
     /// `kind`'s object `name` of `key` in member `member`.
     pub fn new(member: usize, kind: Kind, key: &ServiceKey, name: String) -> Self {
         Self { member, kind, namespace: key.namespace.to_string(), name }
@@ -185,12 +186,12 @@ pub struct KeyState {
     /// The digest of the last body applied per object ([`desired::digest_of`]),
     /// also written on the object itself ([`desired::ANNOTATION_APPLIED`]) so
     /// a new leader knows it without writing.
-    pub applied: HashMap<ObjectRef, String>,
+    pub applied: HashMap<WrittenObject, String>,
     /// The ClusterIPs of each VIP Service written.
-    pub vips: HashMap<ObjectRef, Vec<String>>,
+    pub vips: HashMap<WrittenObject, Vec<String>>,
     /// Objects of ours that exist, and those a reconcile wanted whose write
     /// failed (retried with the service; `written` has no version of them).
-    pub owned: BTreeSet<ObjectRef>,
+    pub owned: BTreeSet<WrittenObject>,
     /// lastTransitionTime per (member, condition type), with its status.
     pub transitions: HashMap<(usize, &'static str), (Status, String)>,
     /// Counted in [`SyncStats::conflicts`].
@@ -203,19 +204,19 @@ pub struct KeyState {
     pub export_uids: HashMap<usize, Option<String>>,
     /// The resourceVersions our writes gave our objects: a watch event with
     /// another is someone else's change.
-    pub written: Written<ObjectRef>,
+    pub written: Written<WrittenObject>,
     /// Objects as found live (at start or at a resync), pruned to what we
     /// write: the next apply of each compares its body with it, so an edit
     /// made while no controller ran is repaired.
-    pub live: HashMap<ObjectRef, Value>,
+    pub live: HashMap<WrittenObject, Value>,
 }
 
 impl KeyState {
     /// Forgets what was applied to `r` (and its status), so it is written again.
-    pub fn invalidate(&mut self, r: &ObjectRef) {
+    pub fn invalidate(&mut self, r: &WrittenObject) {
         self.applied.remove(r);
         if r.kind == Kind::ServiceImport {
-            self.applied.remove(&ObjectRef { kind: Kind::ImportStatus, ..r.clone() });
+            self.applied.remove(&WrittenObject { kind: Kind::ImportStatus, ..r.clone() });
         }
         self.vips.remove(r);
         self.live.remove(r);
@@ -231,7 +232,7 @@ impl KeyState {
         (kind, scope): (Kind, Option<&str>),
         listed: &std::collections::BTreeSet<(String, String)>,
         began: std::time::Instant,
-    ) -> Vec<ObjectRef> {
+    ) -> Vec<WrittenObject> {
         self.owned
             .iter()
             .filter(|r| {
@@ -256,12 +257,12 @@ impl KeyState {
 
     /// Moves out what concerns member `m`, for its lane.
     pub fn take_member(&mut self, m: usize) -> Self {
-        fn split<V>(map: &mut HashMap<ObjectRef, V>, m: usize) -> HashMap<ObjectRef, V> {
+        fn split<V>(map: &mut HashMap<WrittenObject, V>, m: usize) -> HashMap<WrittenObject, V> {
             let (out, keep) = std::mem::take(map).into_iter().partition(|(r, _)| r.member == m);
             *map = keep;
             out
         }
-        let owned: BTreeSet<ObjectRef> = self.owned.iter().filter(|r| r.member == m).cloned().collect();
+        let owned: BTreeSet<WrittenObject> = self.owned.iter().filter(|r| r.member == m).cloned().collect();
         self.owned.retain(|r| r.member != m);
         let (transitions, keep) =
             std::mem::take(&mut self.transitions).into_iter().partition(|((i, _), _)| *i == m);
@@ -302,6 +303,22 @@ impl KeyState {
         self.written.absorb(other.written);
     }
 
+    /// Counts the service into the conflicts gauge when the merged exports
+    /// put it in conflict, out of it when they no longer do.
+    fn count_conflict(&mut self, merged: &Merged, stats: &SyncStats) {
+        let conflicted = merged.conditions.iter().any(|(_, conds)| {
+            conds.iter().any(|c| c.kind == condition::CONFLICT && c.status == Status::True)
+        });
+        if conflicted != self.conflicted {
+            self.conflicted = conflicted;
+            if conflicted {
+                stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            } else {
+                stats.conflicts.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// How this service's objects are named: as its VIP Service already
     /// is (a name never moves while the service is exported, whatever is
     /// exported beside it); otherwise short, unless an elder shares its
@@ -318,7 +335,7 @@ impl KeyState {
 }
 
 /// What the merged exports ask of every member, computed once per reconcile.
-struct Plan<'a> {
+struct Goal<'a> {
     key: &'a ServiceKey,
     spec: Option<&'a ImportSpec>,
     clusters: &'a [ClusterId],
@@ -341,18 +358,7 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     if let Consumers::Invalid(e) = &consumers {
         warn!(service = %key, "{e}: imported nowhere until the export's annotation is fixed");
     }
-    let conflicted = merged
-        .conditions
-        .iter()
-        .any(|(_, conds)| conds.iter().any(|c| c.kind == condition::CONFLICT && c.status == Status::True));
-    if conflicted != ks.conflicted {
-        ks.conflicted = conflicted;
-        if conflicted {
-            env.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-        } else {
-            env.stats.conflicts.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
+    ks.count_conflict(&merged, &env.stats);
     let unreachable: Vec<(ClusterId, String)> = env
         .members
         .iter()
@@ -379,7 +385,7 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
             _ => None,
         })
         .collect();
-    let plan = Plan {
+    let goal = Goal {
         key,
         spec: merged.spec.as_ref(),
         clusters: &merged.clusters,
@@ -394,9 +400,9 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     // the others stays until they answer again.
     let lanes = (0..env.members.len()).filter(|i| input.members[*i].writable).map(|i| {
         let part = ks.take_member(i);
-        let (input, env, plan) = (&input, &env, &plan);
+        let (input, env, goal) = (&input, &env, &goal);
         async move {
-            let (part, result) = lane(part, i, input, env, plan).await;
+            let (part, result) = lane(part, i, input, env, goal).await;
             (i, part, result)
         }
         .instrument(member_span(&env.members[i]))
@@ -413,9 +419,29 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     }
     let ready = merged.spec.is_some() && failed.is_none() && !matches!(consumers, Consumers::Invalid(_));
     let imported = imported_message(&env, &consumers, &not_reached);
+    let status = (ready, &consumers, imported.as_str());
+    if let Err(e) = write_conditions(&mut ks, &input, &env, &merged.conditions, status, &mut written).await {
+        failed = Some(e);
+    }
+    env.stats.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+    record_outcome(&written, failed.as_ref());
+    (ks, failed.map_or(Ok(()), Err))
+}
+
+/// Writes each exporting member's conditions (`status`: whether the import
+/// is ready, its consumers and the Ready message), each member in a lane of
+/// its own; counts the writes into `written`. Returns the last error.
+async fn write_conditions(
+    ks: &mut KeyState,
+    input: &Input,
+    env: &Env,
+    conditions: &[(ClusterId, Vec<Condition>)],
+    (ready, consumers, imported): (bool, &Consumers, &str),
+    written: &mut BTreeMap<usize, u32>,
+) -> Result<(), ApiError> {
     // Members sharing a cluster id share its entry: each gets it once.
     let mut targets: BTreeMap<usize, &Vec<Condition>> = BTreeMap::new();
-    for (cluster, conds) in &merged.conditions {
+    for (cluster, conds) in conditions {
         for (i, m) in env.members.iter().enumerate() {
             if &m.cluster == cluster && input.members[i].writable && input.members[i].export.is_some() {
                 targets.entry(i).or_insert(conds);
@@ -424,32 +450,34 @@ pub async fn reconcile(mut ks: KeyState, input: Input, env: Arc<Env>) -> (KeySta
     }
     let lanes = targets.into_iter().map(|(i, conds)| {
         let mut part = ks.take_member(i);
-        let (env, input, imported, consumers) = (&env, &input, &imported, &consumers);
         async move {
             let r = part.conditions(env, input, i, conds, ready, (consumers, imported)).await;
             (i, part, r)
         }
         .instrument(member_span(&env.members[i]))
     });
+    let mut failed = Ok(());
     for (i, mut part, result) in join_all(lanes).await {
         *written.entry(i).or_default() += std::mem::take(&mut part.sent);
         ks.absorb(part);
-        if let Err(e) = result {
-            failed = Some(e);
+        if result.is_err() {
+            failed = result;
         }
     }
-    env.stats.reconcile_seconds.observe(started.elapsed().as_secs_f64());
-    // What the reconcile did, on its span (`sync` opens it, with the service,
-    // shard and reason).
+    failed
+}
+
+/// What the reconcile did (`written`: writes per member), on its span
+/// (`syncer` opens it, with the service, shard and reason).
+fn record_outcome(written: &BTreeMap<usize, u32>, failed: Option<&ApiError>) {
     let members_written = written.values().filter(|n| **n > 0).count();
     let writes: u32 = written.values().sum();
-    let outcome = failed.as_ref().map_or("ok", |e| e.reason().as_str());
+    let outcome = failed.map_or("ok", |e| e.reason().as_str());
     let span = tracing::Span::current();
     span.record("members_written", members_written);
     span.record("writes", writes);
     span.record("outcome", outcome);
     debug!(members_written, writes, outcome, "reconciled");
-    (ks, failed.map_or(Ok(()), Err))
 }
 
 /// The span of one member's lane in a reconcile.
@@ -480,10 +508,10 @@ async fn lane(
     i: usize,
     input: &Input,
     env: &Env,
-    plan: &Plan<'_>,
+    goal: &Goal<'_>,
 ) -> (KeyState, Result<(), ApiError>) {
     let m = &env.members[i];
-    let key = plan.key;
+    let key = goal.key;
     let mut failed = None;
     match auto_export(env, input, i).await {
         Ok(wrote) => part.sent += u32::from(wrote),
@@ -492,13 +520,13 @@ async fn lane(
             failed = Some(e);
         }
     }
-    let mut want: BTreeSet<ObjectRef> = BTreeSet::new();
+    let mut want: BTreeSet<WrittenObject> = BTreeSet::new();
     // Members outside the consumer clusters import nothing: what we own
     // there is not wanted, so it is deleted below.
-    if let Some(spec) = plan.spec
-        && plan.consumers.includes(&m.cluster)
+    if let Some(spec) = goal.spec
+        && goal.consumers.includes(&m.cluster)
     {
-        match part.member_objects(env, i, spec, plan, &mut want).await {
+        match part.member_objects(env, i, spec, goal, &mut want).await {
             Ok(()) => {}
             // No such namespace in this member: namespace sameness means the
             // service is not imported there.
@@ -578,83 +606,105 @@ impl KeyState {
         env: &Env,
         i: usize,
         spec: &ImportSpec,
-        plan: &Plan<'_>,
-        want: &mut BTreeSet<ObjectRef>,
+        goal: &Goal<'_>,
+        want: &mut BTreeSet<WrittenObject>,
     ) -> Result<(), ApiError> {
-        let key = plan.key;
+        let key = goal.key;
         let m = &env.members[i];
-        let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, plan.naming));
+        let vip_name = (spec.kind == ImportType::ClusterSetIp).then(|| desired::vip_name(key, goal.naming));
         let mut ips: Vec<String> = Vec::new();
         if let Some(vip_name) = &vip_name {
-            let body = desired::vip_service(key, vip_name, spec);
-            let r = ObjectRef::new(i, Kind::Service, key, vip_name.clone());
+            let r = WrittenObject::new(i, Kind::Service, key, vip_name.clone());
             want.insert(r.clone());
-            // A Service's primary IP family cannot change in place (the API
-            // server refuses it, 422, for ever): when the import's changes
-            // (another export became the oldest), the VIP is replaced. Known
-            // from the addresses it was given; if they are not known, from
-            // the refusal.
-            let had_v4 =
-                self.vips.get(&r).and_then(|ips| ips.first()?.parse::<IpAddr>().ok()).map(|a| a.is_ipv4());
-            let wants_v4 = spec.ip_families.first().map(|f| *f == AddressFamily::V4);
-            if let (Some(had), Some(wants)) = (had_v4, wants_v4)
-                && had != wants
-            {
-                info!(member = %m.name, service = %key, "the import's IP family changed: replacing its VIP Service");
-                self.delete(env, &r).await?;
-            }
-            let written = match self.apply(env, &r, &body).await {
-                Err(e) if e.primary_family_refused() => {
-                    info!(member = %m.name, service = %key, "VIP Service of another IP family: replacing it");
-                    self.delete(env, &r).await?;
-                    self.apply(env, &r, &body).await?
-                }
-                other => other?,
-            };
-            if let Some(stored) = written {
-                self.vips.insert(r.clone(), stored.cluster_ips);
-            }
-            // Applied unchanged earlier: its addresses are known.
-            ips = self.vips.get(&r).cloned().unwrap_or_default();
+            ips = self.vip(env, &r, key, spec).await?;
         }
-        let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = plan
-            .clusters
-            .iter()
-            .flat_map(|c| plan.sources.get(c).into_iter().flatten().map(move |(name, s)| (c, name, s)))
-            .collect();
-        let names = desired::slice_names(
-            key,
-            plan.naming,
-            &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
-        );
-        for ((cluster, _, source), name) in sources.iter().zip(names) {
-            let body = desired::slice(
-                key,
-                &name,
-                cluster,
-                source,
-                vip_name.as_deref(),
-                plan.cluster_ports.get(cluster),
-            );
-            let r = ObjectRef::new(i, Kind::EndpointSlice, key, name);
-            want.insert(r.clone());
-            let trigger = desired::trigger_time(source, plan.exported_at.get(cluster).copied());
-            self.apply_carrying(env, &r, &body, trigger.as_deref()).await?;
-        }
-        let r = ObjectRef::new(i, Kind::ServiceImport, key, key.name.to_string());
+        self.slices(env, i, goal, vip_name.as_deref(), want).await?;
+        let r = WrittenObject::new(i, Kind::ServiceImport, key, key.name.to_string());
         want.insert(r.clone());
-        let down: Vec<ClusterId> = plan.unreachable.iter().map(|(c, _)| c.clone()).collect();
+        let down: Vec<ClusterId> = goal.unreachable.iter().map(|(c, _)| c.clone()).collect();
         self.apply(env, &r, &desired::import(&m.import_version, key, spec, &ips, &down)).await?;
-        let status = desired::import_status(&m.import_version, key, plan.clusters, plan.unreachable);
-        let sr = ObjectRef { kind: Kind::ImportStatus, ..r };
+        let status = desired::import_status(&m.import_version, key, goal.clusters, goal.unreachable);
+        let sr = WrittenObject { kind: Kind::ImportStatus, ..r };
         let digest = desired::digest_of(&status["status"]);
         if self.applied.get(&sr) != Some(&digest) {
             let stored = env.write(i, Kind::ImportStatus, &sr.namespace, &sr.name, &status).await?;
             self.sent += 1;
             // The status write gives the import a new version too.
             self.written
-                .record(ObjectRef { kind: Kind::ServiceImport, ..sr.clone() }, stored.version.as_deref());
+                .record(WrittenObject { kind: Kind::ServiceImport, ..sr.clone() }, stored.version.as_deref());
             self.applied.insert(sr, digest);
+        }
+        Ok(())
+    }
+
+    /// Writes the VIP Service `r` of the import `spec`; returns the
+    /// addresses it was given.
+    async fn vip(
+        &mut self,
+        env: &Env,
+        r: &WrittenObject,
+        key: &ServiceKey,
+        spec: &ImportSpec,
+    ) -> Result<Vec<String>, ApiError> {
+        let m = &env.members[r.member];
+        let body = desired::vip_service(key, &r.name, spec);
+        // A Service's primary IP family cannot change in place (the API
+        // server refuses it, 422, for ever): when the import's changes
+        // (another export became the oldest), the VIP is replaced. Known
+        // from the addresses it was given; if they are not known, from
+        // the refusal.
+        let had_v4 =
+            self.vips.get(r).and_then(|ips| ips.first()?.parse::<IpAddr>().ok()).map(|a| a.is_ipv4());
+        let wants_v4 = spec.ip_families.first().map(|f| *f == AddressFamily::V4);
+        if let (Some(had), Some(wants)) = (had_v4, wants_v4)
+            && had != wants
+        {
+            info!(member = %m.name, service = %key, "the import's IP family changed: replacing its VIP Service");
+            self.delete(env, r).await?;
+        }
+        let written = match self.apply(env, r, &body).await {
+            Err(e) if e.primary_family_refused() => {
+                info!(member = %m.name, service = %key, "VIP Service of another IP family: replacing it");
+                self.delete(env, r).await?;
+                self.apply(env, r, &body).await?
+            }
+            other => other?,
+        };
+        if let Some(stored) = written {
+            self.vips.insert(r.clone(), stored.cluster_ips);
+        }
+        // Applied unchanged earlier: its addresses are known.
+        Ok(self.vips.get(r).cloned().unwrap_or_default())
+    }
+
+    /// Member `i`'s copies of every exporting cluster's EndpointSlices,
+    /// pointing at the VIP Service `vip_name` when there is one.
+    async fn slices(
+        &mut self,
+        env: &Env,
+        i: usize,
+        goal: &Goal<'_>,
+        vip_name: Option<&str>,
+        want: &mut BTreeSet<WrittenObject>,
+    ) -> Result<(), ApiError> {
+        let key = goal.key;
+        let sources: Vec<(&ClusterId, &String, &Arc<EndpointSlice>)> = goal
+            .clusters
+            .iter()
+            .flat_map(|c| goal.sources.get(c).into_iter().flatten().map(move |(name, s)| (c, name, s)))
+            .collect();
+        let names = desired::slice_names(
+            key,
+            goal.naming,
+            &sources.iter().map(|(c, name, _)| (*c, name.as_str())).collect::<Vec<_>>(),
+        );
+        for ((cluster, _, source), name) in sources.iter().zip(names) {
+            let ports = goal.cluster_ports.get(cluster);
+            let body = desired::slice(key, &name, cluster, source, vip_name, ports);
+            let r = WrittenObject::new(i, Kind::EndpointSlice, key, name);
+            want.insert(r.clone());
+            let trigger = desired::trigger_time(source, goal.exported_at.get(cluster).copied());
+            self.apply_carrying(env, &r, &body, trigger.as_deref()).await?;
         }
         Ok(())
     }
@@ -662,7 +712,12 @@ impl KeyState {
     /// Server-side applies `body` unless it equals the last body applied
     /// and the object, if it was found live since, still holds it. Returns
     /// what was stored when it was written.
-    async fn apply(&mut self, env: &Env, r: &ObjectRef, body: &Value) -> Result<Option<Stored>, ApiError> {
+    async fn apply(
+        &mut self,
+        env: &Env,
+        r: &WrittenObject,
+        body: &Value,
+    ) -> Result<Option<Stored>, ApiError> {
         self.apply_carrying(env, r, body, None).await
     }
 
@@ -674,7 +729,7 @@ impl KeyState {
     async fn apply_carrying(
         &mut self,
         env: &Env,
-        r: &ObjectRef,
+        r: &WrittenObject,
         body: &Value,
         trigger: Option<&str>,
     ) -> Result<Option<Stored>, ApiError> {
@@ -710,7 +765,7 @@ impl KeyState {
         Ok(Some(stored))
     }
 
-    async fn delete(&mut self, env: &Env, r: &ObjectRef) -> Result<(), ApiError> {
+    async fn delete(&mut self, env: &Env, r: &WrittenObject) -> Result<(), ApiError> {
         let m = &env.members[r.member];
         let result = env.remove(r.member, r.kind.object(), &r.namespace, &r.name).await;
         self.invalidate(r);
@@ -744,7 +799,7 @@ impl KeyState {
         let uid = export.uid.clone();
         if self.export_uids.get(&i) != Some(&uid) {
             self.transitions.retain(|(m, _), _| *m != i);
-            self.applied.remove(&ObjectRef::new(i, Kind::ExportStatus, key, key.name.to_string()));
+            self.applied.remove(&WrittenObject::new(i, Kind::ExportStatus, key, key.name.to_string()));
             self.export_uids.insert(i, uid);
         }
         let mut all = conds.to_vec();
@@ -777,7 +832,7 @@ impl KeyState {
             })
             .collect();
         let body = desired::export_status(&m.export_version, key, &timed);
-        let r = ObjectRef::new(i, Kind::ExportStatus, key, key.name.to_string());
+        let r = WrittenObject::new(i, Kind::ExportStatus, key, key.name.to_string());
         let text = desired::digest_of(&body["status"]);
         if self.applied.get(&r) == Some(&text) {
             return Ok(());

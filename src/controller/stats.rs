@@ -139,7 +139,22 @@ impl SyncStats {
         self.families(shards, election).register(registry)
     }
 
+    /// The families read at every scrape: from these counters, the `shards`
+    /// led, the members, the watches and the `election`.
     fn families(self: &Arc<Self>, shards: Arc<Shards>, election: Option<Arc<ElectionStatus>>) -> Families {
+        let mut f = Families::new();
+        leadership_families(&mut f, shards);
+        self.work_families(&mut f);
+        self.member_families(&mut f);
+        if let Some(e) = election {
+            election_families(&mut f, e);
+        }
+        f
+    }
+
+    /// What the controller did and has left to do: writes, reads,
+    /// reconciles, errors, conflicts, the queue, drift repaired.
+    fn work_families(self: &Arc<Self>, f: &mut Families) {
         let total = |counter: fn(&Self) -> &AtomicU64| {
             let s = self.clone();
             move || vec![Sample::count(&[], counter(&s).load(Ordering::Relaxed))]
@@ -148,29 +163,8 @@ impl SyncStats {
             let s = self.clone();
             move || vec![Sample::new(&[], gauge(&s).load(Ordering::Relaxed) as f64)]
         };
-        let members = |sample: fn(&MemberView) -> Sample| {
-            let s = self.clone();
-            move || s.members.load().iter().map(sample).collect()
-        };
-        let (s, led, reasons) = (self.clone(), shards.clone(), self.clone());
-        let mut f = Families::new();
-        f.gauge(
-            "clusterset_dns_sync_leader",
-            "1 while this replica leads a shard (with --shards 1: holds the Lease) and writes.",
-            &[],
-            move || vec![Sample::new(&[], f64::from(u8::from(led.led_count() > 0)))],
-        )
-        .gauge(
-            "clusterset_dns_sync_shard_leader",
-            "1 for each shard (of --shards) this replica leads.",
-            &["shard"],
-            move || {
-                (0..shards.count() as usize)
-                    .map(|i| Sample::new(&[("shard", &i.to_string())], f64::from(u8::from(shards.leads(i)))))
-                    .collect()
-            },
-        )
-        .counter(
+        let (s, reasons, drift) = (self.clone(), self.clone(), self.clone());
+        f.counter(
             "clusterset_dns_sync_writes_total",
             "API writes (apply, delete) made by the controller.",
             &[],
@@ -218,21 +212,30 @@ impl SyncStats {
             "Services waiting to be reconciled (changed, at startup, or touched while being reconciled); retries waiting out their backoff are not counted.",
             &[],
             level(|s| &s.queue_depth),
-        );
-        let s = self.clone();
-        f.counter(
+        )
+        .counter(
             "clusterset_dns_sync_drift_repaired_total",
             "Objects of ours found changed or deleted by someone else (live, by a watch, or at start and resync) and written again, by kind.",
             &["kind"],
             move || {
                 Kind::ALL
                     .iter()
-                    .zip(&s.drift_repaired)
+                    .zip(&drift.drift_repaired)
                     .map(|(k, c)| Sample::count(&[("kind", k.as_str())], c.load(Ordering::Relaxed)))
                     .collect()
             },
-        )
-        .gauge(
+        );
+    }
+
+    /// Each member's staleness and client-side throttling, and the health of
+    /// the controller's watches, probes and discoveries.
+    fn member_families(self: &Arc<Self>, f: &mut Families) {
+        let members = |sample: fn(&MemberView) -> Sample| {
+            let s = self.clone();
+            move || s.members.load().iter().map(sample).collect()
+        };
+        let (w, errors) = (self.clone(), self.clone());
+        f.gauge(
             "clusterset_dns_sync_member_stale_seconds",
             "Seconds since a member's API last answered its watches or the controller's probe (0 while healthy); its endpoints are kept meanwhile unless --on-member-lost=remove.",
             &["member"],
@@ -249,9 +252,8 @@ impl SyncStats {
             "Time requests to a member's API server waited for the client-side rate limit, summed.",
             &["member"],
             members(|m| Sample::new(&[("member", &m.name)], m.throttle.waited_seconds())),
-        );
-        let (w, errors) = (self.clone(), self.clone());
-        f.gauge(
+        )
+        .gauge(
             "clusterset_dns_sync_watch_stale_seconds",
             "Seconds a watch (of a member's objects, of our own objects), a member's API probe or its MCS API discovery has been failing; 0 while it is current.",
             &["watch"],
@@ -263,27 +265,6 @@ impl SyncStats {
             &["watch"],
             move || errors.watches.load().iter().map(|h| Sample::count(&[("watch", &h.name)], h.errors())).collect(),
         );
-        if let Some(e) = election {
-            let checks = e.clone();
-            f.counter(
-                "clusterset_dns_sync_lease_anomalies_total",
-                "What the election's rules did not expect, each named in the log: a Lease of a shard this replica led deleted or written by someone else while it held it (it stops writing that shard at once), a live replica with another --shards, a step of the wall clock (the tenure is kept on the monotonic clock and does not move).",
-                &["anomaly"],
-                move || {
-                    Anomaly::ALL
-                        .iter()
-                        .map(|a| Sample::count(&[("anomaly", a.as_str())], e.anomalies(*a)))
-                        .collect()
-                },
-            )
-            .counter(
-                "clusterset_dns_sync_election_checks_total",
-                "Checks of the election whose list of the Leases was answered (one every fifth of the lease duration, 1-3 s, while the Leases' cluster answers).",
-                &[],
-                move || vec![Sample::count(&[], checks.checks())],
-            );
-        }
-        f
     }
 
     /// The controller's watches, probes and discoveries, whose health
@@ -321,6 +302,44 @@ impl SyncStats {
         let i = Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
         self.drift_repaired[i].load(Ordering::Relaxed)
     }
+}
+
+/// Which shards this replica leads.
+fn leadership_families(f: &mut Families, shards: Arc<Shards>) {
+    let led = shards.clone();
+    f.gauge(
+        "clusterset_dns_sync_leader",
+        "1 while this replica leads a shard (with --shards 1: holds the Lease) and writes.",
+        &[],
+        move || vec![Sample::new(&[], f64::from(u8::from(led.led_count() > 0)))],
+    )
+    .gauge(
+        "clusterset_dns_sync_shard_leader",
+        "1 for each shard (of --shards) this replica leads.",
+        &["shard"],
+        move || {
+            (0..shards.count() as usize)
+                .map(|i| Sample::new(&[("shard", &i.to_string())], f64::from(u8::from(shards.leads(i)))))
+                .collect()
+        },
+    );
+}
+
+/// The election's checks and what its rules did not expect.
+fn election_families(f: &mut Families, e: Arc<ElectionStatus>) {
+    let checks = e.clone();
+    f.counter(
+        "clusterset_dns_sync_lease_anomalies_total",
+        "What the election's rules did not expect, each named in the log: a Lease of a shard this replica led deleted or written by someone else while it held it (it stops writing that shard at once), a live replica with another --shards, a step of the wall clock (the tenure is kept on the monotonic clock and does not move).",
+        &["anomaly"],
+        move || Anomaly::ALL.iter().map(|a| Sample::count(&[("anomaly", a.as_str())], e.anomalies(*a))).collect(),
+    )
+    .counter(
+        "clusterset_dns_sync_election_checks_total",
+        "Checks of the election whose list of the Leases was answered (one every fifth of the lease duration, 1-3 s, while the Leases' cluster answers).",
+        &[],
+        move || vec![Sample::count(&[], checks.checks())],
+    );
 }
 
 #[cfg(test)]

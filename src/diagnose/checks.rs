@@ -10,9 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use super::observed::{Answer, MemberSeen, Observed, Seen, SeenDns, SeenExport, SeenSlice};
+use super::observed::{Answer, MemberSeen, Observed, Seen, SeenDns, SeenExport, SeenImport, SeenSlice};
 use crate::fleet::export::{ClusterExport, Exported, ExportedService, ServicePortSpec};
-use crate::fleet::merge::{self, Merged};
+use crate::fleet::merge::{self, ImportSpec, Merged};
 use crate::fleet::objects::MANAGED_BY;
 use crate::k8s::mcs::{LABEL_K8S_SERVICE_NAME, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use crate::model::{AddressFamily, ClusterId, ImportType};
@@ -169,32 +169,8 @@ impl<'a> Checks<'a> {
         let name = self.name();
         let exporters: Vec<&MemberSeen> =
             self.o.members.iter().filter(|m| m.export.found().is_some()).collect();
-        let importers = self.o.members.iter().filter(|m| m.import.found().is_some()).count();
         if exporters.is_empty() {
-            let with_service: Vec<&str> = self
-                .o
-                .members
-                .iter()
-                .filter(|m| m.service.found().is_some())
-                .map(|m| m.name.as_str())
-                .collect();
-            let problem = if with_service.is_empty() {
-                format!("no member has a Service or a ServiceExport {name}")
-            } else {
-                format!("no member exports {name} (Services exist in {})", with_service.join(", "))
-            };
-            if importers == 0 && self.exports_known() {
-                self.push(
-                    Severity::Error,
-                    "NotExported",
-                    &with_service,
-                    format!("{problem}: {} resolves nowhere", self.o.fqdn),
-                    format!(
-                        "create a ServiceExport named {} in namespace {} in each cluster that should serve it",
-                        self.o.key.name, self.o.key.namespace
-                    ),
-                );
-            }
+            self.exported_nowhere();
         }
         let mut exports = Vec::new();
         for m in &self.o.members {
@@ -257,6 +233,32 @@ impl<'a> Checks<'a> {
         merged
     }
 
+    /// No member exports the service: an error when none imports it either
+    /// (it resolves nowhere), naming the members with a Service to export.
+    fn exported_nowhere(&mut self) {
+        let name = self.name();
+        let importers = self.o.members.iter().filter(|m| m.import.found().is_some()).count();
+        let with_service: Vec<&str> =
+            self.o.members.iter().filter(|m| m.service.found().is_some()).map(|m| m.name.as_str()).collect();
+        let problem = if with_service.is_empty() {
+            format!("no member has a Service or a ServiceExport {name}")
+        } else {
+            format!("no member exports {name} (Services exist in {})", with_service.join(", "))
+        };
+        if importers == 0 && self.exports_known() {
+            self.push(
+                Severity::Error,
+                "NotExported",
+                &with_service,
+                format!("{problem}: {} resolves nowhere", self.o.fqdn),
+                format!(
+                    "create a ServiceExport named {} in namespace {} in each cluster that should serve it",
+                    self.o.key.name, self.o.key.namespace
+                ),
+            );
+        }
+    }
+
     /// The merge's conflicts, cluster by cluster.
     fn conflicts(&mut self, exports: &[ClusterExport], merged: &Merged) {
         let Some(spec) = &merged.spec else { return };
@@ -311,51 +313,60 @@ impl<'a> Checks<'a> {
                     );
                 }
             }
-            let mut global = |code: &'static str, what: &str, theirs: String, ours: String| {
-                if theirs != ours {
-                    self.out.push(Verdict {
-                        severity: Severity::Warning,
-                        code,
-                        clusters: vec![who.clone(), winner.clone()],
-                        problem: format!(
-                            "{who} has {what} {theirs} but the import has {ours} (from {winner}): {code}, {wins}"
-                        ),
-                        action: format!("set the same {what} on the Service in every cluster"),
-                    });
-                }
-            };
-            global(
-                "SessionAffinityConflict",
-                "sessionAffinity",
-                s.session_affinity.as_str().into(),
-                first.session_affinity.as_str().into(),
-            );
-            if s.session_affinity == first.session_affinity {
-                global(
-                    "SessionAffinityConfigConflict",
-                    "sessionAffinityConfig timeoutSeconds",
-                    format!("{:?}", s.affinity_timeout),
-                    format!("{:?}", first.affinity_timeout),
-                );
-            }
-            global(
-                "TrafficDistributionConflict",
-                "trafficDistribution",
-                s.traffic_distribution.clone().unwrap_or_else(|| "unset".into()),
-                first.traffic_distribution.clone().unwrap_or_else(|| "unset".into()),
-            );
-            if s.kind == ImportType::ClusterSetIp && first.kind == ImportType::ClusterSetIp {
-                global(
-                    "IPFamilyConflict",
-                    "ipFamilies",
-                    families(&s.ip_families),
-                    families(&first.ip_families),
-                );
-            }
+            self.setting_conflicts((&who, s), (&winner, first));
         }
-        // Ports of the import a cluster does not serve: not a conflict (the
-        // import is the union), but that port only reaches the others.
-        for &(e, s) in &valid {
+        self.ports_not_served(&valid, spec);
+    }
+
+    /// Service-wide settings of `who`'s Service `s` that differ from the
+    /// oldest export's (`first`, in `winner`): warnings, the oldest wins.
+    fn setting_conflicts(
+        &mut self,
+        (who, s): (&str, &ExportedService),
+        (winner, first): (&str, &ExportedService),
+    ) {
+        let mut differs = |code: &'static str, what: &str, theirs: String, ours: String| {
+            if theirs != ours {
+                self.push(
+                    Severity::Warning,
+                    code,
+                    &[who, winner],
+                    format!(
+                        "{who} has {what} {theirs} but the import has {ours} (from {winner}): {code}, the oldest export, in {winner}, wins"
+                    ),
+                    format!("set the same {what} on the Service in every cluster"),
+                );
+            }
+        };
+        differs(
+            "SessionAffinityConflict",
+            "sessionAffinity",
+            s.session_affinity.as_str().into(),
+            first.session_affinity.as_str().into(),
+        );
+        if s.session_affinity == first.session_affinity {
+            differs(
+                "SessionAffinityConfigConflict",
+                "sessionAffinityConfig timeoutSeconds",
+                format!("{:?}", s.affinity_timeout),
+                format!("{:?}", first.affinity_timeout),
+            );
+        }
+        differs(
+            "TrafficDistributionConflict",
+            "trafficDistribution",
+            s.traffic_distribution.clone().unwrap_or_else(|| "unset".into()),
+            first.traffic_distribution.clone().unwrap_or_else(|| "unset".into()),
+        );
+        if s.kind == ImportType::ClusterSetIp && first.kind == ImportType::ClusterSetIp {
+            differs("IPFamilyConflict", "ipFamilies", families(&s.ip_families), families(&first.ip_families));
+        }
+    }
+
+    /// Ports of the import a cluster does not serve: not a conflict (the
+    /// import is the union), but that port only reaches the others.
+    fn ports_not_served(&mut self, valid: &[(&ClusterExport, &ExportedService)], spec: &ImportSpec) {
+        for &(e, s) in valid {
             let missing: Vec<String> = spec
                 .ports
                 .iter()
@@ -503,82 +514,92 @@ impl<'a> Checks<'a> {
                     "the controller rewrites it on its next reconcile; if this stays, check its log".into(),
                 );
             }
-            let listed: BTreeSet<&str> = import.clusters.iter().map(String::as_str).collect();
-            let valid: BTreeSet<&str> = merged.clusters.iter().map(ClusterId::as_str).collect();
-            if listed != valid && self.exports_known() {
-                self.push(
-                    Severity::Warning,
-                    "ImportClusters",
-                    &[&m.name],
-                    format!(
-                        "{}'s ServiceImport status lists clusters [{}]; the valid exports are in [{}]",
-                        m.name,
-                        join(listed),
-                        join(valid)
-                    ),
-                    "the controller rewrites the status on its next reconcile; if this stays, check its log"
-                        .into(),
-                );
+            self.import_status(m, import, merged);
+            if spec.kind == ImportType::ClusterSetIp {
+                self.clusterset_ip(m, import);
             }
-            if !import.unreachable.is_empty() {
-                self.push(
-                    Severity::Warning,
-                    "SourceUnreachable",
-                    &[&m.name],
-                    format!(
-                        "{}'s ServiceImport marks {} unreachable: their endpoints are kept as last seen",
-                        m.name,
-                        import.unreachable.join(", ")
-                    ),
-                    "check those clusters' API servers and the controller's access to them".into(),
-                );
-            }
-            if spec.kind != ImportType::ClusterSetIp {
-                continue;
-            }
-            let ips: BTreeSet<String> = import.ips.iter().map(|ip| normal(ip)).collect();
-            match &m.vip {
-                _ if ips.is_empty() => self.push(
-                    Severity::Error,
-                    "NoClusterSetIP",
-                    &[&m.name],
-                    format!("{}'s ServiceImport has no ips: {} has no address there", m.name, self.o.fqdn),
-                    format!(
-                        "check the controller's log: it takes the clusterset IP from the VIP Service it keeps in {} (internal, {})",
-                        m.name, self.o.vip_name
-                    ),
+        }
+    }
+
+    /// The clusters a member's ServiceImport status lists (valid exporters,
+    /// unreachable ones) against the merge.
+    fn import_status(&mut self, m: &MemberSeen, import: &SeenImport, merged: &Merged) {
+        let listed: BTreeSet<&str> = import.clusters.iter().map(String::as_str).collect();
+        let valid: BTreeSet<&str> = merged.clusters.iter().map(ClusterId::as_str).collect();
+        if listed != valid && self.exports_known() {
+            self.push(
+                Severity::Warning,
+                "ImportClusters",
+                &[&m.name],
+                format!(
+                    "{}'s ServiceImport status lists clusters [{}]; the valid exports are in [{}]",
+                    m.name,
+                    join(listed),
+                    join(valid)
                 ),
-                Seen::Read(None) => self.push(
-                    Severity::Error,
-                    "VipMissing",
-                    &[&m.name],
-                    format!(
-                        "{} has no clusterset VIP Service (internal, {}): the import's ips {} route nowhere",
-                        m.name,
-                        self.o.vip_name,
-                        join(ips.iter().map(String::as_str))
-                    ),
-                    "the controller recreates it on its next reconcile; if this stays, check its log".into(),
+                "the controller rewrites the status on its next reconcile; if this stays, check its log"
+                    .into(),
+            );
+        }
+        if !import.unreachable.is_empty() {
+            self.push(
+                Severity::Warning,
+                "SourceUnreachable",
+                &[&m.name],
+                format!(
+                    "{}'s ServiceImport marks {} unreachable: their endpoints are kept as last seen",
+                    m.name,
+                    import.unreachable.join(", ")
                 ),
-                Seen::Read(Some(vip)) => {
-                    let allocated: BTreeSet<String> = vip.iter().map(|ip| normal(ip)).collect();
-                    if allocated != ips {
-                        self.push(
-                            Severity::Error,
-                            "VipMismatch",
-                            &[&m.name],
-                            format!(
-                                "{}'s ServiceImport lists ips {} but the clusterset VIP allocated there is {}: clients get an address no Service routes",
-                                m.name,
-                                join(ips.iter().map(String::as_str)),
-                                join(allocated.iter().map(String::as_str))
-                            ),
-                            "the controller rewrites the import when it reconciles the service; restart it if this stays".into(),
-                        );
-                    }
+                "check those clusters' API servers and the controller's access to them".into(),
+            );
+        }
+    }
+
+    /// A member's ServiceImport ips against the VIP Service allocated there.
+    fn clusterset_ip(&mut self, m: &MemberSeen, import: &SeenImport) {
+        let ips: BTreeSet<String> = import.ips.iter().map(|ip| normal(ip)).collect();
+        match &m.vip {
+            _ if ips.is_empty() => self.push(
+                Severity::Error,
+                "NoClusterSetIP",
+                &[&m.name],
+                format!("{}'s ServiceImport has no ips: {} has no address there", m.name, self.o.fqdn),
+                format!(
+                    "check the controller's log: it takes the clusterset IP from the VIP Service it keeps in {} (internal, {})",
+                    m.name, self.o.vip_name
+                ),
+            ),
+            Seen::Read(None) => self.push(
+                Severity::Error,
+                "VipMissing",
+                &[&m.name],
+                format!(
+                    "{} has no clusterset VIP Service (internal, {}): the import's ips {} route nowhere",
+                    m.name,
+                    self.o.vip_name,
+                    join(ips.iter().map(String::as_str))
+                ),
+                "the controller recreates it on its next reconcile; if this stays, check its log".into(),
+            ),
+            Seen::Read(Some(vip)) => {
+                let allocated: BTreeSet<String> = vip.iter().map(|ip| normal(ip)).collect();
+                if allocated != ips {
+                    self.push(
+                        Severity::Error,
+                        "VipMismatch",
+                        &[&m.name],
+                        format!(
+                            "{}'s ServiceImport lists ips {} but the clusterset VIP allocated there is {}: clients get an address no Service routes",
+                            m.name,
+                            join(ips.iter().map(String::as_str)),
+                            join(allocated.iter().map(String::as_str))
+                        ),
+                        "the controller rewrites the import when it reconciles the service; restart it if this stays".into(),
+                    );
                 }
-                _ => {}
             }
+            _ => {}
         }
     }
 
@@ -587,26 +608,7 @@ impl<'a> Checks<'a> {
     fn slices(&mut self, merged: &Merged) {
         let name = self.name();
         let valid: Vec<&ClusterId> = merged.clusters.iter().collect();
-        // What each valid exporter has itself.
-        let mut own: BTreeMap<&str, BTreeSet<IpAddr>> = BTreeMap::new();
-        for c in &valid {
-            let Some(m) = self.member_of(c.as_str()) else { continue };
-            let Some(slices) = m.own_slices.read() else { continue };
-            let ready = ready(slices.iter());
-            if ready.is_empty() {
-                self.push(
-                    Severity::Warning,
-                    "NoReadyEndpoints",
-                    &[&m.name],
-                    format!("{} exports {name} but has no ready endpoints", m.name),
-                    format!(
-                        "check its Pods and the Service's selector (kubectl -n {} get endpointslices -l {LABEL_K8S_SERVICE_NAME}={})",
-                        self.o.key.namespace, self.o.key.name
-                    ),
-                );
-            }
-            own.insert(c.as_str(), ready);
-        }
+        let own = self.own_ready(&valid);
         for m in &self.o.members {
             let Some(slices) = m.mcs_slices.read() else { continue };
             let mut by_source: BTreeMap<Option<&str>, Vec<&SeenSlice>> = BTreeMap::new();
@@ -645,53 +647,92 @@ impl<'a> Checks<'a> {
                     _ => {}
                 }
             }
-            for (source, from) in &by_source {
-                let count = ready(from.iter().copied()).len();
-                let managers: BTreeSet<&str> =
-                    from.iter().map(|s| s.managed_by.as_deref().unwrap_or(MANAGED_BY)).collect();
-                match source {
+            self.unexpected_sources(m, &by_source, &valid);
+        }
+    }
+
+    /// The ready endpoints each valid exporter has itself; a warning for
+    /// an exporter with none.
+    fn own_ready<'v>(&mut self, valid: &[&'v ClusterId]) -> BTreeMap<&'v str, BTreeSet<IpAddr>> {
+        let name = self.name();
+        let mut own: BTreeMap<&str, BTreeSet<IpAddr>> = BTreeMap::new();
+        for c in valid {
+            let Some(m) = self.member_of(c.as_str()) else { continue };
+            let Some(slices) = m.own_slices.read() else { continue };
+            let ready = ready(slices.iter());
+            if ready.is_empty() {
+                self.push(
+                    Severity::Warning,
+                    "NoReadyEndpoints",
+                    &[&m.name],
+                    format!("{} exports {name} but has no ready endpoints", m.name),
+                    format!(
+                        "check its Pods and the Service's selector (kubectl -n {} get endpointslices -l {LABEL_K8S_SERVICE_NAME}={})",
+                        self.o.key.namespace, self.o.key.name
+                    ),
+                );
+            }
+            own.insert(c.as_str(), ready);
+        }
+        own
+    }
+
+    /// Member `m`'s MCS EndpointSlices (`by_source`: by their source
+    /// cluster label) from no source or from clusters that do not export
+    /// the service (validly).
+    fn unexpected_sources(
+        &mut self,
+        m: &MemberSeen,
+        by_source: &BTreeMap<Option<&str>, Vec<&SeenSlice>>,
+        valid: &[&ClusterId],
+    ) {
+        let name = self.name();
+        for (source, from) in by_source {
+            let count = ready(from.iter().copied()).len();
+            let managers: BTreeSet<&str> =
+                from.iter().map(|s| s.managed_by.as_deref().unwrap_or(MANAGED_BY)).collect();
+            match source {
+                None => self.push(
+                    Severity::Warning,
+                    "SliceWithoutSource",
+                    &[&m.name],
+                    format!(
+                        "{} has MCS EndpointSlices of {name} without a {LABEL_SOURCE_CLUSTER} label: {}",
+                        m.name,
+                        from.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                    "label them with their source cluster, or delete them".into(),
+                ),
+                Some(s) if valid.iter().any(|c| c.as_str() == *s) => {}
+                // Unknown exports cannot make slices stale.
+                Some(_) if !self.exports_known() => {}
+                Some(s) => match self.member_of(s) {
+                    Some(src) => self.push(
+                        Severity::Error,
+                        "StaleSlices",
+                        &[&m.name, &src.name],
+                        format!(
+                            "{} has MCS EndpointSlices from {}, which does not export {name} (validly): {count} ready endpoint(s) there still get traffic (written by {})",
+                            m.name,
+                            src.name,
+                            join(managers.iter().copied())
+                        ),
+                        format!(
+                            "the controller deletes them once every member has listed; if they stay: kubectl -n {} delete endpointslices -l {LABEL_SERVICE_NAME}={},{LABEL_SOURCE_CLUSTER}={s}",
+                            self.o.key.namespace, self.o.key.name
+                        ),
+                    ),
                     None => self.push(
-                        Severity::Warning,
-                        "SliceWithoutSource",
+                        Severity::Note,
+                        "UnknownSource",
                         &[&m.name],
                         format!(
-                            "{} has MCS EndpointSlices of {name} without a {LABEL_SOURCE_CLUSTER} label: {}",
-                            m.name,
-                            from.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                            "{} has MCS EndpointSlices from {s}, which is not among the members given ({count} ready endpoint(s))",
+                            m.name
                         ),
-                        "label them with their source cluster, or delete them".into(),
+                        format!("add --cluster {s}=KUBECONFIG to check it"),
                     ),
-                    Some(s) if valid.iter().any(|c| c.as_str() == *s) => {}
-                    // Unknown exports cannot make slices stale.
-                    Some(_) if !self.exports_known() => {}
-                    Some(s) => match self.member_of(s) {
-                        Some(src) => self.push(
-                            Severity::Error,
-                            "StaleSlices",
-                            &[&m.name, &src.name],
-                            format!(
-                                "{} has MCS EndpointSlices from {}, which does not export {name} (validly): {count} ready endpoint(s) there still get traffic (written by {})",
-                                m.name,
-                                src.name,
-                                join(managers.iter().copied())
-                            ),
-                            format!(
-                                "the controller deletes them once every member has listed; if they stay: kubectl -n {} delete endpointslices -l {LABEL_SERVICE_NAME}={},{LABEL_SOURCE_CLUSTER}={s}",
-                                self.o.key.namespace, self.o.key.name
-                            ),
-                        ),
-                        None => self.push(
-                            Severity::Note,
-                            "UnknownSource",
-                            &[&m.name],
-                            format!(
-                                "{} has MCS EndpointSlices from {s}, which is not among the members given ({count} ready endpoint(s))",
-                                m.name
-                            ),
-                            format!("add --cluster {s}=KUBECONFIG to check it"),
-                        ),
-                    },
-                }
+                },
             }
         }
     }

@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::checks::{Severity, Verdict, unreachable};
-use super::observed::{Answer, MemberSeen, Observed, Seen, SeenSlice};
+use super::observed::{
+    Answer, MemberSeen, Observed, Seen, SeenDns, SeenExport, SeenImport, SeenService, SeenSlice,
+};
 use crate::fleet::export::Exported;
 
 /// How the report is written.
@@ -115,47 +117,9 @@ fn text(o: &Observed, verdicts: &[Verdict]) -> String {
 /// One line per kind of object of a member.
 fn lines(m: &MemberSeen) -> Vec<(String, String)> {
     let mut v = vec![
-        (
-            "Service".to_owned(),
-            shown(&m.service, |s| match (&s.exported, s.headless) {
-                (Exported::Service(e), headless) => {
-                    let ports = e.ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-                    let ips = if headless { "clusterIP None".to_owned() } else { s.cluster_ips.join(", ") };
-                    format!(
-                        "{} {ips}; ports {}",
-                        if headless { "Headless" } else { &s.type_ },
-                        or_none(&ports)
-                    )
-                }
-                _ => format!("{} (cannot be exported)", s.type_),
-            }),
-        ),
-        (
-            "ServiceExport".to_owned(),
-            shown(&m.export, |e| {
-                let conds: Vec<String> =
-                    e.conditions.iter().map(|c| format!("{}={} {}", c.type_, c.status, c.reason)).collect();
-                format!(
-                    "created {}; {}",
-                    e.created_text,
-                    if conds.is_empty() { "no conditions".into() } else { conds.join("; ") }
-                )
-            }),
-        ),
-        (
-            "ServiceImport".to_owned(),
-            shown(&m.import, |i| {
-                let ports = i.ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-                let ips =
-                    if i.ips.is_empty() { String::new() } else { format!("; ips {}", i.ips.join(", ")) };
-                format!(
-                    "{}{ips}; ports {}; clusters {}",
-                    i.type_,
-                    or_none(&ports),
-                    or_none(&i.clusters.join(", "))
-                )
-            }),
-        ),
+        ("Service".to_owned(), shown(&m.service, service_text)),
+        ("ServiceExport".to_owned(), shown(&m.export, export_text)),
+        ("ServiceImport".to_owned(), shown(&m.import, import_text)),
     ];
     // The messages of the conditions that say something is wrong, as the
     // controller (ours or another MCS implementation) wrote them.
@@ -187,18 +151,50 @@ fn lines(m: &MemberSeen) -> Vec<(String, String)> {
         },
     ));
     if let Some(dns) = &m.dns {
-        let answer = |a: &Answer| match a {
-            Answer::Response { rcode, records } if rcode == "NOERROR" => or_none(&records.join(", ")),
-            Answer::Response { rcode, records } if records.is_empty() => rcode.clone(),
-            Answer::Response { rcode, records } => format!("{rcode} {}", records.join(", ")),
-            Answer::NoResponse(e) => format!("no answer ({e})"),
-        };
-        v.push((
-            format!("DNS {}", dns.server),
-            format!("A {} | AAAA {} | SRV {}", answer(&dns.a), answer(&dns.aaaa), answer(&dns.srv)),
-        ));
+        v.push((format!("DNS {}", dns.server), dns_text(dns)));
     }
     v
+}
+
+/// A Service's type, addresses and ports, or why it cannot be exported.
+fn service_text(s: &SeenService) -> String {
+    match (&s.exported, s.headless) {
+        (Exported::Service(e), headless) => {
+            let ports = e.ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            let ips = if headless { "clusterIP None".to_owned() } else { s.cluster_ips.join(", ") };
+            format!("{} {ips}; ports {}", if headless { "Headless" } else { &s.type_ }, or_none(&ports))
+        }
+        _ => format!("{} (cannot be exported)", s.type_),
+    }
+}
+
+/// A ServiceExport's age and conditions.
+fn export_text(e: &SeenExport) -> String {
+    let conds: Vec<String> =
+        e.conditions.iter().map(|c| format!("{}={} {}", c.type_, c.status, c.reason)).collect();
+    format!(
+        "created {}; {}",
+        e.created_text,
+        if conds.is_empty() { "no conditions".into() } else { conds.join("; ") }
+    )
+}
+
+/// A ServiceImport's type, addresses, ports and clusters.
+fn import_text(i: &SeenImport) -> String {
+    let ports = i.ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let ips = if i.ips.is_empty() { String::new() } else { format!("; ips {}", i.ips.join(", ")) };
+    format!("{}{ips}; ports {}; clusters {}", i.type_, or_none(&ports), or_none(&i.clusters.join(", ")))
+}
+
+/// The A, AAAA and SRV answers of a member's DNS.
+fn dns_text(dns: &SeenDns) -> String {
+    let answer = |a: &Answer| match a {
+        Answer::Response { rcode, records } if rcode == "NOERROR" => or_none(&records.join(", ")),
+        Answer::Response { rcode, records } if records.is_empty() => rcode.clone(),
+        Answer::Response { rcode, records } => format!("{rcode} {}", records.join(", ")),
+        Answer::NoResponse(e) => format!("no answer ({e})"),
+    };
+    format!("A {} | AAAA {} | SRV {}", answer(&dns.a), answer(&dns.aaaa), answer(&dns.srv))
 }
 
 fn by_source(slices: &[SeenSlice]) -> String {

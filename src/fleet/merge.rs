@@ -125,78 +125,15 @@ pub fn merge(exports: &[ClusterExport]) -> Merged {
     let valid_exports: Vec<&ClusterExport> =
         sorted.iter().copied().filter(|e| matches!(e.service, Exported::Service(_))).collect();
 
+    // The order conflicts are found in is the order of the Conflict
+    // condition's reasons.
     let mut conflicts = Vec::new();
-    let spec = valid.first().map(|_| {
-        let mut global = |what: &str, reason: &'static str, value: &dyn Fn(&ExportedService) -> String| {
-            let (oldest, first) = valid[0];
-            let winner = value(first);
-            let disagree = valid.iter().filter(|(_, s)| value(s) != winner).count();
-            if disagree > 0 {
-                conflicts.push(Conflict {
-                    reason,
-                    message: message(what, &winner, oldest, disagree, valid.len()),
-                });
-            }
-        };
-        global("type", "TypeConflict", &|s| kind_name(s.kind).to_owned());
-        global("sessionAffinity", "SessionAffinityConflict", &|s| s.session_affinity.as_str().to_owned());
-        global("trafficDistribution", "TrafficDistributionConflict", &|s| {
-            s.traffic_distribution.clone().unwrap_or_else(|| "unset".to_owned())
-        });
-        global("internalTrafficPolicy", "InternalTrafficPolicyConflict", &|s| {
-            s.internal_traffic_policy.clone().unwrap_or_else(|| "unset".to_owned())
-        });
-        // Exported labels and annotations are properties of the ServiceExport,
-        // not the Service, but resolve the same way (KEP "Labels and
-        // annotations"): the oldest export's set wins whole.
-        let mut carried = |what: &str, reason: &'static str, value: &dyn Fn(&ExportedMetadata) -> String| {
-            let oldest = valid_exports[0];
-            let winner = value(&oldest.metadata);
-            let disagree = valid_exports.iter().filter(|e| value(&e.metadata) != winner).count();
-            if disagree > 0 {
-                conflicts.push(Conflict {
-                    reason,
-                    message: message(what, &winner, &oldest.cluster, disagree, valid_exports.len()),
-                });
-            }
-        };
-        carried("exportedLabels", "LabelsConflict", &|m| pairs(&m.labels));
-        carried("exportedAnnotations", "AnnotationsConflict", &|m| pairs(&m.annotations));
-        // The config only means something between exports that agree on
-        // affinity (the API server fills in a timeout for every ClientIP).
-        let same_affinity: Vec<&ExportedService> = valid
-            .iter()
-            .map(|(_, s)| *s)
-            .filter(|s| s.session_affinity == valid[0].1.session_affinity)
-            .collect();
-        let timeout = |s: &ExportedService| {
-            s.affinity_timeout.map_or_else(|| "none".to_owned(), |t| format!("timeoutSeconds={t}"))
-        };
-        let winner = timeout(valid[0].1);
-        let disagree = same_affinity.iter().filter(|s| timeout(s) != winner).count();
-        if disagree > 0 {
-            conflicts.push(Conflict {
-                reason: "SessionAffinityConfigConflict",
-                message: message("sessionAffinityConfig", &winner, valid[0].0, disagree, same_affinity.len()),
-            });
-        }
-        // Families decide which VIPs exist; a headless Service has none
-        // (selector-less ones even get both families), so only exports
-        // with a cluster IP take part.
-        let vips: Vec<(&ClusterId, &ExportedService)> =
-            valid.iter().copied().filter(|(_, s)| s.kind == ImportType::ClusterSetIp).collect();
-        if valid[0].1.kind == ImportType::ClusterSetIp {
-            let winner = families(&valid[0].1.ip_families);
-            let disagree = vips.iter().filter(|(_, s)| families(&s.ip_families) != winner).count();
-            if disagree > 0 {
-                conflicts.push(Conflict {
-                    reason: "IPFamilyConflict",
-                    message: message("ipFamilies", &winner, valid[0].0, disagree, vips.len()),
-                });
-            }
-        }
+    let spec = valid.first().map(|&(_, first)| {
+        property_conflicts(&valid, &mut conflicts);
+        metadata_conflicts(&valid_exports, &mut conflicts);
+        conflicts.extend(affinity_config_conflict(&valid));
+        conflicts.extend(family_conflict(&valid));
         let ports = merge_ports(&valid, &mut conflicts);
-        let first = valid[0].1;
         ImportSpec {
             kind: first.kind,
             ports,
@@ -206,49 +143,126 @@ pub fn merge(exports: &[ClusterExport]) -> Merged {
             traffic_distribution: first.traffic_distribution.clone(),
             internal_traffic_policy: first.internal_traffic_policy.clone(),
             metadata: valid_exports[0].metadata.clone(),
-            annotations: sorted
-                .iter()
-                .find(|e| matches!(e.service, Exported::Service(_)))
-                .map(|e| e.annotations.clone())
-                .unwrap_or_default(),
+            annotations: valid_exports[0].annotations.clone(),
         }
     });
+    let conflict = conflict_condition(&conflicts);
+    let conditions = sorted.iter().map(|e| (e.cluster.clone(), export_conditions(e, &conflict))).collect();
+    Merged { spec, clusters: valid.iter().map(|(c, _)| (*c).clone()).collect(), conditions }
+}
 
-    let conflict = if conflicts.is_empty() {
+/// The Service properties every valid export (`valid`, oldest first, not
+/// empty) must agree on: type, session affinity, traffic distribution,
+/// internal traffic policy. The oldest wins.
+fn property_conflicts(valid: &[(&ClusterId, &ExportedService)], conflicts: &mut Vec<Conflict>) {
+    let mut global = |what: &str, reason: &'static str, value: &dyn Fn(&ExportedService) -> String| {
+        let (oldest, first) = valid[0];
+        let winner = value(first);
+        let disagree = valid.iter().filter(|(_, s)| value(s) != winner).count();
+        if disagree > 0 {
+            conflicts
+                .push(Conflict { reason, message: message(what, &winner, oldest, disagree, valid.len()) });
+        }
+    };
+    global("type", "TypeConflict", &|s| kind_name(s.kind).to_owned());
+    global("sessionAffinity", "SessionAffinityConflict", &|s| s.session_affinity.as_str().to_owned());
+    global("trafficDistribution", "TrafficDistributionConflict", &|s| {
+        s.traffic_distribution.clone().unwrap_or_else(|| "unset".to_owned())
+    });
+    global("internalTrafficPolicy", "InternalTrafficPolicyConflict", &|s| {
+        s.internal_traffic_policy.clone().unwrap_or_else(|| "unset".to_owned())
+    });
+}
+
+/// Exported labels and annotations: properties of the ServiceExport, not
+/// the Service, but resolved the same way (KEP "Labels and annotations"):
+/// the oldest valid export's set wins whole.
+fn metadata_conflicts(valid_exports: &[&ClusterExport], conflicts: &mut Vec<Conflict>) {
+    let mut carried = |what: &str, reason: &'static str, value: &dyn Fn(&ExportedMetadata) -> String| {
+        let oldest = valid_exports[0];
+        let winner = value(&oldest.metadata);
+        let disagree = valid_exports.iter().filter(|e| value(&e.metadata) != winner).count();
+        if disagree > 0 {
+            conflicts.push(Conflict {
+                reason,
+                message: message(what, &winner, &oldest.cluster, disagree, valid_exports.len()),
+            });
+        }
+    };
+    carried("exportedLabels", "LabelsConflict", &|m| pairs(&m.labels));
+    carried("exportedAnnotations", "AnnotationsConflict", &|m| pairs(&m.annotations));
+}
+
+/// The session affinity config, which only means something between exports
+/// that agree on affinity (the API server fills in a timeout for every
+/// ClientIP).
+fn affinity_config_conflict(valid: &[(&ClusterId, &ExportedService)]) -> Option<Conflict> {
+    let same_affinity: Vec<&ExportedService> =
+        valid.iter().map(|(_, s)| *s).filter(|s| s.session_affinity == valid[0].1.session_affinity).collect();
+    let timeout = |s: &ExportedService| {
+        s.affinity_timeout.map_or_else(|| "none".to_owned(), |t| format!("timeoutSeconds={t}"))
+    };
+    let winner = timeout(valid[0].1);
+    let disagree = same_affinity.iter().filter(|s| timeout(s) != winner).count();
+    (disagree > 0).then(|| Conflict {
+        reason: "SessionAffinityConfigConflict",
+        message: message("sessionAffinityConfig", &winner, valid[0].0, disagree, same_affinity.len()),
+    })
+}
+
+/// The IP families, which decide which VIPs exist: a headless Service has
+/// none (selector-less ones even get both families), so only exports with
+/// a cluster IP take part, and only when the oldest has one.
+fn family_conflict(valid: &[(&ClusterId, &ExportedService)]) -> Option<Conflict> {
+    if valid[0].1.kind != ImportType::ClusterSetIp {
+        return None;
+    }
+    let vips: Vec<(&ClusterId, &ExportedService)> =
+        valid.iter().copied().filter(|(_, s)| s.kind == ImportType::ClusterSetIp).collect();
+    let winner = families(&valid[0].1.ip_families);
+    let disagree = vips.iter().filter(|(_, s)| families(&s.ip_families) != winner).count();
+    (disagree > 0).then(|| Conflict {
+        reason: "IPFamilyConflict",
+        message: message("ipFamilies", &winner, valid[0].0, disagree, vips.len()),
+    })
+}
+
+/// The one Conflict condition every valid export carries: every reason
+/// found, or none.
+fn conflict_condition(conflicts: &[Conflict]) -> Condition {
+    if conflicts.is_empty() {
         Condition::new(condition::CONFLICT, Status::False, "NoConflicts", "No conflicts.")
     } else {
         let reasons: Vec<&str> = conflicts.iter().map(|c| c.reason).collect();
         let messages: Vec<&str> = conflicts.iter().map(|c| c.message.as_str()).collect();
         Condition::new(condition::CONFLICT, Status::True, &reasons.join(","), messages.join(" "))
-    };
-    let conditions = sorted
-        .iter()
-        .map(|e| {
-            let conds = match &e.service {
-                Exported::Service(_) => vec![
-                    Condition::new(condition::VALID, Status::True, "Valid", "Service is valid for export."),
-                    conflict.clone(),
-                ],
-                Exported::NoService => vec![Condition::new(
-                    condition::VALID,
-                    Status::False,
-                    "NoService",
-                    "No Service of this name in this namespace.",
-                )],
-                Exported::InvalidType(t) => vec![Condition::new(
-                    condition::VALID,
-                    Status::False,
-                    "InvalidServiceType",
-                    format!("Services of type {t} cannot be exported."),
-                )],
-                Exported::DuplicateCluster(why) => {
-                    vec![Condition::new(condition::VALID, Status::False, "DuplicateClusterID", why.clone())]
-                }
-            };
-            (e.cluster.clone(), conds)
-        })
-        .collect();
-    Merged { spec, clusters: valid.iter().map(|(c, _)| (*c).clone()).collect(), conditions }
+    }
+}
+
+/// An export's conditions: Valid and the shared `conflict` when it is
+/// valid, Valid=False with the reason otherwise.
+fn export_conditions(e: &ClusterExport, conflict: &Condition) -> Vec<Condition> {
+    match &e.service {
+        Exported::Service(_) => vec![
+            Condition::new(condition::VALID, Status::True, "Valid", "Service is valid for export."),
+            conflict.clone(),
+        ],
+        Exported::NoService => vec![Condition::new(
+            condition::VALID,
+            Status::False,
+            "NoService",
+            "No Service of this name in this namespace.",
+        )],
+        Exported::InvalidType(t) => vec![Condition::new(
+            condition::VALID,
+            Status::False,
+            "InvalidServiceType",
+            format!("Services of type {t} cannot be exported."),
+        )],
+        Exported::DuplicateCluster(why) => {
+            vec![Condition::new(condition::VALID, Status::False, "DuplicateClusterID", why.clone())]
+        }
+    }
 }
 
 /// The union of ports, oldest export first. A port of a newer export

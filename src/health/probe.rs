@@ -72,6 +72,48 @@ impl State {
         let settling = if self.up { self.fails > 0 } else { self.oks > 0 };
         if settling { cfg.recheck.min(cfg.interval) } else { cfg.interval }
     }
+
+    /// Counts one probe's result and schedules the next probe; returns the
+    /// new verdict (`true`: healthy) when this result changed it.
+    fn record(&mut self, ok: bool, cfg: &ProbeConfig) -> Option<bool> {
+        let verdict = if ok {
+            self.fails = 0;
+            self.oks = self.oks.saturating_add(1);
+            (!self.up && self.oks >= cfg.rise).then_some(true)
+        } else {
+            self.oks = 0;
+            self.fails = self.fails.saturating_add(1);
+            (self.up && self.fails >= cfg.fall).then_some(false)
+        };
+        self.up = verdict.unwrap_or(self.up);
+        // After the verdict: a settled address goes back to the interval.
+        self.due = Some(Instant::now() + Jitter::Around.apply(self.next_gap(cfg)));
+        verdict
+    }
+}
+
+/// Makes `list` (a new snapshot's targets) the probed set: a target kept
+/// keeps its counts and schedule, a new one starts healthy with its first
+/// probe spread over one interval. Returns the targets gone while down.
+fn retarget(
+    state: &mut HashMap<Target, State>,
+    list: Vec<Target>,
+    now: Instant,
+    cfg: &ProbeConfig,
+) -> Vec<Target> {
+    let mut next: HashMap<Target, State> = HashMap::with_capacity(list.len());
+    for t in list {
+        let kept = state.remove(&t).unwrap_or_else(|| State {
+            fails: 0,
+            oks: 0,
+            up: true,
+            due: Some(now + Jitter::Full.apply(cfg.interval)),
+        });
+        next.insert(t, kept);
+    }
+    let gone_down = state.drain().filter(|(_, s)| !s.up).map(|(t, _)| t).collect();
+    *state = next;
+    gone_down
 }
 
 /// The targets of a snapshot: every address of every ready endpoint of
@@ -113,19 +155,7 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
             _ = ticker.tick() => {}
             Some((target, ok)) = done.recv() => {
                 let Some(s) = state.get_mut(&target) else { continue };
-                let verdict = if ok {
-                    s.fails = 0;
-                    s.oks = s.oks.saturating_add(1);
-                    (!s.up && s.oks >= cfg.rise).then_some(true)
-                } else {
-                    s.oks = 0;
-                    s.fails = s.fails.saturating_add(1);
-                    (s.up && s.fails >= cfg.fall).then_some(false)
-                };
-                s.up = verdict.unwrap_or(s.up);
-                // After the verdict: a settled address goes back to the interval.
-                s.due = Some(Instant::now() + Jitter::Around.apply(s.next_gap(&cfg)));
-                let Some(healthy) = verdict else { continue };
+                let Some(healthy) = s.record(ok, &cfg) else { continue };
                 info!(service = %target.service, address = %target.addr, healthy, "probe verdict changed");
                 let update = Update::EndpointHealth { service: target.service, address: target.addr.ip(), healthy };
                 if updates.send(update).await.is_err() {
@@ -138,34 +168,15 @@ pub async fn run(reader: Reader, cfg: ProbeConfig, updates: mpsc::Sender<Update>
         if serial != Some(reader.load().serial()) {
             let (s, list) = targets(&reader);
             serial = Some(s);
-            let mut next: HashMap<Target, State> = HashMap::with_capacity(list.len());
-            for t in list {
-                let kept = state.remove(&t).unwrap_or_else(|| State {
-                    fails: 0,
-                    oks: 0,
-                    up: true,
-                    // Spread the first probes over one interval.
-                    due: Some(now + Jitter::Full.apply(cfg.interval)),
-                });
-                next.insert(t, kept);
-            }
             // Gone from the answers: forget a down verdict, so an address
             // that comes back starts healthy, as new endpoints do.
-            for (t, s) in state.drain() {
-                if !s.up
-                    && updates
-                        .send(Update::EndpointHealth {
-                            service: t.service,
-                            address: t.addr.ip(),
-                            healthy: true,
-                        })
-                        .await
-                        .is_err()
-                {
+            for t in retarget(&mut state, list, now, &cfg) {
+                let update =
+                    Update::EndpointHealth { service: t.service, address: t.addr.ip(), healthy: true };
+                if updates.send(update).await.is_err() {
                     return;
                 }
             }
-            state = next;
         }
         for (target, s) in state.iter_mut() {
             if s.due.is_none_or(|d| d > now) {

@@ -67,7 +67,7 @@ pub struct Publisher {
 }
 
 /// One kind of the member's objects, as its watch reports them.
-enum Seen {
+enum MemberChange {
     Exports(Change<DynamicObject>),
     Services(Change<Service>),
     Slices(Change<EndpointSlice>),
@@ -80,26 +80,26 @@ enum Change<K> {
 }
 
 struct Keep<K> {
-    wrap: fn(Change<K>) -> Seen,
+    wrap: fn(Change<K>) -> MemberChange,
 }
 
 impl<K: kube::Resource + Clone + Send + Sync + 'static> Translate<K> for Keep<K> {
     type Item = K;
-    type Message = Seen;
+    type Message = MemberChange;
 
     fn item(&self, k: &K) -> Option<K> {
         Some(k.clone())
     }
 
-    fn listed(&self, items: Vec<K>, _: std::time::Instant) -> Seen {
+    fn listed(&self, items: Vec<K>, _: std::time::Instant) -> MemberChange {
         (self.wrap)(Change::Listed(items))
     }
 
-    fn applied(&self, k: &K) -> Option<Seen> {
+    fn applied(&self, k: &K) -> Option<MemberChange> {
         Some((self.wrap)(Change::Applied(Box::new(k.clone()))))
     }
 
-    fn deleted(&self, k: &K) -> Option<Seen> {
+    fn deleted(&self, k: &K) -> Option<MemberChange> {
         Some((self.wrap)(Change::Deleted(Box::new(k.clone()))))
     }
 }
@@ -153,21 +153,21 @@ impl Objects {
         }
     }
 
-    fn apply(&mut self, seen: Seen, touched: &mut BTreeSet<Key>) {
+    fn apply(&mut self, seen: MemberChange, touched: &mut BTreeSet<Key>) {
         match seen {
-            Seen::Exports(c) => {
+            MemberChange::Exports(c) => {
                 if matches!(c, Change::Listed(_)) {
                     self.listed[0] = true;
                 }
                 Self::take(&mut self.exports, c, touched);
             }
-            Seen::Services(c) => {
+            MemberChange::Services(c) => {
                 if matches!(c, Change::Listed(_)) {
                     self.listed[1] = true;
                 }
                 Self::take(&mut self.services, c, touched);
             }
-            Seen::Slices(c) => {
+            MemberChange::Slices(c) => {
                 let keyed = |s: EndpointSlice| Some((key_of(&s)?, (slice_service(&s)?, s)));
                 match c {
                     Change::Listed(all) => {
@@ -214,7 +214,7 @@ impl Objects {
 impl Publisher {
     /// Runs until dropped.
     pub async fn run(mut self) {
-        let (tx, mut rx) = mpsc::channel::<Seen>(1024);
+        let (tx, mut rx) = mpsc::channel::<MemberChange>(1024);
         let mut watches = tokio::task::JoinSet::new();
         self.spawn_watches(&mut watches, &tx);
         let mut objects = Objects::default();
@@ -273,7 +273,7 @@ impl Publisher {
         self.leading.borrow().first().copied().unwrap_or(false)
     }
 
-    fn spawn_watches(&self, set: &mut tokio::task::JoinSet<()>, tx: &mpsc::Sender<Seen>) {
+    fn spawn_watches(&self, set: &mut tokio::task::JoinSet<()>, tx: &mpsc::Sender<MemberChange>) {
         let lists = Lists::default();
         let (client, health) = (self.cluster.client.clone(), self.cluster.health.clone());
         let name = |k: usize| health.get(k).cloned().unwrap_or_else(|| health[0].clone());
@@ -282,19 +282,20 @@ impl Publisher {
             let mut reporter = Reporter::new(h);
             let resource = discover_mcs(&c, "ServiceExport", "serviceexports", &mut reporter).await;
             let api: Api<DynamicObject> = Api::all_with(c, &resource);
-            relist(api, watcher::Config::default(), &l, reporter, Keep { wrap: Seen::Exports }, t).await;
+            relist(api, watcher::Config::default(), &l, reporter, Keep { wrap: MemberChange::Exports }, t)
+                .await;
         });
         let (c, t, l, h) = (client.clone(), tx.clone(), lists.clone(), name(1));
         set.spawn(async move {
             let api: Api<Service> = Api::all(c);
-            let keep = Keep { wrap: Seen::Services };
+            let keep = Keep { wrap: MemberChange::Services };
             relist(api, watcher::Config::default(), &l, Reporter::new(h), keep, t).await;
         });
         let (c, t, l, h) = (client, tx.clone(), lists, name(2));
         set.spawn(async move {
             let api: Api<EndpointSlice> = Api::all(c);
             let cfg = watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME);
-            relist(api, cfg, &l, Reporter::new(h), Keep { wrap: Seen::Slices }, t).await;
+            relist(api, cfg, &l, Reporter::new(h), Keep { wrap: MemberChange::Slices }, t).await;
         });
     }
 

@@ -16,7 +16,11 @@
 //! never meet), whose slices a reader adds to the base record's.
 //! **Writes.** A record is written only when its content changed (its
 //! digest, in an annotation, is read back at start: an idle restart writes
-//! nothing).
+//! nothing). A slice's trigger time
+//! (`endpoints.kubernetes.io/last-change-trigger-time`) travels in the
+//! record but is no part of the digest: as `sync` writes no MCS slice for
+//! a time that changed alone, the agent writes no record for one; the
+//! record takes the time with the next change of content.
 //!
 //! The namespace of a record, not its content, says which member published
 //! it.
@@ -27,6 +31,8 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
+
+use crate::k8s::mcs::ANNOTATION_TRIGGER_TIME;
 
 /// The records' API group.
 pub const GROUP: &str = "hub.clusterset-dns.io";
@@ -146,7 +152,7 @@ pub fn records(member_namespace: &str, namespace: &str, name: &str, e: &Exported
             } else {
                 json!({"endpointSlices": slices})
             };
-            let digest = crate::k8s::digest::of(&spec);
+            let digest = content_digest(&spec);
             json!({
                 "apiVersion": format!("{GROUP}/{VERSION}"), "kind": KIND,
                 "metadata": {
@@ -158,6 +164,22 @@ pub fn records(member_namespace: &str, namespace: &str, name: &str, e: &Exported
             })
         })
         .collect()
+}
+
+/// The digest of a record's `spec`, less its slices' trigger times.
+fn content_digest(spec: &Value) -> String {
+    let mut content = spec.clone();
+    let slices = content.get_mut("endpointSlices").and_then(Value::as_array_mut);
+    for s in slices.into_iter().flatten() {
+        let Some(meta) = s.get_mut("metadata").and_then(Value::as_object_mut) else { continue };
+        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            a.remove(ANNOTATION_TRIGGER_TIME);
+            if a.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+    }
+    crate::k8s::digest::of(&content)
 }
 
 /// A record's content digest, as written.
@@ -317,6 +339,29 @@ mod tests {
         assert!(export.metadata.creation_timestamp.is_some());
         // The same content, the same digest: written once.
         assert_eq!(digest(r), digest(&records(&namespace_of("cluster-1"), "shop", "web", &web())[0]));
+    }
+
+    /// A slice's trigger time reaches the reader; the time alone changed
+    /// gives the same digest (no write), a change of content with a new
+    /// time a new one.
+    #[test]
+    fn a_trigger_time_travels_in_the_record_but_alone_writes_none() {
+        let stamped = |at: &str, address: &str| {
+            let mut e = web();
+            let s = &mut e.slices[0];
+            s.metadata.annotations = Some([(ANNOTATION_TRIGGER_TIME.to_owned(), at.to_owned())].into());
+            s.endpoints[0].addresses = vec![address.to_owned()];
+            records(&namespace_of("cluster-1"), "shop", "web", &e).remove(0)
+        };
+        let first = stamped("2026-11-28T06:00:00.25Z", "10.0.1.5");
+        let back = as_read(&first).unwrap().objects.slices.remove(0);
+        let at = back.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_TRIGGER_TIME));
+        assert_eq!(at.map(String::as_str), Some("2026-11-28T06:00:00.25Z"));
+        let retimed = stamped("2026-11-28T06:00:01.5Z", "10.0.1.5");
+        assert_eq!(digest(&retimed), digest(&first), "a new time alone is no new content");
+        let untimed = records(&namespace_of("cluster-1"), "shop", "web", &web()).remove(0);
+        assert_eq!(digest(&untimed), digest(&first), "nor is a time added alone");
+        assert_ne!(digest(&stamped("2026-11-28T06:00:01.5Z", "10.0.1.6")), digest(&first));
     }
 
     #[test]

@@ -478,6 +478,67 @@ enum End {
     Relist,
 }
 
+impl End {
+    /// The end of a watch whose list was refused (or that failed, as
+    /// [`Refusal::Failed`]): reported, unless the next list falls back.
+    fn refused(refusal: Refusal, reporter: &mut Reporter, listed: bool) -> Self {
+        match refusal {
+            Refusal::FallBack => return Self::FallBack,
+            Refusal::Failed(why) => reporter.failed(&why),
+            Refusal::None => {}
+        }
+        Self::Failed { listed }
+    }
+}
+
+/// The list a watch is receiving (from `Init` to `InitDone`).
+struct Listing<I> {
+    /// Whether a list began and has not ended.
+    open: bool,
+    began: Instant,
+    /// Items not handed over yet.
+    buffer: Vec<I>,
+    /// Whether a part of it was handed over ([`Translate::part`]).
+    parted: bool,
+    /// Its items so far.
+    count: usize,
+}
+
+impl<I> Listing<I> {
+    /// A list begins: nothing of one that never ended is kept.
+    fn begin(&mut self) {
+        (self.open, self.began, self.parted, self.count) = (true, Instant::now(), false, 0);
+        self.buffer.clear();
+    }
+
+    /// One listed object's item (`None`: left out); a part of the list to
+    /// send when [`LIST_PART`] items are held and the consumer takes parts.
+    fn add<K, T: Translate<K, Item = I>>(&mut self, item: Option<I>, translate: &T) -> Option<T::Message> {
+        if let Some(item) = item {
+            self.buffer.push(item);
+            self.count += 1;
+        }
+        if self.buffer.len() < LIST_PART {
+            return None;
+        }
+        let part = translate.part(&mut self.buffer, !self.parted)?;
+        self.parted = true;
+        Some(part)
+    }
+
+    /// The list ended: the message that completes it (its rest after parts,
+    /// or the whole list).
+    fn end<K, T: Translate<K, Item = I>>(&mut self, translate: &T) -> T::Message {
+        self.open = false;
+        let items = std::mem::take(&mut self.buffer);
+        if std::mem::take(&mut self.parted) {
+            translate.rest(items, self.began)
+        } else {
+            translate.listed(items, self.began)
+        }
+    }
+}
+
 /// Turns watch events into messages until the watch fails; `streaming`
 /// when its list is a streaming one.
 async fn pump<K, S, T>(
@@ -492,15 +553,9 @@ where
     T: Translate<K>,
 {
     let mut stream = std::pin::pin!(stream);
-    let mut buffer = Vec::new();
     let mut listed = false;
-    // Whether a list began (`Init`) and has not ended (`InitDone`), and
-    // when it began.
-    let mut started = false;
-    let mut began = Instant::now();
-    // Whether a part of the current list was handed over, and its items.
-    let mut parted = false;
-    let mut count = 0usize;
+    let mut list =
+        Listing { open: false, began: Instant::now(), buffer: Vec::new(), parted: false, count: 0 };
     let how = if streaming { "streamed" } else { "paged" };
     let mut relist = std::pin::pin!(translate.relist());
     loop {
@@ -514,62 +569,32 @@ where
             Err(e) => {
                 // Only the first watch of a streaming list asks for its
                 // initial events; a refusal can come before the list only.
-                let refusal = if streaming && !listed { lists.refusal(&e) } else { Refusal::None };
-                match refusal {
-                    Refusal::FallBack => return End::FallBack,
-                    Refusal::Failed(why) => reporter.failed(&why),
-                    Refusal::None => reporter.failed(&e.to_string()),
-                }
-                return End::Failed { listed };
+                let refusal = match if streaming && !listed { lists.refusal(&e) } else { Refusal::None } {
+                    Refusal::None => Refusal::Failed(e.to_string()),
+                    refusal => refusal,
+                };
+                return End::refused(refusal, reporter, listed);
+            }
+            // A second start: the streaming list ended unfinished.
+            Ok(Event::Init) if list.open && streaming => {
+                return End::refused(lists.unfinished(), reporter, listed);
             }
             Ok(Event::Init) => {
-                if started && streaming {
-                    // A second start: the streaming list ended unfinished.
-                    match lists.unfinished() {
-                        Refusal::FallBack => return End::FallBack,
-                        Refusal::Failed(why) => reporter.failed(&why),
-                        Refusal::None => {}
-                    }
-                    return End::Failed { listed };
-                }
-                started = true;
-                began = Instant::now();
                 // With "watch listed" (which says how it listed), when a
                 // (re)list ran and how long it took.
                 info!(watch = %reporter.name(), "watch listing");
-                buffer.clear();
-                parted = false;
-                count = 0;
+                list.begin();
                 continue;
             }
-            Ok(Event::InitApply(k)) => {
-                if let Some(item) = translate.item(&k) {
-                    buffer.push(item);
-                    count += 1;
-                }
-                if buffer.len() < LIST_PART {
-                    continue;
-                }
-                match translate.part(&mut buffer, !parted) {
-                    Some(m) => {
-                        parted = true;
-                        (m, false)
-                    }
-                    None => continue,
-                }
-            }
+            Ok(Event::InitApply(k)) => match list.add(translate.item(&k), translate) {
+                Some(m) => (m, false),
+                None => continue,
+            },
             Ok(Event::InitDone) => {
-                started = false;
-                let items = std::mem::take(&mut buffer);
-                let seconds = began.elapsed().as_secs_f64();
-                info!(watch = %reporter.name(), objects = count, list = how, seconds, "watch listed");
+                let (objects, seconds) = (list.count, list.began.elapsed().as_secs_f64());
+                info!(watch = %reporter.name(), objects, list = how, seconds, "watch listed");
                 listed = true;
-                let message = if std::mem::take(&mut parted) {
-                    translate.rest(items, began)
-                } else {
-                    translate.listed(items, began)
-                };
-                (message, true)
+                (list.end(translate), true)
             }
             Ok(Event::Apply(k)) => match translate.applied(&k) {
                 Some(m) => (m, false),

@@ -102,6 +102,49 @@ pub async fn run(members: Vec<Member>, lists: Lists, to: To, liveness: Arc<Liven
     }
 }
 
+/// The fleet's first complete state: the objects of every service in
+/// `dirty`, each service's object ids remembered in `sent`.
+fn first_list(
+    state: &FleetState,
+    dirty: BTreeSet<ServiceKey>,
+    sent: &mut HashMap<ServiceKey, BTreeSet<ObjectId>>,
+) -> Vec<Object> {
+    let mut objects = Vec::new();
+    for key in dirty {
+        let objs = service_objects(state, &key);
+        sent.insert(key, objs.iter().map(Object::id).collect());
+        objects.extend(objs);
+    }
+    info!(services = sent.len(), "fleet listed");
+    sent.retain(|_, ids| !ids.is_empty());
+    objects
+}
+
+/// Sends the store what changed of service `key`: the removal of each
+/// object sent before that it no longer has, then its objects. `None`:
+/// the store is gone.
+async fn send_changes(
+    state: &FleetState,
+    key: ServiceKey,
+    sent: &mut HashMap<ServiceKey, BTreeSet<ObjectId>>,
+    to: &To,
+) -> Option<()> {
+    let source = to.source;
+    let objs = service_objects(state, &key);
+    let ids: BTreeSet<ObjectId> = objs.iter().map(Object::id).collect();
+    let old = sent.remove(&key).unwrap_or_default();
+    for id in old.difference(&ids) {
+        to.updates.send(Update::Remove { source, id: id.clone() }).await.ok()?;
+    }
+    for object in objs {
+        to.updates.send(Update::Upsert { source, object }).await.ok()?;
+    }
+    if !ids.is_empty() {
+        sent.insert(key, ids);
+    }
+    Some(())
+}
+
 /// Watches every member and sends the merged view until the watches end
 /// (`None`: shutting down), a member's cluster id changes or the store
 /// asks for the fleet again (`Some`).
@@ -135,12 +178,8 @@ async fn fleet(
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(e) => e,
                 Err(_) => {
-                    let late: Vec<&str> = members
-                        .iter()
-                        .zip(state.members())
-                        .filter(|(_, s)| !s.synced())
-                        .map(|(m, _)| m.name.as_str())
-                        .collect();
+                    let late = members.iter().zip(state.members()).filter(|(_, s)| !s.synced());
+                    let late: Vec<&str> = late.map(|(m, _)| m.name.as_str()).collect();
                     warn!(members = ?late, "members not listed within {FIRST_SYNC_TIMEOUT:?}; serving without them for now");
                     None
                 }
@@ -168,31 +207,13 @@ async fn fleet(
             if !state.synced() && tokio::time::Instant::now() < deadline {
                 continue;
             }
-            let mut objects = Vec::new();
-            for key in std::mem::take(&mut dirty) {
-                let objs = service_objects(&state, &key);
-                sent.insert(key, objs.iter().map(Object::id).collect());
-                objects.extend(objs);
-            }
-            info!(services = sent.len(), "fleet listed");
-            sent.retain(|_, ids| !ids.is_empty());
+            let objects = first_list(&state, std::mem::take(&mut dirty), &mut sent);
             updates.send(Update::Replace { source, objects }).await.ok()?;
             first_sent = true;
             continue;
         }
         for key in std::mem::take(&mut dirty) {
-            let objs = service_objects(&state, &key);
-            let ids: BTreeSet<ObjectId> = objs.iter().map(Object::id).collect();
-            let old = sent.remove(&key).unwrap_or_default();
-            for id in old.difference(&ids) {
-                updates.send(Update::Remove { source, id: id.clone() }).await.ok()?;
-            }
-            for object in objs {
-                updates.send(Update::Upsert { source, object }).await.ok()?;
-            }
-            if !ids.is_empty() {
-                sent.insert(key, ids);
-            }
+            send_changes(&state, key, &mut sent, to).await?;
         }
     }
 }

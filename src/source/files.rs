@@ -64,6 +64,43 @@ struct Slots {
     next: u32,
 }
 
+impl Slots {
+    /// The source of `file` of the `index`th `--objects` path: its own, or
+    /// one a removed file freed, or a new one.
+    fn source_of(&mut self, file: &Path, index: u16) -> SourceId {
+        if let Some(source) = self.of.get(file) {
+            return *source;
+        }
+        let source = self.free.pop().unwrap_or_else(|| {
+            self.next += 1;
+            SourceId::File { path: index, file: self.next - 1 }
+        });
+        self.of.insert(file.to_owned(), source);
+        source
+    }
+
+    /// Frees the sources of the files not in `listed` (removed), and
+    /// returns those files and their sources.
+    fn free_gone(&mut self, listed: &[PathBuf]) -> Vec<(PathBuf, SourceId)> {
+        let gone: Vec<PathBuf> = self.of.keys().filter(|p| !listed.contains(p)).cloned().collect();
+        let freed: Vec<_> = gone.into_iter().filter_map(|p| self.of.remove(&p).map(|s| (p, s))).collect();
+        self.free.extend(freed.iter().map(|(_, s)| *s));
+        freed
+    }
+}
+
+/// Logs what a file's parse loaded, skipped and ignored.
+fn report_loaded(file: &Path, parsed: &objects::Parsed) {
+    for e in &parsed.skipped {
+        warn!(file = %file.display(), error = %e, "skipping object");
+    }
+    if !parsed.ignored.is_empty() {
+        let kinds: Vec<String> = parsed.ignored.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        info!(file = %file.display(), "ignoring objects of kinds not served: {}", kinds.join(", "));
+    }
+    info!(file = %file.display(), objects = parsed.objects.len(), skipped = parsed.skipped.len(), "loaded objects");
+}
+
 /// One `--objects` path.
 pub struct FileSource {
     /// Which `--objects` path this is (0-based): its files' store sources
@@ -177,14 +214,10 @@ impl FileSource {
         // itself is still whole.
         let slots = self.slots.0.clone();
         let mut slots = slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let gone: Vec<PathBuf> = slots.of.keys().filter(|p| !listed.contains(p)).cloned().collect();
-        for path in gone {
+        for (path, source) in slots.free_gone(&listed) {
             self.digests.remove(&path);
-            if let Some(source) = slots.of.remove(&path) {
-                info!(file = %path.display(), "file removed: its objects are gone");
-                updates.push(Update::Replace { source, objects: Vec::new() });
-                slots.free.push(source);
-            }
+            info!(file = %path.display(), "file removed: its objects are gone");
+            updates.push(Update::Replace { source, objects: Vec::new() });
         }
         for file in listed {
             // The digest is read in pieces first: an unchanged file (every
@@ -196,17 +229,7 @@ impl FileSource {
             }
             // The file's source before it is weighed, so that a refusal
             // names the source the budget asks to list again.
-            let source = match slots.of.get(&file) {
-                Some(source) => *source,
-                None => {
-                    let source = slots.free.pop().unwrap_or_else(|| {
-                        slots.next += 1;
-                        SourceId::File { path: self.index, file: slots.next - 1 }
-                    });
-                    slots.of.insert(file.clone(), source);
-                    source
-                }
-            };
+            let source = slots.source_of(&file, self.index);
             if !strict
                 && let Some(admit) = &self.admit
                 && let Ok(meta) = std::fs::metadata(&file)
@@ -233,15 +256,7 @@ impl FileSource {
             self.digests.insert(file.clone(), digest);
             match parsed {
                 Ok(parsed) => {
-                    for e in &parsed.skipped {
-                        warn!(file = %file.display(), error = %e, "skipping object");
-                    }
-                    if !parsed.ignored.is_empty() {
-                        let kinds: Vec<String> =
-                            parsed.ignored.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
-                        info!(file = %file.display(), "ignoring objects of kinds not served: {}", kinds.join(", "));
-                    }
-                    info!(file = %file.display(), objects = parsed.objects.len(), skipped = parsed.skipped.len(), "loaded objects");
+                    report_loaded(&file, &parsed);
                     updates.push(Update::Replace { source, objects: parsed.objects });
                 }
                 Err(e) if strict => return Err(e.into()),

@@ -78,8 +78,8 @@ enum Kind {
     Service,
 }
 
-/// Plans the watches for `src`, each its own source.
-pub fn plan(src: &KubeSource) -> Vec<Watch> {
+/// The watches for `src`, each its own source.
+pub fn watches(src: &KubeSource) -> Vec<Watch> {
     let mut watches = Vec::new();
     for ns in watch::scopes(&src.namespaces) {
         let interop = [Kind::ForeignSlice, Kind::Service];

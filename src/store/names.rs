@@ -13,6 +13,7 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use rustc_hash::FxHashMap;
 use tracing::warn;
 
+use super::answer_config::AnswerConfig;
 use super::balance::{Balance, BalanceCluster, EndpointMeta, set_weights};
 use super::encode;
 use super::hosts::Hosts;
@@ -156,38 +157,15 @@ pub(crate) fn service_names(
         scratch: Vec::new(),
     };
     let (base_key, _) = d.node(&[])?;
-    let cfg = &zone.config.answers;
-    let mut candidates = Vec::new();
-    match import.kind {
-        ImportType::ClusterSetIp => {
-            // Opt-in (annotation or flag): the endpoints instead of the VIP,
-            // for fleets without a cross-cluster VIP data path. Without a
-            // ready endpoint the VIP is still answered.
-            if import.answers.endpoint_answers.unwrap_or(cfg.endpoint_answers) {
-                candidates = collect_candidates(slices);
-            }
-            let answered: Vec<IpAddr> = if candidates.is_empty() {
-                import.ips.to_vec()
-            } else {
-                candidates.iter().flat_map(|c| c.addrs.iter().flatten().copied()).collect()
-            };
-            d.targets.insert(base_key.clone(), answered);
-            let (_, service) = d.node(&[])?;
-            if candidates.is_empty() {
-                service.a.extend(import.ips.iter());
-            }
-            for port in import.ports.iter() {
-                // The bare name answers every port; `_<port>._<proto>` only named ones.
-                service_srv(&mut d, &port_labels(port), &base_key)?;
-            }
-        }
+    let candidates = match import.kind {
+        ImportType::ClusterSetIp => clusterset_ip(&mut d, import, slices, &zone.config.answers, &base_key)?,
         ImportType::Headless => {
             if !headless(&mut d, import, slices) {
                 return None;
             }
-            candidates = collect_candidates(slices);
+            collect_candidates(slices)
         }
-    }
+    };
     let ttl = zone.config.ttl;
     let mut srv_answers = SrvAnswers::default();
     let name_of = |key: &[u8]| d.nodes.get(key).map(|(name, _)| name.clone());
@@ -212,17 +190,7 @@ pub(crate) fn service_names(
     }
     let mut balance = None;
     if !candidates.is_empty() {
-        // Endpoints listen on the slices' (target) ports, not the service's.
-        let tcp = |p: &&Port| p.protocol == crate::model::Protocol::Tcp;
-        let probe_port = import.answers.probe_port.or_else(|| {
-            slices
-                .iter()
-                .flat_map(|s| s.ports.iter())
-                .find(tcp)
-                .or_else(|| import.ports.iter().find(tcp))
-                .map(|p| p.port)
-        });
-        let (sets, b) = balanced(zone, import, &base, &candidates, probe_port, cx)?;
+        let (sets, b) = balanced(zone, import, &base, &candidates, probe_port(import, slices), cx)?;
         if let Some(node) = names.get_mut(&[][..]) {
             let mut all = node.sets.to_vec();
             all.extend(sets);
@@ -230,6 +198,64 @@ pub(crate) fn service_names(
         }
         balance = Some(Arc::new(b));
     }
+    let hosts = service_hosts(zone, import, &d);
+    share_additional(&mut names);
+    let names = NameTable::new(names.into_iter().collect());
+    Some(ServiceNames { names, balance, hosts: Arc::new(hosts) })
+}
+
+/// The names of a ClusterSetIP service: its name answers its VIPs (or,
+/// opted in, its ready endpoints) and SRV per port. Returns the endpoints
+/// answered (none: the VIPs are).
+fn clusterset_ip(
+    d: &mut Drafts,
+    import: &ServiceImport,
+    slices: &[&Slice],
+    cfg: &AnswerConfig,
+    base_key: &Key,
+) -> Option<Vec<Candidate>> {
+    // Opt-in (annotation or flag): the endpoints instead of the VIP, for
+    // fleets without a cross-cluster VIP data path. Without a ready
+    // endpoint the VIP is still answered.
+    let mut candidates = Vec::new();
+    if import.answers.endpoint_answers.unwrap_or(cfg.endpoint_answers) {
+        candidates = collect_candidates(slices);
+    }
+    let answered: Vec<IpAddr> = if candidates.is_empty() {
+        import.ips.to_vec()
+    } else {
+        candidates.iter().flat_map(|c| c.addrs.iter().flatten().copied()).collect()
+    };
+    d.targets.insert(base_key.clone(), answered);
+    let (_, service) = d.node(&[])?;
+    if candidates.is_empty() {
+        service.a.extend(import.ips.iter());
+    }
+    for port in import.ports.iter() {
+        // The bare name answers every port; `_<port>._<proto>` only named ones.
+        service_srv(d, &port_labels(port), base_key)?;
+    }
+    Some(candidates)
+}
+
+/// The port active probes connect to: the import's `probe_port`, else the
+/// first TCP port the endpoints listen on (the slices' target ports, not
+/// the service's), else the service's first TCP port.
+fn probe_port(import: &ServiceImport, slices: &[&Slice]) -> Option<u16> {
+    let tcp = |p: &&Port| p.protocol == crate::model::Protocol::Tcp;
+    import.answers.probe_port.or_else(|| {
+        slices
+            .iter()
+            .flat_map(|s| s.ports.iter())
+            .find(tcp)
+            .or_else(|| import.ports.iter().find(tcp))
+            .map(|p| p.port)
+    })
+}
+
+/// What a service answers per query rather than from encoded records: its
+/// endpoint names and their SRV sets, and its reverse names.
+fn service_hosts(zone: &Zone, import: &ServiceImport, d: &Drafts) -> Hosts {
     // Reverse names: a ClusterSetIP service's VIPs name the service (never
     // its endpoints, which are answered under no name of their own); a
     // headless endpoint's addresses name the endpoint.
@@ -246,7 +272,7 @@ pub(crate) fn service_names(
         .collect();
     hosts.sort_unstable_by_key(|&(key, _)| key); // `Hosts` searches them by key
     let srv_sets =
-        d.nodes.iter().filter(|(_, (_, draft))| srv_from_hosts(&d, draft)).map(|(key, (_, draft))| {
+        d.nodes.iter().filter(|(_, (_, draft))| srv_from_hosts(d, draft)).map(|(key, (_, draft))| {
             let mut srv: Vec<(u16, &[u8])> =
                 draft.srv.iter().map(|(port, target)| (*port, &target[..])).collect();
             dedup_in_order(&mut srv);
@@ -257,10 +283,7 @@ pub(crate) fn service_names(
         import.answers.consumers.as_ref().map(|list| {
             list.iter().filter_map(|c| zone.localities.cluster_id(c.as_str())).collect::<Vec<u16>>()
         });
-    let hosts = Hosts::new(&service_key, vips, hosts).with_srv(srv_sets).with_consumers(consumers);
-    share_additional(&mut names);
-    let names = NameTable::new(names.into_iter().collect());
-    Some(ServiceNames { names, balance, hosts: Arc::new(hosts) })
+    Hosts::new(&service_key, vips, hosts).with_srv(srv_sets).with_consumers(consumers)
 }
 
 /// Makes each additional section that is the same records (same bytes,
@@ -340,33 +363,7 @@ fn balanced(
     let cfg = &zone.config.answers;
     let o = &import.answers;
     let policy = o.policy.unwrap_or(if o.prefer_close { PolicyKind::Topology } else { cfg.policy });
-    let mut sets = Vec::new();
-    let mut ranges = vec![[(0u32, 0u16); 2]; candidates.len()];
-    for (f, rtype) in [RecordType::A, RecordType::AAAA].into_iter().enumerate() {
-        let mut seen: Vec<IpAddr> = Vec::new();
-        let mut records = Vec::new();
-        for (c, range) in candidates.iter().zip(ranges.iter_mut()) {
-            let first = records.len() as u32;
-            for ip in &c.addrs[f] {
-                // The same address twice would be the same record twice.
-                if !seen.contains(ip) {
-                    seen.push(*ip);
-                    records.push(address_record(owner, zone.config.ttl, *ip));
-                }
-            }
-            range[f] = (first, (records.len() as u32 - first) as u16);
-        }
-        if !records.is_empty() {
-            sets.push(RRset {
-                rtype: u16::from(rtype),
-                answer: encode::records(owner, rtype, &records)?,
-                additional: Records::default(),
-                shifted: false,
-                from_hosts: false,
-                also: None,
-            });
-        }
-    }
+    let (sets, ranges) = endpoint_address_sets(owner, candidates, zone.config.ttl)?;
     let mut clusters: Vec<BalanceCluster> = Vec::new();
     let mut endpoints = Vec::with_capacity(candidates.len());
     let mut healthy = Vec::with_capacity(candidates.len());
@@ -412,6 +409,41 @@ fn balanced(
         (import.key.clone(), probe_port),
     );
     Some((sets, b))
+}
+
+/// Where an endpoint's records are in its service name's A and AAAA
+/// RRsets: (first, count) per family ([`EndpointMeta::records`]).
+type RecordRanges = [(u32, u16); 2];
+
+/// The A and AAAA RRsets of `owner` answering `candidates`' addresses,
+/// records in endpoint order, and where each candidate's records are in
+/// them.
+fn endpoint_address_sets(
+    owner: &Name,
+    candidates: &[Candidate],
+    ttl: u32,
+) -> Option<(Vec<RRset>, Vec<RecordRanges>)> {
+    let mut sets = Vec::new();
+    let mut ranges = vec![[(0u32, 0u16); 2]; candidates.len()];
+    for (f, rtype) in [RecordType::A, RecordType::AAAA].into_iter().enumerate() {
+        let mut seen: Vec<IpAddr> = Vec::new();
+        let mut records = Vec::new();
+        for (c, range) in candidates.iter().zip(ranges.iter_mut()) {
+            let first = records.len() as u32;
+            for ip in &c.addrs[f] {
+                // The same address twice would be the same record twice.
+                if !seen.contains(ip) {
+                    seen.push(*ip);
+                    records.push(address_record(owner, ttl, *ip));
+                }
+            }
+            range[f] = (first, (records.len() as u32 - first) as u16);
+        }
+        if !records.is_empty() {
+            sets.push(answer_only(rtype, encode::records(owner, rtype, &records)?));
+        }
+    }
+    Some((sets, ranges))
 }
 
 /// Adds the SRV records one port gives: on the bare service name always, on
@@ -550,7 +582,7 @@ fn encode_node(
     owner: &Name,
     draft: &Draft,
     ttl: u32,
-    Targets { addrs: targets, name_of }: Targets<'_>,
+    targets: Targets<'_>,
     (is_service, shared): (bool, &mut SrvAnswers),
     srv_from_hosts: bool,
 ) -> Option<NameNode> {
@@ -562,78 +594,98 @@ fn encode_node(
     for (rtype, addrs) in [(RecordType::A, &v4), (RecordType::AAAA, &v6)] {
         if !addrs.is_empty() {
             let records: Vec<Record> = addrs.iter().map(|ip| address_record(owner, ttl, *ip)).collect();
-            sets.push(RRset {
-                rtype: u16::from(rtype),
-                answer: encode::records(owner, rtype, &records)?,
-                additional: Records::default(),
-                shifted: false,
-                from_hosts: false,
-                also: None,
-            });
+            sets.push(answer_only(rtype, encode::records(owner, rtype, &records)?));
         }
     }
     if srv_from_hosts {
-        sets.push(RRset {
-            rtype: u16::from(RecordType::SRV),
-            answer: Records::default(),
-            additional: Records::default(),
-            shifted: false,
-            from_hosts: true,
-            also: None,
-        });
+        sets.push(RRset { from_hosts: true, ..answer_only(RecordType::SRV, Records::default()) });
     } else if !draft.srv.is_empty() {
         let mut srv = draft.srv.clone();
         dedup_in_order(&mut srv);
-        // Identical records must be identical, so the weight depends only on
-        // how many distinct records the RRset has.
-        let weight = (100 / srv.len()).max(1) as u16;
-        let answer = match &shared.answer {
-            Some((known, answer)) if *known == srv => answer.clone(),
-            _ => {
-                let records = srv
-                    .iter()
-                    .map(|(port, target)| {
-                        let rdata = RData::SRV(SRV::new(0, weight, *port, name_of(target)?));
-                        Some(Record::from_rdata(owner.clone(), ttl, rdata))
-                    })
-                    .collect::<Option<Vec<Record>>>()?;
-                let answer = encode::records(owner, RecordType::SRV, &records)?;
-                if is_service {
-                    shared.answer = Some((srv.clone(), answer.clone()));
-                }
-                answer
-            }
-        };
+        let answer = srv_answer(owner, &srv, ttl, targets, (is_service, shared))?;
         let mut distinct: Vec<Key> = srv.iter().map(|(_, target)| target.clone()).collect();
         dedup_in_order(&mut distinct);
-        let (additional, shifted) = match &shared.additional {
-            Some((known, additional)) if !is_service && *known == distinct => (additional.clone(), true),
-            _ => {
-                let mut extra = Vec::new();
-                for target in &distinct {
-                    let mut addrs = targets.get(target).cloned().unwrap_or_default();
-                    dedup_in_order(&mut addrs);
-                    addrs.sort_by_key(IpAddr::is_ipv6); // A before AAAA, stable within a family
-                    let target = name_of(target)?;
-                    extra.extend(addrs.iter().map(|ip| address_record(&target, ttl, *ip)));
-                }
-                let additional = encode::records(owner, RecordType::SRV, &extra)?;
-                if is_service {
-                    shared.additional = Some((distinct, additional.clone()));
-                }
-                (additional, false)
-            }
-        };
-        sets.push(RRset {
-            rtype: u16::from(RecordType::SRV),
-            answer,
-            additional,
-            shifted,
-            from_hosts: false,
-            also: None,
-        });
+        let (additional, shifted) = srv_additional(owner, distinct, ttl, targets, (is_service, shared))?;
+        sets.push(RRset { additional, shifted, ..answer_only(RecordType::SRV, answer) });
     }
     Some(NameNode { sets: sets.into() })
+}
+
+/// An RRset of answer records only, encoded once (no additional records,
+/// none shared, none in the second zone).
+fn answer_only(rtype: RecordType, answer: Records) -> RRset {
+    RRset {
+        rtype: u16::from(rtype),
+        answer,
+        additional: Records::default(),
+        shifted: false,
+        from_hosts: false,
+        also: None,
+    }
+}
+
+/// The SRV answer of `owner` for its distinct (port, target) pairs `srv`:
+/// the service name's own when the list is the same, else encoded (and
+/// kept, when `owner` is the service name).
+fn srv_answer(
+    owner: &Name,
+    srv: &[(u16, Key)],
+    ttl: u32,
+    Targets { name_of, .. }: Targets<'_>,
+    (is_service, shared): (bool, &mut SrvAnswers),
+) -> Option<Records> {
+    if let Some((known, answer)) = &shared.answer
+        && *known == srv
+    {
+        return Some(answer.clone());
+    }
+    // Identical records must be identical, so the weight depends only on
+    // how many distinct records the RRset has.
+    let weight = (100 / srv.len()).max(1) as u16;
+    let records = srv
+        .iter()
+        .map(|(port, target)| {
+            let rdata = RData::SRV(SRV::new(0, weight, *port, name_of(target)?));
+            Some(Record::from_rdata(owner.clone(), ttl, rdata))
+        })
+        .collect::<Option<Vec<Record>>>()?;
+    let answer = encode::records(owner, RecordType::SRV, &records)?;
+    if is_service {
+        shared.answer = Some((srv.to_vec(), answer.clone()));
+    }
+    Some(answer)
+}
+
+/// The additional section of `owner`'s SRV answer, the addresses of its
+/// `distinct` targets, and whether it is the service name's moved
+/// (`RRset::shifted`); encoded (and kept, when `owner` is the service
+/// name) when the targets differ from the service name's.
+fn srv_additional(
+    owner: &Name,
+    distinct: Vec<Key>,
+    ttl: u32,
+    Targets { addrs: targets, name_of }: Targets<'_>,
+    (is_service, shared): (bool, &mut SrvAnswers),
+) -> Option<(Records, bool)> {
+    if let Some((known, additional)) = &shared.additional
+        && !is_service
+        && *known == distinct
+    {
+        return Some((additional.clone(), true));
+    }
+    let mut extra = Vec::new();
+    for target in &distinct {
+        let mut addrs = targets.get(target).cloned().unwrap_or_default();
+        dedup_in_order(&mut addrs);
+        addrs.sort_by_key(IpAddr::is_ipv6); // A before AAAA, stable within a family
+        let target = name_of(target)?;
+        extra.extend(addrs.iter().map(|ip| address_record(&target, ttl, *ip)));
+    }
+    let additional = encode::records(owner, RecordType::SRV, &extra)?;
+    if is_service {
+        shared.additional = Some((distinct, additional.clone()));
+    }
+    Some((additional, false))
 }
 
 fn address_record(owner: &Name, ttl: u32, ip: IpAddr) -> Record {

@@ -18,7 +18,8 @@ use super::names::{self, BuildCtx};
 use super::owners::Owners;
 use super::programming::{Pending, Programmed};
 use super::resolve;
-use super::reverse;
+use super::reverse::{self, Edit as ReverseEdit, Reverse};
+use super::shards::{Edit as ShardsEdit, Shards};
 use super::slice::{PortLists, Slice};
 use super::snapshot::{ServiceNames, Snapshot, Zone};
 use super::vec_map::{SliceMap, VecMap};
@@ -26,6 +27,9 @@ use super::wire_key::WireKey;
 use crate::model::{
     BackingKind, BackingService, ClusterId, DnsLabel, ImportType, ServiceImport, ServiceKey, SliceKey,
 };
+
+mod kinds;
+pub use kinds::{Growth, Kinds};
 
 /// A service built: its names (`None`: it has none), why it is answered
 /// NODATA, if it is, and the kind it is answered as (`None`: not answered).
@@ -68,84 +72,6 @@ impl Listing {
             services: grows(self.listed.services, n.services, self.held.services),
         }
     }
-}
-
-/// Objects of each kind: what an update adds to the store
-/// ([`Writer::growth`]), what a source holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Kinds {
-    /// ServiceImports.
-    pub imports: usize,
-    /// EndpointSlices.
-    pub slices: usize,
-    /// Services backing an import (`--interop`).
-    pub services: usize,
-}
-
-impl Kinds {
-    /// The objects of `objects`, by kind.
-    fn of<'a>(objects: impl IntoIterator<Item = &'a Object>) -> Self {
-        let mut kinds = Self::default();
-        for object in objects {
-            match object {
-                Object::Import(_) => kinds.imports += 1,
-                Object::Slice(_) => kinds.slices += 1,
-                Object::Service(_) => kinds.services += 1,
-            }
-        }
-        kinds
-    }
-
-    /// What `self` has beyond `held`, kind by kind.
-    fn beyond(self, held: Self) -> Self {
-        Self {
-            imports: self.imports.saturating_sub(held.imports),
-            slices: self.slices.saturating_sub(held.slices),
-            services: self.services.saturating_sub(held.services),
-        }
-    }
-
-    fn add(&mut self, other: Self) {
-        self.imports += other.imports;
-        self.slices += other.slices;
-        self.services += other.services;
-    }
-
-    /// Objects of every kind.
-    pub fn total(self) -> usize {
-        self.imports.saturating_add(self.slices).saturating_add(self.services)
-    }
-}
-
-impl std::fmt::Display for Kinds {
-    /// `2 ServiceImports, 1 EndpointSlice`; `no objects`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kinds =
-            [(self.imports, "ServiceImport"), (self.slices, "EndpointSlice"), (self.services, "Service")];
-        let mut first = true;
-        for (n, kind) in kinds.into_iter().filter(|(n, _)| *n > 0) {
-            let plural = if n == 1 { "" } else { "s" };
-            write!(f, "{}{n} {kind}{plural}", if first { "" } else { ", " })?;
-            first = false;
-        }
-        if first {
-            f.write_str("no objects")?;
-        }
-        Ok(())
-    }
-}
-
-/// What an update would add to the store: what the memory budget weighs
-/// before the writer applies it ([`Writer::growth`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Growth {
-    /// Objects its source does not hold yet, by kind. A list counts what it
-    /// brings beyond what its source held; an edit of an object the source
-    /// holds, and a removal, add none.
-    Adds(Kinds),
-    /// Part of a list a refusal already cut short: refused with it,
-    /// whatever it holds (see [`Writer::refused`]).
-    CutShort,
 }
 
 #[derive(Default)]
@@ -356,85 +282,105 @@ impl Writer {
                 self.sources.entry(source).or_default();
                 self.zone_dirty = true;
             }
-            Update::Part { source, objects, first } => {
-                let starts = first || self.sources.get(&source).is_none_or(|s| s.listing.is_none());
-                if starts {
-                    let held = self.held_by(source);
-                    let listing = Listing {
-                        seen: (held.total() > 0).then(Default::default),
-                        held,
-                        listed: Kinds::default(),
-                        abandoned: false,
-                    };
-                    self.sources.entry(source).or_default().listing = Some(listing);
-                }
-                if let Some(listing) = self.sources.get_mut(&source).and_then(|s| s.listing.as_mut()) {
-                    if listing.abandoned {
-                        return;
-                    }
-                    listing.listed.add(Kinds::of(&objects));
-                    if let Some(seen) = listing.seen.as_mut() {
-                        seen.extend(objects.iter().map(Object::id));
-                    }
-                }
-                for object in objects {
-                    self.upsert(source, object);
-                }
-            }
-            Update::LastPart { source, objects } => {
-                let listing = self.sources.get_mut(&source).and_then(|s| s.listing.take());
-                match listing {
-                    // The list's parts began on a source that held nothing:
-                    // all it holds came from them.
-                    Some(Listing { seen: None, abandoned: false, .. }) => {}
-                    Some(Listing { seen: Some(mut seen), abandoned: false, .. }) => {
-                        seen.extend(objects.iter().map(Object::id));
-                        let old = self.source_ids(source);
-                        self.remove_unlisted(source, old, &seen);
-                    }
-                    // Cut short, or no part of it came: nothing is known to
-                    // be gone.
-                    Some(_) | None => {}
-                }
-                self.complete(source, objects);
-            }
-            Update::Replace { source, objects } => {
-                // A list in one piece ends any list in parts never finished.
-                if let Some(state) = self.sources.get_mut(&source) {
-                    state.listing = None;
-                }
-                let old = self.source_ids(source);
-                // A first list has nothing to remove: no set of 200,000 ids.
-                if !old.is_empty() {
-                    let keep: foldhash::HashSet<ObjectId> = objects.iter().map(Object::id).collect();
-                    self.remove_unlisted(source, old, &keep);
-                }
-                self.complete(source, objects);
-            }
+            Update::Part { source, objects, first } => self.list_part(source, objects, first),
+            Update::LastPart { source, objects } => self.end_list(source, objects),
+            Update::Replace { source, objects } => self.replace(source, objects),
             Update::Upsert { source, object } => self.upsert(source, object),
             Update::Remove { source, id } => self.remove(source, &id),
             Update::EndpointHealth { service, address, healthy } => {
-                let down = self.down.entry(service.clone()).or_default();
-                let changed = if healthy { down.remove(&address) } else { down.insert(address) };
-                if down.is_empty() {
-                    self.down.remove(&service);
-                }
-                if changed {
-                    self.health_dirty.insert(service);
-                }
+                self.endpoint_health(service, address, healthy)
             }
-            Update::ClusterLiveness { cluster, alive } => {
-                let changed = if alive {
-                    self.dead_clusters.remove(&cluster)
-                } else {
-                    self.dead_clusters.insert(cluster.clone())
-                };
-                if changed {
-                    for (key, state) in &self.services {
-                        if state.slices.values().any(|s| s.cluster == cluster) {
-                            self.health_dirty.insert(key.clone());
-                        }
-                    }
+            Update::ClusterLiveness { cluster, alive } => self.cluster_liveness(cluster, alive),
+        }
+    }
+
+    /// A part of a list ([`Update::Part`]): its objects applied and their
+    /// ids remembered, so that the list's end removes what it did not have.
+    fn list_part(&mut self, source: SourceId, objects: Vec<Object>, first: bool) {
+        let starts = first || self.sources.get(&source).is_none_or(|s| s.listing.is_none());
+        if starts {
+            let held = self.held_by(source);
+            let listing = Listing {
+                seen: (held.total() > 0).then(Default::default),
+                held,
+                listed: Kinds::default(),
+                abandoned: false,
+            };
+            self.sources.entry(source).or_default().listing = Some(listing);
+        }
+        if let Some(listing) = self.sources.get_mut(&source).and_then(|s| s.listing.as_mut()) {
+            if listing.abandoned {
+                return;
+            }
+            listing.listed.add(Kinds::of(&objects));
+            if let Some(seen) = listing.seen.as_mut() {
+                seen.extend(objects.iter().map(Object::id));
+            }
+        }
+        for object in objects {
+            self.upsert(source, object);
+        }
+    }
+
+    /// The last part of a list ([`Update::LastPart`]): what the source
+    /// held and no part listed is removed, unless the list was cut short.
+    fn end_list(&mut self, source: SourceId, objects: Vec<Object>) {
+        let listing = self.sources.get_mut(&source).and_then(|s| s.listing.take());
+        match listing {
+            // The list's parts began on a source that held nothing: all it
+            // holds came from them.
+            Some(Listing { seen: None, abandoned: false, .. }) => {}
+            Some(Listing { seen: Some(mut seen), abandoned: false, .. }) => {
+                seen.extend(objects.iter().map(Object::id));
+                let old = self.source_ids(source);
+                self.remove_unlisted(source, old, &seen);
+            }
+            // Cut short, or no part of it came: nothing is known to be gone.
+            Some(_) | None => {}
+        }
+        self.complete(source, objects);
+    }
+
+    /// A list in one piece ([`Update::Replace`]): the source's complete state.
+    fn replace(&mut self, source: SourceId, objects: Vec<Object>) {
+        // A list in one piece ends any list in parts never finished.
+        if let Some(state) = self.sources.get_mut(&source) {
+            state.listing = None;
+        }
+        let old = self.source_ids(source);
+        // A first list has nothing to remove: no set of 200,000 ids.
+        if !old.is_empty() {
+            let keep: foldhash::HashSet<ObjectId> = objects.iter().map(Object::id).collect();
+            self.remove_unlisted(source, old, &keep);
+        }
+        self.complete(source, objects);
+    }
+
+    /// A probe's verdict on one address of `service`'s endpoints: marks the
+    /// service's health dirty when the verdict changed.
+    fn endpoint_health(&mut self, service: ServiceKey, address: IpAddr, healthy: bool) {
+        let down = self.down.entry(service.clone()).or_default();
+        let changed = if healthy { down.remove(&address) } else { down.insert(address) };
+        if down.is_empty() {
+            self.down.remove(&service);
+        }
+        if changed {
+            self.health_dirty.insert(service);
+        }
+    }
+
+    /// A member cluster became reachable or not: every service with a slice
+    /// of it has its health dirty.
+    fn cluster_liveness(&mut self, cluster: ClusterId, alive: bool) {
+        let changed = if alive {
+            self.dead_clusters.remove(&cluster)
+        } else {
+            self.dead_clusters.insert(cluster.clone())
+        };
+        if changed {
+            for (key, state) in &self.services {
+                if state.slices.values().any(|s| s.cluster == cluster) {
+                    self.health_dirty.insert(key.clone());
                 }
             }
         }
@@ -506,44 +452,17 @@ impl Writer {
             warn!(slice = %set.slice, service = %key, "slice names a service in another namespace; skipping it");
             return;
         }
-        let src = self.sources.entry(source).or_default();
         // A change after the source's first list is a change to measure; the
         // first list is the server starting.
-        let measured = src.synced;
+        let measured = self.sources.entry(source).or_default().synced;
         if !matches!(object, Object::Import(_)) {
-            let id = object.id();
-            match src.owners.get(&id, holder(&self.services, source, &id)).cloned() {
-                Some(previous) if previous == key => {}
-                Some(previous) => {
-                    // A slice can be relabelled to another service.
-                    src.owners.remove(&id, &previous);
-                    src.owners.insert(&id, key.clone());
-                    self.remove_from_service(source, &id, &previous);
-                }
-                None => src.owners.insert(&id, key.clone()),
-            }
+            self.own(source, &object.id(), &key);
         }
         let state = self.services.entry(key.clone()).or_default();
         // Compared before it is stored, so the object is moved, never copied.
         let changed = match object {
             Object::Import(import) => {
-                let change = match state.imports.get(&source) {
-                    None => Change::Records,
-                    Some(old) if *old == import => Change::None,
-                    // Only the unreachable clusters or disconnected
-                    // addresses changed: health, not records (the sync
-                    // controller's and Kosmos's annotations).
-                    Some(old)
-                        if old.key == import.key
-                            && old.kind == import.kind
-                            && old.ips == import.ips
-                            && old.ports == import.ports
-                            && old.answers.same_records(&import.answers) =>
-                    {
-                        Change::Health
-                    }
-                    Some(_) => Change::Records,
-                };
+                let change = Change::of(state.imports.get(&source), &import);
                 if change != Change::None {
                     let ports = self.ports.share(&import.ports);
                     state.imports.insert(source, ServiceImport { ports, ..import });
@@ -581,6 +500,22 @@ impl Writer {
         self.recount(&key);
         if changed {
             self.dirty.insert(key);
+        }
+    }
+
+    /// Files `source`'s object `id` (a slice, a backing Service) under the
+    /// service `key` in the source's owners, taking it from the service it
+    /// was under if it was relabelled to another.
+    fn own(&mut self, source: SourceId, id: &ObjectId, key: &ServiceKey) {
+        let src = self.sources.entry(source).or_default();
+        match src.owners.get(id, holder(&self.services, source, id)).cloned() {
+            Some(previous) if previous == *key => {}
+            Some(previous) => {
+                src.owners.remove(id, &previous);
+                src.owners.insert(id, key.clone());
+                self.remove_from_service(source, id, &previous);
+            }
+            None => src.owners.insert(id, key.clone()),
         }
     }
 
@@ -741,22 +676,8 @@ impl Writer {
         let mut reverse = old.reverse.edit();
         let dirty = std::mem::take(&mut self.dirty);
         let rebuilt = dirty.len();
-        for key in std::mem::take(&mut self.health_dirty).difference(&dirty) {
-            let wire = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]);
-            if let Some(names) = services.get(&wire[..]).and_then(|old| self.rehealth(key, old)) {
-                services.insert(WireKey::new(&wire), Arc::new(names));
-            }
-        }
-        // Every cluster and zone the rebuilt services name gets its id
-        // first, so the services can be built side by side.
-        for key in &dirty {
-            for slice in self.services.get(key).iter().flat_map(|s| s.slices.values()) {
-                self.interner.cluster(&slice.cluster);
-                for zone in slice.endpoints.iter().filter_map(|e| e.zone()) {
-                    self.interner.zone(zone);
-                }
-            }
-        }
+        self.reheal(&dirty, &mut services);
+        self.intern_localities(&dirty);
         // The kind each changed slice's service is answered as, for the
         // changes measured once this snapshot is stored.
         let mut kinds: HashMap<ServiceKey, ImportType> = HashMap::default();
@@ -764,7 +685,6 @@ impl Writer {
             if let Some(kind) = kind.filter(|_| !self.pending.is_empty()) {
                 kinds.insert(key.clone(), kind);
             }
-            let wire = WireKey::new(&names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]));
             match unresolved {
                 Some(why) => {
                     self.unresolved.insert(key.clone(), why);
@@ -773,47 +693,14 @@ impl Writer {
                     self.unresolved.remove(&key);
                 }
             }
-            let old_hosts = services.get(&wire[..]).map(|old| old.hosts.clone());
-            for (ip, target) in old_hosts.iter().flat_map(|h| h.ptrs()) {
-                reverse::unname(&mut reverse, &mut self.named_twice, ip, &target);
-            }
-            match built {
-                Some(names) => {
-                    for (ip, target) in names.hosts.ptrs() {
-                        reverse::name(&mut reverse, &mut self.named_twice, ip, target);
-                    }
-                    services.insert(wire, Arc::new(names));
-                }
-                None => {
-                    services.remove(&wire[..]);
-                }
-            }
+            self.replace_names(&mut services, &mut reverse, &key, built);
             if self.services.get(&key).is_some_and(ServiceState::is_empty) {
                 self.services.remove(&key);
             }
         }
         self.zone_dirty = false;
         self.report_unresolved();
-        // Serials follow the clock across restarts and still increase on
-        // every change within a second.
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0);
-        self.serial = self.serial.wrapping_add(1).max(now);
-        let zone_names = names::zone_names(&self.zone, self.serial, self.namespaces.keys());
-        let snap = Snapshot {
-            zone: self.zone.clone(),
-            serial: self.serial,
-            ready: self.is_ready(),
-            services: services.finish(),
-            zone_names: zone_names.names,
-            negative_soa: zone_names.negative_soa,
-            any_hinfo: zone_names.any_hinfo,
-            reverse: reverse.finish(),
-            zones: if old.zones.len() == self.interner.zones.len() {
-                old.zones.clone()
-            } else {
-                self.interner.zones.iter().map(|z| z.as_str().into()).collect()
-            },
-        };
+        let snap = self.next_snapshot(&old, services.finish(), reverse.finish());
         debug!(
             serial = snap.serial,
             services = snap.services.len(),
@@ -828,6 +715,91 @@ impl Writer {
             self.programmed.judge(&change, kinds.get(&key).copied(), published);
         }
         rebuilt
+    }
+
+    /// Re-weighs the services whose health changed and that are not rebuilt
+    /// anyway (`dirty`), sharing all else with their old names.
+    fn reheal(
+        &mut self,
+        dirty: &BTreeSet<ServiceKey>,
+        services: &mut ShardsEdit<WireKey, Arc<ServiceNames>>,
+    ) {
+        for key in std::mem::take(&mut self.health_dirty).difference(dirty) {
+            let wire = names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]);
+            if let Some(names) = services.get(&wire[..]).and_then(|old| self.rehealth(key, old)) {
+                services.insert(WireKey::new(&wire), Arc::new(names));
+            }
+        }
+    }
+
+    /// Gives every cluster and zone the `dirty` services name its id before
+    /// they are built, so that they can be built side by side.
+    fn intern_localities(&mut self, dirty: &BTreeSet<ServiceKey>) {
+        for key in dirty {
+            for slice in self.services.get(key).iter().flat_map(|s| s.slices.values()) {
+                self.interner.cluster(&slice.cluster);
+                for zone in slice.endpoints.iter().filter_map(|e| e.zone()) {
+                    self.interner.zone(zone);
+                }
+            }
+        }
+    }
+
+    /// Puts a service's rebuilt names (`None`: it has none now) in place of
+    /// its old ones, and its addresses' PTR names in place of the old.
+    fn replace_names(
+        &mut self,
+        services: &mut ShardsEdit<WireKey, Arc<ServiceNames>>,
+        reverse: &mut ReverseEdit,
+        key: &ServiceKey,
+        built: Option<ServiceNames>,
+    ) {
+        let wire = WireKey::new(&names::prefix_key(&[key.name.as_str(), key.namespace.as_str()]));
+        let old_hosts = services.get(&wire[..]).map(|old| old.hosts.clone());
+        for (ip, target) in old_hosts.iter().flat_map(|h| h.ptrs()) {
+            reverse::unname(reverse, &mut self.named_twice, ip, &target);
+        }
+        match built {
+            Some(names) => {
+                for (ip, target) in names.hosts.ptrs() {
+                    reverse::name(reverse, &mut self.named_twice, ip, target);
+                }
+                services.insert(wire, Arc::new(names));
+            }
+            None => {
+                services.remove(&wire[..]);
+            }
+        }
+    }
+
+    /// The snapshot after `old` that holds `services` and `reverse`, with
+    /// the next serial and the zone's own names.
+    fn next_snapshot(
+        &mut self,
+        old: &Snapshot,
+        services: Shards<WireKey, Arc<ServiceNames>>,
+        reverse: Reverse,
+    ) -> Snapshot {
+        // Serials follow the clock across restarts and still increase on
+        // every change within a second.
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0);
+        self.serial = self.serial.wrapping_add(1).max(now);
+        let zone_names = names::zone_names(&self.zone, self.serial, self.namespaces.keys());
+        Snapshot {
+            zone: self.zone.clone(),
+            serial: self.serial,
+            ready: self.is_ready(),
+            services,
+            zone_names: zone_names.names,
+            negative_soa: zone_names.negative_soa,
+            any_hinfo: zone_names.any_hinfo,
+            reverse,
+            zones: if old.zones.len() == self.interner.zones.len() {
+                old.zones.clone()
+            } else {
+                self.interner.zones.iter().map(|z| z.as_str().into()).collect()
+            },
+        }
     }
 
     /// What the publishes since the last call measured of slice changes
@@ -862,6 +834,30 @@ enum Change {
     Health,
     /// Its records.
     Records,
+}
+
+impl Change {
+    /// What storing `new` over `old` (the source's import of the same
+    /// service, if any) changes.
+    fn of(old: Option<&ServiceImport>, new: &ServiceImport) -> Self {
+        match old {
+            None => Self::Records,
+            Some(old) if old == new => Self::None,
+            // Only the unreachable clusters or disconnected addresses
+            // changed: health, not records (the sync controller's and
+            // Kosmos's annotations).
+            Some(old)
+                if old.key == new.key
+                    && old.kind == new.kind
+                    && old.ips == new.ips
+                    && old.ports == new.ports
+                    && old.answers.same_records(&new.answers) =>
+            {
+                Self::Health
+            }
+            Some(_) => Self::Records,
+        }
+    }
 }
 
 #[cfg(test)]

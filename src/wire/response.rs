@@ -2,7 +2,7 @@
 //! size limit, OPT last with its space reserved up front.
 
 use super::cookie::{self, SERVER_LEN};
-use super::request::{HEADER, Request};
+use super::request::{ClientEdns, HEADER, Request};
 use crate::answer::{Answer, Pick, Synth};
 use crate::store::{self, Records, Snapshot};
 
@@ -44,14 +44,7 @@ pub(crate) fn write(
     if ans.authoritative {
         flags |= AA;
     }
-    let ecs = req.edns.and_then(|e| e.ecs);
-    let opt_len = match (req.edns, ecs) {
-        (None, _) => 0,
-        (Some(_), None) => OPT_LEN,
-        (Some(_), Some(e)) => OPT_LEN + ECS_FIXED + e.address().len(),
-    } + extra.cookie.map_or(0, |(c, s)| 4 + c.len() + s.len())
-        + extra.nsid.map_or(0, |id| 4 + id.len());
-    let budget = limit - opt_len;
+    let budget = limit - opt_len(req.edns, extra);
     let mut qd = 0;
     if let Some(q) = req.question.filter(|q| HEADER + q.len() <= budget) {
         out.extend_from_slice(q);
@@ -93,40 +86,7 @@ pub(crate) fn write(
         };
     }
     if let Some(edns) = req.edns {
-        out.push(0); // root
-        out.extend_from_slice(&41u16.to_be_bytes());
-        out.extend_from_slice(&max_udp_payload.to_be_bytes());
-        out.push((ans.rcode.code() >> 4) as u8); // extended RCODE
-        out.push(0); // version 0
-        out.extend_from_slice(&(if edns.dnssec_ok { 0x8000u16 } else { 0 }).to_be_bytes());
-        let rdlen_at = out.len();
-        out.extend_from_slice(&0u16.to_be_bytes());
-        if let Some(e) = ecs {
-            // RFC 7871 §7.2.1: echo FAMILY, SOURCE PREFIX-LENGTH and
-            // ADDRESS; SCOPE PREFIX-LENGTH says how far the answer holds.
-            let addr = e.address();
-            out.extend_from_slice(&8u16.to_be_bytes());
-            out.extend_from_slice(&((4 + addr.len()) as u16).to_be_bytes());
-            out.extend_from_slice(&e.family.to_be_bytes());
-            out.push(e.source_prefix);
-            out.push(extra.ecs_scope);
-            out.extend_from_slice(addr);
-        }
-        if let Some((client, server)) = extra.cookie {
-            // RFC 7873 §5.2: the client's cookie and ours.
-            out.extend_from_slice(&cookie::CODE.to_be_bytes());
-            out.extend_from_slice(&((client.len() + server.len()) as u16).to_be_bytes());
-            out.extend_from_slice(client);
-            out.extend_from_slice(server);
-        }
-        if let Some(id) = extra.nsid {
-            // RFC 5001 §2.2: the server's identifier, opaque bytes.
-            out.extend_from_slice(&3u16.to_be_bytes());
-            out.extend_from_slice(&(id.len() as u16).to_be_bytes());
-            out.extend_from_slice(id);
-        }
-        let rdlen = (out.len() - rdlen_at - 2) as u16;
-        out[rdlen_at..rdlen_at + 2].copy_from_slice(&rdlen.to_be_bytes());
+        write_opt(out, edns, ans.rcode.code(), max_udp_payload, extra);
         ar += 1;
     }
     out[0..2].copy_from_slice(&req.id.to_be_bytes());
@@ -134,6 +94,58 @@ pub(crate) fn write(
     for (i, count) in [qd, an, ns, ar].into_iter().enumerate() {
         out[4 + 2 * i..6 + 2 * i].copy_from_slice(&count.to_be_bytes());
     }
+}
+
+/// The size of our OPT record with the options it will carry (none
+/// without the client's OPT): reserved before any record is written.
+#[inline]
+fn opt_len(edns: Option<ClientEdns>, extra: &Written<'_>) -> usize {
+    let Some(edns) = edns else { return 0 };
+    OPT_LEN
+        + edns.ecs.map_or(0, |e| ECS_FIXED + e.address().len())
+        + extra.cookie.map_or(0, |(c, s)| 4 + c.len() + s.len())
+        + extra.nsid.map_or(0, |id| 4 + id.len())
+}
+
+/// Writes our OPT record, answering the client's (`edns`): the extended
+/// bits of `rcode`, the DO bit copied, and the ECS, COOKIE and NSID options
+/// `extra` says.
+#[inline]
+fn write_opt(out: &mut Vec<u8>, edns: ClientEdns, rcode: u16, max_udp_payload: u16, extra: &Written<'_>) {
+    out.push(0); // root
+    out.extend_from_slice(&41u16.to_be_bytes());
+    out.extend_from_slice(&max_udp_payload.to_be_bytes());
+    out.push((rcode >> 4) as u8); // extended RCODE
+    out.push(0); // version 0
+    out.extend_from_slice(&(if edns.dnssec_ok { 0x8000u16 } else { 0 }).to_be_bytes());
+    let rdlen_at = out.len();
+    out.extend_from_slice(&0u16.to_be_bytes());
+    if let Some(e) = edns.ecs {
+        // RFC 7871 §7.2.1: echo FAMILY, SOURCE PREFIX-LENGTH and
+        // ADDRESS; SCOPE PREFIX-LENGTH says how far the answer holds.
+        let addr = e.address();
+        out.extend_from_slice(&8u16.to_be_bytes());
+        out.extend_from_slice(&((4 + addr.len()) as u16).to_be_bytes());
+        out.extend_from_slice(&e.family.to_be_bytes());
+        out.push(e.source_prefix);
+        out.push(extra.ecs_scope);
+        out.extend_from_slice(addr);
+    }
+    if let Some((client, server)) = extra.cookie {
+        // RFC 7873 §5.2: the client's cookie and ours.
+        out.extend_from_slice(&cookie::CODE.to_be_bytes());
+        out.extend_from_slice(&((client.len() + server.len()) as u16).to_be_bytes());
+        out.extend_from_slice(client);
+        out.extend_from_slice(server);
+    }
+    if let Some(id) = extra.nsid {
+        // RFC 5001 §2.2: the server's identifier, opaque bytes.
+        out.extend_from_slice(&3u16.to_be_bytes());
+        out.extend_from_slice(&(id.len() as u16).to_be_bytes());
+        out.extend_from_slice(id);
+    }
+    let rdlen = (out.len() - rdlen_at - 2) as u16;
+    out[rdlen_at..rdlen_at + 2].copy_from_slice(&rdlen.to_be_bytes());
 }
 
 /// Writes the records of `synth`, as many whole ones as fit; returns

@@ -7,8 +7,8 @@
 mod mmsg;
 
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{debug, error, warn};
 
-use super::stats::{Arrival, Limited, LocalStats, QueryStats};
+use super::stats::{Arrival, Limited, LocalStats, Outcome, QueryStats};
 use super::{Scratch, Transport, WireConfig, respond_from};
 use crate::fault::{Failures, Point, Task, panic_message};
-use crate::store::Reader;
+use crate::store::{AnswerStats, Reader, Snapshot};
 
 /// How often an idle worker looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(200);
@@ -148,17 +148,10 @@ fn serve(
     stop: &AtomicBool,
     failures: &Failures,
 ) {
-    use mmsg::{BATCH, MAX_QUERY, Peer};
     let fd = socket.as_raw_fd();
     let family = usize::from(socket.local_addr().is_ok_and(|a| a.is_ipv6()));
     let arrival = Arrival { proto: 0, family };
-    let mut queries = vec![[0u8; MAX_QUERY]; BATCH];
-    let mut lens = [0usize; BATCH];
-    let mut peers = [Peer::default(); BATCH];
-    // UDP responses never exceed --max-udp-payload (at most 4096 bytes), so
-    // these buffers are never grown.
-    let mut responses: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(MAX_QUERY)).collect();
-    let mut to = [Peer::default(); BATCH];
+    let Batch { mut queries, mut lens, mut peers, mut responses, mut to } = Batch::new();
     let mut scratch = Scratch::default();
     let mut local = LocalStats::default();
     // The zone, and so its answer counters, is the same in every snapshot.
@@ -168,15 +161,9 @@ fn serve(
     while !stop.load(Ordering::Relaxed) {
         let n = match mmsg::recv(fd, &mut queries, &mut lens, &mut peers) {
             Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-                ) =>
-            {
+            Err(e) if idle(&e) => {
                 if pending > 0 {
-                    local.flush(stats);
-                    scratch.flush_answers(&answers);
+                    flush_counts(&mut local, &mut scratch, stats, &answers);
                     pending = 0;
                 }
                 continue;
@@ -197,19 +184,11 @@ fn serve(
             for i in (0..n).filter(|&i| lens[i] > 0) {
                 let query = &queries[i][..lens[i]];
                 let peer = peers[i].ip();
-                let out = &mut responses[m];
-                let outcome = match catch_unwind(AssertUnwindSafe(|| {
-                    respond_from(&snap, query, peer, Transport::Udp, cfg, &mut scratch, out)
-                })) {
-                    Ok(outcome) => outcome,
-                    Err(_) => {
-                        // Logged by the panic hook; this query gets no answer.
-                        failures.panicked(Task::Udp);
-                        scratch = Scratch::default();
-                        None
-                    }
+                let Some(outcome) =
+                    answer_one(&snap, query, peer, cfg, &mut scratch, &mut responses[m], failures)
+                else {
+                    continue;
                 };
-                let Some(outcome) = outcome else { continue };
                 local.record(&outcome, arrival, query.len(), responses[m].len());
                 answered += 1;
                 in_zone += u64::from(outcome.in_zone);
@@ -219,18 +198,7 @@ fn serve(
                 }
             }
         }
-        let mut sent = 0;
-        while sent < m {
-            match mmsg::send(fd, &responses[sent..m], &to[sent..m]) {
-                Ok(0) => break,
-                Ok(k) => sent += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    debug!(error = %e, "UDP send failed; dropping that response");
-                    sent += 1;
-                }
-            }
-        }
+        send_all(fd, &responses[..m], &to[..m]);
         // Every query of the batch waited for the whole batch.
         let now = Instant::now();
         let took = now - received;
@@ -238,17 +206,95 @@ fn serve(
         local.record_duration(false, answered - in_zone, took);
         pending += m;
         if pending >= FLUSH_EVERY_QUERIES || now - last_flush >= FLUSH_EVERY {
-            local.flush(stats);
-            scratch.flush_answers(&answers);
+            flush_counts(&mut local, &mut scratch, stats, &answers);
             last_flush = now;
             pending = 0;
         }
     }
-    local.flush(stats);
-    scratch.flush_answers(&answers);
+    flush_counts(&mut local, &mut scratch, stats, &answers);
     if let Ok(addr) = socket.local_addr() {
         debug!(%addr, "UDP worker stopped");
     } else {
         warn!("UDP worker stopped");
+    }
+}
+
+/// One batch's buffers, kept by a worker for its life: the queries as
+/// received (lengths, senders), the responses and whom they go to.
+struct Batch {
+    queries: Vec<[u8; mmsg::MAX_QUERY]>,
+    lens: [usize; mmsg::BATCH],
+    peers: [mmsg::Peer; mmsg::BATCH],
+    responses: Vec<Vec<u8>>,
+    to: [mmsg::Peer; mmsg::BATCH],
+}
+
+impl Batch {
+    fn new() -> Self {
+        use mmsg::{BATCH, MAX_QUERY, Peer};
+        Self {
+            queries: vec![[0u8; MAX_QUERY]; BATCH],
+            lens: [0; BATCH],
+            peers: [Peer::default(); BATCH],
+            // UDP responses never exceed --max-udp-payload (at most 4096
+            // bytes), so these buffers are never grown.
+            responses: (0..BATCH).map(|_| Vec::with_capacity(MAX_QUERY)).collect(),
+            to: [Peer::default(); BATCH],
+        }
+    }
+}
+
+/// Adds the worker's query counts and answer counts to the shared metrics.
+fn flush_counts(local: &mut LocalStats, scratch: &mut Scratch, stats: &QueryStats, answers: &AnswerStats) {
+    local.flush(stats);
+    scratch.flush_answers(answers);
+}
+
+/// A receive that found nothing to read (the stop poll's timeout) or was
+/// interrupted: not an error.
+fn idle(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
+}
+
+/// Answers one query into `out`. A panic (a bug) is counted for the
+/// worker's task and the query gets no answer; the worker goes on with
+/// fresh scratch buffers.
+#[inline]
+fn answer_one(
+    snap: &Snapshot,
+    query: &[u8],
+    peer: Option<IpAddr>,
+    cfg: &WireConfig,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+    failures: &Failures,
+) -> Option<Outcome> {
+    match catch_unwind(AssertUnwindSafe(|| {
+        respond_from(snap, query, peer, Transport::Udp, cfg, scratch, out)
+    })) {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            // Logged by the panic hook.
+            failures.panicked(Task::Udp);
+            *scratch = Scratch::default();
+            None
+        }
+    }
+}
+
+/// Sends each response to its peer, in as few system calls as the kernel
+/// allows; one the kernel refuses is dropped (it concerns one client).
+fn send_all(fd: RawFd, responses: &[Vec<u8>], to: &[mmsg::Peer]) {
+    let mut sent = 0;
+    while sent < responses.len() {
+        match mmsg::send(fd, &responses[sent..], &to[sent..]) {
+            Ok(0) => break,
+            Ok(k) => sent += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                debug!(error = %e, "UDP send failed; dropping that response");
+                sent += 1;
+            }
+        }
     }
 }

@@ -75,9 +75,22 @@ impl User {
 
     /// [`Self::endpoints`] with the slice's `ports` as in the API.
     pub(crate) async fn endpoints_on(&self, slice: &str, service: &str, ports: Value, endpoints: Value) {
+        self.slice(slice, service, ports, endpoints, json!({})).await;
+    }
+
+    /// [`Self::endpoints`] changed at `at` (RFC 3339), which the slice's
+    /// `endpoints.kubernetes.io/last-change-trigger-time` says, as
+    /// kube-controller-manager writes it.
+    pub(crate) async fn endpoints_at(&self, slice: &str, service: &str, endpoints: Value, at: &str) {
+        let ports = json!([{"name": "http", "protocol": "TCP", "port": 8080}]);
+        let annotations = json!({"endpoints.kubernetes.io/last-change-trigger-time": at});
+        self.slice(slice, service, ports, endpoints, annotations).await;
+    }
+
+    async fn slice(&self, slice: &str, service: &str, ports: Value, endpoints: Value, annotations: Value) {
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
         let body = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": slice, "namespace": self.ns,
+            "metadata": {"name": slice, "namespace": self.ns, "annotations": annotations,
                          "labels": {"kubernetes.io/service-name": service,
                                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
             "addressType": "IPv4", "ports": ports,

@@ -4,13 +4,16 @@
 //! `clusterset-dns hub enrol` (deploy/hub/), which may write only its own
 //! hub namespace: exports converge into every member, each agent writes
 //! only its own cluster and namespace (another's is 403 from the real API
-//! server), and a killed agent, a frozen member and a frozen hub each have
-//! the expected outcome.
+//! server), a slice's trigger time reaches every member's MCS slices and a
+//! time alone writes nothing, an agent's spans reach a collector, and a
+//! killed agent, a frozen member and a frozen hub each have the expected
+//! outcome.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 
@@ -19,6 +22,7 @@ use crate::harness::process::Frozen;
 use crate::harness::syncing::Syncing;
 use crate::harness::{BIN, within};
 use crate::sync::{readers, users};
+use crate::traces::{receiver, spans};
 use crate::watch::runtime;
 
 /// Enrols member `name` on the hub with the real command; returns its
@@ -37,13 +41,14 @@ pub(crate) fn enrol(clusters: &TestClusters, name: &str, dir: &Path) -> PathBuf 
     out
 }
 
-pub(crate) fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str) -> Syncing {
+/// Member `i`'s agent, with `extra` arguments.
+pub(crate) fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str, extra: &[&str]) -> Syncing {
     let id = format!("agent-{}", clusters.name(i));
-    agent_as(clusters, i, clusters.name(i), hub, ns, &id)
+    agent_as(clusters, i, clusters.name(i), hub, ns, &id, extra)
 }
 
 /// An agent in cluster `i` (its own identity there) that says it is member
-/// `member` on the hub, as `identity`.
+/// `member` on the hub, as `identity`, with `extra` arguments.
 pub(crate) fn agent_as(
     clusters: &TestClusters,
     i: usize,
@@ -51,10 +56,11 @@ pub(crate) fn agent_as(
     hub: &Path,
     ns: &str,
     identity: &str,
+    extra: &[&str],
 ) -> Syncing {
     let (own, hub) = (clusters.role_kubeconfig(i, "agent"), hub.display().to_string());
     let own = own.display().to_string();
-    Syncing::agent(&[
+    let mut args = vec![
         "--member",
         member,
         "--kubeconfig",
@@ -67,7 +73,9 @@ pub(crate) fn agent_as(
         "5",
         "--identity",
         identity,
-    ])
+    ];
+    args.extend_from_slice(extra);
+    Syncing::agent(&args)
 }
 
 pub(crate) async fn client_from(path: &Path) -> kube::Client {
@@ -90,7 +98,11 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
     let hub_kc: Vec<PathBuf> = (1..4).map(|i| enrol(&clusters, clusters.name(i), dir.path())).collect();
     // Enrolling again changes nothing but the token.
     enrol(&clusters, clusters.name(1), dir.path());
-    let mut agents: Vec<Syncing> = (1..4).map(|i| agent(&clusters, i, &hub_kc[i - 1], ns)).collect();
+    // cluster-2's agent sends its spans to a collector.
+    let (collector, received) = receiver();
+    let traced = ["--otlp-endpoint", collector.as_str()];
+    let mut agents: Vec<Syncing> =
+        (1..4).map(|i| agent(&clusters, i, &hub_kc[i - 1], ns, if i == 1 { &traced } else { &[] })).collect();
     let logs = |agents: &[Syncing]| agents.iter().map(|a| a.log()).collect::<Vec<_>>().join("\n---\n");
     let u = users(&rt, &clusters, ns);
     let r = readers(&rt, &clusters, ns);
@@ -109,6 +121,19 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
         },
         || logs(&agents),
     );
+    // The agent's reconciles reach the collector (a batch every 5 s).
+    let web = format!("{ns}/web");
+    waits(
+        30,
+        "cluster-2's agent's reconcile of web at the collector",
+        || {
+            spans(&received)
+                .0
+                .iter()
+                .any(|s| s.name == "reconcile" && s.attributes.get("service") == Some(&web))
+        },
+        || logs(&agents),
+    );
     // The hub itself is no member: nothing imported there.
     assert!(rt.block_on(r[0].import("web")).is_none());
     waits(
@@ -121,6 +146,42 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
         },
         || logs(&agents),
     );
+
+    // The trigger time travels through the hub: cluster-2's slice of web
+    // changed at a time its annotation says reaches cluster-4's MCS slice;
+    // the time alone changed again writes nothing, on the hub or in any
+    // member.
+    let stamp = |at: &str| {
+        rt.block_on(u[1].endpoints_at("web-a", "web", json!([{"addresses": ["10.1.0.6"]}]), at));
+    };
+    let changed = Timestamp::now().to_string();
+    stamp(&changed);
+    waits(
+        30,
+        "cluster-4's slice of web from cluster-2 carries the change's trigger time",
+        || rt.block_on(r[3].trigger_times("web", clusters.name(1))) == [changed.clone()],
+        || logs(&agents),
+    );
+    let (written, unchanged) =
+        ("clusterset_dns_hub_records_written_total", "clusterset_dns_hub_records_unchanged_total");
+    let counts = |agents: &[Syncing]| {
+        for a in agents {
+            a.settle(0.0, 1.0, "the change reconciled");
+        }
+        let writes = agents.iter().map(|a| a.metric("clusterset_dns_sync_writes_total")).collect::<Vec<_>>();
+        (writes, agents[0].metric(written), agents[0].metric(unchanged))
+    };
+    let before = counts(&agents);
+    stamp(&Timestamp::now().to_string());
+    waits(
+        30,
+        "cluster-2's agent saw its slice's new time",
+        || agents[0].metric(unchanged) > before.2,
+        || logs(&agents),
+    );
+    let after = counts(&agents);
+    assert_eq!((&after.0, after.1), (&before.0, before.1), "a time alone written\n{}", logs(&agents));
+    assert_eq!(rt.block_on(r[3].trigger_times("web", clusters.name(1))), [changed]);
 
     // An agent's hub identity writing another member's namespace: 403.
     let forbidden = rt.block_on(async {
@@ -211,7 +272,7 @@ fn agents_sync_every_member_from_the_hub_each_writing_only_its_own() {
 
     // An idle restart of cluster-2's agent writes nothing, here or on the hub.
     agents[0].stop();
-    let restarted = agent(&clusters, 1, &hub_kc[0], ns);
+    let restarted = agent(&clusters, 1, &hub_kc[0], ns, &[]);
     restarted.settle(0.0, 1.0, "the restarted agent reconciled");
     std::thread::sleep(Duration::from_secs(3));
     restarted.settle(0.0, 1.0, "the restarted agent idle");

@@ -55,7 +55,7 @@ fn a_member_name_claimed_by_two_clusters_is_refused_naming_both() {
     let rt = runtime();
     let ns = "hub-claim";
     let (member, hub_ns) = (clusters.name(1).to_owned(), record::namespace_of(clusters.name(1)));
-    let first = agent(&clusters, 1, &kc[0], ns);
+    let first = agent(&clusters, 1, &kc[0], ns, &[]);
     let (first_uid, second_uid) = (cluster_uid(&rt, &clusters, 1), cluster_uid(&rt, &clusters, 2));
     let heartbeat_of = || {
         rt.block_on(async {
@@ -74,7 +74,7 @@ fn a_member_name_claimed_by_two_clusters_is_refused_naming_both() {
     rt.block_on(u[2].exported_service("second", "10.2.0.5"));
     // Cluster 2's agent says it is member `member` too (an operator's slip:
     // the same name and hub identity on two clusters).
-    let mut second = agent_as(&clusters, 2, &member, &kc[0], ns, "agent-second");
+    let mut second = agent_as(&clusters, 2, &member, &kc[0], ns, "agent-second", &[]);
     let both = format!(
         "member name {member} is claimed on the hub by cluster {first_uid} (agent \"agent-{member}\") and by this cluster {second_uid} (agent \"agent-second\")"
     );
@@ -138,7 +138,7 @@ fn records_outside_their_members_namespace_are_ignored() {
     let (clusters, _dir, kc) = hub_of(2);
     let rt = runtime();
     let ns = "hub-foreign";
-    let agents: Vec<Syncing> = (1..=2).map(|i| agent(&clusters, i, &kc[i - 1], ns)).collect();
+    let agents: Vec<Syncing> = (1..=2).map(|i| agent(&clusters, i, &kc[i - 1], ns, &[])).collect();
     let log = || logs(&agents.iter().collect::<Vec<_>>());
     let (u, r) = (users(&rt, &clusters, ns), readers(&rt, &clusters, ns));
     rt.block_on(u[1].exported_service("web", "10.1.0.5"));
@@ -181,7 +181,7 @@ fn a_record_that_does_not_parse_is_skipped_named_and_counted() {
     let (clusters, _dir, kc) = hub_of(2);
     let rt = runtime();
     let ns = "hub-broken";
-    let agents: Vec<Syncing> = (1..=2).map(|i| agent(&clusters, i, &kc[i - 1], ns)).collect();
+    let agents: Vec<Syncing> = (1..=2).map(|i| agent(&clusters, i, &kc[i - 1], ns, &[])).collect();
     let log = || logs(&agents.iter().collect::<Vec<_>>());
     let (u, r) = (users(&rt, &clusters, ns), readers(&rt, &clusters, ns));
     rt.block_on(u[1].exported_service("web", "10.1.0.5"));

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use clusterset_dns::k8s::mcs::ANNOTATION_TRIGGER_TIME;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -65,6 +66,23 @@ impl Reader {
             s.list(&lp).await.expect("list").items.len(),
             e.list(&lp).await.expect("list").items.len(),
         )
+    }
+
+    /// The trigger times (`endpoints.kubernetes.io/last-change-trigger-time`)
+    /// the MCS slices of `service` from member `source` carry, sorted.
+    pub(crate) async fn trigger_times(&self, service: &str, source: &str) -> Vec<String> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        let of = format!(
+            "multicluster.kubernetes.io/service-name={service},multicluster.kubernetes.io/source-cluster={source}"
+        );
+        let list = api.list(&ListParams::default().labels(&of)).await.expect("list MCS slices");
+        let mut times: Vec<String> = list
+            .items
+            .iter()
+            .filter_map(|s| s.metadata.annotations.as_ref()?.get(ANNOTATION_TRIGGER_TIME).cloned())
+            .collect();
+        times.sort();
+        times
     }
 
     /// The status of condition `type_` on import `name`, if it has one.

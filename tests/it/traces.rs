@@ -3,7 +3,8 @@
 //! loopback (a thread that answers each POST with 200 and keeps its body);
 //! every body is decoded as the OTLP protobuf `ExportTraceServiceRequest`,
 //! so what is checked is what a real collector would read: one export,
-//! from its reconcile to each member's write, in one trace.
+//! from its reconcile to each member's write, in one trace. (`agent
+//! --otlp-endpoint` is checked in `it/hub`, with this receiver.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -22,11 +23,11 @@ use crate::sync::syncing;
 use crate::watch::runtime;
 
 /// What the receiver was sent: each POST's path and body.
-type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+pub(crate) type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 /// An OTLP/HTTP receiver on loopback: answers every request 200 with an
 /// empty protobuf body. Bounded: it stops after 10,000 requests.
-fn receiver() -> (String, Received) {
+pub(crate) fn receiver() -> (String, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
     let addr = listener.local_addr().expect("its address");
     let received: Received = Arc::default();
@@ -79,12 +80,12 @@ fn receiver() -> (String, Received) {
 
 /// One span as the collector reads it.
 #[derive(Debug, Clone)]
-struct Span {
+pub(crate) struct Span {
     trace: Vec<u8>,
     id: Vec<u8>,
     parent: Vec<u8>,
-    name: String,
-    attributes: BTreeMap<String, String>,
+    pub(crate) name: String,
+    pub(crate) attributes: BTreeMap<String, String>,
 }
 
 fn text(v: &Option<AnyValue>) -> String {
@@ -97,7 +98,7 @@ fn text(v: &Option<AnyValue>) -> String {
 }
 
 /// Every span of every request, and the service name each came from.
-fn spans(received: &Received) -> (Vec<Span>, BTreeSet<String>) {
+pub(crate) fn spans(received: &Received) -> (Vec<Span>, BTreeSet<String>) {
     let mut out = Vec::new();
     let mut services = BTreeSet::new();
     for (path, body) in received.lock().expect("received").iter() {

@@ -70,7 +70,7 @@ impl HubLink {
 }
 
 /// What the records' watch reports.
-enum Seen {
+enum RecordChange {
     Listed(Vec<DynamicObject>),
     Applied(DynamicObject),
     Deleted(DynamicObject),
@@ -80,22 +80,22 @@ struct Keep;
 
 impl Translate<DynamicObject> for Keep {
     type Item = DynamicObject;
-    type Message = Seen;
+    type Message = RecordChange;
 
     fn item(&self, o: &DynamicObject) -> Option<DynamicObject> {
         Some(o.clone())
     }
 
-    fn listed(&self, items: Vec<DynamicObject>, _: std::time::Instant) -> Seen {
-        Seen::Listed(items)
+    fn listed(&self, items: Vec<DynamicObject>, _: std::time::Instant) -> RecordChange {
+        RecordChange::Listed(items)
     }
 
-    fn applied(&self, o: &DynamicObject) -> Option<Seen> {
-        Some(Seen::Applied(o.clone()))
+    fn applied(&self, o: &DynamicObject) -> Option<RecordChange> {
+        Some(RecordChange::Applied(o.clone()))
     }
 
-    fn deleted(&self, o: &DynamicObject) -> Option<Seen> {
-        Some(Seen::Deleted(o.clone()))
+    fn deleted(&self, o: &DynamicObject) -> Option<RecordChange> {
+        Some(RecordChange::Deleted(o.clone()))
     }
 }
 
@@ -312,9 +312,9 @@ impl MemberLink for HubLink {
                 let translating = async {
                     while let Some(seen) = rx.recv().await {
                         let out = match seen {
-                            Seen::Listed(all) => t.listed(all),
-                            Seen::Applied(o) => t.changed(&o, false),
-                            Seen::Deleted(o) => t.changed(&o, true),
+                            RecordChange::Listed(all) => t.listed(all),
+                            RecordChange::Applied(o) => t.changed(&o, false),
+                            RecordChange::Deleted(o) => t.changed(&o, true),
                         };
                         for e in out {
                             if events.send(e).await.is_err() {

@@ -332,7 +332,7 @@ async fn behind_a_closed_fence_nothing_is_sent() {
 fn a_service_state_splits_by_member_and_comes_back_whole() {
     let mut ks = KeyState::default();
     for m in 0..3 {
-        let r = ObjectRef::new(m, Kind::ServiceImport, &key(), "web".into());
+        let r = WrittenObject::new(m, Kind::ServiceImport, &key(), "web".into());
         ks.applied.insert(r.clone(), format!("d{m}"));
         ks.owned.insert(r.clone());
         ks.written.record(r.clone(), Some("1"));
@@ -345,23 +345,23 @@ fn a_service_state_splits_by_member_and_comes_back_whole() {
     assert_eq!(part.applied.len(), 1);
     assert_eq!(part.transitions.len(), 1);
     assert!(ks.owned.iter().all(|r| r.member != 1) && ks.owned.len() == 2);
-    assert!(!ks.written.ours(&ObjectRef::new(1, Kind::ServiceImport, &key(), "web".into()), "1"));
+    assert!(!ks.written.ours(&WrittenObject::new(1, Kind::ServiceImport, &key(), "web".into()), "1"));
     ks.absorb(part);
     assert_eq!(
         (ks.owned.len(), ks.applied.len(), ks.live.len(), ks.transitions.len(), ks.export_uids.len()),
         (3, 3, 3, 3, 3)
     );
-    assert!(ks.written.ours(&ObjectRef::new(1, Kind::ServiceImport, &key(), "web".into()), "1"));
+    assert!(ks.written.ours(&WrittenObject::new(1, Kind::ServiceImport, &key(), "web".into()), "1"));
 }
 
 #[test]
 fn only_an_object_written_before_a_list_began_can_be_gone() {
     let key =
         ServiceKey { namespace: DnsLabel::parse("shop").unwrap(), name: DnsLabel::parse("web").unwrap() };
-    let import = ObjectRef::new(1, Kind::ServiceImport, &key, "web".into());
-    let slice = ObjectRef::new(1, Kind::EndpointSlice, &key, "web-abc".into());
+    let import = WrittenObject::new(1, Kind::ServiceImport, &key, "web".into());
+    let slice = WrittenObject::new(1, Kind::EndpointSlice, &key, "web-abc".into());
     // Wanted, but its write failed: owned, never written.
-    let vip = ObjectRef::new(1, Kind::Service, &key, "web-clusterset".into());
+    let vip = WrittenObject::new(1, Kind::Service, &key, "web-clusterset".into());
     let mut ks = KeyState::default();
     ks.owned.extend([import.clone(), slice.clone(), vip]);
     ks.written.record(import.clone(), Some("5"));

@@ -41,6 +41,79 @@ impl Listeners {
         })
     }
 
+    /// `coredns_dns_requests_total`: per server, zone, protocol, address
+    /// family and query type, those counted.
+    fn requests(&self) -> Vec<Sample> {
+        let mut out = Vec::new();
+        for (server, s, zone, z) in self.zones() {
+            for (proto, p) in PROTO_LABELS.into_iter().enumerate() {
+                for (fam, family) in FAMILY_LABELS.into_iter().enumerate() {
+                    for ty in 0..TYPE_SLOTS {
+                        let n = load(&s.requests[stats::request_slot(zone, proto, fam, ty)]);
+                        if n > 0 {
+                            let t = TYPES.get(ty).map_or("other", |(_, name)| name);
+                            let pairs = [
+                                ("server", server),
+                                ("zone", z),
+                                ("view", ""),
+                                ("proto", p),
+                                ("family", family),
+                                ("type", t),
+                            ];
+                            out.push(Sample::count(&pairs, n));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// `coredns_dns_do_requests_total`: per server and zone, those counted.
+    fn do_requests(&self) -> Vec<Sample> {
+        self.zones()
+            .filter(|(_, s, zone, _)| load(&s.do_requests[*zone]) > 0)
+            .map(|(server, s, zone, z)| {
+                Sample::count(&[("server", server), ("zone", z), ("view", "")], load(&s.do_requests[zone]))
+            })
+            .collect()
+    }
+
+    /// `coredns_dns_responses_total`: per server, zone and rcode, those
+    /// counted.
+    fn responses(&self) -> Vec<Sample> {
+        let mut out = Vec::new();
+        for (server, s, zone, z) in self.zones() {
+            for (r, rcode) in RCODES.iter().enumerate() {
+                let n = load(&s.responses[zone * RCODES.len() + r]);
+                if n > 0 {
+                    let pairs = [
+                        ("server", server),
+                        ("zone", z),
+                        ("view", ""),
+                        ("rcode", *rcode),
+                        ("plugin", PLUGIN),
+                    ];
+                    out.push(Sample::count(&pairs, n));
+                }
+            }
+        }
+        out
+    }
+
+    /// `coredns_dns_request_duration_seconds`: per server and zone, those
+    /// with a request timed.
+    fn durations(&self) -> Vec<HistogramSample> {
+        self.zones()
+            .filter(|(_, s, zone, _)| s.duration[*zone].iter().any(|c| load(c) > 0))
+            .map(|(server, s, zone, z)| {
+                let sum = load(&s.duration_nanos[zone]) as f64 / 1e9;
+                let pairs = [("server", server), ("zone", z), ("view", "")];
+                HistogramSample::new(&pairs, &DURATION_BUCKETS, &s.duration[zone], sum)
+            })
+            .collect()
+    }
+
     /// The size histograms of (zone, proto) slot `zp`, both written once a
     /// request was sized there.
     fn sizes(&self, which: fn(&QueryStats, usize) -> (&[AtomicU64], &AtomicU64)) -> Vec<HistogramSample> {
@@ -84,94 +157,41 @@ fn load(a: &AtomicU64) -> u64 {
 pub(super) fn families(zone: String, servers: Vec<(String, Arc<QueryStats>)>) -> Families {
     let l = Arc::new(Listeners { zone, servers });
     let mut f = Families::new();
+    coredns_families(&mut f, &l);
+    our_families(&mut f, l);
+    f
+}
+
+/// CoreDNS's families (names, help and labels of CoreDNS 1.14), so that its
+/// dashboards and alerts read ours.
+fn coredns_families(f: &mut Families, l: &Arc<Listeners>) {
     let q = l.clone();
     f.counter(
         "coredns_dns_requests_total",
         "Counter of DNS requests made per zone, protocol and family.",
         &["server", "zone", "view", "proto", "family", "type"],
-        move || {
-            let mut out = Vec::new();
-            for (server, s, zone, z) in q.zones() {
-                for (proto, p) in PROTO_LABELS.into_iter().enumerate() {
-                    for (fam, family) in FAMILY_LABELS.into_iter().enumerate() {
-                        for ty in 0..TYPE_SLOTS {
-                            let n = load(&s.requests[stats::request_slot(zone, proto, fam, ty)]);
-                            if n > 0 {
-                                let t = TYPES.get(ty).map_or("other", |(_, name)| name);
-                                let pairs = [
-                                    ("server", server),
-                                    ("zone", z),
-                                    ("view", ""),
-                                    ("proto", p),
-                                    ("family", family),
-                                    ("type", t),
-                                ];
-                                out.push(Sample::count(&pairs, n));
-                            }
-                        }
-                    }
-                }
-            }
-            out
-        },
+        move || q.requests(),
     );
     let q = l.clone();
     f.counter(
         "coredns_dns_do_requests_total",
         "Counter of DNS requests with DO bit set per zone.",
         &["server", "zone", "view"],
-        move || {
-            q.zones()
-                .filter(|(_, s, zone, _)| load(&s.do_requests[*zone]) > 0)
-                .map(|(server, s, zone, z)| {
-                    Sample::count(
-                        &[("server", server), ("zone", z), ("view", "")],
-                        load(&s.do_requests[zone]),
-                    )
-                })
-                .collect()
-        },
+        move || q.do_requests(),
     );
     let q = l.clone();
     f.counter(
         "coredns_dns_responses_total",
         "Counter of response status codes.",
         &["server", "zone", "view", "rcode", "plugin"],
-        move || {
-            let mut out = Vec::new();
-            for (server, s, zone, z) in q.zones() {
-                for (r, rcode) in RCODES.iter().enumerate() {
-                    let n = load(&s.responses[zone * RCODES.len() + r]);
-                    if n > 0 {
-                        let pairs = [
-                            ("server", server),
-                            ("zone", z),
-                            ("view", ""),
-                            ("rcode", *rcode),
-                            ("plugin", PLUGIN),
-                        ];
-                        out.push(Sample::count(&pairs, n));
-                    }
-                }
-            }
-            out
-        },
+        move || q.responses(),
     );
     let q = l.clone();
     f.histogram(
         "coredns_dns_request_duration_seconds",
         "Histogram of the time (in seconds) each request took.",
         &["server", "zone", "view"],
-        move || {
-            q.zones()
-                .filter(|(_, s, zone, _)| s.duration[*zone].iter().any(|c| load(c) > 0))
-                .map(|(server, s, zone, z)| {
-                    let sum = load(&s.duration_nanos[zone]) as f64 / 1e9;
-                    let pairs = [("server", server), ("zone", z), ("view", "")];
-                    HistogramSample::new(&pairs, &DURATION_BUCKETS, &s.duration[zone], sum)
-                })
-                .collect()
-        },
+        move || q.durations(),
     );
     let q = l.clone();
     f.histogram(
@@ -187,6 +207,11 @@ pub(super) fn families(zone: String, servers: Vec<(String, Arc<QueryStats>)>) ->
         &["server", "zone", "view", "proto"],
         move || q.sizes(|s, zp| (&s.response_size[zp], &s.response_bytes[zp])),
     );
+}
+
+/// Our own families: rate limiting, debug queries, ECS, zone transfers and
+/// TCP connections shed at the cap.
+fn our_families(f: &mut Families, l: Arc<Listeners>) {
     let q = l.clone();
     f.counter(
         "clusterset_dns_rrl_responses_total",
@@ -224,5 +249,4 @@ pub(super) fn families(zone: String, servers: Vec<(String, Arc<QueryStats>)>) ->
             l.servers.iter().map(|(server, s)| Sample::count(&[("server", server.as_str())], shed(s))).collect()
         },
     );
-    f
 }

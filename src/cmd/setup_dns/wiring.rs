@@ -1,7 +1,7 @@
 //! `setup-dns --watch`: keeps the wiring. A check every `--interval`, and
 //! at once when one of the ConfigMaps it writes into changes (a watch per
 //! name), reads and plans as `setup-dns` does, lets
-//! `cluster_dns::watch` decide (write again, report, back off), and
+//! `cluster_dns::repair` decide (write again, report, back off), and
 //! proves the result through the cluster DNS. The state is the metric
 //! `clusterset_dns_wiring_ok{layout}`, an Event on the ConfigMap when it
 //! changes, and the log; `/health`, `/ready` and `/metrics` are served as
@@ -24,8 +24,8 @@ use tracing::{info, warn};
 
 use super::{BoxError, verify_at, want};
 use crate::cluster_dns::plan::{self, Edit};
+use crate::cluster_dns::repair::{Action, Found, Repairs};
 use crate::cluster_dns::verify::{self, Outcome};
-use crate::cluster_dns::watch::{Action, Found, Watch};
 use crate::cluster_dns::{kube, plan::Change};
 use crate::cmd::Process;
 use crate::config::{SetupDnsConfig, WatchConfig};
@@ -84,7 +84,7 @@ struct Checker<'a> {
     client: ::kube::Client,
     want: plan::Want,
     proof: Name,
-    decide: Watch,
+    decide: Repairs,
     recorder: Recorder,
     gauges: Gauges,
     /// The last Event published (reason and note), so a state is told
@@ -128,7 +128,7 @@ pub(super) async fn run(
         recorder: Recorder::new(client.clone(), reporter),
         want: want(cfg, server),
         proof: Name::from_ascii(format!("dns-version.{}.", cfg.zone))?,
-        decide: Watch::new(w.mode),
+        decide: Repairs::new(w.mode),
         client,
         gauges,
         told: None,
@@ -197,6 +197,44 @@ fn what_changed(changes: &[Change], writers: &BTreeMap<String, String>) -> Strin
     out
 }
 
+/// What a check found in `read` and its `planned` edits: wired, drifted
+/// (with the changes that wire it again) or not wireable (why); and the
+/// object its Events are about.
+fn findings(
+    read: &kube::Read,
+    planned: Result<plan::Plan, plan::Unrecognised>,
+    want: &plan::Want,
+) -> (Found, Vec<Change>, ObjectReference) {
+    let first_cm = |names: &[&str]| names.iter().find_map(|n| read.references.get(*n).cloned());
+    let (found, changes, about) = match planned {
+        Err(e) => (
+            Found::Unwireable(format!(
+                "the Pods' DNS cannot be changed this way: {e}\n(For names in cluster.local instead, see `serve --also-zone cluster.local` and Corefile.example's cluster.local block.)"
+            )),
+            Vec::new(),
+            None,
+        ),
+        Ok(p) if p.manual.is_some() => (
+            Found::Unwireable(p.manual.unwrap_or_default()),
+            Vec::new(),
+            read.references.get("rke2-coredns-rke2-coredns").cloned(),
+        ),
+        Ok(p) => match plan::nodelocal_unwired(read.nodelocal_daemonset, &read.observed, want) {
+            Some(why) => (Found::Unwireable(why), Vec::new(), first_cm(&["coredns"])),
+            None if p.changes.is_empty() => (Found::Wired, p.changes, None),
+            None => {
+                let objects = p.changes.iter().map(|c| object(&c.edit)).collect();
+                let about =
+                    first_cm(&p.changes.iter().filter_map(|c| configmap(&c.edit)).collect::<Vec<_>>());
+                (Found::Drift(objects), p.changes, about)
+            }
+        },
+    };
+    let about =
+        about.or_else(|| first_cm(&kube::WRITABLE)).unwrap_or_else(|| kube::reference("coredns", None));
+    (found, changes, about)
+}
+
 impl Checker<'_> {
     /// One check: read, plan, decide, act, prove, report.
     async fn check(&mut self) {
@@ -209,33 +247,7 @@ impl Checker<'_> {
         };
         let planned = plan::plan(&read.observed, &self.want);
         let layout = planned.as_ref().map_or(UNKNOWN, |p| p.layout.label());
-        let first_cm = |names: &[&str]| names.iter().find_map(|n| read.references.get(*n).cloned());
-        let (found, changes, about) = match planned {
-            Err(e) => (
-                Found::Unwireable(format!(
-                    "the Pods' DNS cannot be changed this way: {e}\n(For names in cluster.local instead, see `serve --also-zone cluster.local` and Corefile.example's cluster.local block.)"
-                )),
-                Vec::new(),
-                None,
-            ),
-            Ok(p) if p.manual.is_some() => (
-                Found::Unwireable(p.manual.unwrap_or_default()),
-                Vec::new(),
-                read.references.get("rke2-coredns-rke2-coredns").cloned(),
-            ),
-            Ok(p) => match plan::nodelocal_unwired(read.nodelocal_daemonset, &read.observed, &self.want) {
-                Some(why) => (Found::Unwireable(why), Vec::new(), first_cm(&["coredns"])),
-                None if p.changes.is_empty() => (Found::Wired, p.changes, None),
-                None => {
-                    let objects = p.changes.iter().map(|c| object(&c.edit)).collect();
-                    let about =
-                        first_cm(&p.changes.iter().filter_map(|c| configmap(&c.edit)).collect::<Vec<_>>());
-                    (Found::Drift(objects), p.changes, about)
-                }
-            },
-        };
-        let about =
-            about.or_else(|| first_cm(&kube::WRITABLE)).unwrap_or_else(|| kube::reference("coredns", None));
+        let (found, changes, about) = findings(&read, planned, &self.want);
         let changed = what_changed(&changes, &read.last_writer);
         match self.decide.decide(&found, Instant::now()) {
             Action::Ok => self.prove(layout, &about, None).await,
@@ -243,27 +255,19 @@ impl Checker<'_> {
                 if repair {
                     self.gauges.rewrites.with_label_values(&[layout]).inc();
                 }
-                for c in &changes {
-                    if let Err(e) = kube::write(&self.client, &read, &c.edit).await {
-                        // A conflict is someone writing at the same time:
-                        // their change wakes the next check.
-                        warn!(error = %e, "writing the wiring failed; checking again");
-                        self.gauges.set(layout, false);
-                        return;
-                    }
+                if self.write(layout, &read, &changes).await {
+                    let note = if repair {
+                        info!(layout, changed = %changed, "re-applied the wiring");
+                        ("Reapplied", format!("{changed}; re-applied"))
+                    } else {
+                        info!(layout, "wired the cluster DNS");
+                        (
+                            "Wired",
+                            format!("wired {} to clusterset-dns at {}", self.want.zone, self.want.upstream),
+                        )
+                    };
+                    self.prove(layout, &about, Some(note)).await;
                 }
-                self.decide.written();
-                let note = if repair {
-                    info!(layout, changed = %changed, "re-applied the wiring");
-                    Some(("Reapplied", format!("{changed}; re-applied")))
-                } else {
-                    info!(layout, "wired the cluster DNS");
-                    Some((
-                        "Wired",
-                        format!("wired {} to clusterset-dns at {}", self.want.zone, self.want.upstream),
-                    ))
-                };
-                self.prove(layout, &about, note).await;
             }
             Action::Report => {
                 self.gauges.rewrites.with_label_values(&[layout]).inc();
@@ -303,6 +307,21 @@ impl Checker<'_> {
                 self.tell(&about, EventType::Warning, "CannotWire", why).await;
             }
         }
+    }
+
+    /// Writes `changes`; false (and the wiring not ok) when a write failed.
+    async fn write(&mut self, layout: &str, read: &kube::Read, changes: &[Change]) -> bool {
+        for c in changes {
+            if let Err(e) = kube::write(&self.client, read, &c.edit).await {
+                // A conflict is someone writing at the same time: their
+                // change wakes the next check.
+                warn!(error = %e, "writing the wiring failed; checking again");
+                self.gauges.set(layout, false);
+                return false;
+            }
+        }
+        self.decide.written();
+        true
     }
 
     /// Asks the proof query through the cluster DNS (at most the interval

@@ -10,9 +10,9 @@ use tracing::info;
 
 use super::{Deferred, Syncer};
 use crate::controller::api::Kind;
-use crate::controller::own::{OwnChange, OwnEvent, Seen};
+use crate::controller::own::{OwnChange, OwnEvent, OwnObject};
 use crate::controller::queue::Reason;
-use crate::controller::reconcile::{KeyState, ObjectRef};
+use crate::controller::reconcile::{KeyState, WrittenObject};
 use crate::model::ServiceKey;
 
 impl Syncer {
@@ -81,7 +81,7 @@ impl Syncer {
 
     /// Queues the service of `seen` for another write of it, unless the
     /// event is of our own write or of an object we no longer want.
-    fn repair(&mut self, m: usize, seen: Seen, deleted: bool) {
+    fn repair(&mut self, m: usize, seen: OwnObject, deleted: bool) {
         let meta = kube::api::ObjectMeta {
             namespace: Some(seen.namespace.clone()),
             name: Some(seen.service.clone()),
@@ -92,7 +92,7 @@ impl Syncer {
             return;
         };
         if self.queue.is_running(&key) {
-            self.deferred.entry(key).or_default().push(Deferred::Seen { member: m, seen, deleted });
+            self.deferred.entry(key).or_default().push(Deferred::Changed { member: m, seen, deleted });
             return;
         }
         let Some(mut ks) = self.keys.remove(&key) else { return };
@@ -103,8 +103,8 @@ impl Syncer {
     }
 
     /// [`Self::repair`] on the service's state; true when it needs a write.
-    pub(super) fn repair_in(&self, ks: &mut KeyState, m: usize, seen: &Seen, deleted: bool) -> bool {
-        let r = ObjectRef {
+    pub(super) fn repair_in(&self, ks: &mut KeyState, m: usize, seen: &OwnObject, deleted: bool) -> bool {
+        let r = WrittenObject {
             member: m,
             kind: seen.kind,
             namespace: seen.namespace.clone(),
@@ -138,7 +138,7 @@ impl Syncer {
         listed: &BTreeSet<(String, String)>,
         began: std::time::Instant,
     ) -> bool {
-        let gone: Vec<ObjectRef> = ks.gone(m, (kind, scope), listed, began);
+        let gone: Vec<WrittenObject> = ks.gone(m, (kind, scope), listed, began);
         for r in &gone {
             info!(member = %self.members[m].name(), kind = %r.kind, object = %r.path(), "ours, and gone: writing it again");
             self.stats.drift(r.kind);

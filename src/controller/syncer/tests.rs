@@ -501,7 +501,7 @@ async fn each_reconcile_is_a_span_of_its_writes_and_its_reason_is_counted() {
         )
         .await
         .unwrap();
-    let seen = Seen {
+    let seen = OwnObject {
         kind: Kind::ServiceImport,
         namespace: "shop".into(),
         name: "web".into(),

@@ -41,9 +41,9 @@ use tracing::{Instrument, info, warn};
 use super::api::{ApiError, Kind, SharedApi};
 use super::desired::has_elder;
 use super::link::{MemberApis, MemberLink, undiscovered};
-use super::own::{OwnEvent, Seen};
+use super::own::{OwnEvent, OwnObject};
 use super::queue::{Reason, WorkQueue};
-use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, ObjectRef, reconcile};
+use super::reconcile::{Env, Input, KeyState, MemberEnv, MemberInput, WrittenObject, reconcile};
 use super::shard::Shards;
 use super::stats::SyncStats;
 use crate::fault::Failures;
@@ -110,9 +110,9 @@ const TICK: Duration = Duration::from_secs(1);
 /// reconcile ends, against the versions its writes recorded (else the
 /// events of its own writes would look like someone else's).
 enum Deferred {
-    Seen {
+    Changed {
         member: usize,
-        seen: Seen,
+        seen: OwnObject,
         deleted: bool,
     },
     Listed {
@@ -565,7 +565,7 @@ impl Syncer {
                 }
                 for d in self.deferred.remove(&key).unwrap_or_default() {
                     let repair = match d {
-                        Deferred::Seen { member, seen, deleted } => {
+                        Deferred::Changed { member, seen, deleted } => {
                             self.repair_in(&mut ks, member, &seen, deleted)
                         }
                         Deferred::Listed { member, kind, scope, listed, began } => {
@@ -582,7 +582,7 @@ impl Syncer {
             }
             Done::Adopted { member, found, listed, began, all, gained } => {
                 self.read[member] = true;
-                let seen: BTreeSet<ObjectRef> =
+                let seen: BTreeSet<WrittenObject> =
                     found.values().flat_map(|ks| ks.owned.iter().cloned()).collect();
                 let why = match (gained.is_empty(), all) {
                     (false, _) => Reason::Takeover,
@@ -608,7 +608,7 @@ impl Syncer {
                 let listed: BTreeSet<Kind> = listed.into_iter().collect();
                 let mut touched = Vec::new();
                 for (key, ks) in &mut self.keys {
-                    let gone: Vec<ObjectRef> = ks
+                    let gone: Vec<WrittenObject> = ks
                         .owned
                         .iter()
                         .filter(|r| {

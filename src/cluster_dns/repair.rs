@@ -132,7 +132,7 @@ impl Fight {
 
 /// The watcher's memory across checks.
 #[derive(Debug)]
-pub struct Watch {
+pub struct Repairs {
     mode: Mode,
     /// The wiring was seen in place (or written) once: changes since are
     /// rewrites.
@@ -140,7 +140,7 @@ pub struct Watch {
     fights: BTreeMap<String, Fight>,
 }
 
-impl Watch {
+impl Repairs {
     /// A watcher that has seen nothing yet.
     pub fn new(mode: Mode) -> Self {
         Self { mode, wired_once: false, fights: BTreeMap::new() }
@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn the_first_wiring_is_written_and_is_not_a_repair() {
-        let mut w = Watch::new(Mode::Reapply);
+        let mut w = Repairs::new(Mode::Reapply);
         let t = Instant::now();
         assert_eq!(w.decide(&drift(), t), Action::Write { repair: false });
         w.written();
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn report_mode_never_writes_even_the_first_wiring() {
-        let mut w = Watch::new(Mode::Report);
+        let mut w = Repairs::new(Mode::Report);
         let t = Instant::now();
         assert_eq!(w.decide(&drift(), t), Action::Report);
         assert_eq!(w.decide(&Found::Wired, t), Action::Ok);
@@ -219,7 +219,7 @@ mod tests {
     #[test]
     fn a_layout_it_cannot_wire_is_reported_in_either_mode() {
         for mode in [Mode::Reapply, Mode::Report] {
-            let mut w = Watch::new(mode);
+            let mut w = Repairs::new(mode);
             let a = w.decide(&Found::Unwireable("no layout; add the block".into()), Instant::now());
             assert_eq!(a, Action::Unwireable("no layout; add the block".into()));
         }
@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_fourth_rewrite_within_ten_minutes_backs_off_then_retries_once_and_doubles() {
-        let mut w = Watch::new(Mode::Reapply);
+        let mut w = Repairs::new(Mode::Reapply);
         let t0 = Instant::now();
         assert_eq!(w.decide(&Found::Wired, t0), Action::Ok);
         // Issue 31: "backs off and reports after 3 rewrites in 10 min".
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn rewrites_spread_over_more_than_ten_minutes_are_all_repaired() {
-        let mut w = Watch::new(Mode::Reapply);
+        let mut w = Repairs::new(Mode::Reapply);
         let t0 = Instant::now();
         w.decide(&Found::Wired, t0);
         for i in 0..10u32 {
@@ -262,7 +262,7 @@ mod tests {
 
     #[test]
     fn the_backoff_never_exceeds_an_hour() {
-        let mut w = Watch::new(Mode::Reapply);
+        let mut w = Repairs::new(Mode::Reapply);
         let mut t = Instant::now();
         w.decide(&Found::Wired, t);
         let mut longest = Duration::ZERO;
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_quiet_window_after_a_fight_starts_the_count_over() {
-        let mut w = Watch::new(Mode::Reapply);
+        let mut w = Repairs::new(Mode::Reapply);
         let t0 = Instant::now();
         w.decide(&Found::Wired, t0);
         for i in 0..=MAX_REPAIRS as u64 {
