@@ -36,30 +36,51 @@ pub const ANNOTATION_CLUSTER: &str = "hub.clusterset-dns.io/cluster-uid";
 /// next change.
 #[derive(Debug)]
 pub struct Claim {
-    refused: watch::Sender<Option<String>>,
+    state: watch::Sender<ClaimState>,
+}
+
+/// What the heartbeat has found of the member name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimState {
+    /// Not yet read on the hub: nothing may be published (another cluster
+    /// may hold the name).
+    Unchecked,
+    /// This cluster's: its heartbeat was written.
+    Ours,
+    /// Another cluster's, and why.
+    Refused(String),
 }
 
 impl Default for Claim {
     fn default() -> Self {
-        Self { refused: watch::Sender::new(None) }
+        Self { state: watch::Sender::new(ClaimState::Unchecked) }
     }
 }
 
 impl Claim {
     /// Why the name is not ours, while it is not.
     pub fn refused(&self) -> Option<String> {
-        self.refused.borrow().clone()
+        match &*self.state.borrow() {
+            ClaimState::Refused(why) => Some(why.clone()),
+            _ => None,
+        }
     }
 
-    /// Told of every change of [`Claim::refused`] from now on.
-    pub fn changes(&self) -> watch::Receiver<Option<String>> {
-        self.refused.subscribe()
+    /// Whether the name was found to be ours (what the publisher waits for).
+    pub fn ours(&self) -> bool {
+        *self.state.borrow() == ClaimState::Ours
+    }
+
+    /// Told of every change of the claim from now on.
+    pub fn changes(&self) -> watch::Receiver<ClaimState> {
+        self.state.subscribe()
     }
 
     fn set(&self, why: Option<String>) {
-        self.refused.send_if_modified(|r| {
-            let changed = *r != why;
-            *r = why;
+        let new = why.map_or(ClaimState::Ours, ClaimState::Refused);
+        self.state.send_if_modified(|s| {
+            let changed = *s != new;
+            *s = new;
             changed
         });
     }
@@ -226,6 +247,7 @@ mod tests {
     #[tokio::test]
     async fn the_publisher_is_told_when_the_name_becomes_its_own() {
         let claim = Claim::default();
+        assert!(!claim.ours() && claim.refused().is_none(), "unchecked is neither ours nor refused");
         let mut changes = claim.changes();
         claim.set(Some("claimed by cluster a and by this cluster b".into()));
         assert!(changes.has_changed().unwrap());
@@ -236,5 +258,6 @@ mod tests {
         claim.set(None);
         tokio::time::timeout(Duration::from_secs(1), changes.changed()).await.unwrap().unwrap();
         assert_eq!(claim.refused(), None);
+        assert!(claim.ours());
     }
 }

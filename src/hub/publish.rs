@@ -7,8 +7,9 @@
 //! replica gains the tenure, so an idle restart or a move of the tenure
 //! writes nothing. Every write carries the tenure's fence, checked at the
 //! wire (`k8s::fence`): a replica that lost its Lease publishes nothing.
-//! Nor does one whose member name another cluster holds
-//! (`hub::heartbeat::Claim`); it publishes what waits once the name is its own.
+//! Nor does one before its heartbeat has found the member name its own
+//! (`hub::heartbeat::Claim`: another cluster may hold it); it publishes
+//! what waits once the name is its own.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -234,7 +235,7 @@ impl Publisher {
                 }
             }
             if leading
-                && self.claim.refused().is_none()
+                && self.claim.ours()
                 && objects.synced()
                 && let Some(p) = published.as_mut()
                 && !pending.is_empty()
