@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The official MCS API conformance suite (kubernetes-sigs/mcs-api, conformance/:
 # Ginkgo specs labelled Required/Optional) against `clusterset-dns sync` on two
-# real clusters that run pods (scripts/clusters.sh with CLUSTERS_NODES=1).
+# real clusters that run pods (scripts/clusters.sh with CLUSTERS_NODES=1), or,
+# with CONFORMANCE_MODE=hub, against one `clusterset-dns agent` per cluster and
+# a hub (docs/hub.md).
 #
 # Usage: scripts/conformance.sh [OUT_DIR]
 #
 # Steps: start two clusters with nodes, run `clusterset-dns sync --cluster
 # cluster-1=… --cluster cluster-2=…` (the sync identity of deploy/sync/rbac.yaml),
+# or in hub mode start the hub, enrol both clusters and run their agents (below),
 # run the suite binary with contexts cluster-1,cluster-2 of the clusters'
 # kubeconfig, and print one line per spec:
 #
 #   RESULT passed|failed|skipped|pending <labels> | <spec text>
 #
 # then "SUMMARY passed=P failed=F skipped=S". The JUnit report, the suite's own
-# report.html and report.yaml, its output and the sync log stay in OUT_DIR
+# report.html and report.yaml, its output and the sync (or agent) logs stay in OUT_DIR
 # (default: a new temporary directory).
 # Exit 0: every spec that ran passed; 1: some failed; 2: the suite could not run.
 #
@@ -50,8 +53,19 @@
 # exec are filtered out (they would fail, or pass without checking anything).
 # CONFORMANCE.md says more.
 #
+# CONFORMANCE_MODE=hub: no `sync`. A third API server (scripts/clusters.sh up 1
+# OUT_DIR/hub, no nodes: it runs no Pods, only stores the records) is the hub;
+# `clusterset-dns hub enrol cluster-I` makes each cluster's restricted hub
+# identity (it may write only namespace clusterset-member-cluster-I), and
+# `clusterset-dns agent --member cluster-I` runs per cluster with that cluster's
+# own identity (deploy/agent/rbac.yaml) and its hub identity. Serving, the data
+# plane and the suite are as in push mode.
+#
 # Environment:
 #   MCS_CONFORMANCE      the suite binary (required)
+#   CONFORMANCE_MODE     push (default): one `clusterset-dns sync` for both
+#                        clusters; hub: a hub and one `clusterset-dns agent` per
+#                        cluster (above)
 #   CONFORMANCE_EXEC     1 (default): Pods run, exec works (see above); 0: not
 #   CONFORMANCE_LABELS   Ginkgo label filter (default: none; with CONFORMANCE_EXEC=0
 #                        '!DNS && !Connectivity')
@@ -68,6 +82,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
 EXEC="${CONFORMANCE_EXEC:-1}"
+MODE="${CONFORMANCE_MODE:-push}"
 if [ "$EXEC" = 1 ]; then
     LABELS="${CONFORMANCE_LABELS-}"
     SKIP="${CONFORMANCE_SKIP-}"
@@ -80,6 +95,7 @@ PARENT="${CONFORMANCE_PARENT_PID:-$PPID}"
 log() { printf '[%s] conformance: %s\n' "$(date '+%H:%M:%S')" "$*" >&2; }
 die() { log "ERROR: $*"; exit 2; }
 
+case "$MODE" in push | hub) ;; *) die "CONFORMANCE_MODE must be push or hub, not '$MODE'" ;; esac
 for c in setpriv; do command -v "$c" >/dev/null || die "$c not found (util-linux)"; done
 if [ "$EXEC" = 1 ]; then
     [ "$(id -u)" -eq 0 ] || die "CONFORMANCE_EXEC=1 needs root (network namespaces); CONFORMANCE_EXEC=0 does not"
@@ -118,6 +134,7 @@ finish() { # stop what we started (clusters.sh stops its own processes)
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
     # Keep the clusters' logs, not their etcd data (~60 MB a cluster).
     [ -z "${CLUSTERS:-}" ] || rm -rf "$CLUSTERS"/cluster-*/etcd
+    [ -z "${HUB:-}" ] || rm -rf "$HUB"/cluster-*/etcd
 }
 trap finish EXIT
 trap 'exit 2' TERM INT HUP
@@ -164,16 +181,51 @@ fi
 # The supervisor is tied to this shell: it stops everything when we are gone,
 # also after a SIGKILL.
 env "${cluster_env[@]}" "$HERE/clusters.sh" up 2 "$CLUSTERS" >"$OUT/clusters.out" 2>"$OUT/clusters.log" &
-PIDS+=($!)
-wait_for "${PIDS[0]}" "scripts/clusters.sh up" 3600 '^READY' "$OUT/clusters.out" "$OUT/clusters.log"
+clusters_pid=$!
+PIDS+=("$clusters_pid")
+if [ "$MODE" = hub ]; then
+    # The hub: one more API server, no nodes, started beside the clusters.
+    HUB="$OUT/hub"
+    CLUSTERS_PARENT_PID=$$ "$HERE/clusters.sh" up 1 "$HUB" >"$OUT/hub.out" 2>"$OUT/hub.log" &
+    hub_pid=$!
+    PIDS+=("$hub_pid")
+fi
+wait_for "$clusters_pid" "scripts/clusters.sh up" 3600 '^READY' "$OUT/clusters.out" "$OUT/clusters.log"
 log "clusters ready in ${WAITED}s"
 
-RUST_LOG="${SYNC_LOG:-info}" setpriv --pdeathsig TERM -- "$BIN" sync --http-listen 127.0.0.1:0 \
-    --cluster "cluster-1=$CLUSTERS/cluster-1/sync.kubeconfig" \
-    --cluster "cluster-2=$CLUSTERS/cluster-2/sync.kubeconfig" >"$OUT/sync.log" 2>&1 &
-PIDS+=($!)
-wait_for "${PIDS[1]}" "clusterset-dns sync (leading)" 60 'leading: syncing' "$OUT/sync.log"
-log "clusterset-dns sync leading"
+if [ "$MODE" = push ]; then
+    RUST_LOG="${SYNC_LOG:-info}" setpriv --pdeathsig TERM -- "$BIN" sync --http-listen 127.0.0.1:0 \
+        --cluster "cluster-1=$CLUSTERS/cluster-1/sync.kubeconfig" \
+        --cluster "cluster-2=$CLUSTERS/cluster-2/sync.kubeconfig" >"$OUT/sync.log" 2>&1 &
+    PIDS+=($!)
+    wait_for "$!" "clusterset-dns sync (leading)" 60 'leading: syncing' "$OUT/sync.log"
+    log "clusterset-dns sync leading"
+else
+    wait_for "$hub_pid" "scripts/clusters.sh up (the hub)" 600 '^READY' "$OUT/hub.out" "$OUT/hub.log"
+    log "hub ready"
+    agents=()
+    for i in 1 2; do
+        # The real enrolment (as an admin of the hub): namespace, identity, kubeconfig.
+        "$BIN" hub enrol "cluster-$i" --hub-kubeconfig "$HUB/cluster-1/kubeconfig" \
+            --out "$OUT/hub-cluster-$i.kubeconfig" >>"$OUT/enrol.log" 2>&1 ||
+            die "clusterset-dns hub enrol cluster-$i failed; see $OUT/enrol.log"
+        # Its own cluster as deploy/agent/rbac.yaml's identity, the hub as its own
+        # restricted one; the election Lease is in its own cluster.
+        RUST_LOG="${SYNC_LOG:-info}" setpriv --pdeathsig TERM -- "$BIN" agent --http-listen 127.0.0.1:0 \
+            --member "cluster-$i" --kubeconfig "$CLUSTERS/cluster-$i/agent.kubeconfig" \
+            --hub-kubeconfig "$OUT/hub-cluster-$i.kubeconfig" --identity "agent-cluster-$i" \
+            >"$OUT/agent-$i.log" 2>&1 &
+        agents+=($!)
+        PIDS+=($!)
+    done
+    # Each agent leads its cluster's Lease and has seen the other member on the hub.
+    for i in 1 2; do
+        wait_for "${agents[$((i - 1))]}" "clusterset-dns agent cluster-$i (leading)" 60 'leading the shard' "$OUT/agent-$i.log"
+        wait_for "${agents[$((i - 1))]}" "clusterset-dns agent cluster-$i (the other member)" 60 \
+            "members=.*\"cluster-$((3 - i))\"" "$OUT/agent-$i.log"
+    done
+    log "clusterset-dns agents leading, each syncing from the hub with the other member"
+fi
 
 if [ "$EXEC" = 1 ]; then
     # The data plane: nodes with kube-proxy, kube-dns, the dns Pods. Tied to this
@@ -236,7 +288,7 @@ if [ "$EXEC" = 1 ]; then
     log "serve, CoreDNS (kube-dns) and the Pod runner up in both clusters"
 fi
 
-log "running the suite (labels: $LABELS; skipped: $SKIP)"
+log "running the suite ($MODE mode; labels: $LABELS; skipped: $SKIP)"
 start=$SECONDS
 # From OUT: the suite writes its own report.html and report.yaml to its working directory.
 filters=()
@@ -269,6 +321,7 @@ while IFS= read -r line; do
     printf 'RESULT %s %s | %s\n' "$status" "${labels:--}" "$name"
 done < <(grep -o '<testcase [^>]*>' "$OUT/junit.xml")
 printf 'SUMMARY passed=%d failed=%d skipped=%d\n' "$pass" "$fail" "$skip"
-log "report: $OUT/junit.xml, suite output: $OUT/suite.log, sync log: $OUT/sync.log"
+if [ "$MODE" = push ]; then logs="sync log: $OUT/sync.log"; else logs="agent logs: $OUT/agent-{1,2}.log"; fi
+log "report: $OUT/junit.xml, suite output: $OUT/suite.log, $logs"
 [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ] && exit 0
 exit 1

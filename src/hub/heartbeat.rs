@@ -10,7 +10,7 @@
 //! and names both; once the other's heartbeat has stood still for its
 //! duration, the name is free again.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -30,22 +30,59 @@ pub const LABEL: &str = "hub.clusterset-dns.io/heartbeat";
 /// The annotation naming the member cluster (its `kube-system` uid).
 pub const ANNOTATION_CLUSTER: &str = "hub.clusterset-dns.io/cluster-uid";
 
-/// Whether this agent may publish under its member's name.
-#[derive(Debug, Default)]
+/// Whether this agent may publish under its member's name. A watch, so
+/// the publisher wakes when the name becomes (or stops being) its own: a
+/// refused agent that gains the name publishes then, not at its cluster's
+/// next change.
+#[derive(Debug)]
 pub struct Claim {
-    refused: Mutex<Option<String>>,
+    state: watch::Sender<ClaimState>,
+}
+
+/// What the heartbeat has found of the member name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimState {
+    /// Not yet read on the hub: nothing may be published (another cluster
+    /// may hold the name).
+    Unchecked,
+    /// This cluster's: its heartbeat was written.
+    Ours,
+    /// Another cluster's, and why.
+    Refused(String),
+}
+
+impl Default for Claim {
+    fn default() -> Self {
+        Self { state: watch::Sender::new(ClaimState::Unchecked) }
+    }
 }
 
 impl Claim {
     /// Why the name is not ours, while it is not.
     pub fn refused(&self) -> Option<String> {
-        self.refused.lock().map(|r| r.clone()).unwrap_or(None)
+        match &*self.state.borrow() {
+            ClaimState::Refused(why) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether the name was found to be ours (what the publisher waits for).
+    pub fn ours(&self) -> bool {
+        *self.state.borrow() == ClaimState::Ours
+    }
+
+    /// Told of every change of the claim from now on.
+    pub fn changes(&self) -> watch::Receiver<ClaimState> {
+        self.state.subscribe()
     }
 
     fn set(&self, why: Option<String>) {
-        if let Ok(mut r) = self.refused.lock() {
-            *r = why;
-        }
+        let new = why.map_or(ClaimState::Ours, ClaimState::Refused);
+        self.state.send_if_modified(|s| {
+            let changed = *s != new;
+            *s = new;
+            changed
+        });
     }
 }
 
@@ -269,5 +306,22 @@ mod tests {
         let mut late = Stillness::default();
         assert_eq!(late.seen("7".into(), at(100), Duration::from_secs(40)), Duration::from_secs(40));
         assert_eq!(late.seen("7".into(), at(101), Duration::ZERO), Duration::from_secs(41));
+    }
+
+    #[tokio::test]
+    async fn the_publisher_is_told_when_the_name_becomes_its_own() {
+        let claim = Claim::default();
+        assert!(!claim.ours() && claim.refused().is_none(), "unchecked is neither ours nor refused");
+        let mut changes = claim.changes();
+        claim.set(Some("claimed by cluster a and by this cluster b".into()));
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        // The same refusal again is no change.
+        claim.set(Some("claimed by cluster a and by this cluster b".into()));
+        assert!(!changes.has_changed().unwrap());
+        claim.set(None);
+        tokio::time::timeout(Duration::from_secs(1), changes.changed()).await.unwrap().unwrap();
+        assert_eq!(claim.refused(), None);
+        assert!(claim.ours());
     }
 }

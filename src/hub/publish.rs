@@ -7,6 +7,9 @@
 //! replica gains the tenure, so an idle restart or a move of the tenure
 //! writes nothing. Every write carries the tenure's fence, checked at the
 //! wire (`k8s::fence`): a replica that lost its Lease publishes nothing.
+//! Nor does one before its heartbeat has found the member name its own
+//! (`hub::heartbeat::Claim`: another cluster may hold it); it publishes
+//! what waits once the name is its own.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -221,6 +224,7 @@ impl Publisher {
         let mut pending: BTreeSet<Key> = BTreeSet::new();
         let mut leading = self.leads();
         let mut retry_at: Option<tokio::time::Instant> = None;
+        let mut claim = self.claim.changes();
         loop {
             if leading && published.is_none() {
                 published = self.read_published().await;
@@ -231,7 +235,7 @@ impl Publisher {
                 }
             }
             if leading
-                && self.claim.refused().is_none()
+                && self.claim.ours()
                 && objects.synced()
                 && let Some(p) = published.as_mut()
                 && !pending.is_empty()
@@ -254,6 +258,8 @@ impl Publisher {
                     leading = now;
                 }
                 () = tokio::time::sleep_until(wake) => retry_at = None,
+                // The name became ours (or not): what waits is published now.
+                Ok(()) = claim.changed() => {}
                 Some(ended) = watches.join_next() => {
                     warn!(ended = ?ended.err().map(|e| e.to_string()), "a watch of the member's exports ended; starting them again");
                     watches.abort_all();

@@ -29,7 +29,7 @@ use crate::watch::runtime;
 
 /// Enrols member `name` on the hub with the real command; returns its
 /// agent's hub kubeconfig.
-fn enrol(clusters: &TestClusters, name: &str, dir: &Path) -> PathBuf {
+pub(crate) fn enrol(clusters: &TestClusters, name: &str, dir: &Path) -> PathBuf {
     let out = dir.join(format!("hub-{name}.kubeconfig"));
     let done = Command::new(BIN)
         .args(["hub", "enrol", name, "--hub-kubeconfig"])
@@ -44,13 +44,27 @@ fn enrol(clusters: &TestClusters, name: &str, dir: &Path) -> PathBuf {
 }
 
 /// Member `i`'s agent, with `extra` arguments.
-fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str, extra: &[&str]) -> Syncing {
+pub(crate) fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str, extra: &[&str]) -> Syncing {
+    let id = format!("agent-{}", clusters.name(i));
+    agent_as(clusters, i, clusters.name(i), hub, ns, &id, extra)
+}
+
+/// An agent in cluster `i` (its own identity there) that says it is member
+/// `member` on the hub, as `identity`, with `extra` arguments.
+pub(crate) fn agent_as(
+    clusters: &TestClusters,
+    i: usize,
+    member: &str,
+    hub: &Path,
+    ns: &str,
+    identity: &str,
+    extra: &[&str],
+) -> Syncing {
     let (own, hub) = (clusters.role_kubeconfig(i, "agent"), hub.display().to_string());
     let own = own.display().to_string();
-    let id = format!("agent-{}", clusters.name(i));
     let mut args = vec![
         "--member",
-        clusters.name(i),
+        member,
         "--kubeconfig",
         &own,
         "--hub-kubeconfig",
@@ -60,20 +74,20 @@ fn agent(clusters: &TestClusters, i: usize, hub: &Path, ns: &str, extra: &[&str]
         "--lease-duration",
         "5",
         "--identity",
-        &id,
+        identity,
     ];
     args.extend_from_slice(extra);
     Syncing::agent(&args)
 }
 
-async fn client_from(path: &Path) -> kube::Client {
+pub(crate) async fn client_from(path: &Path) -> kube::Client {
     let kc = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
     kube::Client::try_from(config).expect("client")
 }
 
 /// Waits up to `secs` for `f`.
-fn waits(secs: u64, what: &str, f: impl FnMut() -> bool, log: impl Fn() -> String) {
+pub(crate) fn waits(secs: u64, what: &str, f: impl FnMut() -> bool, log: impl Fn() -> String) {
     assert!(within(Duration::from_secs(secs), f), "{what}: not within {secs} s\n{}", log());
 }
 

@@ -23,6 +23,7 @@ mod fleet;
 mod harness_smoke;
 mod hostile;
 mod hub;
+mod hub_faults;
 mod image;
 mod incumbent;
 mod interop;
