@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use super::Process;
 use super::sync::SyncError;
 use crate::config::AgentConfig;
-use crate::controller::election::{self, ElectionConfig, ElectionStatus};
+use crate::controller::election::{self, ElectionStatus};
 use crate::controller::link::hub::HubLink;
 use crate::controller::link::{KubeLink, MemberLink};
 use crate::controller::shard::Shards;
@@ -143,19 +143,8 @@ type Elected = (Arc<Shards>, Option<election::Running>, Option<Arc<ElectionStatu
 /// own cluster), running; every shard led at once without one.
 fn elect(cfg: &AgentConfig, agent: &str, failures: &Arc<Failures>) -> Result<Elected, SyncError> {
     let Some(lease) = &cfg.lease else { return Ok((Shards::alone(), None, None)) };
-    let shards = Shards::elected(1);
-    let status = Arc::new(ElectionStatus::default());
-    let ec = ElectionConfig {
-        namespace: lease.namespace.clone(),
-        name: lease.name.clone(),
-        identity: lease.identity.clone(),
-        shards: 1,
-        duration: lease.duration,
-    };
-    let connect =
-        election::connect_leases(lease.connection.clone(), agent.to_owned(), lease.namespace.clone());
-    let running = election::spawn(ec, connect, shards.clone(), status.clone(), failures.clone())
-        .map_err(SyncError::Thread)?;
+    // One Lease: the config refuses --shards above 1 for an agent.
+    let (shards, running, status) = super::sync::elect(lease, agent, failures)?;
     Ok((shards, Some(running), Some(status)))
 }
 

@@ -263,7 +263,7 @@ fn run_controller(
 
 /// Stands for the shards' Leases of `lease` on a thread of its own: the
 /// shards this replica may lead, the running election and its status.
-fn elect(
+pub(super) fn elect(
     lease: &LeaseConfig,
     agent: &str,
     failures: &Arc<Failures>,
