@@ -43,17 +43,19 @@ impl Syncing {
     /// `clusterset-dns agent --http-listen 127.0.0.1:0` followed by `args`
     /// (hub mode: one per member).
     pub fn agent(args: &[&str]) -> Self {
-        let mut all: Vec<String> = vec!["agent".into(), "--http-listen".into(), "127.0.0.1:0".into()];
-        all.extend(args.iter().map(|s| s.to_string()));
-        Self::exec(Command::new(BIN), &all, &[])
+        Self::run_agent(Command::new(BIN), args)
     }
 
     /// [`Syncing::agent`] tied to this process (see [`tied`]): for benches.
     /// Call from the main thread.
     pub fn agent_tied(args: &[&str]) -> Self {
+        Self::run_agent(tied(BIN), args)
+    }
+
+    fn run_agent(program: Command, args: &[&str]) -> Self {
         let mut all: Vec<String> = vec!["agent".into(), "--http-listen".into(), "127.0.0.1:0".into()];
         all.extend(args.iter().map(|s| s.to_string()));
-        Self::exec(tied(BIN), &all, &[])
+        Self::exec(program, &all, &[])
     }
 
     fn spawn(program: Command, clusters: &TestClusters, extra: &[&str], env: &[(&str, &str)]) -> Self {
