@@ -72,7 +72,8 @@ static GLOBAL: Counting = Counting;
 // The server's jemalloc options (src/main.rs), so the resident bytes
 // reported are what `serve` would hold.
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &[u8; 19] = clusterset_dns::ops::memory::ALLOCATOR_OPTIONS;
+static MALLOC_CONF: &[u8; clusterset_dns::ops::memory::ALLOCATOR_OPTIONS.len()] =
+    clusterset_dns::ops::memory::ALLOCATOR_OPTIONS;
 
 fn live() -> usize {
     LIVE.load(Ordering::Relaxed)

@@ -21,7 +21,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 // string; a reference to a byte array is that pointer, and it is immutable.
 #[allow(unsafe_code)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &[u8; 19] = clusterset_dns::ops::memory::ALLOCATOR_OPTIONS;
+static MALLOC_CONF: &[u8; clusterset_dns::ops::memory::ALLOCATOR_OPTIONS.len()] =
+    clusterset_dns::ops::memory::ALLOCATOR_OPTIONS;
 
 /// BSD sysexits: a bad command line or configuration.
 const EX_USAGE: u8 = 64;

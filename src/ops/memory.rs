@@ -23,9 +23,10 @@
 //! refused: the source has *diverged* ([`Guard`] keeps which, and what its
 //! refused update needed). `admission.rs` is the writer's side: once the
 //! store fits what a diverged source needs (after a publish, or on its own
-//! re-weighing every [`admission::RECHECK`] while anything is refused, as
-//! freed memory goes back to the kernel after the publish that freed it),
-//! it asks that source to list again (`store::Relists`). Only a complete
+//! re-weighing every [`admission::RECHECK`] while anything is refused), it
+//! asks that source to list again (`store::Relists`). Nothing is refused,
+//! and no re-weighing reads the resident size, before the allocator has
+//! given back the pages it holds free ([`release_freed_pages`]). Only a complete
 //! list of the source admitted by the writer ends its divergence, and
 //! `clusterset_dns_memory_over_budget` stays 1 until every diverged source
 //! has been listed back in (and while the resident size is over the
@@ -158,9 +159,16 @@ impl Guard {
     /// Whether `needs` more bytes fit now: `Err` with the resident size
     /// when they would take the process past [`HEADROOM`] of the limit.
     fn fits(&self, needs: u64) -> Result<(), u64> {
+        let over =
+            |resident: u64| resident.saturating_add(needs) as f64 > self.budget.limit as f64 * HEADROOM;
         let resident = self.resident();
-        let over = resident.saturating_add(needs) as f64 > self.budget.limit as f64 * HEADROOM;
-        if over { Err(resident) } else { Ok(()) }
+        if !over(resident) {
+            return Ok(());
+        }
+        // Not refused for pages that are free and only not given back yet.
+        let _ = release_freed_pages();
+        let resident = self.resident();
+        if over(resident) { Err(resident) } else { Ok(()) }
     }
 
     /// `Err` when `needs` more bytes (`what` names them in the message)
@@ -274,6 +282,39 @@ impl Guard {
 /// headless SRV per query, and model trims".
 pub const ALLOCATOR_OPTIONS: &[u8; 19] = b"dirty_decay_ms:100\0";
 
+/// Gives the pages the allocator holds free back to the kernel now, so that
+/// the resident size is what is in use. jemalloc gives them back after
+/// [`ALLOCATOR_OPTIONS`]' decay time, but only from inside an allocation
+/// or a free: a server that answers without allocating and gets no update
+/// keeps what a removal freed resident for as long as it stays quiet, and a
+/// refused source would wait for its store to fit until something else
+/// allocated. Called before a refusal and on the writer's re-weighing while
+/// anything is refused, never per update: purging all at once costs what
+/// the decay spreads out. A `serve` whose global allocator is not jemalloc
+/// (none is; unit tests) purges jemalloc's empty arenas: nothing. False
+/// when jemalloc refused the call (logged at debug).
+pub fn release_freed_pages() -> bool {
+    // jemalloc's MALLCTL_ARENAS_ALL: every arena.
+    const NAME: &[u8] = b"arena.4096.purge\0";
+    // SAFETY: `NAME` is NUL-terminated; `arena.<i>.purge` reads and writes
+    // nothing (jemalloc refuses it with EPERM unless all four pointers and
+    // the length are null), so no memory of ours is touched.
+    #[allow(unsafe_code)]
+    let status = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            NAME.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if status != 0 {
+        tracing::debug!(status, "jemalloc arena.4096.purge failed");
+    }
+    status == 0
+}
+
 /// Where the limit came from, for the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LimitSource {
@@ -382,6 +423,13 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
+
+    #[test]
+    fn jemalloc_takes_the_purge_call() {
+        // A wrong name (ENOENT) or a pointer where purge takes none (EPERM)
+        // would make every purge a silent no-op.
+        assert!(release_freed_pages());
+    }
 
     #[test]
     fn allocator_options_are_one_c_string_of_known_pairs() {

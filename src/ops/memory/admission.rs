@@ -16,10 +16,10 @@
 //!   the log). A complete list of the source (`Replace`, or a `LastPart`
 //!   not cut short) that is admitted lists it back in.
 //! - After every publish, and every [`RECHECK`] while anything is refused
-//!   (memory freed by a removal goes back to the kernel after the publish
-//!   that freed it, and no update may come), the resident size is weighed
-//!   again and each diverged source whose refused updates fit now is asked
-//!   to list again through `store::Relists`, once per refusal.
+//!   (no update may come), the resident size is weighed again, after the
+//!   allocator gave back what it holds free (`release_freed_pages`), and
+//!   each diverged source whose refused updates fit now is asked to list
+//!   again through `store::Relists`, once per refusal.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,7 +87,13 @@ impl Admission {
     /// when the server must stop: the store is over the budget before it
     /// was first ready, or with `--on-memory-limit exit`.
     pub fn published(&mut self, services: usize, first: bool) -> Result<(), OverBudget> {
-        let checked = self.guard.budget.check_resident(Some(self.guard.resident()), services);
+        let check = || self.guard.budget.check_resident(Some(self.guard.resident()), services);
+        // Not over for pages that are free and only not given back yet
+        // (the snapshot this publish replaced).
+        let checked = check().or_else(|_| {
+            let _ = super::release_freed_pages();
+            check()
+        });
         match checked {
             Err(e) if first || !self.keeps_serving() => return Err(e),
             Err(e) => {
@@ -113,6 +119,7 @@ impl Admission {
     /// Weighs the store again with no publish: the resident size, and the
     /// diverged sources that fit now.
     pub fn recheck(&mut self) {
+        let _ = super::release_freed_pages();
         let resident = self.guard.resident();
         let over = self.guard.budget.check_resident(Some(resident), 0).is_err();
         if self.guard.set_resident_over(over) && !over {
