@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use crate::fleet::metric;
 use crate::harness::clusters::shared;
-use crate::harness::eventually;
 use crate::harness::served::Served;
+use crate::harness::{eventually, within};
 use crate::watch::{Kube, headless, runtime, short, status, vip};
 
 /// Resident bytes above the start that the limit leaves room for: two
@@ -21,10 +21,21 @@ use crate::watch::{Kube, headless, runtime, short, status, vip};
 const MARGIN_KIB: u64 = 16 * 1024;
 /// Endpoints per ballast slice (the most an EndpointSlice may hold).
 const BALLAST_ENDPOINTS: u32 = 1000;
-/// Ballast slices created at most before the store must be over the
-/// budget (each takes ~300 KiB resident on this machine: ~55 fill the
-/// margin).
-const BALLAST_MAX: u32 = 400;
+/// Ballast slices: created with one endpoint each, then grown to
+/// [`BALLAST_ENDPOINTS`], [`GROWN_AT_ONCE`] at a time, until the store is
+/// well past the headroom (each takes ~280 KiB resident on this machine:
+/// ~60 fill the margin, ~90 take it well past).
+const BALLAST_SLICES: u32 = 200;
+/// Ballast slices per headless service: a publish builds again only the
+/// services it changed, and one service of 100,000 endpoints would make
+/// each growth slower than the test's waits.
+const SLICES_PER_SERVICE: u32 = 10;
+/// Ballast slices grown between two readings of the resident size.
+const GROWN_AT_ONCE: u32 = 5;
+/// Resident KiB past the headroom that the grown ballast must reach: more
+/// than the allocator gives back after a publish (the snapshot being
+/// replaced).
+const WELL_PAST_KIB: u64 = 8 * 1024;
 
 /// `n` (at most 1,000) ready endpoints for ballast slice `i`, each address
 /// its own: 10.{64 + i / 64}.{(i % 64) * 4 + j / 250}.x.
@@ -37,11 +48,20 @@ fn over(s: &Served) -> Option<f64> {
     metric(s, "clusterset_dns_memory_over_budget")
 }
 
-/// Endpoints the server holds for `service` (`ns/name`), in any state.
+/// The headless service of ballast slice `i`.
+fn ballast_service(i: u32) -> String {
+    format!("ballast-{}", i / SLICES_PER_SERVICE)
+}
+
+/// Endpoints the server holds for the services whose `ns/name` starts with
+/// `service`, in any state.
 fn endpoints_of(s: &Served, service: &str) -> f64 {
-    let prefix = format!("clusterset_dns_endpoints{{cluster=\"cluster-a\",service=\"{service}\",state=");
+    let prefix = format!("clusterset_dns_endpoints{{cluster=\"cluster-a\",service=\"{service}");
     let body = s.get("/metrics").1;
-    body.lines().filter_map(|l| l.strip_prefix(&prefix)?.split_once(' ')?.1.trim().parse::<f64>().ok()).sum()
+    let value = |l: &str| {
+        l.strip_prefix(&prefix)?.split_once("\",state=")?.1.split_once(' ')?.1.trim().parse::<f64>().ok()
+    };
+    body.lines().filter_map(value).sum()
 }
 
 #[test]
@@ -79,56 +99,61 @@ fn over_the_budget_edits_are_served_at_once_and_a_refused_service_appears_once_i
     assert_eq!(short(&s, &web, "A"), ["10.90.0.1", "10.90.0.2"]);
     assert_eq!(over(&s), Some(0.0));
 
-    // Ballast: slices of 1,000 endpoints. Each is weighed as one object
-    // but takes far more once served, so they are admitted while the store
-    // fits and take it past the budget; the rest are refused.
-    rt.block_on(k.import("ballast", headless()));
-    let mut made = 0;
-    while made < BALLAST_MAX && over(&s) != Some(1.0) {
-        rt.block_on(k.slice(
-            &format!("ballast-{made}"),
-            "ballast",
-            "cluster-a",
-            endpoints(made, BALLAST_ENDPOINTS),
-            None,
-        ));
-        made += 1;
-        // Applied (or refused): the next is weighed against what this took.
-        let held = f64::from(made * BALLAST_ENDPOINTS);
-        eventually("the ballast slice applied or refused", || {
-            over(&s) == Some(1.0) || endpoints_of(&s, &format!("{ns}/ballast")) == held
-        });
-        if made % 20 == 0 {
-            eprintln!("{made} ballast slices: {} KiB resident, limit {limit_kib} KiB", s.status_kib("VmRSS"));
+    // Ballast: small slices, admitted while the store fits, then edited
+    // to 1,000 endpoints each. An edit of a held object adds no object and
+    // is applied however far over (so that an endpoint turning not-ready
+    // is never refused), so the store grows past the budget as far as the
+    // test wants, whatever the resident size does between publishes: well
+    // past, a new service below is refused whatever the allocator gives
+    // back meanwhile.
+    rt.block_on(async {
+        for service in 0..BALLAST_SLICES.div_ceil(SLICES_PER_SERVICE) {
+            k.import(&format!("ballast-{service}"), headless()).await;
         }
-    }
-    assert_eq!(over(&s), Some(1.0), "{made} ballast slices, still within the budget:\n{}", s.log());
-    eprintln!(
-        "over the budget after {made} ballast slices: {} KiB resident, limit {limit_kib} KiB",
-        s.status_kib("VmRSS")
-    );
-    // As many again, so that the store stays past the budget whichever of
-    // them are admitted.
-    for i in made..made * 2 {
-        rt.block_on(k.slice(
-            &format!("ballast-{i}"),
-            "ballast",
-            "cluster-a",
-            endpoints(i, BALLAST_ENDPOINTS),
-            None,
-        ));
-    }
-    let ballast = made * 2;
-    // Settled: what the watch delivered is applied (or refused), so that
-    // the edit below waits behind no backlog.
-    let mut last = -1.0;
-    eventually("the ballast settled", || {
-        std::thread::sleep(Duration::from_millis(500));
-        let now = endpoints_of(&s, &format!("{ns}/ballast"));
-        std::mem::replace(&mut last, now) == now
+        for i in 0..BALLAST_SLICES {
+            k.slice(&format!("ballast-{i}"), &ballast_service(i), "cluster-a", endpoints(i, 1), None).await;
+        }
     });
-    let resident_kib = s.status_kib("VmRSS");
-    assert!(resident_kib > limit_kib * 9 / 10, "{resident_kib} KiB resident, limit {limit_kib} KiB");
+    let ballast_endpoints = || endpoints_of(&s, &format!("{ns}/ballast-"));
+    eventually("the small ballast slices applied", || ballast_endpoints() == f64::from(BALLAST_SLICES));
+    assert_eq!(over(&s), Some(0.0), "{BALLAST_SLICES} one-endpoint slices refused:\n{}", s.log());
+    let headroom_kib = limit_kib * 9 / 10;
+    let mut grown = 0;
+    let resident_kib = loop {
+        // Read once the allocator gave back what the last publish freed.
+        std::thread::sleep(Duration::from_millis(300));
+        let resident_kib = s.status_kib("VmRSS");
+        if resident_kib > headroom_kib + WELL_PAST_KIB {
+            break resident_kib;
+        }
+        assert!(
+            grown < BALLAST_SLICES,
+            "{grown} ballast slices of {BALLAST_ENDPOINTS} endpoints, {resident_kib} KiB resident, still not well past the headroom ({headroom_kib} KiB)"
+        );
+        rt.block_on(async {
+            for i in grown..grown + GROWN_AT_ONCE {
+                k.slice(
+                    &format!("ballast-{i}"),
+                    &ballast_service(i),
+                    "cluster-a",
+                    endpoints(i, BALLAST_ENDPOINTS),
+                    None,
+                )
+                .await;
+            }
+        });
+        grown += GROWN_AT_ONCE;
+        let held = f64::from(BALLAST_SLICES + grown * (BALLAST_ENDPOINTS - 1));
+        let applied = within(Duration::from_secs(20), || ballast_endpoints() == held);
+        assert!(
+            applied,
+            "{grown} ballast slices grown, {} of {held} endpoints served:\n{}",
+            ballast_endpoints(),
+            s.log()
+        );
+    };
+    eprintln!("{grown} ballast slices grown: {resident_kib} KiB resident, headroom {headroom_kib} KiB");
+    eventually("over the budget", || over(&s) == Some(1.0));
 
     // An endpoint turns not-ready: an edit, applied however far over.
     let edited = Instant::now();
@@ -157,10 +182,12 @@ fn over_the_budget_edits_are_served_at_once_and_a_refused_service_appears_once_i
     // watches that refused list again, and the refused service appears.
     let freed = Instant::now();
     rt.block_on(async {
-        for i in 0..ballast {
+        for i in 0..BALLAST_SLICES {
             k.delete_slice(&format!("ballast-{i}")).await;
         }
-        k.delete_import("ballast").await;
+        for service in 0..BALLAST_SLICES.div_ceil(SLICES_PER_SERVICE) {
+            k.delete_import(&format!("ballast-{service}")).await;
+        }
     });
     eventually("the refused service answered", || short(&s, &late, "A") == ["10.91.0.1"]);
     eprintln!("refused service answered {:?} after the ballast went", freed.elapsed());
