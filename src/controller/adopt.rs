@@ -104,6 +104,13 @@ fn adopt_object(
             WrittenObject { kind: Kind::ImportStatus, ..r.clone() },
             desired::digest_of(&o["status"]),
         );
+        // Its SourcesReachable time is kept, as the export conditions' are.
+        let conditions = o["status"]["conditions"].as_array().into_iter().flatten();
+        if let Some(c) = conditions.into_iter().find(|c| c["type"] == desired::CONDITION_SOURCES_REACHABLE) {
+            let status = if c["status"] == "True" { Status::True } else { Status::False };
+            let since = c["lastTransitionTime"].as_str().unwrap_or_default().to_owned();
+            ks.transitions.insert((m, desired::CONDITION_SOURCES_REACHABLE), (status, since));
+        }
     }
     // This version is as we found it: its watch event is not a change.
     ks.written.record(r.clone(), meta["resourceVersion"].as_str());

@@ -293,19 +293,21 @@ pub fn import(
 pub const CONDITION_SOURCES_REACHABLE: &str = "clusterset-dns.io/SourcesReachable";
 
 /// The ServiceImport's status: the exporting clusters, and which of them
-/// are unreachable (with the time they became so).
+/// are unreachable (with the time they became so); when none is,
+/// `reachable_since` is when that became true (kept while it stays true,
+/// so that the status is written only when it changes).
 pub fn import_status(
     api_version: &str,
     key: &ServiceKey,
     clusters: &[ClusterId],
     unreachable: &[(ClusterId, String)],
+    reachable_since: &str,
 ) -> Value {
     let list: Vec<Value> = clusters.iter().map(|c| json!({"cluster": c.as_str()})).collect();
     let condition = match unreachable.iter().map(|(_, t)| t).max() {
         None => json!({"type": CONDITION_SOURCES_REACHABLE, "status": "True", "reason": "AllReachable",
                        "message": "Every exporting cluster's API answers.",
-                       // Constant while true: a status write only when it changes.
-                       "lastTransitionTime": "1970-01-01T00:00:00Z"}),
+                       "lastTransitionTime": reachable_since}),
         Some(since) => {
             let names: Vec<&str> = unreachable.iter().map(|(c, _)| c.as_str()).collect();
             json!({"type": CONDITION_SOURCES_REACHABLE, "status": "False", "reason": "ClusterUnreachable",

@@ -192,7 +192,8 @@ pub struct KeyState {
     /// Objects of ours that exist, and those a reconcile wanted whose write
     /// failed (retried with the service; `written` has no version of them).
     pub owned: BTreeSet<WrittenObject>,
-    /// lastTransitionTime per (member, condition type), with its status.
+    /// lastTransitionTime per (member, condition type), with its status: the
+    /// export's conditions, and the import's SourcesReachable.
     pub transitions: HashMap<(usize, &'static str), (Status, String)>,
     /// Counted in [`SyncStats::conflicts`].
     pub conflicted: bool,
@@ -623,7 +624,17 @@ impl KeyState {
         want.insert(r.clone());
         let down: Vec<ClusterId> = goal.unreachable.iter().map(|(c, _)| c.clone()).collect();
         self.apply(env, &r, &desired::import(&m.import_version, key, spec, &ips, &down)).await?;
-        let status = desired::import_status(&m.import_version, key, goal.clusters, goal.unreachable);
+        // SourcesReachable's time while true: when it became so, kept as
+        // the export conditions' are (and adopted from the live import).
+        let reachable = if goal.unreachable.is_empty() { Status::True } else { Status::False };
+        let slot = self
+            .transitions
+            .entry((i, desired::CONDITION_SOURCES_REACHABLE))
+            .or_insert_with(|| (reachable, now_rfc3339()));
+        if slot.0 != reachable {
+            *slot = (reachable, now_rfc3339());
+        }
+        let status = desired::import_status(&m.import_version, key, goal.clusters, goal.unreachable, &slot.1);
         let sr = WrittenObject { kind: Kind::ImportStatus, ..r };
         let digest = desired::digest_of(&status["status"]);
         if self.applied.get(&sr) != Some(&digest) {
@@ -798,7 +809,8 @@ impl KeyState {
         // body equals the one its predecessor got.
         let uid = export.uid.clone();
         if self.export_uids.get(&i) != Some(&uid) {
-            self.transitions.retain(|(m, _), _| *m != i);
+            // The import's condition is not the export's.
+            self.transitions.retain(|(m, kind), _| *m != i || *kind == desired::CONDITION_SOURCES_REACHABLE);
             self.applied.remove(&WrittenObject::new(i, Kind::ExportStatus, key, key.name.to_string()));
             self.export_uids.insert(i, uid);
         }

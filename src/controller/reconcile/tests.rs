@@ -196,6 +196,52 @@ async fn a_new_export_is_written_to_every_member_once() {
     assert_eq!(writes(&f), before);
 }
 
+/// The import's `SourcesReachable` condition in `fake`.
+fn sources_reachable(fake: &FakeMember) -> Value {
+    let import = fake.get(Kind::ServiceImport, "shop", "web").expect("import");
+    let conditions = import["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    conditions
+        .into_iter()
+        .find(|c| c["type"] == desired::CONDITION_SOURCES_REACHABLE)
+        .expect("SourcesReachable")
+}
+
+#[tokio::test]
+async fn sources_reachable_says_since_when_and_a_new_leader_keeps_that_time() {
+    let f = fleet();
+    let started = k8s_openapi::jiff::Timestamp::now().as_second();
+    let (_, r) = reconcile(KeyState::default(), input("10.1.0.5"), f.env.clone()).await;
+    r.unwrap();
+    for fake in &f.fakes {
+        let c = sources_reachable(fake);
+        assert_eq!(c["status"], "True", "{c}");
+        let t: k8s_openapi::jiff::Timestamp = c["lastTransitionTime"].as_str().unwrap().parse().unwrap();
+        assert!(t.as_second() >= started, "{c}: before this reconcile began");
+    }
+    // The condition became true before this leader began: it keeps the
+    // time it finds, and writes nothing.
+    let earlier = "2026-01-02T03:04:05Z";
+    for fake in &f.fakes {
+        let mut import = fake.get(Kind::ServiceImport, "shop", "web").unwrap();
+        for c in import["status"]["conditions"].as_array_mut().unwrap() {
+            if c["type"] == desired::CONDITION_SOURCES_REACHABLE {
+                c["lastTransitionTime"] = json!(earlier);
+            }
+        }
+        fake.put(Kind::ServiceImport, "shop", "web", import);
+    }
+    let before = writes(&f);
+    let (ks, r) = reconcile(as_found(&f).await, input("10.1.0.5"), f.env.clone()).await;
+    r.unwrap();
+    assert_eq!(writes(&f), before, "{:?}", f.fakes[1].writes());
+    // And an endpoint's change leaves it as it is.
+    let (_, r) = reconcile(ks, input("10.1.0.6"), f.env.clone()).await;
+    r.unwrap();
+    for fake in &f.fakes {
+        assert_eq!(sources_reachable(fake)["lastTransitionTime"], earlier);
+    }
+}
+
 #[tokio::test]
 async fn a_member_that_hangs_delays_no_other_member() {
     let f = fleet();
