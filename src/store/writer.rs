@@ -70,6 +70,7 @@ impl Listing {
             imports: grows(self.listed.imports, n.imports, self.held.imports),
             slices: grows(self.listed.slices, n.slices, self.held.slices),
             services: grows(self.listed.services, n.services, self.held.services),
+            endpoints: 0,
         }
     }
 }
@@ -188,7 +189,7 @@ impl Writer {
     /// it changes, so an edit is never weighed as growth; nor is a removal.
     pub fn growth(&self, update: &Update) -> Growth {
         let listing = |source: &SourceId| self.sources.get(source).and_then(|s| s.listing.as_ref());
-        let kinds = match update {
+        let mut kinds = match update {
             Update::Replace { source, objects } => Kinds::of(objects).beyond(self.held_by(*source)),
             Update::Part { source, objects, first } => match listing(source).filter(|_| !*first) {
                 Some(l) if l.abandoned => return Growth::CutShort,
@@ -203,7 +204,28 @@ impl Writer {
             Update::Upsert { source, object } if !self.holds_object(*source, object) => Kinds::of([object]),
             _ => Kinds::default(),
         };
+        kinds.endpoints = match update {
+            Update::Replace { source, objects }
+            | Update::Part { source, objects, .. }
+            | Update::LastPart { source, objects } => self.new_endpoints(*source, objects),
+            Update::Upsert { source, object } => self.new_endpoints(*source, std::slice::from_ref(object)),
+            _ => 0,
+        };
         Growth::Adds(kinds)
+    }
+
+    /// Endpoints of the slices among `objects` that `source` does not hold:
+    /// a slice is weighed by what it holds, from one endpoint to a
+    /// thousand. Those of held slices are not counted, whatever their
+    /// number now: a list that brings an edit is applied as an edit is.
+    fn new_endpoints(&self, source: SourceId, objects: &[Object]) -> usize {
+        objects
+            .iter()
+            .filter_map(|o| match o {
+                Object::Slice(set) if !self.holds_object(source, o) => Some(set.endpoints.len()),
+                _ => None,
+            })
+            .sum()
     }
 
     /// Whether `source` holds an object with `object`'s identity.
@@ -221,7 +243,8 @@ impl Writer {
         }
     }
 
-    /// How many objects of each kind `source` holds.
+    /// How many objects of each kind `source` holds (not their endpoints:
+    /// [`Self::new_endpoints`] weighs those by identity).
     fn held_by(&self, source: SourceId) -> Kinds {
         let mut held = Kinds::default();
         for service in self.services.values() {
@@ -229,6 +252,7 @@ impl Writer {
                 imports: usize::from(service.imports.get(&source).is_some()),
                 slices: service.slices.of(source).count(),
                 services: service.backing.keys().filter(|(s, _)| *s == source).count(),
+                endpoints: 0,
             });
         }
         held

@@ -8,7 +8,8 @@
 //!   fit).
 //! - Once ready, with `keep-serving`, an update that adds objects
 //!   (`store::Growth`: by kind, counting only objects its source does not
-//!   hold) is weighed first and refused when it would not fit. An edit of
+//!   hold, and the endpoints of the slices among them) is weighed first
+//!   and refused when it would not fit. An edit of
 //!   a held object and a removal add nothing and are always applied.
 //! - A refused update diverges its source (`Guard::refused`); the first
 //!   refusal of a source is logged as an error, the ones after it while it
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info};
 
-use super::{Guard, OBJECT_BYTES, OnMemoryLimit, OverBudget};
+use super::{ENDPOINT_BYTES, Guard, OBJECT_BYTES, OnMemoryLimit, OverBudget};
 use crate::store::{Growth, Relists, SourceId, Update, Writer};
 
 /// How often the store is weighed again while anything is refused, when
@@ -60,9 +61,11 @@ impl Admission {
         let Some(source) = source_of(update) else { return true };
         let list = matches!(update, Update::Replace { .. } | Update::LastPart { .. });
         let refusal = match writer.growth(update) {
-            Growth::Adds(kinds) if kinds.total() == 0 => None,
+            Growth::Adds(kinds) if kinds.total() == 0 && kinds.endpoints == 0 => None,
             Growth::Adds(kinds) => {
-                let needs = (kinds.total() as u64).saturating_mul(OBJECT_BYTES);
+                let needs = (kinds.total() as u64)
+                    .saturating_mul(OBJECT_BYTES)
+                    .saturating_add((kinds.endpoints as u64).saturating_mul(ENDPOINT_BYTES));
                 let what = || format!("{kinds} more from {source}");
                 self.guard.weigh(what, needs).err().map(|e| (Some(needs), Some(e)))
             }
@@ -265,6 +268,29 @@ mod tests {
         assert!(!f.send(Update::Upsert { source: WATCH, object: import("late") }));
         assert!(!f.served("late"));
         assert_eq!(f.guard.diverged(), [WATCH]);
+    }
+
+    #[test]
+    fn a_new_slice_is_weighed_by_its_endpoints() {
+        let mut f = fixture(OnMemoryLimit::KeepServing);
+        // 300 KiB under the headroom: a slice of one endpoint fits, one of
+        // a thousand (~500 KiB by ENDPOINT_BYTES) does not.
+        f.resident.store(90 * MIB - 300 * 1024, Ordering::Relaxed);
+        let with = |name: &str, n: u32| {
+            let Object::Slice(mut set) = slice("web", true) else { unreachable!() };
+            set.slice.name = name.into();
+            set.endpoints = (0..n)
+                .map(|i| {
+                    Endpoint::new(vec![IpAddr::from(std::net::Ipv4Addr::from(0x0a01_0000 + i))].into(), true)
+                })
+                .collect();
+            Update::Upsert { source: WATCH, object: Object::Slice(set) }
+        };
+        assert!(f.send(with("web-b", 1)));
+        assert!(!f.send(with("web-c", 1000)));
+        assert_eq!(f.guard.diverged(), [WATCH]);
+        // The slice it holds grown to a thousand: an edit, applied.
+        assert!(f.send(with("web-b", 1000)));
     }
 
     #[test]

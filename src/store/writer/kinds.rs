@@ -13,6 +13,9 @@ pub struct Kinds {
     pub slices: usize,
     /// Services backing an import (`--interop`).
     pub services: usize,
+    /// Endpoints in the EndpointSlices the source does not hold yet
+    /// ([`Writer::growth`](super::Writer::growth) sets it; not an object).
+    pub endpoints: usize,
 }
 
 impl Kinds {
@@ -35,6 +38,7 @@ impl Kinds {
             imports: self.imports.saturating_sub(held.imports),
             slices: self.slices.saturating_sub(held.slices),
             services: self.services.saturating_sub(held.services),
+            endpoints: self.endpoints.saturating_sub(held.endpoints),
         }
     }
 
@@ -42,16 +46,18 @@ impl Kinds {
         self.imports += other.imports;
         self.slices += other.slices;
         self.services += other.services;
+        self.endpoints += other.endpoints;
     }
 
-    /// Objects of every kind.
+    /// Objects of every kind (endpoints are not objects).
     pub fn total(self) -> usize {
         self.imports.saturating_add(self.slices).saturating_add(self.services)
     }
 }
 
 impl std::fmt::Display for Kinds {
-    /// `2 ServiceImports, 1 EndpointSlice`; `no objects`.
+    /// `2 ServiceImports, 1 EndpointSlice with 40 new endpoints`; `no
+    /// objects`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kinds =
             [(self.imports, "ServiceImport"), (self.slices, "EndpointSlice"), (self.services, "Service")];
@@ -63,6 +69,10 @@ impl std::fmt::Display for Kinds {
         }
         if first {
             f.write_str("no objects")?;
+        }
+        if self.endpoints > 0 {
+            let plural = if self.endpoints == 1 { "" } else { "s" };
+            write!(f, " with {} new endpoint{plural}", self.endpoints)?;
         }
         Ok(())
     }

@@ -683,9 +683,9 @@ fn a_list_with_a_refused_part_removes_nothing_and_refuses_its_rest() {
     assert_eq!(served(&reader, &["a", "b"]), [true, false]);
 }
 
-/// `Growth::Adds` of these counts.
-fn adds(imports: usize, slices: usize) -> Growth {
-    Growth::Adds(Kinds { imports, slices, services: 0 })
+/// `Growth::Adds` of these counts (`endpoints`: of the new slices).
+fn adds(imports: usize, slices: usize, endpoints: usize) -> Growth {
+    Growth::Adds(Kinds { imports, slices, services: 0, endpoints })
 }
 
 #[test]
@@ -701,18 +701,21 @@ fn an_edit_or_a_removal_adds_nothing_and_a_new_object_adds_one_of_its_kind() {
     // Edits of held objects: the endpoint turned not-ready, a new VIP.
     let Object::Slice(mut set) = v4_slice("ns", "web-a", web.clone(), "10.1.0.1") else { unreachable!() };
     set.endpoints[0] = crate::model::Endpoint::new(vec![IpAddr::from_str("10.1.0.1").unwrap()].into(), false);
-    assert_eq!(w.growth(&upsert(Object::Slice(set))), adds(0, 0), "an endpoint turned not-ready");
-    assert_eq!(w.growth(&upsert(import("ns", "web", "10.0.0.2"))), adds(0, 0));
+    assert_eq!(w.growth(&upsert(Object::Slice(set))), adds(0, 0, 0), "an endpoint turned not-ready");
+    assert_eq!(w.growth(&upsert(import("ns", "web", "10.0.0.2"))), adds(0, 0, 0));
     // A slice relabelled to another service is still the one held.
-    assert_eq!(w.growth(&upsert(v4_slice("ns", "web-a", service_key("ns", "api"), "10.1.0.1"))), adds(0, 0));
+    assert_eq!(
+        w.growth(&upsert(v4_slice("ns", "web-a", service_key("ns", "api"), "10.1.0.1"))),
+        adds(0, 0, 0)
+    );
     let removal = Update::Remove { source: s, id: ObjectId::Import(web.clone()) };
-    assert_eq!(w.growth(&removal), adds(0, 0));
+    assert_eq!(w.growth(&removal), adds(0, 0, 0));
     // New objects, each counted as its kind.
-    assert_eq!(w.growth(&upsert(import("ns", "api", "10.0.0.3"))), adds(1, 0));
-    assert_eq!(w.growth(&upsert(v4_slice("ns", "web-b", web.clone(), "10.1.0.2"))), adds(0, 1));
+    assert_eq!(w.growth(&upsert(import("ns", "api", "10.0.0.3"))), adds(1, 0, 0));
+    assert_eq!(w.growth(&upsert(v4_slice("ns", "web-b", web.clone(), "10.1.0.2"))), adds(0, 1, 1));
     // Held by another source only: new to this one.
     let theirs = Update::Upsert { source: other, object: import("ns", "web", "10.0.0.1") };
-    assert_eq!(w.growth(&theirs), adds(1, 0));
+    assert_eq!(w.growth(&theirs), adds(1, 0, 0));
 }
 
 #[test]
@@ -730,19 +733,61 @@ fn a_list_counts_what_it_brings_beyond_what_its_source_held_kind_by_kind() {
         source: s,
         objects: vec![import("ns", "web", "10.0.0.1"), slice("a"), slice("b"), slice("c")],
     };
-    assert_eq!(w.growth(&relist), adds(0, 2));
+    assert_eq!(w.growth(&relist), adds(0, 2, 2));
     assert_eq!(
-        format!("{}", Kinds { imports: 1, slices: 2, services: 0 }),
-        "1 ServiceImport, 2 EndpointSlices"
+        format!("{}", Kinds { imports: 1, slices: 2, services: 0, endpoints: 40 }),
+        "1 ServiceImport, 2 EndpointSlices with 40 new endpoints"
     );
     assert_eq!(format!("{}", Kinds::default()), "no objects");
     // The same list in parts: the slices beyond the one held count as they come.
     let first =
         Update::Part { source: s, objects: vec![import("ns", "web", "10.0.0.1"), slice("a")], first: true };
-    assert_eq!(w.growth(&first), adds(0, 0));
+    assert_eq!(w.growth(&first), adds(0, 0, 0));
     w.apply(first);
     let rest = Update::LastPart { source: s, objects: vec![slice("b"), slice("c")] };
-    assert_eq!(w.growth(&rest), adds(0, 2));
+    assert_eq!(w.growth(&rest), adds(0, 2, 2));
+}
+
+/// `v4_slice` with `n` endpoints.
+fn big_slice(name: &str, service: ServiceKey, n: u16) -> Object {
+    let Object::Slice(mut set) = v4_slice("ns", name, service, "10.1.0.1") else { unreachable!() };
+    set.endpoints = (0..n)
+        .map(|i| {
+            let ip = IpAddr::from(std::net::Ipv4Addr::from(0x0a01_0000 + u32::from(i)));
+            crate::model::Endpoint::new(vec![ip].into(), true)
+        })
+        .collect();
+    Object::Slice(set)
+}
+
+#[test]
+fn a_new_slice_is_weighed_by_its_endpoints_and_a_held_one_by_none_in_lists_too() {
+    let (_, mut w) = store();
+    let s = SourceId::Watch(1);
+    let web = service_key("ns", "web");
+    w.apply(Update::Replace {
+        source: s,
+        objects: vec![import("ns", "web", "10.0.0.1"), big_slice("a", web.clone(), 1)],
+    });
+    let upsert = |object: Object| Update::Upsert { source: s, object };
+    assert_eq!(w.growth(&upsert(big_slice("b", web.clone(), 1000))), adds(0, 1, 1000));
+    // Held: an edit, however many endpoints it brings.
+    assert_eq!(w.growth(&upsert(big_slice("a", web.clone(), 1000))), adds(0, 0, 0));
+    // A list: the held slice grown counts nothing, the new one its own.
+    let relist = Update::Replace {
+        source: s,
+        objects: vec![
+            import("ns", "web", "10.0.0.1"),
+            big_slice("a", web.clone(), 1000),
+            big_slice("c", web.clone(), 7),
+        ],
+    };
+    assert_eq!(w.growth(&relist), adds(0, 1, 7));
+    let first = Update::Part { source: s, objects: vec![big_slice("a", web.clone(), 1000)], first: true };
+    assert_eq!(w.growth(&first), adds(0, 0, 0));
+    w.apply(first);
+    let last = Update::LastPart { source: s, objects: vec![big_slice("d", web.clone(), 300)] };
+    assert_eq!(w.growth(&last), adds(0, 1, 300));
 }
 
 /// `v4_slice` with a trigger time.
