@@ -577,17 +577,9 @@ pub enum HubCommand {
 /// `clusterset-dns hub reader`.
 #[derive(Debug, Args)]
 pub struct ReaderArgs {
-    /// Kubeconfig of the hub, as an identity that may create the objects
-    /// above (cluster admin).
-    #[arg(long, value_name = "PATH")]
-    pub hub_kubeconfig: PathBuf,
-    /// Where to write serve's hub kubeconfig.
-    #[arg(long, value_name = "PATH")]
-    pub out: PathBuf,
-    /// Seconds the token is valid, 600-31622400 (the hub may cap it; renew
-    /// by running this again before it ends).
-    #[arg(long, value_name = "SECONDS", default_value_t = 31_536_000, value_parser = clap::value_parser!(i64).range(600..=31_622_400))]
-    pub token_seconds: i64,
+    /// The hub, and where the kubeconfig goes.
+    #[command(flatten)]
+    pub hub: HubIdentityArgs,
 }
 
 /// `clusterset-dns hub enrol`.
@@ -596,15 +588,25 @@ pub struct EnrolArgs {
     /// The member's name (a DNS label: its cluster id).
     #[arg(value_name = "NAME")]
     pub member: String,
+    /// The hub, and where the kubeconfig goes.
+    #[command(flatten)]
+    pub hub: HubIdentityArgs,
+}
+
+/// What `hub enrol` and `hub reader` take alike: they make a hub identity
+/// and write a kubeconfig of it.
+#[derive(Debug, Args)]
+pub struct HubIdentityArgs {
     /// Kubeconfig of the hub, as an identity that may create the objects
     /// above (cluster admin).
     #[arg(long, value_name = "PATH")]
     pub hub_kubeconfig: PathBuf,
-    /// Where to write the agent's hub kubeconfig.
+    /// Where to write the kubeconfig of the identity made (the agent's or
+    /// serve's --hub-kubeconfig).
     #[arg(long, value_name = "PATH")]
     pub out: PathBuf,
-    /// Seconds the agent's token is valid, 600-31622400 (the hub may cap
-    /// it; renew by enrolling again before it ends).
+    /// Seconds its token is valid, 600-31622400 (the hub may cap it; renew
+    /// by running the command again before it ends).
     #[arg(long, value_name = "SECONDS", default_value_t = 31_536_000, value_parser = clap::value_parser!(i64).range(600..=31_622_400))]
     pub token_seconds: i64,
 }

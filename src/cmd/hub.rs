@@ -18,7 +18,7 @@ pub async fn run(args: &HubArgs) -> anyhow::Result<String> {
     }
 }
 
-async fn reader(a: &ReaderArgs) -> anyhow::Result<String> {
+async fn reader(ReaderArgs { hub: a }: &ReaderArgs) -> anyhow::Result<String> {
     let connection = Connection::Kubeconfig { path: a.hub_kubeconfig.clone(), context: None };
     let hub = client::connect(&connection, "hub-reader").await?;
     let token = enrol::reader(&hub, a.token_seconds).await?;
@@ -31,17 +31,16 @@ async fn reader(a: &ReaderArgs) -> anyhow::Result<String> {
     ))
 }
 
-async fn enrol_member(a: &EnrolArgs) -> anyhow::Result<String> {
-    crate::model::ClusterId::parse(&a.member).map_err(|e| anyhow::anyhow!("NAME {:?}: {e}", a.member))?;
+async fn enrol_member(EnrolArgs { member, hub: a }: &EnrolArgs) -> anyhow::Result<String> {
+    crate::model::ClusterId::parse(member).map_err(|e| anyhow::anyhow!("NAME {member:?}: {e}"))?;
     let connection = Connection::Kubeconfig { path: a.hub_kubeconfig.clone(), context: None };
     let hub = client::connect(&connection, "hub-enrol").await?;
-    let token = enrol::enrol(&hub, &a.member, a.token_seconds).await?;
-    let user = enrol::identity(&a.member);
+    let token = enrol::enrol(&hub, member, a.token_seconds).await?;
+    let user = enrol::identity(member);
     write_kubeconfig(&a.hub_kubeconfig, &user, token, &a.out)?;
     Ok(format!(
-        "enrolled member {} on the hub: namespace {}, identity {}/{}; its agent's hub kubeconfig: {}\n",
-        a.member,
-        crate::hub::record::namespace_of(&a.member),
+        "enrolled member {member} on the hub: namespace {}, identity {}/{}; its agent's hub kubeconfig: {}\n",
+        crate::hub::record::namespace_of(member),
         enrol::IDENTITIES,
         user,
         a.out.display()
