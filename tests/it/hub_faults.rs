@@ -13,11 +13,12 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
 
+use crate::fleet::User;
 use crate::harness::clusters::TestClusters;
 use crate::harness::http::http_get;
 use crate::harness::syncing::Syncing;
 use crate::hub::{agent, agent_as, enrol, waits};
-use crate::sync::{readers, users};
+use crate::sync::{Reader, readers, users};
 use crate::watch::runtime;
 use clusterset_dns::hub::heartbeat::{ANNOTATION_CLUSTER, LEASE};
 use clusterset_dns::hub::record;
@@ -133,80 +134,103 @@ async fn create_in(clusters: &TestClusters, hub_ns: &str, body: &DynamicObject) 
     records_in(clusters, hub_ns).await.create(&PostParams::default(), body).await.expect("create record");
 }
 
+/// Two members' agents on the hub, and `web` exported by cluster-2 and
+/// imported in cluster-3 through it.
+/// Fields drop in order: the agents stop before the clusters.
+struct WebExported {
+    agents: Vec<Syncing>,
+    users: Vec<User>,
+    readers: Vec<Reader>,
+    rt: tokio::runtime::Runtime,
+    clusters: TestClusters,
+    _dir: tempfile::TempDir,
+    /// Cluster-2's hub namespace.
+    member_ns: String,
+    /// The members' namespace of the test.
+    ns: String,
+}
+
+impl WebExported {
+    fn start(ns: &str) -> Self {
+        let (clusters, dir, kc) = hub_of(2);
+        let rt = runtime();
+        let agents: Vec<Syncing> = (1..=2).map(|i| agent(&clusters, i, &kc[i - 1], ns, &[])).collect();
+        let (users, readers) = (users(&rt, &clusters, ns), readers(&rt, &clusters, ns));
+        let member_ns = record::namespace_of(clusters.name(1));
+        let s = Self { agents, users, readers, rt, clusters, _dir: dir, member_ns, ns: ns.to_owned() };
+        s.export_and_wait("web", "10.1.0.5");
+        s
+    }
+
+    /// The record of service `name` in cluster-2's hub namespace, as the
+    /// hub's admin reads it.
+    fn record(&self, name: &str) -> DynamicObject {
+        let id = format!("{}.{name}", self.ns);
+        self.rt.block_on(async {
+            records_in(&self.clusters, &self.member_ns).await.get(&id).await.expect("the record")
+        })
+    }
+
+    fn log(&self) -> String {
+        logs(&self.agents.iter().collect::<Vec<_>>())
+    }
+
+    /// Cluster-2 exports `name`; waits until cluster-3 imports it.
+    fn export_and_wait(&self, name: &str, address: &str) {
+        self.rt.block_on(self.users[1].exported_service(name, address));
+        waits(60, &format!("{name} imported in cluster-3"), || self.imported(2, name), || self.log());
+    }
+
+    fn imported(&self, i: usize, name: &str) -> bool {
+        self.rt.block_on(self.readers[i].import(name)).is_some()
+    }
+}
+
 #[test]
 fn records_outside_their_members_namespace_are_ignored() {
-    let (clusters, _dir, kc) = hub_of(2);
-    let rt = runtime();
     let ns = "hub-foreign";
-    let agents: Vec<Syncing> = (1..=2).map(|i| agent(&clusters, i, &kc[i - 1], ns, &[])).collect();
-    let log = || logs(&agents.iter().collect::<Vec<_>>());
-    let (u, r) = (users(&rt, &clusters, ns), readers(&rt, &clusters, ns));
-    rt.block_on(u[1].exported_service("web", "10.1.0.5"));
-    waits(60, "web imported in cluster-3", || rt.block_on(r[2].import("web")).is_some(), log);
-    let member_ns = record::namespace_of(clusters.name(1));
-    let web = rt.block_on(async {
-        records_in(&clusters, &member_ns).await.get(&format!("{ns}.web")).await.expect("web's record")
-    });
+    let s = WebExported::start(ns);
+    let web = s.record("web");
     // The same content, as service `ghost`, in hub namespaces that are no
     // member's: one of the members' form without a heartbeat, and default.
     for hub_ns in ["clusterset-member-nobody", "default"] {
-        rt.block_on(create_in(&clusters, hub_ns, &renamed(&web, ns, "ghost", hub_ns)));
+        s.rt.block_on(create_in(&s.clusters, hub_ns, &renamed(&web, ns, "ghost", hub_ns)));
     }
     // Past two reads of the hub's members (every 5 s), and a later export
     // seen through: the agents have looked.
     std::thread::sleep(Duration::from_secs(11));
-    rt.block_on(u[1].exported_service("later", "10.1.0.6"));
-    waits(60, "later imported in cluster-3", || rt.block_on(r[2].import("later")).is_some(), log);
-    for (i, reader) in r.iter().enumerate().skip(1) {
-        assert!(
-            rt.block_on(reader.import("ghost")).is_none(),
-            "{} imported ghost\n{}",
-            clusters.name(i),
-            log()
-        );
+    s.export_and_wait("later", "10.1.0.6");
+    for i in 1..s.readers.len() {
+        assert!(!s.imported(i, "ghost"), "{} imported ghost\n{}", s.clusters.name(i), s.log());
     }
     // The same record in a member's namespace is that member's: the only
     // thing that kept it out was where it was written.
-    rt.block_on(create_in(&clusters, &member_ns, &renamed(&web, ns, "ghost", &member_ns)));
-    waits(
-        60,
-        "ghost imported once in cluster-2's namespace",
-        || rt.block_on(r[2].import("ghost")).is_some(),
-        log,
-    );
+    s.rt.block_on(create_in(&s.clusters, &s.member_ns, &renamed(&web, ns, "ghost", &s.member_ns)));
+    waits(60, "ghost imported once in cluster-2's namespace", || s.imported(2, "ghost"), || s.log());
 }
 
 #[test]
 fn a_record_that_does_not_parse_is_skipped_named_and_counted() {
-    let (clusters, _dir, kc) = hub_of(2);
-    let rt = runtime();
     let ns = "hub-broken";
-    let agents: Vec<Syncing> = (1..=2).map(|i| agent(&clusters, i, &kc[i - 1], ns, &[])).collect();
-    let log = || logs(&agents.iter().collect::<Vec<_>>());
-    let (u, r) = (users(&rt, &clusters, ns), readers(&rt, &clusters, ns));
-    rt.block_on(u[1].exported_service("web", "10.1.0.5"));
-    waits(60, "web imported in cluster-3", || rt.block_on(r[2].import("web")).is_some(), log);
-    assert_eq!(agents[1].metric("clusterset_dns_hub_records_skipped_total"), Some(0.0), "{}", log());
-    let member_ns = record::namespace_of(clusters.name(1));
+    let s = WebExported::start(ns);
+    let skipped = || s.agents[1].metric("clusterset_dns_hub_records_skipped_total");
+    assert_eq!(skipped(), Some(0.0), "{}", s.log());
     // A hand edit on the hub: web's record as `broken`, whose Service's
     // ports are a string (the CRD keeps unknown fields: the API takes it).
-    let mut broken = rt.block_on(async {
-        records_in(&clusters, &member_ns).await.get(&format!("{ns}.web")).await.expect("web's record")
-    });
-    broken = renamed(&broken, ns, "broken", &member_ns);
+    let mut broken = renamed(&s.record("web"), ns, "broken", &s.member_ns);
     broken.data["spec"]["service"]["spec"]["ports"] = Value::String("eighty".into());
-    rt.block_on(create_in(&clusters, &member_ns, &broken));
-    let named = format!("ExportRecord {member_ns}/{ns}.broken (member {}): spec.service", clusters.name(1));
-    waits(30, "cluster-3's agent names the record and its member", || agents[1].log().contains(&named), log);
+    s.rt.block_on(create_in(&s.clusters, &s.member_ns, &broken));
+    let named =
+        format!("ExportRecord {}/{ns}.broken (member {}): spec.service", s.member_ns, s.clusters.name(1));
     waits(
-        10,
-        "counted",
-        || agents[1].metric("clusterset_dns_hub_records_skipped_total").is_some_and(|n| n >= 1.0),
-        log,
+        30,
+        "cluster-3's agent names the record and its member",
+        || s.agents[1].log().contains(&named),
+        || s.log(),
     );
+    waits(10, "counted", || skipped().is_some_and(|n| n >= 1.0), || s.log());
     // The rest of the member is read as before, and later changes too.
-    rt.block_on(u[1].exported_service("later", "10.1.0.6"));
-    waits(60, "later imported in cluster-3", || rt.block_on(r[2].import("later")).is_some(), log);
-    assert!(rt.block_on(r[2].import("web")).is_some(), "web lost\n{}", log());
-    assert!(rt.block_on(r[2].import("broken")).is_none(), "broken imported\n{}", log());
+    s.export_and_wait("later", "10.1.0.6");
+    assert!(s.imported(2, "web"), "web lost\n{}", s.log());
+    assert!(!s.imported(2, "broken"), "broken imported\n{}", s.log());
 }
