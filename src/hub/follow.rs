@@ -6,7 +6,10 @@
 //! `fleet::member::listed_in`), so both modes fold into the same
 //! `fleet::state::FleetState` by construction. A record that does not read
 //! is skipped, named in the log with its member, and counted; what was read
-//! of it before goes, as a deleted object's would.
+//! of it before is kept, as the last good state (a hand edit on the hub, or
+//! a newer agent's format, must not take the member's service away from
+//! every cluster: a member's own API server would have refused the edit).
+//! Only its deletion, or a record that reads, replaces it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -108,7 +111,15 @@ impl MemberRecords {
 
     /// A complete list: one list per scope and kind, as a member's watches.
     pub fn listed(&mut self, all: Vec<DynamicObject>) -> Vec<MemberEvent> {
-        self.records = all.iter().filter_map(|o| Some((o.metadata.name.clone()?, self.read(o)?))).collect();
+        let before = std::mem::take(&mut self.records);
+        self.records = all
+            .iter()
+            .filter_map(|o| {
+                let name = o.metadata.name.clone()?;
+                let read = self.read(o).or_else(|| before.get(&name).cloned())?;
+                Some((name, read))
+            })
+            .collect();
         let exported = record::exports(&self.records);
         self.scopes
             .iter()
@@ -140,13 +151,9 @@ impl MemberRecords {
         if deleted {
             self.records.remove(&name);
         } else {
-            match self.read(o) {
-                Some(r) => {
-                    self.records.insert(name, r);
-                }
-                None => {
-                    self.records.remove(&name);
-                }
+            // One that does not read keeps what was read before.
+            if let Some(r) = self.read(o) {
+                self.records.insert(name, r);
             }
         }
         let after = record::exports(&self.records).remove(&key).unwrap_or_default();
@@ -255,14 +262,17 @@ mod tests {
         }
         assert_eq!(addresses(&state), ["10.0.1.6"]);
         // A record that does not read is skipped and counted; what was read
-        // before it goes, as a deleted object's would.
+        // before it is kept, in a change and in a list.
         let mut bad = record(&web("10.0.1.7"));
         bad.data["spec"]["service"]["spec"]["ports"] = serde_json::json!("eighty");
-        for e in t.changed(&bad, false) {
+        assert!(t.changed(&bad, false).is_empty(), "the last good record changed");
+        assert_eq!(t.skipped.load(Ordering::Relaxed), 1);
+        for e in t.listed(vec![bad.clone()]) {
             state.apply(e, &mut dirty);
         }
-        assert_eq!(t.skipped.load(Ordering::Relaxed), 1);
-        assert!(state.exports(&key).is_empty());
+        assert_eq!(t.skipped.load(Ordering::Relaxed), 2);
+        assert_eq!(state.exports(&key).len(), 1);
+        assert_eq!(addresses(&state), ["10.0.1.6"]);
         // Deleted: the export goes.
         for e in t
             .changed(&record(&web("10.0.1.6")), false)
