@@ -107,9 +107,7 @@ fn adopt_object(
         // Its SourcesReachable time is kept, as the export conditions' are.
         let conditions = o["status"]["conditions"].as_array().into_iter().flatten();
         if let Some(c) = conditions.into_iter().find(|c| c["type"] == desired::CONDITION_SOURCES_REACHABLE) {
-            let status = if c["status"] == "True" { Status::True } else { Status::False };
-            let since = c["lastTransitionTime"].as_str().unwrap_or_default().to_owned();
-            ks.transitions.insert((m, desired::CONDITION_SOURCES_REACHABLE), (status, since));
+            ks.transitions.insert((m, desired::CONDITION_SOURCES_REACHABLE), timed_status(c));
         }
     }
     // This version is as we found it: its watch event is not a change.
@@ -129,6 +127,16 @@ fn adopt_object(
     ks.owned.insert(r);
 }
 
+/// A condition as written: its status and lastTransitionTime.
+fn timed_status(c: &Value) -> (Status, String) {
+    let status = match c["status"].as_str() {
+        Some("True") => Status::True,
+        Some("False") => Status::False,
+        _ => Status::Unknown,
+    };
+    (status, c["lastTransitionTime"].as_str().unwrap_or_default().to_owned())
+}
+
 /// The export's conditions as written: their transition times are kept,
 /// and equal conditions are not written again.
 fn adopt_conditions(found: &mut HashMap<ServiceKey, KeyState>, m: usize, cluster: &ClusterId, o: &Value) {
@@ -144,13 +152,7 @@ fn adopt_conditions(found: &mut HashMap<ServiceKey, KeyState>, m: usize, cluster
             Some(condition::CONFLICT) => condition::CONFLICT,
             _ => continue,
         };
-        let status = match c["status"].as_str() {
-            Some("True") => Status::True,
-            Some("False") => Status::False,
-            _ => Status::Unknown,
-        };
-        let since = c["lastTransitionTime"].as_str().unwrap_or_default().to_owned();
-        ks.transitions.insert((m, kind), (status, since));
+        ks.transitions.insert((m, kind), timed_status(c));
     }
     ks.applied
         .insert(WrittenObject::new(m, Kind::ExportStatus, &key, name.to_owned()), desired::digest_of(st));

@@ -601,6 +601,17 @@ async fn auto_export(env: &Env, input: &Input, i: usize) -> Result<bool, ApiErro
 }
 
 impl KeyState {
+    /// The lastTransitionTime of condition `kind` in member `i`, now
+    /// `status`: kept while its status stays, `now` when it changes or is
+    /// first seen.
+    fn transition(&mut self, i: usize, kind: &'static str, status: Status, now: &str) -> String {
+        let slot = self.transitions.entry((i, kind)).or_insert_with(|| (status, now.to_owned()));
+        if slot.0 != status {
+            *slot = (status, now.to_owned());
+        }
+        slot.1.clone()
+    }
+
     /// The import, VIP and slices of the service in member `i`.
     async fn member_objects(
         &mut self,
@@ -627,14 +638,8 @@ impl KeyState {
         // SourcesReachable's time while true: when it became so, kept as
         // the export conditions' are (and adopted from the live import).
         let reachable = if goal.unreachable.is_empty() { Status::True } else { Status::False };
-        let slot = self
-            .transitions
-            .entry((i, desired::CONDITION_SOURCES_REACHABLE))
-            .or_insert_with(|| (reachable, now_rfc3339()));
-        if slot.0 != reachable {
-            *slot = (reachable, now_rfc3339());
-        }
-        let status = desired::import_status(&m.import_version, key, goal.clusters, goal.unreachable, &slot.1);
+        let since = self.transition(i, desired::CONDITION_SOURCES_REACHABLE, reachable, &now_rfc3339());
+        let status = desired::import_status(&m.import_version, key, goal.clusters, goal.unreachable, &since);
         let sr = WrittenObject { kind: Kind::ImportStatus, ..r };
         let digest = desired::digest_of(&status["status"]);
         if self.applied.get(&sr) != Some(&digest) {
@@ -835,11 +840,7 @@ impl KeyState {
         let timed: Vec<(Condition, String)> = all
             .into_iter()
             .map(|c| {
-                let slot = self.transitions.entry((i, c.kind)).or_insert((c.status, now.clone()));
-                if slot.0 != c.status {
-                    *slot = (c.status, now.clone());
-                }
-                let t = slot.1.clone();
+                let t = self.transition(i, c.kind, c.status, &now);
                 (c, t)
             })
             .collect();
