@@ -201,16 +201,19 @@ impl Writer {
                 Some(l) => l.growth(Kinds::of(objects)),
                 None => Kinds::of(objects),
             },
-            Update::Upsert { source, object } if !self.holds_object(*source, object) => Kinds::of([object]),
-            _ => Kinds::default(),
+            // Not held: its endpoints are all new (Kinds::of counts them).
+            Update::Upsert { source, object } if !self.holds_object(*source, object) => {
+                return Growth::Adds(Kinds::of([object]));
+            }
+            _ => return Growth::Adds(Kinds::default()),
         };
-        kinds.endpoints = match update {
-            Update::Replace { source, objects }
-            | Update::Part { source, objects, .. }
-            | Update::LastPart { source, objects } => self.new_endpoints(*source, objects),
-            Update::Upsert { source, object } => self.new_endpoints(*source, std::slice::from_ref(object)),
-            _ => 0,
-        };
+        // A list: its objects counted by number, its endpoints by identity.
+        if let Update::Replace { source, objects }
+        | Update::Part { source, objects, .. }
+        | Update::LastPart { source, objects } = update
+        {
+            kinds.endpoints = self.new_endpoints(*source, objects);
+        }
         Growth::Adds(kinds)
     }
 

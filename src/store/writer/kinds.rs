@@ -13,8 +13,9 @@ pub struct Kinds {
     pub slices: usize,
     /// Services backing an import (`--interop`).
     pub services: usize,
-    /// Endpoints in the EndpointSlices the source does not hold yet
-    /// ([`Writer::growth`](super::Writer::growth) sets it; not an object).
+    /// Endpoints in those EndpointSlices (not an object). In a growth, only
+    /// those of slices the source does not hold: a list's are counted by
+    /// identity ([`Writer::growth`](super::Writer::growth)).
     pub endpoints: usize,
 }
 
@@ -25,7 +26,10 @@ impl Kinds {
         for object in objects {
             match object {
                 Object::Import(_) => kinds.imports += 1,
-                Object::Slice(_) => kinds.slices += 1,
+                Object::Slice(set) => {
+                    kinds.slices += 1;
+                    kinds.endpoints += set.endpoints.len();
+                }
                 Object::Service(_) => kinds.services += 1,
             }
         }
