@@ -169,16 +169,8 @@ impl Guard {
     /// Whether `needs` more bytes fit now: `Err` with the resident size
     /// when they would take the process past [`HEADROOM`] of the limit.
     fn fits(&self, needs: u64) -> Result<(), u64> {
-        let over =
-            |resident: u64| resident.saturating_add(needs) as f64 > self.budget.limit as f64 * HEADROOM;
-        let resident = self.resident();
-        if !over(resident) {
-            return Ok(());
-        }
-        // Not refused for pages that are free and only not given back yet.
-        let _ = release_freed_pages();
-        let resident = self.resident();
-        if over(resident) { Err(resident) } else { Ok(()) }
+        let mut resident = Reading::new(self);
+        if resident.fits(needs) { Ok(()) } else { Err(resident.bytes) }
     }
 
     /// `Err` when `needs` more bytes (`what` names them in the message)
@@ -258,8 +250,10 @@ impl Guard {
     pub fn due(&self) -> Vec<SourceId> {
         let mut r = self.refusals();
         let mut due = Vec::new();
+        // One reading for every source, the allocator asked at most once.
+        let mut resident = Reading::new(self);
         for (source, d) in r.diverged.iter_mut().filter(|(_, d)| !d.asked) {
-            if self.fits(d.needs).is_ok() {
+            if resident.fits(d.needs) {
                 d.asked = true;
                 due.push(*source);
             }
@@ -278,6 +272,34 @@ impl Guard {
     /// The sources diverged now, for messages and tests.
     pub fn diverged(&self) -> Vec<SourceId> {
         self.refusals().diverged.keys().copied().collect()
+    }
+}
+
+/// The resident size as one decision reads it: read once, and once more
+/// after the allocator gave back what it holds free, the first time
+/// something would not fit (not refused for pages that are free and only
+/// not given back yet).
+struct Reading<'a> {
+    guard: &'a Guard,
+    bytes: u64,
+    released: bool,
+}
+
+impl<'a> Reading<'a> {
+    fn new(guard: &'a Guard) -> Self {
+        Self { guard, bytes: guard.resident(), released: false }
+    }
+
+    /// Whether `needs` more bytes stay within [`HEADROOM`] of the limit.
+    fn fits(&mut self, needs: u64) -> bool {
+        let limit = self.guard.budget.limit as f64 * HEADROOM;
+        let over = |bytes: u64| bytes.saturating_add(needs) as f64 > limit;
+        if over(self.bytes) && !self.released {
+            let _ = release_freed_pages();
+            self.released = true;
+            self.bytes = self.guard.resident();
+        }
+        !over(self.bytes)
     }
 }
 
